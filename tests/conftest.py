@@ -1,0 +1,345 @@
+"""Test harness: real PostgreSQL servers, a fresh database per test, no mocks.
+
+Servers ("targets"):
+
+- ``embedded``: ``FENCEKIT_TEST_DSN`` when set, else a pgserver cluster started once per session.
+- ``debian15``: Debian's PostgreSQL 15, started once per session on first use.
+
+Unmarked tests use ``embedded``. Tests marked ``@pytest.mark.all_servers`` run once per target
+listed by ``--pg`` (default ``embedded,debian15``). See docs/testing.md.
+
+Fixtures (function scope unless noted):
+
+- ``pg_server`` (session) / ``pg_dsn`` (session): the embedded target's handle / admin DSN.
+- ``pg_target``: the name of the target this test runs against.
+- ``target_server``: the handle of that target (``.dsn``, ``.dsn_for(db, user)``, version).
+- ``db``: a psycopg 3 ``Connection`` (autocommit off) to a fresh database with fencekit's core
+  installed (cloned from a template built once per session from ``sqlgen.render_install()``).
+- ``dsn``: the conninfo of that same database (superuser).
+- ``raw_db`` / ``raw_dsn``: a fresh database WITHOUT the core, for install/upgrade tests.
+- ``make_role``: ``make_role(name, *grants) -> dsn`` for a new login role in the test database.
+- ``pgbouncer`` (session): pgbouncer in transaction mode in front of the embedded target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pytest_postgresql import factories
+
+from fencekit.embedded import EmbeddedServer, start_embedded
+from tests.servers import (
+    IN_CI,
+    PgBouncer,
+    ServerUnavailable,
+    make_fast,
+    start_debian_postgres,
+    start_pgbouncer,
+)
+
+TARGETS = ("embedded", "debian15")
+
+
+# ---------------------------------------------------------------- options and parametrisation
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--pg",
+        default=os.environ.get("FENCEKIT_TEST_SERVERS", ",".join(TARGETS)),
+        help="comma-separated servers for @pytest.mark.all_servers tests "
+        f"(choices: {', '.join(TARGETS)}; env FENCEKIT_TEST_SERVERS)",
+    )
+
+
+def _selected_targets(config: pytest.Config) -> list[str]:
+    names = [n.strip() for n in str(config.getoption("--pg")).split(",") if n.strip()]
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        raise pytest.UsageError(f"--pg: unknown server(s) {unknown}; choose from {list(TARGETS)}")
+    return names or ["embedded"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pg_target" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("all_servers") is None:
+        return
+    targets = _selected_targets(metafunc.config)
+    metafunc.parametrize("pg_target", targets, indirect=True, ids=targets)
+
+
+@pytest.fixture
+def pg_target(request: pytest.FixtureRequest) -> str:
+    """Which server this test runs against: 'embedded' unless parametrised by all_servers."""
+    return str(getattr(request, "param", "embedded"))
+
+
+def _missing(reason: str) -> None:
+    """A required server is missing: fail in CI, skip (with the reason) elsewhere."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: a missing server is a failure, not a skip)")
+    pytest.skip(reason)
+
+
+# ---------------------------------------------------------------- servers (session)
+
+
+@dataclass
+class ServerBase:
+    """What pytest-postgresql's noproc factory reads from its ``depends_on`` fixture."""
+
+    host: str
+    port: int
+    user: str
+    password: str | None
+    options: str = ""
+    maintenance_dbname: str = "postgres"
+    template_dbname: str | None = None
+
+
+def _external_server(dsn: str) -> EmbeddedServer:
+    params = conninfo_to_dict(dsn)
+    return EmbeddedServer(
+        host=str(params.get("host") or "localhost"),
+        port=int(params.get("port") or 5432),
+        user=str(params.get("user") or os.environ.get("PGUSER") or "postgres"),
+        password=params.get("password"),
+        datadir=None,  # not ours: we never touch its files, and stop() does nothing
+        stop=lambda: None,
+        dbname=str(params.get("dbname") or "postgres"),
+    )
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[EmbeddedServer]:
+    """The main test server: FENCEKIT_TEST_DSN if set, else an embedded pgserver cluster."""
+    dsn = os.environ.get("FENCEKIT_TEST_DSN")
+    if dsn:
+        yield _external_server(dsn)
+        return
+    server = start_embedded()
+    try:
+        make_fast(server)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(pg_server: EmbeddedServer) -> str:
+    """Admin DSN (superuser, database ``postgres``) of the main test server."""
+    if os.environ.get("FENCEKIT_TEST_DSN"):
+        return os.environ["FENCEKIT_TEST_DSN"]
+    return pg_server.dsn
+
+
+@pytest.fixture(scope="session")
+def debian15_server() -> Iterator[EmbeddedServer]:
+    """Debian's PostgreSQL 15 in a temp datadir on a free loopback port."""
+    try:
+        server = start_debian_postgres(15)
+    except ServerUnavailable as exc:
+        _missing(str(exc))
+        raise  # unreachable: _missing fails or skips
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _server_for(request: pytest.FixtureRequest, target: str) -> EmbeddedServer:
+    fixture = {"embedded": "pg_server", "debian15": "debian15_server"}[target]
+    server: EmbeddedServer = request.getfixturevalue(fixture)
+    return server
+
+
+@pytest.fixture
+def target_server(request: pytest.FixtureRequest, pg_target: str) -> EmbeddedServer:
+    """The server handle of this test's target (``.dsn``, ``.dsn_for(db, user)``, version)."""
+    return _server_for(request, pg_target)
+
+
+@pytest.fixture(scope="session")
+def _base_embedded(pg_server: EmbeddedServer) -> ServerBase:
+    return ServerBase(pg_server.host, pg_server.port, pg_server.user, pg_server.password)
+
+
+@pytest.fixture(scope="session")
+def _base_debian15(debian15_server: EmbeddedServer) -> ServerBase:
+    return ServerBase(debian15_server.host, debian15_server.port, debian15_server.user, None)
+
+
+# ---------------------------------------------------------------- template with the core installed
+
+
+def _load_core(
+    *, host: str, port: int, user: str, dbname: str, password: str | None = None, **_: Any
+) -> None:
+    """pytest-postgresql loader: install fencekit's core into the template database once."""
+    try:
+        from fencekit.sqlgen import render_install
+    except ImportError as exc:
+        raise RuntimeError(
+            "the `db`/`dsn` fixtures need fencekit.sqlgen.render_install() (the core install "
+            "script as one str) and it could not be imported: "
+            f"{exc}. Use `raw_db`/`raw_dsn` for tests that do not need the core."
+        ) from exc
+    script = render_install()
+    if not isinstance(script, str) or not script.strip():
+        raise RuntimeError(
+            "fencekit.sqlgen.render_install() must return the install script as a str"
+        )
+    with psycopg.connect(host=host, port=port, user=user, dbname=dbname, password=password) as conn:
+        conn.execute(script.encode())  # type: ignore[call-overload]  # bytes: no %-placeholder parsing
+        conn.commit()
+
+
+for _t in TARGETS:
+    globals()[f"_noproc_core_{_t}"] = factories.postgresql_noproc(
+        dbname=f"fk_core_{_t}", load=[_load_core], depends_on=f"_base_{_t}"
+    )
+    globals()[f"_noproc_raw_{_t}"] = factories.postgresql_noproc(
+        dbname=f"fk_raw_{_t}", depends_on=f"_base_{_t}"
+    )
+    globals()[f"_conn_core_{_t}"] = factories.postgresql(f"_noproc_core_{_t}")
+    globals()[f"_conn_raw_{_t}"] = factories.postgresql(f"_noproc_raw_{_t}")
+del _t
+
+
+def _dsn_of(conn: psycopg.Connection[Any], server: EmbeddedServer, user: str | None = None) -> str:
+    info = conn.info
+    params: dict[str, Any] = {
+        "host": info.host,
+        "port": info.port,
+        "dbname": info.dbname,
+        "user": user or info.user,
+    }
+    password = server.password
+    if password and user is None:
+        params["password"] = password
+    return make_conninfo(**params)
+
+
+# ---------------------------------------------------------------- per-test databases
+
+
+@pytest.fixture
+def db(request: pytest.FixtureRequest, pg_target: str) -> psycopg.Connection[Any]:
+    """A fresh database with fencekit's core installed; psycopg Connection, autocommit off."""
+    conn: psycopg.Connection[Any] = request.getfixturevalue(f"_conn_core_{pg_target}")
+    assert not conn.autocommit
+    return conn
+
+
+@pytest.fixture
+def dsn(db: psycopg.Connection[Any], target_server: EmbeddedServer) -> str:
+    """Conninfo (superuser) of the same fresh database as ``db``."""
+    return _dsn_of(db, target_server)
+
+
+@pytest.fixture
+def raw_db(request: pytest.FixtureRequest, pg_target: str) -> psycopg.Connection[Any]:
+    """A fresh database WITHOUT fencekit's core; psycopg Connection, autocommit off."""
+    conn: psycopg.Connection[Any] = request.getfixturevalue(f"_conn_raw_{pg_target}")
+    return conn
+
+
+@pytest.fixture
+def raw_dsn(raw_db: psycopg.Connection[Any], target_server: EmbeddedServer) -> str:
+    """Conninfo (superuser) of the same fresh database as ``raw_db``."""
+    return _dsn_of(raw_db, target_server)
+
+
+# ---------------------------------------------------------------- roles
+
+
+@pytest.fixture
+def make_role(
+    request: pytest.FixtureRequest, target_server: EmbeddedServer
+) -> Iterator[Callable[..., str]]:
+    """``make_role(name, *grants) -> dsn``: a LOGIN role (trust auth) in the test database.
+
+    Uses the test's ``db`` database, else ``raw_db`` if the test requested it. The role gets
+    CONNECT on the database and USAGE on schema public. Each grant is either a role to make it a
+    member of (``"fencekit_admin"``) or a privilege clause with ``ON`` that becomes
+    ``GRANT <clause> TO <name>`` (``"SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA
+    public"``). Roles are cluster-wide: they are dropped (with what they own in the test
+    database) when the test ends.
+    """
+    owner_fixture = (
+        "raw_db" if "raw_db" in request.fixturenames and "db" not in request.fixturenames else "db"
+    )
+    conn: psycopg.Connection[Any] = request.getfixturevalue(owner_fixture)
+    dbname = conn.info.dbname
+    admin_dsn = _dsn_of(conn, target_server)
+    created: list[str] = []
+
+    def _make(name: str, *grants: str) -> str:
+        role = sql.Identifier(name)
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+            if exists:
+                raise RuntimeError(
+                    f"role {name!r} already exists on this server; pick another name"
+                )
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
+            created.append(name)
+            admin.execute(
+                sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(dbname), role)
+            )
+            admin.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role))
+            for grant in grants:
+                if " on " in f" {grant.lower()} ":
+                    admin.execute(sql.SQL("GRANT {} TO {}").format(sql.SQL(grant), role))
+                else:
+                    admin.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(grant), role))
+        bouncer: PgBouncer | None = getattr(request.config, "_fencekit_pgbouncer", None)
+        if bouncer is not None:
+            bouncer.allow_user(name)
+        return _dsn_of(conn, target_server, user=name)
+
+    yield _make
+
+    if created:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            for name in reversed(created):
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                    (name,),
+                )
+                role = sql.Identifier(name)
+                with contextlib.suppress(psycopg.Error):
+                    admin.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(role))
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(role))
+
+
+# ---------------------------------------------------------------- pgbouncer
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(request: pytest.FixtureRequest, pg_server: EmbeddedServer) -> Iterator[PgBouncer]:
+    """pgbouncer (pool_mode=transaction) in front of the main server.
+
+    ``pgbouncer.dsn_for(dbname, user=None)`` reaches any database of the main server, e.g. the
+    test's ``db`` (``db.info.dbname``). Roles made with ``make_role`` are allowed through too.
+    """
+    try:
+        bouncer = start_pgbouncer(pg_server)
+    except ServerUnavailable as exc:
+        _missing(str(exc))
+        raise
+    request.config._fencekit_pgbouncer = bouncer  # type: ignore[attr-defined]
+    try:
+        yield bouncer
+    finally:
+        request.config._fencekit_pgbouncer = None  # type: ignore[attr-defined]
+        bouncer.stop()

@@ -1,0 +1,103 @@
+"""The harness itself: real servers, fresh databases, roles, pgbouncer in transaction mode."""
+
+from __future__ import annotations
+
+import os
+
+import psycopg
+import pytest
+
+from fencekit.embedded import EmbeddedServer, start_embedded
+
+# The fresh-database tests run twice in order: the second run must not see the first one's table.
+_FRESHNESS_TABLE = "harness_leftover"
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_raw_db_is_fresh_per_test(raw_db: psycopg.Connection, attempt: int) -> None:
+    leftover = raw_db.execute("SELECT to_regclass(%s)", (_FRESHNESS_TABLE,)).fetchone()
+    assert leftover == (None,), f"attempt {attempt} saw a table left by an earlier test"
+    raw_db.execute(f"CREATE TABLE {_FRESHNESS_TABLE} (id int)")
+    raw_db.commit()
+    assert not raw_db.autocommit
+
+
+def test_raw_db_has_no_core(raw_db: psycopg.Connection) -> None:
+    row = raw_db.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'fencekit'").fetchone()
+    assert row == (0,)
+
+
+@pytest.mark.all_servers
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_db_is_fresh_and_has_core(db: psycopg.Connection, dsn: str, attempt: int) -> None:
+    assert db.execute("SELECT to_regclass(%s)", (_FRESHNESS_TABLE,)).fetchone() == (None,)
+    core = db.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'fencekit'").fetchone()
+    assert core == (1,), "the template database should have fencekit's core installed"
+    db.execute(f"CREATE TABLE {_FRESHNESS_TABLE} (id int)")
+    db.commit()
+    with psycopg.connect(dsn) as other:  # dsn points at the very same database
+        assert other.info.dbname == db.info.dbname
+        assert other.execute("SELECT to_regclass(%s)", (_FRESHNESS_TABLE,)).fetchone() != (None,)
+
+
+@pytest.mark.all_servers
+def test_server_versions(pg_target: str, target_server: EmbeddedServer) -> None:
+    major = target_server.server_version_num // 10000
+    if pg_target == "debian15":
+        assert major == 15
+        assert target_server.host == "127.0.0.1"
+    else:
+        assert major >= 13
+        if not os.environ.get("FENCEKIT_TEST_DSN"):
+            assert major == 16  # pgserver 0.1.4 ships PostgreSQL 16
+            assert target_server.host.startswith("/")  # unix socket only
+
+
+def test_pg_dsn_is_superuser(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone() == (True,)
+
+
+def test_make_role_has_only_what_was_granted(db: psycopg.Connection, make_role) -> None:
+    db.execute("CREATE TABLE harness_t (id int)")
+    db.commit()
+    app_dsn = make_role("fk_harness_app", "SELECT, INSERT ON harness_t")
+    with psycopg.connect(app_dsn) as app:
+        assert app.execute("SELECT current_user").fetchone() == ("fk_harness_app",)
+        app.execute("INSERT INTO harness_t VALUES (1)")
+        app.commit()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("DELETE FROM harness_t")
+        app.rollback()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("CREATE TABLE harness_mine (id int)")
+
+
+def test_pgbouncer_transaction_mode(pgbouncer, db: psycopg.Connection) -> None:
+    dsn = pgbouncer.dsn_for(db.info.dbname)
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+        assert conn.execute("SELECT 41 + 1").fetchone() == (42,)
+        assert conn.execute("SELECT current_database()").fetchone() == (db.info.dbname,)
+    with psycopg.connect(pgbouncer.dsn_for("pgbouncer"), autocommit=True) as admin:
+        config = {row[0]: row[1] for row in admin.execute("SHOW CONFIG").fetchall()}
+    assert config["pool_mode"] == "transaction"
+
+
+def test_embedded_servers_are_independent_and_cleaned(tmp_path) -> None:
+    with start_embedded() as a, start_embedded(tmp_path / "kept") as b:
+        assert a.host != b.host
+        for server in (a, b):
+            with psycopg.connect(server.dsn, autocommit=True) as conn:
+                conn.execute("CREATE DATABASE only_here")
+        pid_file = a.datadir / "postmaster.pid"
+        pid = int(pid_file.read_text().split()[0])
+    assert a.stopped
+    assert b.stopped
+    assert not a.datadir.exists(), "a temporary datadir is removed on stop"
+    assert (tmp_path / "kept" / "PG_VERSION").exists(), "a caller's datadir is kept"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(b.dsn, connect_timeout=2)
