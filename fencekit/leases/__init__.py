@@ -1,0 +1,1 @@
+"""Leases and fencing tokens: issuers (postgres built in; etcd, zookeeper behind extras)."""

@@ -1,0 +1,139 @@
+"""Shared pieces of the external issuers (etcd, ZooKeeper).
+
+Interim home of the issuer protocol types until ``fencekit.leases.base`` fixes the generic
+``Lease`` API; the external issuers import ``Grant`` and the errors from here so that swapping
+in the final types is a one-line change per module.
+
+An issuer grants leases on *resources* (names) to *holders*; each grant carries a *token*, a
+positive 64-bit integer that, per resource, only ever increases (across release, expiry,
+takeover and issuer restarts). Tokens of different issuers are never compared: a named
+resource is bound to one issuer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+log = logging.getLogger("fencekit.leases")
+
+MAX_TOKEN = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One lease grant: who holds which resource, with which token, for how long."""
+
+    resource: str
+    holder: str
+    token: int
+    ttl: float
+    issuer: str
+    #: issuer-specific handle (etcd lease id and key, ZooKeeper node path, ...); opaque.
+    handle: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not (0 < self.token <= MAX_TOKEN):
+            raise ValueError(f"token {self.token!r} is not a positive signed 64-bit integer")
+
+
+LossCallback = Callable[[Grant, str], None]
+
+
+class Issuer(Protocol):
+    name: str
+
+    def try_acquire(self, resource: str, holder: str, ttl: float) -> Grant | None: ...
+    def renew(self, grant: Grant) -> bool: ...
+    def release(self, grant: Grant) -> None: ...
+    def is_lost(self, grant: Grant) -> bool: ...
+    def watch_loss(self, grant: Grant, callback: LossCallback) -> None: ...
+    def close(self) -> None: ...
+
+
+class IssuerError(Exception):
+    """Base class of issuer errors."""
+
+
+class IssuerUnavailable(IssuerError):
+    """The issuer could not be reached (or had no leader) within the retry deadline.
+
+    Not a verdict on the lease: an attempt that raised this may or may not have taken effect,
+    and a held lease may still be alive. ``renew`` never raises it: it answers False once the
+    lease cannot be shown alive before its TTL runs out.
+    """
+
+
+def check_resource(resource: str) -> None:
+    if not isinstance(resource, str) or not resource:
+        raise ValueError("resource must be a non-empty string")
+    if "\x00" in resource:
+        raise ValueError("resource must not contain NUL")
+
+
+class LossTracker:
+    """Per-grant loss state: a flag, a local deadline and callbacks fired once.
+
+    ``valid_until`` is a local monotonic deadline: the lease was last shown alive at some
+    instant and will not outlive ``that instant + ttl`` on the issuer. After it passes, the
+    holder must assume it lost the lease even if nobody told it (it may be partitioned).
+    """
+
+    def __init__(self, grant: Grant, shown_alive_at: float) -> None:
+        self.grant = grant
+        self.valid_until = shown_alive_at + grant.ttl
+        self.lost_reason: str | None = None
+        self.callbacks: list[LossCallback] = []
+        self._lock = threading.Lock()
+        self.released = False
+
+    def alive_at(self, instant: float) -> None:
+        with self._lock:
+            if self.lost_reason is None:
+                self.valid_until = max(self.valid_until, instant + self.grant.ttl)
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_reason is not None or time.monotonic() > self.valid_until
+
+    def expire_if_due(self) -> bool:
+        """Mark lost if the local deadline passed; return whether the grant is lost."""
+        if self.lost_reason is None and time.monotonic() > self.valid_until:
+            self.mark_lost("lease TTL passed without a successful keep-alive")
+        return self.lost
+
+    def add_callback(self, callback: LossCallback) -> None:
+        with self._lock:
+            fire_now = self.lost_reason
+            if fire_now is None:
+                self.callbacks.append(callback)
+        if fire_now is not None:
+            _safe_call(callback, self.grant, fire_now)
+
+    def mark_lost(self, reason: str) -> None:
+        with self._lock:
+            if self.lost_reason is not None:
+                return
+            self.lost_reason = reason
+            callbacks, self.callbacks = self.callbacks, []
+        if not self.released:
+            log.warning(
+                "lease lost: %s holder=%s token=%s (%s)",
+                self.grant.resource,
+                self.grant.holder,
+                self.grant.token,
+                reason,
+            )
+        for cb in callbacks:
+            _safe_call(cb, self.grant, reason)
+
+
+def _safe_call(cb: LossCallback, grant: Grant, reason: str) -> None:
+    try:
+        cb(grant, reason)
+    except Exception:  # a callback must not kill the issuer's thread
+        log.exception("lease-loss callback failed for %s", grant.resource)
