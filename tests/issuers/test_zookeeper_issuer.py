@@ -1,0 +1,152 @@
+"""The ZooKeeper issuer against a real three-server ZooKeeper ensemble on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.issuers.contention import assert_strictly_increasing, run_contention
+
+pytest.importorskip("kazoo")
+
+
+def expire_session(issuer) -> None:
+    """Make the server expire the issuer's session, for real: a second client attaches to
+    the same session id and password and closes it (the classic ZooKeeper test trick); the
+    issuer's client learns of it from the server (SESSION_EXPIRED -> LOST)."""
+    from kazoo.client import KazooClient
+
+    session_id, password = issuer.client.client_id
+    hosts = ",".join(f"{h}:{p}" for h, p in issuer.client.hosts)
+    twin = KazooClient(hosts=hosts, client_id=(session_id, password), timeout=2)
+    twin.start(timeout=10)
+    twin.stop()
+    twin.close()
+
+
+def test_tokens_are_zxids_and_increase(zk_issuer, resource):
+    a, b = zk_issuer(), zk_issuer()
+    tokens = []
+    for i in range(10):
+        issuer = (a, b)[i % 2]
+        g = issuer.try_acquire(resource, f"h{i % 2}", 2)
+        assert g is not None
+        assert g.issuer == "zookeeper"
+        assert g.resource == resource
+        assert g.ttl == pytest.approx(issuer.session_timeout)
+        # A zxid: epoch in the high 32 bits (>= 1 once a leader was elected).
+        assert g.token >> 32 >= 1
+        assert g.token < 2**63
+        assert (b, a)[i % 2].try_acquire(resource, "other", 2) is None
+        assert issuer.current_holder(resource) == (f"h{i % 2}", g.token)
+        assert issuer.renew(g)
+        tokens.append(g.token)
+        issuer.release(g)
+        issuer.release(g)  # idempotent
+        assert not issuer.renew(g)
+        assert issuer.current_holder(resource) is None
+    assert_strictly_increasing(tokens)
+
+
+def test_session_expiry_tells_the_holder(zk_issuer, resource):
+    a, b = zk_issuer(), zk_issuer()
+    ga = a.try_acquire(resource, "A", 2)
+    assert ga is not None
+    lost = threading.Event()
+    reasons: list[str] = []
+    a.watch_loss(ga, lambda g, why: (reasons.append(why), lost.set()))
+    expire_session(a)
+    assert lost.wait(10), "holder not told that its session expired"
+    assert "expired" in reasons[0] or "deleted" in reasons[0]
+    assert a.is_lost(ga)
+    assert not a.renew(ga)
+    gb = b.try_acquire(resource, "B", 2)
+    assert gb is not None
+    assert gb.token > ga.token
+    # A's late release must not free B's lock; A can take part again with a new session.
+    a.release(ga)
+    assert b.current_holder(resource) == ("B", gb.token)
+    assert a.try_acquire(resource, "A", 2) is None
+    b.release(gb)
+    ga2 = a.try_acquire(resource, "A", 2)
+    assert ga2 is not None
+    assert ga2.token > gb.token
+
+
+def test_ensemble_unreachable_past_session_timeout_counts_as_lost(zk_issuer, zk, resource):
+    """All servers frozen (SIGSTOP): the client cannot hear the expiry, so after the session
+    timeout of disconnection it must consider the lease lost by itself."""
+    a = zk_issuer()
+    ga = a.try_acquire(resource, "A", 2)
+    assert ga is not None
+    lost = threading.Event()
+    a.watch_loss(ga, lambda *_: lost.set())
+    with zk.paused():
+        t0 = time.monotonic()
+        assert lost.wait(3 * a.session_timeout + 2), "no loss signal while cut off"
+        elapsed = time.monotonic() - t0
+        assert a.is_lost(ga)
+    assert elapsed >= a.session_timeout * 0.9
+    assert not a.renew(ga)
+    zk.wait_healthy(timeout=60)
+    b = zk_issuer()
+    t1 = time.monotonic()
+    gb = None
+    while gb is None and time.monotonic() - t1 < 15:  # until the server expires A's session
+        gb = b.try_acquire(resource, "B", 2)
+        if gb is None:
+            time.sleep(0.2)
+    assert gb is not None
+    assert gb.token > ga.token
+
+
+def test_deleted_node_is_signalled(zk_issuer, resource):
+    a, admin = zk_issuer(), zk_issuer()
+    g = a.try_acquire(resource, "A", 2)
+    assert g is not None
+    lost = threading.Event()
+    a.watch_loss(g, lambda *_: lost.set())
+    admin.client.delete(g.handle.node)
+    assert lost.wait(5)
+    assert not a.renew(g)
+
+
+def test_contention_mutual_exclusion(zk_issuer, resource):
+    result = run_contention(zk_issuer, resource, workers=4, duration=3.0)
+    assert not result.errors, result.errors
+    assert not result.overlaps, result.overlaps
+    assert len(result.acquisitions) >= 20
+    assert result.handovers >= 5
+    assert_strictly_increasing(result.tokens)
+    print(
+        f"zookeeper contention: {len(result.acquisitions)} acquisitions, "
+        f"{result.handovers} handovers, {result.refused} refused attempts"
+    )
+
+
+def test_kazoo_lock_users_and_fencekit_exclude_each_other(zk_issuer, resource):
+    a = zk_issuer()
+    kazoo_lock = a.client.Lock(a.lock_path(resource), "kazoo-user")
+    assert kazoo_lock.acquire(timeout=5)
+    try:
+        assert zk_issuer().try_acquire(resource, "B", 2) is None
+    finally:
+        kazoo_lock.release()
+    g = zk_issuer().try_acquire(resource, "B", 2)
+    assert g is not None
+    other = a.client.Lock(a.lock_path(resource), "kazoo-user")
+    assert not other.acquire(blocking=False)
+
+
+def test_unreachable_ensemble_raises_unavailable():
+    from fencekit.leases._external import IssuerUnavailable
+    from fencekit.leases.zookeeper import ZooKeeperIssuer
+    from tests.issuer_servers import free_ports
+
+    (port,) = free_ports(1)
+    t0 = time.monotonic()
+    with pytest.raises(IssuerUnavailable):
+        ZooKeeperIssuer(f"127.0.0.1:{port}", connect_timeout=1.0)
+    assert time.monotonic() - t0 < 10
