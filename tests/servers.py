@@ -301,7 +301,8 @@ def start_pgbouncer(target: EmbeddedServer, *, pool_size: int = 5) -> PgBouncer:
     conf = workdir / "pgbouncer.ini"
     conf.write_text(
         "[databases]\n"
-        f"* = host={target.host} port={target.port} user={target.user}\n"
+        # No user= here: each client logs in to the server as itself (roles stay distinct).
+        f"* = host={target.host} port={target.port}\n"
         "[pgbouncer]\n"
         "listen_addr = 127.0.0.1\n"
         f"listen_port = {port}\n"

@@ -60,6 +60,7 @@ def test_pg_dsn_is_superuser(pg_dsn: str) -> None:
         ).fetchone() == (True,)
 
 
+@pytest.mark.all_servers
 def test_make_role_has_only_what_was_granted(db: psycopg.Connection, make_role) -> None:
     db.execute("CREATE TABLE harness_t (id int)")
     db.commit()
@@ -75,11 +76,15 @@ def test_make_role_has_only_what_was_granted(db: psycopg.Connection, make_role) 
             app.execute("CREATE TABLE harness_mine (id int)")
 
 
-def test_pgbouncer_transaction_mode(pgbouncer, db: psycopg.Connection) -> None:
+def test_pgbouncer_transaction_mode(pgbouncer, db: psycopg.Connection, make_role) -> None:
     dsn = pgbouncer.dsn_for(db.info.dbname)
     with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
         assert conn.execute("SELECT 41 + 1").fetchone() == (42,)
         assert conn.execute("SELECT current_database()").fetchone() == (db.info.dbname,)
+    make_role("fk_harness_bouncer_app")
+    app_dsn = pgbouncer.dsn_for(db.info.dbname, user="fk_harness_bouncer_app")
+    with psycopg.connect(app_dsn, prepare_threshold=None) as app:
+        assert app.execute("SELECT current_user").fetchone() == ("fk_harness_bouncer_app",)
     with psycopg.connect(pgbouncer.dsn_for("pgbouncer"), autocommit=True) as admin:
         config = {row[0]: row[1] for row in admin.execute("SHOW CONFIG").fetchall()}
     assert config["pool_mode"] == "transaction"
