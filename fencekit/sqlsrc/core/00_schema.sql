@@ -1,0 +1,58 @@
+-- Schema, admin role and fencekit's own tables. Idempotent: safe to re-run, and re-running a
+-- newer version upgrades in place.
+
+DO $do$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'fencekit_admin') THEN
+    -- Members may bypass fencing (audited) and repair fences. Needs CREATEROLE once; a DBA can
+    -- create the role beforehand instead: CREATE ROLE fencekit_admin NOLOGIN;
+    CREATE ROLE fencekit_admin NOLOGIN;
+  END IF;
+END
+$do$;
+
+CREATE SCHEMA IF NOT EXISTS fencekit;
+COMMENT ON SCHEMA fencekit IS 'fencekit: fencing tokens enforced by PostgreSQL. Managed by fencekit; do not edit.';
+REVOKE CREATE ON SCHEMA fencekit FROM PUBLIC;
+GRANT USAGE ON SCHEMA fencekit TO PUBLIC;
+
+CREATE TABLE IF NOT EXISTS fencekit.meta (
+  key   text PRIMARY KEY,
+  value text NOT NULL
+);
+
+-- Key and table fences: the highest token accepted per resource and key ('' for a table fence).
+CREATE TABLE IF NOT EXISTS fencekit.fences (
+  resource    text NOT NULL,
+  key         text NOT NULL,
+  fence       bigint NOT NULL CHECK (fence > 0),
+  writer_xact xid8,
+  updated_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+  PRIMARY KEY (resource, key)
+);
+
+-- One row per protected table: the spec it was protected with and the template version that
+-- generated its objects.
+CREATE TABLE IF NOT EXISTS fencekit.protected (
+  schema_name      text NOT NULL,
+  table_name       text NOT NULL,
+  tag              text NOT NULL UNIQUE,
+  scope            text NOT NULL CHECK (scope IN ('row', 'key', 'table')),
+  resource         text,
+  spec             jsonb NOT NULL,
+  template_version integer NOT NULL,
+  protected_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
+  PRIMARY KEY (schema_name, table_name)
+);
+
+-- Named resources and the issuer whose tokens they take: tokens of different issuers are never
+-- compared.
+CREATE TABLE IF NOT EXISTS fencekit.resources (
+  resource text PRIMARY KEY,
+  issuer   text
+);
+
+REVOKE ALL ON fencekit.meta, fencekit.fences, fencekit.protected, fencekit.resources FROM PUBLIC;
+GRANT SELECT ON fencekit.meta, fencekit.protected, fencekit.resources TO PUBLIC;
+GRANT ALL ON fencekit.meta, fencekit.fences, fencekit.protected, fencekit.resources TO fencekit_admin;
+GRANT USAGE, CREATE ON SCHEMA fencekit TO fencekit_admin;

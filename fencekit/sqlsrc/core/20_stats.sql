@@ -1,0 +1,163 @@
+-- Counting and raising rejections. Counters are sequences because nextval() and setval() are
+-- not rolled back: a rejection aborts its transaction, and the count must survive that.
+
+CREATE OR REPLACE FUNCTION fencekit.counter_reasons() RETURNS text[]
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT ARRAY['stale', 'reused', 'missing', 'malformed', 'bypass_refused', 'lease_mismatch',
+               'issuer_mismatch', 'usage', 'unfenced', 'bypassed']
+$fn$;
+
+-- Per-table counters: one sequence per reason, plus the last rejection time (epoch ms) and
+-- the largest token gap seen. Called by the generated protect script.
+CREATE OR REPLACE FUNCTION fencekit.create_counters(tag text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  r text;
+BEGIN
+  FOREACH r IN ARRAY fencekit.counter_reasons() || ARRAY['last_at', 'max_gap'] LOOP
+    EXECUTE pg_catalog.format('CREATE SEQUENCE IF NOT EXISTS fencekit.%I',
+                              tag || ':' || r);
+    EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
+                              tag || ':' || r);
+  END LOOP;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION fencekit.drop_counters(tag text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  r text;
+BEGIN
+  FOREACH r IN ARRAY fencekit.counter_reasons() || ARRAY['last_at', 'max_gap'] LOOP
+    EXECUTE pg_catalog.format('DROP SEQUENCE IF EXISTS fencekit.%I', tag || ':' || r);
+  END LOOP;
+END
+$fn$;
+
+-- SECURITY DEFINER: the counters are readable through the view, not writable by anyone else.
+CREATE OR REPLACE FUNCTION fencekit.counter_value(tag text, counter text) RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.pg_sequence_last_value(
+           pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || counter)))
+$fn$;
+
+-- Count one event for a table. SECURITY DEFINER so that application roles can count without
+-- being able to reset counters (they hold no rights on the sequences).
+CREATE OR REPLACE FUNCTION fencekit.count_event(tag text, reason text, gap bigint DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  seq regclass := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || reason));
+  cur bigint;
+BEGIN
+  IF seq IS NULL THEN
+    RETURN;  -- table protected by a template without this counter; never fail a write over it
+  END IF;
+  PERFORM pg_catalog.nextval(seq);
+  IF reason IN ('unfenced', 'bypassed') THEN
+    RETURN;
+  END IF;
+  PERFORM pg_catalog.setval(pg_catalog.format('fencekit.%I', tag || ':last_at')::regclass,
+    (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint);
+  IF gap IS NOT NULL AND gap > 0 THEN
+    cur := fencekit.counter_value(tag, 'max_gap');
+    IF cur IS NULL OR gap > cur THEN
+      -- Not atomic with the read: two concurrent rejections may keep the smaller gap. A gauge.
+      PERFORM pg_catalog.setval(pg_catalog.format('fencekit.%I', tag || ':max_gap')::regclass, gap);
+    END IF;
+  END IF;
+END
+$fn$;
+
+-- The primary key values of a row, for messages: {"col": "value", ...}, or NULL without a key.
+CREATE OR REPLACE FUNCTION fencekit.row_key(relid oid, row_data jsonb) RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.jsonb_object_agg(a.attname, row_data ->> a.attname::text)
+    FROM pg_catalog.pg_index i
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+   WHERE i.indrelid = relid AND i.indisprimary
+$fn$;
+
+-- Count a rejection and raise its error. Never returns.
+CREATE OR REPLACE FUNCTION fencekit.reject(
+  reason text, tag text, relid oid, trigger_name text, column_name text, resource text,
+  key jsonb, token bigint, fence bigint, extra text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  sch text;
+  tbl text;
+  what text;
+  code text;
+  msg text;
+  hint text;
+BEGIN
+  SELECT n.nspname, c.relname INTO sch, tbl
+    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+   WHERE c.oid = relid;
+  what := pg_catalog.format('%I.%I', sch, tbl)
+          || CASE WHEN key IS NULL THEN '' ELSE ' key ' || key::text END;
+  PERFORM fencekit.count_event(tag, reason, fence - token);
+  CASE reason
+  WHEN 'stale' THEN
+    code := 'YF001';
+    msg := pg_catalog.format('fencekit: stale write to %s: token %s is lower than the fence %s',
+                             what, token, fence);
+    hint := 'A newer holder took over this resource. Stop this work; acquire the lease again and re-read before writing.';
+  WHEN 'reused' THEN
+    code := 'YF002';
+    msg := pg_catalog.format('fencekit: token %s was already used on %s, which accepts each token once',
+                             token, what);
+    hint := 'Acquire a new lease (a new token) for each write, or protect the table with on_equal = accept.';
+  WHEN 'missing' THEN
+    code := 'YF003';
+    msg := pg_catalog.format('fencekit: write to %s without a fencing token', what);
+    hint := 'Set the token in the same transaction: SELECT set_config(''fencekit.token'', ''<token>'', true); in Python wrap the write in fencekit.fencing(token) or install the session plugin.';
+  WHEN 'malformed' THEN
+    code := 'YF004';
+    msg := pg_catalog.format('fencekit: malformed fencing token %L for %s', extra, what);
+    hint := 'A token is a positive integer within bigint, written in plain decimal (e.g. ''34'').';
+  WHEN 'bypass_refused' THEN
+    code := 'YF005';
+    msg := pg_catalog.format('fencekit: role %I may not bypass fencing on %s', current_user, what);
+    hint := 'Only members of fencekit_admin may set fencekit.bypass; a DBA grants it: GRANT fencekit_admin TO <role>;';
+  WHEN 'lease_mismatch' THEN
+    code := 'YF006';
+    msg := pg_catalog.format('fencekit: token %s is not the current lease token (%s) of resource %s on %s',
+                             token, COALESCE(fence::text, 'no lease'), resource, what);
+    hint := 'The lease was lost or never held. Acquire the lease again before writing.';
+  WHEN 'issuer_mismatch' THEN
+    code := 'YF007';
+    msg := pg_catalog.format('fencekit: %s takes tokens from issuer %L, but the token came from %L',
+                             what, extra, pg_catalog.current_setting('fencekit.issuer', true));
+    hint := 'Tokens of different issuers are never comparable: use the issuer this resource is bound to.';
+  ELSE
+    code := 'YF000';
+    msg := pg_catalog.format('fencekit: %s (on %s)', COALESCE(extra, reason), what);
+    hint := NULL;
+  END CASE;
+  RAISE EXCEPTION USING
+    ERRCODE = code,
+    MESSAGE = msg,
+    DETAIL = pg_catalog.json_build_object(
+      'reason', reason, 'table', pg_catalog.format('%s.%s', sch, tbl), 'key', key,
+      'resource', resource, 'token', token, 'fence', fence)::text,
+    HINT = COALESCE(hint, ''),
+    SCHEMA = COALESCE(sch, ''),
+    TABLE = COALESCE(tbl, ''),
+    COLUMN = COALESCE(column_name, ''),
+    CONSTRAINT = COALESCE(trigger_name, '');
+END
+$fn$;
+
+-- Rejected and allowed-unfenced writes per protected table and reason.
+CREATE OR REPLACE VIEW fencekit.rejections AS
+SELECT p.schema_name, p.table_name, r.reason,
+       COALESCE(fencekit.counter_value(p.tag, r.reason), 0) AS count,
+       pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at') / 1000.0) AS last_rejected_at,
+       fencekit.counter_value(p.tag, 'max_gap') AS max_token_gap
+  FROM fencekit.protected p
+ CROSS JOIN LATERAL pg_catalog.unnest(fencekit.counter_reasons()) AS r(reason);
+GRANT SELECT ON fencekit.rejections TO PUBLIC;
+
+REVOKE ALL ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(text) FROM PUBLIC;
