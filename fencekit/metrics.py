@@ -1,0 +1,174 @@
+"""Client-side counters of rejected and unfenced writes, by table and reason.
+
+The adapters call :func:`record_rejection` for every :class:`~fencekit.errors.FenceError` they
+raise and :func:`record_unfenced` for every write they send without a token (the SQLAlchemy
+plugin knows the target table; raw psycopg does not, so it counts rejections only). Events go to:
+
+- an in-process tally, :func:`counts` (always on, thread-safe);
+- listeners registered with :func:`add_listener` (anything: logs, statsd, tests);
+- prometheus-client and OpenTelemetry, after :func:`enable_prometheus` /
+  :func:`enable_opentelemetry` (their packages are imported only then).
+
+These count what *this process* saw. The database's ``fencekit.rejections`` view counts every
+rejection from every client (psql, other services) and survives the rolled-back transaction;
+the two agree for this process's rejections, and the view is the one to alert on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fencekit.errors import FenceError
+
+__all__ = [
+    "MetricEvent",
+    "add_listener",
+    "counts",
+    "enable_opentelemetry",
+    "enable_prometheus",
+    "record_rejection",
+    "record_unfenced",
+    "remove_listener",
+    "reset",
+]
+
+Kind = Literal["rejected", "unfenced"]
+
+
+@dataclass(frozen=True)
+class MetricEvent:
+    """One client-side observation. ``reason`` is the rejection reason, or ``"unfenced"``."""
+
+    kind: Kind
+    table: str
+    reason: str
+    sqlstate: str | None = None
+    error: FenceError | None = None
+
+
+Listener = Callable[[MetricEvent], None]
+
+_lock = threading.Lock()
+_tally: Counter[tuple[Kind, str, str]] = Counter()
+_listeners: list[Listener] = []
+_UNKNOWN_TABLE = "unknown"
+
+
+def add_listener(listener: Listener) -> Callable[[], None]:
+    """Call ``listener(event)`` for every event; returns a function that removes it.
+
+    Listeners run synchronously in the thread that saw the event; one that raises is not
+    allowed to hide the database error, so its exception is swallowed.
+    """
+    with _lock:
+        _listeners.append(listener)
+    return lambda: remove_listener(listener)
+
+
+def remove_listener(listener: Listener) -> None:
+    with _lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+
+def _emit(event: MetricEvent) -> None:
+    with _lock:
+        _tally[(event.kind, event.table, event.reason)] += 1
+        listeners = list(_listeners)
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception:  # noqa: S112 - a metrics sink must never mask the real error
+            continue
+
+
+def record_rejection(error: FenceError) -> None:
+    _emit(
+        MetricEvent("rejected", error.table or _UNKNOWN_TABLE, error.reason, error.sqlstate, error)
+    )
+
+
+def record_unfenced(table: str | None) -> None:
+    _emit(MetricEvent("unfenced", table or _UNKNOWN_TABLE, "unfenced"))
+
+
+def counts() -> dict[tuple[Kind, str, str], int]:
+    """``{(kind, table, reason): n}`` since start or the last :func:`reset`."""
+    with _lock:
+        return dict(_tally)
+
+
+def reset() -> None:
+    with _lock:
+        _tally.clear()
+
+
+# ---------------------------------------------------------------- backends (lazy imports)
+
+
+def enable_prometheus(registry: Any = None, *, prefix: str = "fencekit_client") -> Listener:
+    """Export counters through prometheus-client (extra ``pg-fencekit[prometheus]``).
+
+    ``<prefix>_rejected_writes_total{table,reason}`` and ``<prefix>_unfenced_writes_total{table}``
+    in ``registry`` (default: prometheus-client's global one). Returns the listener.
+    """
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise ImportError(
+            "enable_prometheus() needs prometheus-client: pip install 'pg-fencekit[prometheus]'"
+        ) from exc
+    kwargs: dict[str, Any] = {} if registry is None else {"registry": registry}
+    rejected = prometheus_client.Counter(
+        f"{prefix}_rejected_writes",
+        "Writes PostgreSQL rejected because of their fencing token, seen by this process",
+        ["table", "reason"],
+        **kwargs,
+    )
+    unfenced = prometheus_client.Counter(
+        f"{prefix}_unfenced_writes",
+        "Writes this process sent without a fencing token",
+        ["table"],
+        **kwargs,
+    )
+
+    def listener(event: MetricEvent) -> None:
+        if event.kind == "rejected":
+            rejected.labels(table=event.table, reason=event.reason).inc()
+        else:
+            unfenced.labels(table=event.table).inc()
+
+    add_listener(listener)
+    return listener
+
+
+def enable_opentelemetry(meter: Any = None, *, prefix: str = "fencekit.client") -> Listener:
+    """Export counters through the OpenTelemetry metrics API (extra ``pg-fencekit[otel]``).
+
+    ``<prefix>.rejected_writes`` and ``<prefix>.unfenced_writes`` with attributes ``table`` and
+    ``reason``, on ``meter`` (default: ``metrics.get_meter("fencekit")``). Returns the listener.
+    """
+    try:
+        from opentelemetry import metrics as otel_metrics
+    except ImportError as exc:
+        raise ImportError(
+            "enable_opentelemetry() needs opentelemetry-api: pip install 'pg-fencekit[otel]'"
+        ) from exc
+    meter = meter or otel_metrics.get_meter("fencekit")
+    rejected = meter.create_counter(
+        f"{prefix}.rejected_writes", unit="1", description="fencing rejections seen by this process"
+    )
+    unfenced = meter.create_counter(
+        f"{prefix}.unfenced_writes", unit="1", description="writes sent without a fencing token"
+    )
+
+    def listener(event: MetricEvent) -> None:
+        counter = rejected if event.kind == "rejected" else unfenced
+        counter.add(1, {"table": event.table, "reason": event.reason})
+
+    add_listener(listener)
+    return listener

@@ -1,0 +1,383 @@
+"""psycopg 3 adapter (sync and async): carry the fencing token into each transaction.
+
+The token always travels transaction-locally, ``set_config('fencekit.token', $1, true)`` with a
+bound parameter, so a pooled connection or a transaction-mode pgbouncer never hands it to the next
+client. It costs no extra round trip: the fenced cursors send ``set_config`` in one pipeline
+(psycopg's pipeline mode) with the statement it guards, flushed together and answered together.
+
+- :func:`transaction` / :func:`async_transaction`: a transaction block fenced with a token.
+- :func:`set_token` / :func:`async_set_token`: fence the transaction already open (one statement).
+- :func:`install`: automatic mode; every statement the connection runs inside a
+  :func:`fencekit.fencing` scope carries the scope's token (works as psycopg_pool's ``configure``).
+
+Fence rejections are raised as :class:`~fencekit.errors.FenceError` subclasses, with the psycopg
+error chained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from functools import cache
+from typing import Any, cast
+
+import psycopg
+from psycopg.abc import Params, Query
+from psycopg.pq import TransactionStatus
+
+from fencekit import metrics
+from fencekit.context import current_token, fencing
+from fencekit.errors import TokenNotSetError, translate, validate_token
+
+__all__ = [
+    "AsyncFencedCursor",
+    "FencedCursor",
+    "async_set_token",
+    "async_transaction",
+    "install",
+    "set_token",
+    "transaction",
+    "uninstall",
+]
+
+SET_TOKEN = "SELECT set_config('fencekit.token', %s, true)"
+_IDLE = TransactionStatus.IDLE
+_INTRANS = TransactionStatus.INTRANS
+_STATE = "_fencekit_state"
+
+
+class _State:
+    """Per-connection bookkeeping, kept as an attribute of the psycopg connection."""
+
+    __slots__ = ("dirty", "installed", "previous_factory")
+
+    def __init__(self) -> None:
+        # True while the open transaction may hold a token we set (so it must be cleared when
+        # a statement runs outside any scope). Reset whenever the connection is seen idle.
+        self.dirty = False
+        self.installed = False
+        self.previous_factory: Any = None
+
+
+def _state(conn: Any) -> _State:
+    state: _State | None = getattr(conn, _STATE, None)
+    if state is None:
+        state = _State()
+        setattr(conn, _STATE, state)
+    return state
+
+
+def _wanted(conn: Any) -> tuple[bool, str]:
+    """(must send set_config before the next statement, value to send)."""
+    status = conn.pgconn.transaction_status
+    state = _state(conn)
+    if status == _IDLE:
+        state.dirty = False  # a new transaction starts clean: nothing to clear
+    elif status != _INTRANS:
+        # Failed transaction (only ROLLBACK works) or broken connection: add nothing.
+        return False, ""
+    token = current_token()
+    if token is not None:
+        return True, str(token)
+    return state.dirty, ""
+
+
+def _piggybacks(query: Query, params: object) -> bool:
+    """Whether ``query`` can share a pipeline: one statement (pipeline = extended protocol)."""
+    if params:
+        return True  # bound parameters already mean one statement
+    if isinstance(query, bytes):
+        query = query.decode("utf-8", "replace")
+    if not isinstance(query, str):
+        return False  # a Composed may hold several statements: set the token separately
+    body = query.strip().rstrip(";")
+    return bool(body) and ";" not in body
+
+
+def _q(query: Query) -> Any:
+    # Template queries (PEP 750) go through psycopg's overloads untouched.
+    return query
+
+
+def _after(conn: Any, value: str) -> None:
+    state = _state(conn)
+    state.dirty = bool(value) and conn.pgconn.transaction_status != _IDLE
+
+
+def _translated(exc: psycopg.Error) -> BaseException:
+    error = translate(exc)
+    if error is None:
+        return exc
+    metrics.record_rejection(error)
+    return error
+
+
+# ---------------------------------------------------------------- cursors
+
+
+class FencedCursor(psycopg.Cursor[Any]):
+    """A cursor whose statements carry :func:`fencekit.current_token` (see :func:`install`)."""
+
+    translate_errors = True
+
+    def _fence_now(self, value: str) -> None:
+        psycopg.Cursor(self.connection).execute(SET_TOKEN, (value,))
+
+    def execute(
+        self,
+        query: Query,
+        params: Params | None = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool | None = None,
+    ) -> FencedCursor:
+        conn = self.connection
+        try:
+            send, value = _wanted(conn)
+            if not send:
+                super().execute(_q(query), params, prepare=prepare, binary=binary)
+                return self
+            if _piggybacks(query, params):
+                with conn.pipeline():
+                    psycopg.Cursor(conn).execute(SET_TOKEN, (value,))
+                    super().execute(_q(query), params, prepare=prepare, binary=binary)
+            else:
+                self._fence_now(value)
+                super().execute(_q(query), params, prepare=prepare, binary=binary)
+            _after(conn, value)
+            return self
+        except psycopg.Error as exc:
+            if not self.translate_errors:
+                raise
+            raise _translated(exc) from exc
+
+    def executemany(
+        self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
+    ) -> None:
+        conn = self.connection
+        try:
+            send, value = _wanted(conn)
+            if not send:
+                super().executemany(query, params_seq, returning=returning)
+                return
+            with conn.pipeline():  # executemany rides the same pipeline
+                psycopg.Cursor(conn).execute(SET_TOKEN, (value,))
+                super().executemany(query, params_seq, returning=returning)
+            _after(conn, value)
+        except psycopg.Error as exc:
+            if not self.translate_errors:
+                raise
+            raise _translated(exc) from exc
+
+
+class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
+    """Async twin of :class:`FencedCursor`."""
+
+    translate_errors = True
+
+    async def execute(
+        self,
+        query: Query,
+        params: Params | None = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool | None = None,
+    ) -> AsyncFencedCursor:
+        conn = self.connection
+        try:
+            send, value = _wanted(conn)
+            if not send:
+                await super().execute(_q(query), params, prepare=prepare, binary=binary)
+                return self
+            if _piggybacks(query, params):
+                async with conn.pipeline():
+                    await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (value,))
+                    await super().execute(_q(query), params, prepare=prepare, binary=binary)
+            else:
+                await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (value,))
+                await super().execute(_q(query), params, prepare=prepare, binary=binary)
+            _after(conn, value)
+            return self
+        except psycopg.Error as exc:
+            if not self.translate_errors:
+                raise
+            raise _translated(exc) from exc
+
+    async def executemany(
+        self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
+    ) -> None:
+        conn = self.connection
+        try:
+            send, value = _wanted(conn)
+            if not send:
+                await super().executemany(query, params_seq, returning=returning)
+                return
+            async with conn.pipeline():
+                await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (value,))
+                await super().executemany(query, params_seq, returning=returning)
+            _after(conn, value)
+        except psycopg.Error as exc:
+            if not self.translate_errors:
+                raise
+            raise _translated(exc) from exc
+
+
+@cache
+def fenced_cursor_class(base: type[Any], *, translate_errors: bool = True) -> type[Any]:
+    """The fenced variant of a cursor class (``ClientCursor``, ``RawCursor``, a subclass...)."""
+    fenced: type[Any] = AsyncFencedCursor if issubclass(base, psycopg.AsyncCursor) else FencedCursor
+    if issubclass(base, fenced):
+        return base  # already fenced: keep its error translation as it is
+    if base in (psycopg.Cursor, psycopg.AsyncCursor):
+        if translate_errors:
+            return fenced
+        bases: tuple[type[Any], ...] = (fenced,)
+    else:
+        bases = (fenced, base)
+    return type(f"Fenced{base.__name__}", bases, {"translate_errors": translate_errors})
+
+
+def install(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    *,
+    translate_errors: bool = True,
+) -> None:
+    """Automatic mode: statements on ``conn`` carry the current :func:`fencing` token.
+
+    Replaces ``conn.cursor_factory`` with its fenced variant (idempotent). Server-side (named)
+    cursors are not covered. Usable as ``psycopg_pool.ConnectionPool(configure=install)``.
+    """
+    state = _state(conn)
+    factory = conn.cursor_factory
+    fenced = fenced_cursor_class(cast(Any, factory), translate_errors=translate_errors)
+    if factory is not fenced:
+        if not state.installed:
+            state.previous_factory = factory
+        conn.cursor_factory = fenced
+    state.installed = True
+
+
+def uninstall(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Undo :func:`install`."""
+    state = _state(conn)
+    if state.installed and state.previous_factory is not None:
+        conn.cursor_factory = state.previous_factory
+    state.installed = False
+    state.previous_factory = None
+
+
+# ---------------------------------------------------------------- explicit API
+
+
+def _resolve(token: int | None) -> int:
+    if token is None:
+        token = current_token()
+        if token is None:
+            raise TokenNotSetError()
+    return validate_token(token)
+
+
+@contextmanager
+def _fenced_factory(conn: Any) -> Iterator[None]:
+    """Temporarily install the fenced cursor on a connection that is not in automatic mode."""
+    state = _state(conn)
+    if state.installed:
+        yield
+        return
+    factory = conn.cursor_factory
+    conn.cursor_factory = fenced_cursor_class(factory)
+    try:
+        yield
+    finally:
+        conn.cursor_factory = factory
+
+
+@contextmanager
+def transaction(
+    conn: psycopg.Connection[Any],
+    token: int | None = None,
+    *,
+    savepoint_name: str | None = None,
+    force_rollback: bool = False,
+) -> Iterator[psycopg.Transaction]:
+    """``conn.transaction()`` whose statements carry ``token`` (default: the current scope's).
+
+    The token is validated before anything is sent; the block is also a :func:`fencing` scope.
+    Statements must run on cursors made inside the block (or ``conn.execute``). The token rides
+    the block's first statement: no extra round trip. Nested inside an open transaction (a
+    savepoint), the outer transaction's token is restored on exit (one statement).
+    """
+    value = _resolve(token)
+    nested = conn.pgconn.transaction_status != _IDLE
+    try:
+        with (
+            fencing(value),
+            _fenced_factory(conn),
+            conn.transaction(savepoint_name, force_rollback) as tx,
+        ):
+            yield tx
+    except psycopg.Error as exc:
+        raise _translated(exc) from exc
+    finally:
+        state = _state(conn)
+        if nested and state.dirty and not state.installed and _in_transaction(conn):
+            outer = current_token()
+            psycopg.Cursor(conn).execute(SET_TOKEN, (str(outer) if outer else "",))
+            state.dirty = outer is not None
+
+
+@asynccontextmanager
+async def async_transaction(
+    conn: psycopg.AsyncConnection[Any],
+    token: int | None = None,
+    *,
+    savepoint_name: str | None = None,
+    force_rollback: bool = False,
+) -> AsyncIterator[psycopg.AsyncTransaction]:
+    """Async twin of :func:`transaction`."""
+    value = _resolve(token)
+    nested = conn.pgconn.transaction_status != _IDLE
+    try:
+        with fencing(value), _fenced_factory(conn):
+            async with conn.transaction(savepoint_name, force_rollback) as tx:
+                yield tx
+    except psycopg.Error as exc:
+        raise _translated(exc) from exc
+    finally:
+        state = _state(conn)
+        if nested and state.dirty and not state.installed and _in_transaction(conn):
+            outer = current_token()
+            await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (str(outer) if outer else "",))
+            state.dirty = outer is not None
+
+
+def _in_transaction(conn: Any) -> bool:
+    return bool(conn.pgconn.transaction_status == _INTRANS)
+
+
+def _check_open(conn: Any) -> None:
+    if conn.autocommit and conn.pgconn.transaction_status == _IDLE:
+        raise psycopg.ProgrammingError(
+            "set_token() needs an open transaction: in autocommit mode the setting would end "
+            "with its own statement; use fencekit.psycopg.transaction(conn, token) instead"
+        )
+
+
+def set_token(conn: psycopg.Connection[Any], token: int | None = None) -> None:
+    """Fence the transaction open on ``conn`` (or the one psycopg opens implicitly).
+
+    One statement, so one round trip (two if it also opens the transaction); prefer
+    :func:`transaction` or :func:`install`, which ride the next statement instead.
+    """
+    value = str(_resolve(token))
+    _check_open(conn)
+    psycopg.Cursor(conn).execute(SET_TOKEN, (value,))
+    _state(conn).dirty = False  # explicit: automatic mode must not clear it
+
+
+async def async_set_token(conn: psycopg.AsyncConnection[Any], token: int | None = None) -> None:
+    """Async twin of :func:`set_token`."""
+    value = str(_resolve(token))
+    _check_open(conn)
+    await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (value,))
+    _state(conn).dirty = False
