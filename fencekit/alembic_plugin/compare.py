@@ -1,0 +1,135 @@
+"""Autogenerate: compare the fences declared in the metadata with the database's registry.
+
+Runs after alembic's own table comparison (last priority), so that it can
+
+- append ``create_fence`` after the ``create_table`` / ``add_column`` it depends on,
+- put ``drop_fence`` first, before a ``drop_table`` of the same table,
+- put ``install_fencekit`` / ``upgrade_fencekit`` before everything,
+- remove any operation alembic proposed against objects the generator owns (the fence column of
+  a protected table, ``fencekit_*`` indexes): those belong to the fence operations.
+
+The downgrade is alembic's reversal of that list, so it drops fences before tables and installs
+the core last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from alembic.operations import ops as alembic_ops
+
+from fencekit import sqlgen
+from fencekit.alembic_plugin.ops import (
+    AlterFenceOp,
+    CreateFenceOp,
+    DropFenceOp,
+    InstallCoreOp,
+    UpgradeCoreOp,
+)
+from fencekit.alembic_plugin.registry import Installed, read_installed
+from fencekit.declare import INFO_KEY, declared_fences
+from fencekit.spec import FenceSpec, Scope, TableName
+
+if TYPE_CHECKING:
+    from alembic.autogenerate.api import AutogenContext
+    from alembic.operations.ops import MigrateOperation, UpgradeOps
+
+__all__ = ["OWNED_PREFIX", "compare_fences"]
+
+OWNED_PREFIX = "fencekit"
+"""Every per-table object the generator creates is named with this prefix."""
+
+
+def compare_fences(
+    autogen_context: AutogenContext, upgrade_ops: UpgradeOps, schemas: set[str | None]
+) -> None:
+    """The ``schema``-level comparator: alembic calls it once with the schemas it compares."""
+    connection = autogen_context.connection
+    assert connection is not None, "autogenerate always has a connection"
+    default_schema = connection.dialect.default_schema_name or "public"
+
+    def real(schema: str | None) -> str:
+        return default_schema if schema is None else schema
+
+    compared = {real(s) for s in schemas}
+    declared: dict[tuple[str, str], FenceSpec] = {}
+    metadata = autogen_context.metadata
+    for table, spec in declared_fences(metadata) if metadata is not None else ():
+        if table.schema is None:  # declared without a schema: it lives in the default one
+            spec = spec.with_changes(table=TableName(default_schema, table.name))
+        if spec.table.schema not in compared:
+            continue
+        if not autogen_context.run_object_filters(table, table.name, "table", False, None):
+            continue
+        declared[(spec.table.schema, spec.table.name)] = spec
+
+    installed = read_installed(connection)
+    existing = {
+        where: fence
+        for where, fence in installed.fences.items()
+        if where[0] in compared
+        and autogen_context.run_name_filters(
+            where[1], "table", {"schema_name": None if where[0] == default_schema else where[0]}
+        )
+    }
+
+    _prune_owned(upgrade_ops, installed, real)
+    _strip_declarations(upgrade_ops)
+
+    first: list[MigrateOperation] = []
+    last: list[MigrateOperation] = []
+    for where, spec in sorted(declared.items()):
+        if where not in existing:
+            last.append(CreateFenceOp(spec, sqlgen.TEMPLATE_VERSION))
+            continue
+        old, old_version = existing[where]
+        if old != spec or old_version != sqlgen.TEMPLATE_VERSION:
+            last.append(AlterFenceOp(old, old_version, spec, sqlgen.TEMPLATE_VERSION))
+    for where, (old, old_version) in sorted(existing.items()):
+        if where not in declared:
+            first.append(DropFenceOp(old, old_version))
+
+    if declared:
+        if installed.core_version is None:
+            first.insert(0, InstallCoreOp(sqlgen.CORE_VERSION))
+        elif installed.core_version < sqlgen.CORE_VERSION:
+            first.insert(0, UpgradeCoreOp(installed.core_version, sqlgen.CORE_VERSION))
+
+    upgrade_ops.ops[:0] = first
+    upgrade_ops.ops.extend(last)
+
+
+def _strip_declarations(upgrade_ops: UpgradeOps) -> None:
+    """The declaration is rendered as the fence operation, not as ``create_table(info=...)``."""
+    for op in upgrade_ops.ops:
+        if isinstance(op, alembic_ops.CreateTableOp) and op.info:
+            op.info.pop(INFO_KEY, None)
+
+
+def _prune_owned(
+    upgrade_ops: UpgradeOps, installed: Installed, real: Callable[[str | None], str]
+) -> None:
+    """Drop alembic's proposals against the fence column and fencekit-named indexes."""
+    fence_columns = {
+        (schema, name, spec.column)
+        for (schema, name), (spec, _) in installed.fences.items()
+        if spec.scope is Scope.ROW
+    }
+
+    def owned(op: MigrateOperation, schema: str, table: str) -> bool:
+        if isinstance(op, alembic_ops.DropColumnOp):
+            return (schema, table, op.column_name) in fence_columns
+        if isinstance(op, alembic_ops.DropIndexOp):
+            return str(op.index_name or "").startswith(OWNED_PREFIX)
+        return False
+
+    kept: list[MigrateOperation] = []
+    for op in upgrade_ops.ops:
+        if isinstance(op, alembic_ops.ModifyTableOps):
+            schema, table = real(op.schema), op.table_name
+            op.ops = [sub for sub in op.ops if not owned(sub, schema, table)]
+            if not op.ops:
+                continue
+        kept.append(op)
+    upgrade_ops.ops[:] = kept

@@ -1,0 +1,48 @@
+"""End to end: declare fences -> autogenerate -> upgrade -> stale write rejected -> downgrade."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from tests.alembic.conftest import Project
+
+MODELS = """
+from sqlalchemy import Column, Integer, MetaData, Table, Text
+from fencekit.declare import declare_fence
+
+metadata = MetaData()
+billing = Table(
+    "billing_summary", metadata,
+    Column("account_id", Integer, primary_key=True),
+    Column("summary", Text),
+)
+declare_fence(billing, scope="key", key=["account_id"])
+jobs = Table("jobs", metadata, Column("id", Integer, primary_key=True), Column("state", Text))
+declare_fence(jobs)
+"""
+
+
+def write(conn: psycopg.Connection, token: int, sql: str, *params: object) -> None:
+    with conn.transaction():
+        conn.execute("SELECT set_config('fencekit.token', %s, true)", (str(token),))
+        conn.execute(sql, params)
+
+
+def test_autogenerate_upgrade_reject_downgrade(project: Project) -> None:
+    start = project.pg_dump_schema()
+    project.write_models(MODELS)
+    path = project.autogenerate("fences")
+    text = path.read_text()
+    print(text)
+    assert "import fencekit.alembic_plugin" in text
+    assert "op.create_fence(" in text
+    assert "template_version=1" in text
+    project.alembic("upgrade", "head")
+    with project.connect() as conn:
+        write(conn, 34, "INSERT INTO billing_summary VALUES (42, 'B')")
+        with pytest.raises(psycopg.Error) as err:
+            write(conn, 33, "UPDATE billing_summary SET summary = 'A' WHERE account_id = 42")
+        assert err.value.sqlstate == "YF001"
+    project.alembic("downgrade", "base")
+    assert project.pg_dump_schema() == start
