@@ -177,6 +177,7 @@ class Lease(_LeaseBase):
         self.lost_event = threading.Event()  # set when the lease is lost; wait() on it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
 
     def try_acquire(self) -> bool:
         """One attempt; True when granted (and renewal started)."""
@@ -220,6 +221,19 @@ class Lease(_LeaseBase):
             target=self._renew_loop, name=f"fencekit-lease:{self.resource}", daemon=True
         )
         self._thread.start()
+        # The renewal thread can hang inside a call to the issuer (a frozen network, a stuck
+        # server); the watchdog still signals the loss at the local deadline.
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"fencekit-lease-watchdog:{self.resource}", daemon=True
+        )
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        state = self._state
+        assert state is not None
+        while not self._stop.wait(max(0.0, state.remaining()) + 0.001):
+            if state.is_lost():
+                return
 
     def _renew_loop(self) -> None:
         state = self._state
@@ -267,9 +281,10 @@ class Lease(_LeaseBase):
         if state is None or state.released:
             return
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(5.0, state.grant.ttl))
-        self._thread = None
+        for thread in (self._thread, self._watchdog):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=max(5.0, state.grant.ttl))
+        self._thread = self._watchdog = None
         was_lost = state.is_lost()
         state.released = True
         if was_lost:
@@ -406,7 +421,10 @@ class AsyncLease(_LeaseBase):
                 return
             sent = time.monotonic()
             try:
-                ok = await self._call("renew", state.grant)
+                # Bounded by the deadline: a hung issuer call must not hide the loss.
+                ok = await asyncio.wait_for(
+                    self._call("renew", state.grant), max(0.001, state.remaining())
+                )
             except Exception as exc:
                 log.info("lease %s: renewal failed, retrying: %s", self.resource, exc)
                 delay = backoff.next_delay(state.remaining())
