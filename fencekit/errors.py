@@ -85,7 +85,7 @@ class FenceError(Exception):
         parts = [self.message]
         if self.hint:
             parts.append(f"HINT: {self.hint}")
-        if self.advice:
+        elif self.advice:  # the database's hint is more specific; ours fills in when absent
             parts.append(self.advice)
         return "\n".join(parts)
 
