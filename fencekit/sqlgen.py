@@ -133,12 +133,15 @@ def _v1_objects(spec: FenceSpec) -> TableObjects:
         return f"fencekit_{tag}_{suffix}"
 
     # Statement level, once per statement: token format, missing-token policy, bypass, issuer;
-    # TRUNCATE; and for table fences the fence itself.
+    # TRUNCATE; and for table fences the fence itself. Runs under the writer's search_path, so
+    # every operator and function is schema-qualified; the fast path calls no function that
+    # switches search_path (that switch costs more than the whole check).
     issuer_check = ""
     if spec.issuer is not None:
         issuer_check = (
-            "  IF COALESCE(NULLIF(pg_catalog.current_setting('fencekit.issuer', true), ''), "
-            f"{quote_literal(spec.issuer)}) <> {quote_literal(spec.issuer)} THEN\n"
+            "  IF pg_catalog.current_setting('fencekit.issuer', true) "
+            f"OPERATOR(pg_catalog.<>) '' AND pg_catalog.current_setting('fencekit.issuer', true) "
+            f"OPERATOR(pg_catalog.<>) {quote_literal(spec.issuer)} THEN\n"
             "    PERFORM fencekit.reject('issuer_mismatch', "
             f"{lit_tag}, TG_RELID, TG_NAME, NULL, {quote_literal(spec.resource_name)}, NULL, tok, "
             f"NULL, {quote_literal(spec.issuer)});\n"
@@ -172,20 +175,34 @@ def _v1_objects(spec: FenceSpec) -> TableObjects:
         f"""
 -- fencekit: statement check for {t.sql} ({spec.scope} fence). Generated; do not edit.
 DECLARE
-  tok bigint := fencekit.statement_token({lit_tag}, TG_RELID, TG_NAME);
-  byp boolean := fencekit.bypass_allowed({lit_tag}, TG_RELID, TG_NAME);
-  fence bigint;
+  raw pg_catalog.text := {_TOKEN};
+  tok pg_catalog.int8;
+  byp boolean := false;
+  fence pg_catalog.int8;
   bad record;
 BEGIN
+  IF pg_catalog.current_setting('fencekit.bypass', true) OPERATOR(pg_catalog.<>) '' THEN
+    byp := fencekit.bypass_allowed({lit_tag}, TG_RELID, TG_NAME);
+  END IF;
+  IF raw OPERATOR(pg_catalog.<>) '' THEN
+    -- A canonical positive decimal within bigint; anything else is malformed, not missing.
+    IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{{0,18}}$'
+            AND (pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19
+                 OR raw OPERATOR(pg_catalog.<=) '9223372036854775807' COLLATE pg_catalog."C")) THEN
+      PERFORM fencekit.reject('malformed', {lit_tag}, TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
+                              NULL, raw);
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
 {issuer_check}  IF tok IS NULL THEN
     IF byp THEN
       PERFORM fencekit.count_event({lit_tag}, 'bypassed');
       RETURN NULL;
     END IF;
 {missing}  END IF;
-  IF TG_OP = 'TRUNCATE' THEN
+  IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
     {truncate_fence};
-    IF fence > tok AND NOT byp THEN
+    IF fence OPERATOR(pg_catalog.>) tok AND NOT byp THEN
       PERFORM fencekit.reject('stale', {lit_tag}, TG_RELID, TG_NAME, NULL, NULL, NULL, tok, fence);
     END IF;
     RETURN NULL;
@@ -194,10 +211,19 @@ BEGIN
 END
 """,
     )
+    # Row and key fences only need the statement check when something is off (no token, a
+    # malformed one, bypass or a foreign issuer): the WHEN clause tests that in C, so the
+    # common case starts no PL/pgSQL at all. A table fence advances on every statement.
+    stmt_when = None if spec.scope is Scope.TABLE else _needs_statement_check(spec)
     functions: list[Function] = [stmt]
     triggers: list[Trigger] = [
         Trigger(
-            trig("stmt"), "BEFORE INSERT OR UPDATE OR DELETE", "STATEMENT", stmt, on_partitions=True
+            trig("stmt"),
+            "BEFORE INSERT OR UPDATE OR DELETE",
+            "STATEMENT",
+            stmt,
+            when=stmt_when,
+            on_partitions=True,
         ),
         Trigger(trig("trunc"), "BEFORE TRUNCATE", "STATEMENT", stmt, on_partitions=True),
     ]
@@ -211,6 +237,25 @@ END
         functions += functions_key
         triggers += triggers_key
     return TableObjects(spec, 1, tag, tuple(functions), tuple(triggers))
+
+
+def _needs_statement_check(spec: FenceSpec) -> str:
+    """A WHEN condition: true unless the token is well formed, bypass is off and the issuer fits."""
+    token = f"COALESCE({_TOKEN}, '')"
+    parts = [
+        "COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+        "OPERATOR(pg_catalog.<>) ''",
+        f"NOT ({token} OPERATOR(pg_catalog.~) '^[1-9][0-9]{{0,18}}$')",
+        f"(pg_catalog.length({token}) OPERATOR(pg_catalog.=) 19 AND {token} "
+        "OPERATOR(pg_catalog.>) '9223372036854775807' COLLATE pg_catalog.\"C\")",
+    ]
+    if spec.issuer is not None:
+        issuer = "COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '')"
+        parts.append(
+            f"({issuer} OPERATOR(pg_catalog.<>) '' AND {issuer} OPERATOR(pg_catalog.<>) "
+            f"{quote_literal(spec.issuer)})"
+        )
+    return "\n        OR ".join(parts)
 
 
 _MISSING_ROW = """  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
@@ -346,7 +391,7 @@ BEGIN
   IF bad.bad_reason IS NULL THEN
     RETURN NULL;
   END IF;
-  IF bad.bad_reason = 'null_key' THEN
+  IF bad.bad_reason OPERATOR(pg_catalog.=) 'null_key' THEN
     PERFORM fencekit.reject('usage', {lit_tag}, TG_RELID, TG_NAME, {quote_literal(spec.key[0])},
       {res}, NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
   END IF;

@@ -1,0 +1,233 @@
+"""Core benchmarks: the cost of fencing inside PostgreSQL, as ratios measured side by side.
+
+Each case runs the same statement on a protected table and on an identical unprotected twin,
+interleaved round by round (these machines are shared and noisy), and reports the ratio of the
+medians. Nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from fencekit.spec import FenceSpec, Scope, TableName
+from fencekit.sqlgen import protect_statements, unprotect_statements
+
+__all__ = ["run"]
+
+SCHEMA = "fencekit_bench"
+
+# A realistic row: a billing summary with a few typed columns, a jsonb payload and a secondary
+# index. The "narrow" shape (id, account, integer) shows the worst case: the cheaper the write,
+# the larger the share of the trigger.
+_SHAPES = {
+    "billing": """
+        CREATE TABLE {t} (
+          id          bigint PRIMARY KEY,
+          account_id  bigint NOT NULL,
+          period      date NOT NULL DEFAULT current_date,
+          total       numeric(12, 2) NOT NULL DEFAULT 0,
+          currency    char(3) NOT NULL DEFAULT 'EUR',
+          line_items  integer NOT NULL DEFAULT 0,
+          status      text NOT NULL DEFAULT 'open',
+          payload     jsonb NOT NULL DEFAULT '{{}}',
+          updated_at  timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE INDEX ON {t} (account_id);
+        INSERT INTO {t} (id, account_id, payload)
+        SELECT g, g % {keys}, jsonb_build_object('lines', g % 17, 'note', repeat('x', 120))
+          FROM generate_series(1, {rows}) g;
+    """,
+    "narrow": """
+        CREATE TABLE {t} (id bigint PRIMARY KEY, account_id bigint NOT NULL, v integer NOT NULL);
+        INSERT INTO {t} SELECT g, g % {keys}, 0 FROM generate_series(1, {rows}) g;
+    """,
+}
+_UPDATE = {
+    "billing": "UPDATE {t} SET total = total + 1, updated_at = now()",
+    "narrow": "UPDATE {t} SET v = v + 1",
+}
+
+
+def _result(
+    name: str, base: list[float], fenced: list[float], unit: str, target: str
+) -> dict[str, Any]:
+    # Each round measures both sides back to back; the median of the per-round ratios cancels
+    # the slow drifts of a shared machine better than a ratio of overall medians.
+    ratios = [f / b for b, f in zip(base, fenced, strict=True)]
+    return {
+        "name": name,
+        "baseline": statistics.median(base),
+        "fenced": statistics.median(fenced),
+        "ratio": statistics.median(ratios),
+        "unit": unit,
+        "target": target,
+    }
+
+
+def _drop_bench_schema(conn: psycopg.Connection[Any]) -> None:
+    # Unprotect first: dropping a protected table would leave its fences and counters behind.
+    rows = conn.execute(
+        "SELECT spec, template_version FROM fencekit.protected WHERE schema_name = %s", [SCHEMA]
+    ).fetchall()
+    for spec, version in rows:
+        for stmt in unprotect_statements(FenceSpec.from_dict(spec), version):
+            conn.execute(stmt)
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+
+
+@contextmanager
+def _bench_schema(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    _drop_bench_schema(conn)
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
+    try:
+        yield
+    finally:
+        _drop_bench_schema(conn)
+
+
+def _make_table(
+    conn: psycopg.Connection[Any],
+    name: str,
+    shape: str,
+    rows: int,
+    keys: int,
+    spec: FenceSpec | None,
+) -> str:
+    t = f"{SCHEMA}.{name}"
+    conn.execute(_SHAPES[shape].format(t=t, rows=rows, keys=keys))
+    if spec is not None:
+        for stmt in protect_statements(spec):
+            conn.execute(stmt)
+    conn.execute(f"VACUUM ANALYZE {t}")
+    return t
+
+
+def _timed_tx(conn: psycopg.Connection[Any], token: int | None, statement: str) -> float:
+    with conn.transaction():
+        if token is not None:
+            conn.execute("SELECT set_config('fencekit.token', %s, true)", [str(token)])
+        start = time.perf_counter()
+        conn.execute(statement)
+        elapsed = time.perf_counter() - start
+    return elapsed
+
+
+def _bulk(
+    conn: psycopg.Connection[Any],
+    shape: str,
+    rows: int,
+    rounds: int,
+    progress: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    plain = _make_table(conn, f"{shape}_plain", shape, rows, 1000, None)
+    row = _make_table(
+        conn, f"{shape}_row", shape, rows, 1000, FenceSpec(TableName(SCHEMA, f"{shape}_row"))
+    )
+    key = _make_table(
+        conn,
+        f"{shape}_key",
+        shape,
+        rows,
+        1000,
+        FenceSpec(TableName(SCHEMA, f"{shape}_key"), scope=Scope.KEY, key=("account_id",)),
+    )
+    times: dict[str, list[float]] = {
+        k: [] for k in ("plain_new", "plain_same", "row_new", "row_same", "key_new")
+    }
+    token = 1000
+    for r in range(rounds):
+        progress(f"bulk {shape}: round {r + 1}/{rounds}")
+        token += 1
+        for name, t in (("plain", plain), ("row", row), ("key", key)):
+            conn.execute(f"VACUUM {t}")  # same heap state for every variant, outside the timing
+            times.setdefault(f"{name}_new", []).append(
+                _timed_tx(conn, token, _UPDATE[shape].format(t=t))
+            )
+            if name != "key":
+                conn.execute(f"VACUUM {t}")
+                times[f"{name}_same"].append(_timed_tx(conn, token, _UPDATE[shape].format(t=t)))
+    n = f"{rows:,} rows, {shape} table"
+    return [
+        _result(
+            f"row fence, bulk UPDATE, new token ({n})",
+            times["plain_new"],
+            times["row_new"],
+            "s",
+            "<= 1.15x",
+        ),
+        _result(
+            f"row fence, bulk UPDATE, same token ({n})",
+            times["plain_same"],
+            times["row_same"],
+            "s",
+            "<= 1.05x",
+        ),
+        _result(
+            f"key fence, bulk UPDATE, 1,000 keys ({n})",
+            times["plain_new"],
+            times["key_new"],
+            "s",
+            "<= 1.3x",
+        ),
+    ]
+
+
+def _single_row(
+    conn: psycopg.Connection[Any], transactions: int, rounds: int, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    plain = _make_table(conn, "single_plain", "billing", 1000, 100, None)
+    row = _make_table(
+        conn, "single_row", "billing", 1000, 100, FenceSpec(TableName(SCHEMA, "single_row"))
+    )
+    seconds: dict[str, list[float]] = {"plain": [], "row": []}
+    token = 10_000
+    batch = 25
+    for r in range(rounds):
+        progress(f"single-row transactions: round {r + 1}/{rounds}")
+        token += 1
+        spent = {"plain": 0.0, "row": 0.0}
+        # Alternate small batches so that both sides see the same machine load.
+        for b in range(transactions // batch):
+            order = (("plain", plain), ("row", row)) if b % 2 else (("row", row), ("plain", plain))
+            for name, t in order:
+                stmt = f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s"
+                start = time.perf_counter()
+                for i in range(batch):
+                    # Same shape on both sides: set the token, update one row, commit.
+                    with conn.transaction():
+                        conn.execute("SELECT set_config('fencekit.token', %s, true)", [str(token)])
+                        conn.execute(stmt, [(b * batch + i) % 1000 + 1])
+                spent[name] += time.perf_counter() - start
+        for name in spent:
+            seconds[name].append(spent[name])
+    # Throughput ratio = fenced rate / plain rate = plain time / fenced time, per round.
+    ratios = [p / f for p, f in zip(seconds["plain"], seconds["row"], strict=True)]
+    n = (transactions // batch) * batch
+    return {
+        "name": "row fence, single-row transactions (set token, UPDATE, COMMIT)",
+        "baseline": n / statistics.median(seconds["plain"]),
+        "fenced": n / statistics.median(seconds["row"]),
+        "ratio": statistics.median(ratios),
+        "unit": "tx/s",
+        "target": ">= 0.95x",
+    }
+
+
+def run(
+    dsn: str, *, quick: bool = False, progress: Callable[[str], None] = lambda _: None
+) -> list[dict[str, Any]]:
+    """Run the core benchmarks against ``dsn`` (a database with fencekit's core installed)."""
+    rows = 20_000 if quick else 100_000
+    rounds = 3 if quick else 7
+    with psycopg.connect(dsn, autocommit=True) as conn, _bench_schema(conn):
+        results = _bulk(conn, "billing", rows, rounds, progress)
+        results += _bulk(conn, "narrow", rows, rounds, progress)
+        results.append(_single_row(conn, 300 if quick else 2000, rounds, progress))
+    return results
