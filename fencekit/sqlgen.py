@@ -551,7 +551,8 @@ def unprotect_statements(spec: FenceSpec, template_version: int | None = None) -
     """The exact undo of :func:`protect_statements`, without transaction control."""
     objs = table_objects(spec, template_version)
     t = spec.table
-    regclass = f"{quote_literal(t.sql)}::pg_catalog.regclass"
+    # to_regclass: unprotecting a table that was dropped still cleans up fencekit's side.
+    regclass = f"pg_catalog.to_regclass({quote_literal(t.sql)})"
     out: list[str] = []
     part_triggers = [tr for tr in objs.triggers if tr.on_partitions]
     if part_triggers:
@@ -574,7 +575,9 @@ def unprotect_statements(spec: FenceSpec, template_version: int | None = None) -
             seen.add(f.name)
             out.append(f"DROP FUNCTION IF EXISTS {f.sql_name}()")
     if spec.scope is Scope.ROW:
-        out.append(f"ALTER TABLE {t.sql} DROP COLUMN IF EXISTS {quote_ident(spec.column)}")
+        out.append(
+            f"ALTER TABLE IF EXISTS {t.sql} DROP COLUMN IF EXISTS {quote_ident(spec.column)}"
+        )
     out.append(f"SELECT fencekit.drop_counters({quote_literal(objs.tag)})")
     out.append(
         f"DELETE FROM fencekit.protected WHERE schema_name = {quote_literal(t.schema)} "
