@@ -1,3 +1,47 @@
-"""fencekit: make PostgreSQL reject stale writes with fencing tokens."""
+"""fencekit: make PostgreSQL reject stale writes with fencing tokens.
+
+The public API, kept small. Integrations are separate modules imported on demand, so that the
+DBA path works without SQLAlchemy or alembic installed: ``fencekit.psycopg``, ``fencekit.orm``,
+``fencekit.alembic_plugin``, ``fencekit.leases``, ``fencekit.metrics``.
+"""
+
+from fencekit.context import current_token, fencing
+from fencekit.errors import (
+    BypassRefusedError,
+    FenceError,
+    FenceUsageError,
+    InvalidTokenError,
+    IssuerMismatchError,
+    LeaseMismatchError,
+    MalformedTokenError,
+    MissingTokenError,
+    ReusedTokenError,
+    StaleTokenError,
+    TokenNotSetError,
+    validate_token,
+)
+from fencekit.spec import FenceSpec, Scope, SpecError, TableName
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "BypassRefusedError",
+    "FenceError",
+    "FenceSpec",
+    "FenceUsageError",
+    "InvalidTokenError",
+    "IssuerMismatchError",
+    "LeaseMismatchError",
+    "MalformedTokenError",
+    "MissingTokenError",
+    "ReusedTokenError",
+    "Scope",
+    "SpecError",
+    "StaleTokenError",
+    "TableName",
+    "TokenNotSetError",
+    "__version__",
+    "current_token",
+    "fencing",
+    "validate_token",
+]
