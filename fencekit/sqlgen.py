@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: Version of the core schema (``fencekit`` schema, tables, shared functions).
-CORE_VERSION = 1
+CORE_VERSION = 2
 #: Newest per-table template version.
 TEMPLATE_VERSION = 1
 DEFAULT_LOCK_TIMEOUT = "5s"
@@ -159,7 +159,7 @@ def _v1_objects(spec: FenceSpec) -> TableObjects:
         truncate_fence = f"fence := fencekit.max_fence({quote_literal(spec.resource_name)})"
     table_check = ""
     if spec.scope is Scope.TABLE:
-        table_check = (
+        table_check = _lease_check(spec, lit_tag, "ARRAY['']", "NULL", None) + (
             "  SELECT * INTO bad FROM fencekit.advance_fences("
             f"{quote_literal(spec.resource_name)}, ARRAY[''], tok, "
             f"{quote_literal(spec.on_equal)});\n"
@@ -180,6 +180,7 @@ DECLARE
   byp boolean := false;
   fence pg_catalog.int8;
   bad record;
+  lb record;
 BEGIN
   IF pg_catalog.current_setting('fencekit.bypass', true) OPERATOR(pg_catalog.<>) '' THEN
     byp := fencekit.bypass_allowed({lit_tag}, TG_RELID, TG_NAME);
@@ -237,6 +238,26 @@ END
         functions += functions_key
         triggers += triggers_key
     return TableObjects(spec, 1, tag, tuple(functions), tuple(triggers))
+
+
+def _lease_check(spec: FenceSpec, lit_tag: str, keys: str, column: str, label: str | None) -> str:
+    """PL/pgSQL for lease-bound fences: the token must be the live lease token of each key."""
+    if not spec.lease_bound:
+        return ""
+    res = quote_literal(spec.resource_name)
+    key_json = (
+        f"pg_catalog.json_build_object({quote_literal(label)}, lb.bad_key)::pg_catalog.jsonb"
+        if label is not None
+        else "NULL"
+    )
+    return (
+        f"  SELECT * INTO lb FROM fencekit.lease_mismatch({res}, {keys}, tok);\n"
+        "  IF lb.bad_key IS NOT NULL\n"
+        f"     AND NOT fencekit.bypass_allowed({lit_tag}, TG_RELID, TG_NAME) THEN\n"
+        f"    PERFORM fencekit.reject('lease_mismatch', {lit_tag}, TG_RELID, TG_NAME, {column},\n"
+        f"      fencekit.lease_resource({res}, lb.bad_key), {key_json}, tok, lb.lease_token);\n"
+        "  END IF;\n"
+    )
 
 
 def _needs_statement_check(spec: FenceSpec) -> str:
@@ -366,6 +387,8 @@ def _v1_key(
     key_cols = ", ".join(quote_ident(c) for c in spec.key)
     label = spec.key[0] if len(spec.key) == 1 else f"({', '.join(spec.key)})"
 
+    lease_check = _lease_check(spec, lit_tag, "keys", quote_literal(spec.key[0]), label)
+
     def body(sources: list[str]) -> str:
         union = "\n         UNION ".join(f"SELECT {key_cols} FROM {s}" for s in sources)
         return f"""
@@ -377,6 +400,7 @@ DECLARE
   tok pg_catalog.int8;
   keys pg_catalog.text[];
   bad record;
+  lb record;
 BEGIN
   IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;  -- no token: the statement trigger applied the on_missing policy
@@ -387,7 +411,8 @@ BEGIN
   IF keys IS NULL THEN
     RETURN NULL;
   END IF;
-  SELECT * INTO bad FROM fencekit.advance_fences({res}, keys, tok, {quote_literal(spec.on_equal)});
+{lease_check}  SELECT * INTO bad
+    FROM fencekit.advance_fences({res}, keys, tok, {quote_literal(spec.on_equal)});
   IF bad.bad_reason IS NULL THEN
     RETURN NULL;
   END IF;

@@ -1,0 +1,32 @@
+-- Lease-bound fences: a write is accepted only if its token is also the live lease token of the
+-- resource it writes (besides not being lower than the fence). That closes the window the plain
+-- scheme leaves open (A with 33 writing after B acquired 34 but before B wrote) and stops a
+-- token for one resource being used on another.
+
+-- The lease resource of a key of a fenced resource: '<resource>:<key>', or the resource itself
+-- for a table fence (key '').
+CREATE OR REPLACE FUNCTION fencekit.lease_resource(resource text, key text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT CASE WHEN key = '' THEN resource ELSE resource || ':' || key END
+$fn$;
+
+-- The first key (in key order, the order leases are locked in) whose lease is not live under
+-- exactly this token, with that lease's live token (NULL when nobody holds it); NULLs when all
+-- match. fencekit.lease_token() locks each lease row FOR SHARE until the writer commits.
+CREATE OR REPLACE FUNCTION fencekit.lease_mismatch(
+  resource text, keys text[], token bigint, OUT bad_key text, OUT lease_token bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  k text;
+  live bigint;
+BEGIN
+  FOR k IN SELECT DISTINCT u FROM pg_catalog.unnest(keys) AS u ORDER BY u LOOP
+    live := fencekit.lease_token(fencekit.lease_resource(lease_mismatch.resource, k));
+    IF live IS DISTINCT FROM token THEN
+      bad_key := k;
+      lease_token := live;
+      RETURN;
+    END IF;
+  END LOOP;
+END
+$fn$;
