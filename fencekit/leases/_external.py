@@ -1,8 +1,8 @@
 """Shared pieces of the external issuers (etcd, ZooKeeper).
 
-Interim home of the issuer protocol types until ``fencekit.leases.base`` fixes the generic
-``Lease`` API; the external issuers import ``Grant`` and the errors from here so that swapping
-in the final types is a one-line change per module.
+The protocol types (``Grant``, the errors, ``check_resource``) are ``fencekit.leases.base``'s,
+re-exported here; ``LossTracker`` is the issuers' own per-grant loss state (the issuer-side
+counterpart of the ``Lease``'s ``LeaseState``).
 
 An issuer grants leases on *resources* (names) to *holders*; each grant carries a *token*, a
 positive 64-bit integer that, per resource, only ever increases (across release, expiry,
@@ -15,64 +15,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+
+from fencekit.leases.base import (
+    MAX_TOKEN,
+    Grant,
+    Issuer,
+    IssuerError,
+    IssuerUnavailable,
+    LossCallback,
+    check_resource,
+)
 
 log = logging.getLogger("fencekit.leases")
 
-MAX_TOKEN = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class Grant:
-    """One lease grant: who holds which resource, with which token, for how long."""
-
-    resource: str
-    holder: str
-    token: int
-    ttl: float
-    issuer: str
-    #: issuer-specific handle (etcd lease id and key, ZooKeeper node path, ...); opaque.
-    handle: Any = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not (0 < self.token <= MAX_TOKEN):
-            raise ValueError(f"token {self.token!r} is not a positive signed 64-bit integer")
-
-
-LossCallback = Callable[[Grant, str], None]
-
-
-class Issuer(Protocol):
-    name: str
-
-    def try_acquire(self, resource: str, holder: str, ttl: float) -> Grant | None: ...
-    def renew(self, grant: Grant) -> bool: ...
-    def release(self, grant: Grant) -> None: ...
-    def is_lost(self, grant: Grant) -> bool: ...
-    def watch_loss(self, grant: Grant, callback: LossCallback) -> None: ...
-    def close(self) -> None: ...
-
-
-class IssuerError(Exception):
-    """Base class of issuer errors."""
-
-
-class IssuerUnavailable(IssuerError):
-    """The issuer could not be reached (or had no leader) within the retry deadline.
-
-    Not a verdict on the lease: an attempt that raised this may or may not have taken effect,
-    and a held lease may still be alive. ``renew`` never raises it: it answers False once the
-    lease cannot be shown alive before its TTL runs out.
-    """
-
-
-def check_resource(resource: str) -> None:
-    if not isinstance(resource, str) or not resource:
-        raise ValueError("resource must be a non-empty string")
-    if "\x00" in resource:
-        raise ValueError("resource must not contain NUL")
+__all__ = [
+    "MAX_TOKEN",
+    "Grant",
+    "Issuer",
+    "IssuerError",
+    "IssuerUnavailable",
+    "LossCallback",
+    "LossTracker",
+    "check_resource",
+]
 
 
 class LossTracker:

@@ -35,8 +35,11 @@ of one issuer share its session and are lost together when it expires.
 
 Loss: the session's ``LOST`` state (the server expired it), the lock node's deletion, and a
 client-side rule (as in Curator): disconnected (``SUSPENDED``) for longer than the session
-timeout counts as lost, because the server will have expired the session by then although
-the client cannot hear it.
+timeout counts as lost, because the server will normally have expired the session by then
+although the client cannot hear it. If the session survives after all (an ensemble that was
+down as a whole restarts its session timers), the issuer deletes the lock nodes of the grants
+it declared lost as soon as it reconnects, so that no lock stays held by a holder that was
+told it lost it.
 """
 
 from __future__ import annotations
@@ -161,6 +164,25 @@ class ZooKeeperIssuer:
                 if self._suspend_timer is not None:
                     self._suspend_timer.cancel()
                     self._suspend_timer = None
+                given_up = [
+                    t.grant
+                    for t in self._trackers.values()
+                    if t.lost_reason is not None and not t.released
+                ]
+            if given_up:
+                # We told the holders they lost these grants while cut off; if the session
+                # survived after all, their nodes still hold the locks: give them up now.
+                threading.Thread(
+                    target=self._release_all,
+                    args=(given_up,),
+                    daemon=True,
+                    name="fencekit-zk-giveup",
+                ).start()
+
+    def _release_all(self, grants: list[Grant]) -> None:
+        for grant in grants:
+            with contextlib.suppress(Exception):
+                self.release(grant)
 
     def _suspend_expired(self) -> None:
         with self._lock:

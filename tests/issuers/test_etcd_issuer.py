@@ -220,3 +220,20 @@ def test_unreachable_cluster_raises_unavailable_quickly(etcd_issuer, resource):
         issuer.try_acquire(resource, "A", 5)
     assert time.monotonic() - t0 < 5
     issuer.close()
+
+
+def test_generic_lease_renews_and_reports_loss(etcd_issuer, resource):
+    from fencekit.leases import Lease, LeaseTimeout
+
+    a, b = etcd_issuer(), etcd_issuer()
+    lease = Lease(a, resource, ttl=2, wait=5, fence=False)
+    lease.acquire()
+    time.sleep(4)  # two TTLs: the background renewal keeps it
+    assert not lease.lost
+    with pytest.raises(LeaseTimeout):
+        Lease(b, resource, ttl=2, wait=0.5, fence=False).acquire()
+    a._revoke(lease.grant.handle.lease_id)
+    assert lease.wait_lost(5), "Lease not told that etcd revoked its lease"
+    other = Lease(b, resource, ttl=2, wait=5, fence=False).acquire()
+    assert other.token > lease.token
+    other.release()

@@ -150,3 +150,20 @@ def test_unreachable_ensemble_raises_unavailable():
     with pytest.raises(IssuerUnavailable):
         ZooKeeperIssuer(f"127.0.0.1:{port}", connect_timeout=1.0)
     assert time.monotonic() - t0 < 10
+
+
+def test_generic_lease_renews_and_reports_session_expiry(zk_issuer, resource):
+    from fencekit.leases import Lease, LeaseTimeout
+
+    a, b = zk_issuer(), zk_issuer()
+    lease = Lease(a, resource, ttl=2, wait=5, fence=False)
+    lease.acquire()
+    time.sleep(4)  # two session timeouts
+    assert not lease.lost
+    with pytest.raises(LeaseTimeout):
+        Lease(b, resource, ttl=2, wait=0.5, fence=False).acquire()
+    expire_session(a)
+    assert lease.wait_lost(10), "Lease not told that its ZooKeeper session expired"
+    other = Lease(b, resource, ttl=2, wait=5, fence=False).acquire()
+    assert other.token > lease.token
+    other.release()
