@@ -226,7 +226,7 @@ class _Monitor(threading.Thread):
 
     def run(self) -> None:
         try:
-            while not self.stop_event.is_set() and not self.tracker.lost:
+            while not self.stop_event.is_set() and not self.tracker.expire_if_due():
                 self._ensure_watch()
                 if self.keepalive:
                     self.issuer.renew(self.grant)
