@@ -1,0 +1,27 @@
+"""The lease benchmark runs, reports the agreed shape, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from fencekit.bench.leases import run
+
+
+@pytest.mark.bench
+def test_lease_benchmark_quick(dsn: str) -> None:
+    results = run(dsn, quick=True)
+    assert [r["name"].split(",")[1].split("(")[0].strip() for r in results] == [
+        "one resource",
+        "1,000 resources",
+    ]
+    for r in results:
+        assert set(r) == {"name", "baseline", "fenced", "ratio", "unit", "target"}
+        assert r["baseline"] > 0
+        assert r["fenced"] > 0
+        assert 0 < r["ratio"] < 10
+        assert r["unit"] == "ops/s"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM fencekit.leases").fetchone() == (0,)
+        gone = conn.execute("SELECT to_regnamespace('fencekit_bench_leases')").fetchone()
+        assert gone == (None,)
