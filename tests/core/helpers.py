@@ -114,7 +114,8 @@ def rejection_count(conn: Conn, table: str, reason: str, schema: str = "public")
 def detail(err: psycopg.Error) -> dict[str, Any]:
     """The DETAIL of a rejection, parsed: contracts.md makes it a one-line JSON object."""
     text = err.diag.message_detail
-    assert text is not None and "\n" not in text, text
+    assert text is not None
+    assert "\n" not in text, text
     parsed: dict[str, Any] = json.loads(text)
     return parsed
 

@@ -78,7 +78,9 @@ def test_on_equal_reject_refuses_a_reused_token(db: Conn) -> None:
 
 
 def test_insert_on_conflict_do_update(t: Conn) -> None:
-    upsert = "INSERT INTO t VALUES (1, 'up'), (3, 'c') ON CONFLICT (id) DO UPDATE SET v = excluded.v"
+    upsert = (
+        "INSERT INTO t VALUES (1, 'up'), (3, 'c') ON CONFLICT (id) DO UPDATE SET v = excluded.v"
+    )
     reject(t, STALE, 4, upsert)
     assert _fences(t) == {1: 5, 2: 5}
     write(t, 6, upsert)
@@ -122,9 +124,12 @@ def test_copy_from(db: Conn) -> None:
     for token, state in ((None, MISSING), ("1.5", MALFORMED)):
         if token is not None:
             db.execute("SELECT set_config('fencekit.token', %s, true)", (token,))
-        with pytest.raises(psycopg.Error) as info:  # noqa: PT012 - the COPY block is the write
-            with db.cursor() as cur, cur.copy("COPY c (id, v) FROM STDIN") as copy:
-                copy.write_row((10, "x"))
+        with (
+            pytest.raises(psycopg.Error) as info,
+            db.cursor() as cur,
+            cur.copy("COPY c (id, v) FROM STDIN") as copy,
+        ):
+            copy.write_row((10, "x"))
         assert info.value.sqlstate == state
         db.rollback()
     assert one(db, "SELECT count(*) FROM c") == 3
