@@ -11,10 +11,9 @@ from fencekit.bench.leases import run
 @pytest.mark.bench
 def test_lease_benchmark_quick(dsn: str) -> None:
     results = run(dsn, quick=True)
-    assert [r["name"].split(",")[1].split("(")[0].strip() for r in results] == [
-        "one resource",
-        "1,000 resources",
-    ]
+    assert len(results) == 2
+    assert "one resource" in results[0]["name"]
+    assert "1,000 resources" in results[1]["name"]
     for r in results:
         assert set(r) == {"name", "baseline", "fenced", "ratio", "unit", "target"}
         assert r["baseline"] > 0
