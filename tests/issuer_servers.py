@@ -39,6 +39,9 @@ from typing import IO
 
 LOOPBACK = "127.0.0.1"
 
+#: In CI (CI=true) a missing server or client library fails the issuer tests instead of skipping.
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
 
 class ServerStartError(RuntimeError):
     """A test server did not become healthy in time (the message carries its logs)."""
@@ -117,7 +120,7 @@ def _kill_process(proc: subprocess.Popen[bytes] | None) -> None:
 
 def etcd_binary() -> str:
     """Path of the ``etcd`` server program, or :class:`ServerBinaryMissing`."""
-    path = os.environ.get("FENCEKIT_ETCD_BIN") or shutil.which("etcd")
+    path = shutil.which(os.environ.get("FENCEKIT_ETCD_BIN") or "etcd")
     if not path:
         raise ServerBinaryMissing(
             "etcd server not found (install Debian's etcd-server package: "
@@ -324,8 +327,7 @@ class EtcdCluster:
 
     def _fail(self, what: str) -> ServerStartError:
         logs = "\n".join(
-            f"--- {m.name} ({_proc_state(m.proc)})"
-            f" log {m.log_path}:\n{_tail(m.log_path)}"
+            f"--- {m.name} ({_proc_state(m.proc)}) log {m.log_path}:\n{_tail(m.log_path)}"
             for m in self.members
         )
         return ServerStartError(f"etcd cluster: {what}\n{logs}")
@@ -550,8 +552,7 @@ class ZooKeeperEnsemble:
 
     def _fail(self, what: str) -> ServerStartError:
         logs = "\n".join(
-            f"--- zk{s.myid} ({_proc_state(s.proc)})"
-            f" log {s.log_path}:\n{_tail(s.log_path)}"
+            f"--- zk{s.myid} ({_proc_state(s.proc)}) log {s.log_path}:\n{_tail(s.log_path)}"
             for s in self.servers
         )
         return ServerStartError(f"ZooKeeper ensemble: {what}\n{logs}")

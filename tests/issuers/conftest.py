@@ -1,20 +1,21 @@
 """Fixtures for the external issuers: a real etcd cluster and ZooKeeper ensemble on loopback.
 
-- ``etcd_cluster`` (session): three etcd members (Debian's etcd-server 3.4), started once.
+- ``etcd_cluster`` (package): three etcd members (Debian's etcd-server 3.4), started once.
 - ``etcd`` (function): the same cluster, every member running and healthy again (a test that
   killed the leader may leave one restarting), plus a fresh resource name.
 - ``etcd_issuer``: ``etcd_issuer(**kw) -> EtcdIssuer`` on all three members, closed after.
-- ``zk_ensemble`` (session): three ZooKeeper servers (Debian's zookeeper 3.8), tick 200 ms,
+- ``zk_ensemble`` (package): three ZooKeeper servers (Debian's zookeeper 3.8), tick 200 ms,
   96 MB heap each; ``zk_issuer(**kw) -> ZooKeeperIssuer`` (session timeout 2 s by default).
 - ``resource``: a resource name unique to the test.
 
-A missing server program skips these tests outside CI and FAILS them in CI (CI=true): CI
-must install ``etcd-server etcd-client zookeeper``.
+Both are stopped when the tests of this package are done. A start that fails (a port taken
+meanwhile) is tried once more on fresh ports. A missing server program skips these tests
+outside CI and FAILS them in CI (CI=true): CI must install ``etcd-server etcd-client
+zookeeper``.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,12 +23,12 @@ from typing import Any
 import pytest
 
 from tests.issuer_servers import (
+    IN_CI,
     EtcdCluster,
     ServerBinaryMissing,
+    ServerStartError,
     ZooKeeperEnsemble,
 )
-
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
 def _missing(exc: ServerBinaryMissing) -> None:
@@ -36,14 +37,22 @@ def _missing(exc: ServerBinaryMissing) -> None:
     pytest.skip(str(exc))
 
 
-@pytest.fixture(scope="session")
-def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+def _start_with_retry(make: Callable[[], Any]) -> Any:
+    """Start a server group; once more on fresh ports if a port was taken meanwhile."""
+    missing: ServerBinaryMissing | None = None
     try:
-        cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), size=3)
+        return make().start()
     except ServerBinaryMissing as exc:
-        _missing(exc)
-        raise
-    cluster.start()
+        missing = exc
+    except ServerStartError:
+        return make().start()
+    _missing(missing)  # outside the except block: a clean fail/skip message
+    raise missing
+
+
+@pytest.fixture(scope="package")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    cluster = _start_with_retry(lambda: EtcdCluster(tmp_path_factory.mktemp("etcd"), size=3))
     try:
         yield cluster
     finally:
@@ -81,14 +90,9 @@ def etcd_issuer(etcd: EtcdCluster) -> Iterator[Callable[..., Any]]:
         issuer.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def zk_ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperEnsemble]:
-    try:
-        ensemble = ZooKeeperEnsemble(tmp_path_factory.mktemp("zk"), size=3)
-    except ServerBinaryMissing as exc:
-        _missing(exc)
-        raise
-    ensemble.start()
+    ensemble = _start_with_retry(lambda: ZooKeeperEnsemble(tmp_path_factory.mktemp("zk"), size=3))
     try:
         yield ensemble
     finally:
