@@ -84,7 +84,9 @@ def compare_fences(
             last.append(CreateFenceOp(spec, sqlgen.TEMPLATE_VERSION))
             continue
         old, old_version = existing[where]
-        if old != spec or old_version != sqlgen.TEMPLATE_VERSION:
+        # A fence written by an older template is not re-rendered on its own: the migration
+        # that created it replays that template, and re-rendering is a deliberate alter_fence.
+        if old != spec:
             last.append(AlterFenceOp(old, old_version, spec, sqlgen.TEMPLATE_VERSION))
     for where, (old, old_version) in sorted(existing.items()):
         if where not in declared:

@@ -26,6 +26,7 @@ __all__ = [
     "InstallCoreOp",
     "UninstallCoreOp",
     "UpgradeCoreOp",
+    "alter_statements",
     "run_sql",
     "spec_from_options",
     "spec_options",
@@ -60,7 +61,7 @@ def spec_from_options(table_name: str, schema: str | None, options: Mapping[str,
 # ---------------------------------------------------------------- running SQL, online or offline
 
 
-def run_sql(operations: Operations, statements: Iterable[str]) -> None:
+def run_sql(operations: Operations, statements: Iterable[str], title: str = "") -> None:
     """Run generated statements verbatim, or print them in offline (``--sql``) mode.
 
     Verbatim matters: PL/pgSQL bodies contain ``%`` (``format('%I')``, RAISE) and ``:`` that
@@ -70,9 +71,10 @@ def run_sql(operations: Operations, statements: Iterable[str]) -> None:
     context = operations.get_context()
     if context.as_sql:
         impl = context.impl
+        if title:
+            impl.static_output(f"-- fencekit: {title}")
         for statement in statements:
             impl.static_output(statement.strip().rstrip(";") + impl.command_terminator)
-            impl.static_output("")
         return
     dbapi_connection = operations.get_bind().connection
     cursor = dbapi_connection.cursor()
@@ -295,7 +297,7 @@ def _install(operations: Operations, operation: InstallCoreOp) -> None:
     # The core install is idempotent and upgrades in place, so an older migration installs the
     # newest core: an older fencekit's tables and functions are a subset of it.
     _check_core_version(operation.core_version)
-    run_sql(operations, sqlgen.install_statements())
+    run_sql(operations, sqlgen.install_statements(), f"install core {sqlgen.CORE_VERSION}")
 
 
 @Operations.implementation_for(UninstallCoreOp)
@@ -306,7 +308,7 @@ def _uninstall(operations: Operations, operation: UninstallCoreOp) -> None:
             "this fencekit cannot generate the core uninstall yet; remove the "
             "op.uninstall_fencekit(...) line to keep the core, or drop schema fencekit by hand"
         )
-    run_sql(operations, uninstall())
+    run_sql(operations, uninstall(), "uninstall core")
 
 
 @Operations.implementation_for(UpgradeCoreOp)
@@ -314,34 +316,55 @@ def _upgrade(operations: Operations, operation: UpgradeCoreOp) -> None:
     if operation.to_version <= operation.from_version:
         return  # the core never downgrades: an older fencekit runs on a newer core
     _check_core_version(operation.to_version)
-    run_sql(operations, sqlgen.install_statements())
+    title = f"upgrade core {operation.from_version} -> {sqlgen.CORE_VERSION}"
+    run_sql(operations, sqlgen.install_statements(), title)
 
 
 @Operations.implementation_for(CreateFenceOp)
 def _create(operations: Operations, operation: CreateFenceOp) -> None:
-    run_sql(operations, sqlgen.protect_statements(operation.spec, operation.template_version))
+    spec, tv = operation.spec, operation.template_version
+    title = f"protect {spec.table.sql} ({spec.scope} fence, template {tv})"
+    run_sql(operations, sqlgen.protect_statements(spec, tv), title)
 
 
 @Operations.implementation_for(DropFenceOp)
 def _drop(operations: Operations, operation: DropFenceOp) -> None:
-    run_sql(operations, sqlgen.unprotect_statements(operation.spec, operation.template_version))
+    spec, tv = operation.spec, operation.template_version
+    title = f"unprotect {spec.table.sql} ({spec.scope} fence, template {tv})"
+    run_sql(operations, sqlgen.unprotect_statements(spec, tv), title)
+
+
+def _shape(spec: FenceSpec, template_version: int) -> tuple[object, ...]:
+    """What protect creates besides function bodies: functions, triggers, column, resource."""
+    objs = sqlgen.table_objects(spec, template_version)
+    triggers = tuple(
+        (t.name, t.timing, t.level, t.when, t.referencing, t.on_partitions, t.function.name)
+        for t in objs.triggers
+    )
+    functions = tuple(f.name for f in objs.functions)
+    return (spec.scope, spec.key, spec.column, spec.resource, spec.issuer, functions, triggers)
+
+
+def alter_statements(operation: AlterFenceOp) -> list[str]:
+    """The generator's SQL for an alter.
+
+    When only the policies change (same template, same functions, triggers, column and
+    resource), re-running protect is the alter: it replaces the function bodies and the
+    registry row in place and keeps every fence. Otherwise the old fence is unprotected and the
+    new one protected, which starts the table's fences afresh (a new key has no old fences).
+    """
+    old, new = operation.old, operation.new
+    old_tv, new_tv = operation.old_template_version, operation.template_version
+    generated: Callable[..., list[str]] | None = getattr(sqlgen, "alter_statements", None)
+    if generated is not None:
+        return generated(old, new, old_template_version=old_tv, template_version=new_tv)
+    if old_tv == new_tv and _shape(old, old_tv) == _shape(new, new_tv):
+        return sqlgen.protect_statements(new, new_tv)
+    return [*sqlgen.unprotect_statements(old, old_tv), *sqlgen.protect_statements(new, new_tv)]
 
 
 @Operations.implementation_for(AlterFenceOp)
 def _alter(operations: Operations, operation: AlterFenceOp) -> None:
-    alter: Callable[..., list[str]] | None = getattr(sqlgen, "alter_statements", None)
-    if alter is not None:
-        statements = alter(
-            operation.old,
-            operation.new,
-            old_template_version=operation.old_template_version,
-            template_version=operation.template_version,
-        )
-    else:
-        # Until the generator renders an in-place alter: unprotect, then protect. This resets
-        # the fences of the table (the fence column or its key fences); see docs/alembic.md.
-        statements = [
-            *sqlgen.unprotect_statements(operation.old, operation.old_template_version),
-            *sqlgen.protect_statements(operation.new, operation.template_version),
-        ]
-    run_sql(operations, statements)
+    new, tv = operation.new, operation.template_version
+    title = f"alter the fence of {new.table.sql} ({new.scope} fence, template {tv})"
+    run_sql(operations, alter_statements(operation), title)

@@ -16,6 +16,10 @@ target_metadata =
 # The fencekit schema itself is always skipped.
 include_schemas = false
 
+# How long a migration waits for a table lock before failing (SET LOCAL lock_timeout), so that
+# fencing a busy table never queues the application's traffic behind it. Empty: wait forever.
+lock_timeout = 5s
+
 # The database. The DATABASE_URL environment variable, when set, takes precedence.
 # Use the psycopg 3 driver: postgresql+psycopg://user:password@host/dbname
 sqlalchemy.url = postgresql+psycopg://user:password@localhost/dbname

@@ -6,7 +6,8 @@ What fencekit adds to alembic's generic env.py:
   older than 1.18 the fence comparator (newer alembic loads it through its plugin entry point);
 - ``autogenerate_plugins``: alembic's own comparators plus fencekit's (alembic >= 1.18);
 - ``include_name`` / ``include_object``: autogenerate never proposes dropping the ``fencekit``
-  schema, the fence columns, or fencekit's indexes.
+  schema, the fence columns, or fencekit's indexes;
+- ``lock_timeout`` (alembic.ini): each migration transaction waits at most that long for a lock.
 """
 
 import importlib
@@ -18,6 +19,7 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 
 import fencekit.alembic_plugin as fencekit_alembic
+from fencekit.ident import quote_literal
 
 config = context.config
 
@@ -42,6 +44,7 @@ target_metadata = _load_metadata(config.get_main_option("target_metadata"))
 
 url = os.environ.get("DATABASE_URL") or config.get_main_option("sqlalchemy.url")
 include_schemas = (config.get_main_option("include_schemas") or "false").lower() == "true"
+lock_timeout = config.get_main_option("lock_timeout")
 
 common: dict[str, Any] = {
     "target_metadata": target_metadata,
@@ -52,10 +55,18 @@ common: dict[str, Any] = {
 }
 
 
+def _set_lock_timeout() -> None:
+    """Fail fast instead of queueing behind long transactions (and blocking the traffic queued
+    behind us) when a fence's ALTER TABLE / CREATE TRIGGER waits for its lock. Retry later."""
+    if lock_timeout:
+        context.execute(f"SET LOCAL lock_timeout = {quote_literal(lock_timeout)}")
+
+
 def run_migrations_offline() -> None:
     """``alembic upgrade --sql``: print the SQL (fence DDL included) for review and psql."""
     context.configure(url=url, literal_binds=True, dialect_opts={"paramstyle": "named"}, **common)
     with context.begin_transaction():
+        _set_lock_timeout()
         context.run_migrations()
 
 
@@ -66,6 +77,7 @@ def run_migrations_online() -> None:
     with connectable.connect() as connection:
         context.configure(connection=connection, **common)
         with context.begin_transaction():
+            _set_lock_timeout()
             context.run_migrations()
 
 

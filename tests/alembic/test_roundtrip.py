@@ -46,3 +46,23 @@ def test_autogenerate_upgrade_reject_downgrade(project: Project) -> None:
         assert err.value.sqlstate == "YF001"
     project.alembic("downgrade", "base")
     assert project.pg_dump_schema() == start
+
+
+def registry(project: Project) -> dict[str, tuple[dict, int]]:
+    with project.connect() as conn:
+        rows = conn.execute(
+            "SELECT schema_name || '.' || table_name, spec, template_version "
+            "FROM fencekit.protected"
+        ).fetchall()
+    return {name: (spec, tv) for name, spec, tv in rows}
+
+
+def test_second_autogenerate_is_empty_and_check_passes(project: Project) -> None:
+    project.write_models(MODELS)
+    project.autogenerate("fences")
+    project.alembic("upgrade", "head")
+    empty = project.autogenerate("nothing")
+    upgrade = empty.read_text().split("def upgrade", 1)[1].split("def downgrade", 1)[0]
+    assert "op." not in upgrade  # no fence, no drop of the fence column or fencekit's tables
+    empty.unlink()
+    project.alembic("check")
