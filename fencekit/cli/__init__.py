@@ -1,0 +1,171 @@
+"""The ``fencekit`` command.
+
+Each subcommand group is a module ``fencekit/cli/<name>.py`` exposing ``register(subparsers)``;
+its handlers are set with ``set_defaults(func=...)`` (optionally ``prog=parser.prog`` for error
+messages) and return the exit code. The groups are
+imported only when ``main`` runs, one by one, so a group whose optional dependency is not
+installed (or which is not written yet) leaves the others working.
+
+Exit codes: 0 ok, 1 failure, 2 usage error. Errors are one line on stderr; ``--debug`` shows
+the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import textwrap
+from typing import Any, NoReturn
+
+__all__ = ["GROUPS", "main"]
+
+#: Subcommand modules, in the order ``fencekit --help`` lists them.
+GROUPS = ("core", "demo", "alembic", "bench", "chaos")
+
+# Third-party module -> the extra that installs it.
+_EXTRAS = {
+    "sqlalchemy": "sqlalchemy",
+    "alembic": "alembic",
+    "psycopg_pool": "pool",
+    "etcd3gw": "etcd",
+    "kazoo": "zookeeper",
+    "prometheus_client": "prometheus",
+    "opentelemetry": "otel",
+    "pgserver": "embedded",
+}
+
+
+class UsageError(Exception):
+    """Bad command-line input detected after parsing; exit code 2."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps each paragraph of a description on its own; keeps indented lines (examples)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in text.split("\n\n"):
+            if para.startswith(" ") or "\n  " in para:
+                out.append("\n".join(indent + line for line in para.splitlines()))
+            else:
+                out.append(
+                    textwrap.fill(
+                        " ".join(para.split()),
+                        width,
+                        initial_indent=indent,
+                        subsequent_indent=indent,
+                    )
+                )
+        return "\n\n".join(out)
+
+
+class _Parser(argparse.ArgumentParser):
+    """One-line usage errors that point at the right ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+def _unavailable(subparsers: Any, name: str, reason: str) -> None:
+    """A stand-in subcommand that explains why the real one cannot load."""
+    p = subparsers.add_parser(name, help=f"(unavailable: {reason})", description=reason)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def run(_args: argparse.Namespace) -> int:
+        print(f"fencekit {name}: {reason}", file=sys.stderr)
+        return 1
+
+    p.set_defaults(func=run)
+
+
+def _load_groups(subparsers: Any) -> None:
+    for name in GROUPS:
+        module_name = f"{__name__}.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue  # not written (or not shipped) yet
+            top = (exc.name or "").split(".")[0]
+            if top in _EXTRAS:
+                _unavailable(
+                    subparsers,
+                    name,
+                    f"needs the Python package {top!r}: pip install 'pg-fencekit[{_EXTRAS[top]}]'",
+                )
+                continue
+            raise
+        module.register(subparsers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fencekit import __version__
+
+    parser = _Parser(
+        prog="fencekit",
+        description="Make PostgreSQL itself reject stale writes with fencing tokens.",
+        epilog="Every subcommand has its own help, e.g.: fencekit sql protect --help",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"fencekit {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the full traceback when a command fails"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _load_groups(subparsers)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    """A driver error's primary message (and hint), else the exception text, on one line."""
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    text = primary or str(exc) or type(exc).__name__
+    hint = getattr(diag, "message_hint", None)
+    if hint:
+        text = f"{text} (hint: {hint})"
+    return " ".join(text.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``fencekit`` command; returns the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(args_list)
+    except SystemExit as exc:  # --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    prog = getattr(args, "prog", None) or f"fencekit {args.command}"
+    if extra:
+        print(
+            f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see: {prog} --help)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except UsageError as exc:
+        if args.debug:
+            raise
+        print(f"{prog}: error: {exc} (see: {prog} --help)", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if args.debug or not _expected(exc):
+            raise
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _expected(exc: Exception) -> bool:
+    """Errors a user can act on (printed as one line); anything else is a bug (traceback)."""
+    import psycopg
+
+    from fencekit.catalog import CatalogError
+    from fencekit.ddl import DdlError
+    from fencekit.errors import FenceError
+    from fencekit.spec import SpecError
+
+    return isinstance(exc, (FenceError, SpecError, DdlError, CatalogError, OSError, psycopg.Error))

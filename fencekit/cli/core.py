@@ -1,0 +1,481 @@
+"""Core subcommands: install, sql install|protect|unprotect, protect, unprotect, status.
+
+``fencekit sql ...`` prints SQL and needs no database (``--from-ddl`` validates against schema
+files); ``install``, ``protect``, ``unprotect`` and ``status`` connect with ``--dsn`` (or
+``FENCEKIT_DSN``) and run exactly the script that ``fencekit sql ...`` prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import TYPE_CHECKING, Any
+
+from fencekit import sqlgen
+from fencekit.cli import HelpFormatter, UsageError
+from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope, SpecError, TableName
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from fencekit.catalog import Status
+
+__all__ = ["register"]
+
+_FMT = HelpFormatter
+_LOCK_TIMEOUT = re.compile(r"\d+(\.\d+)?\s*(us|ms|s|min|h|d)?")
+_TABLE_HELP = 'the table, written as SQL writes it: billing, public.billing, "My Schema"."My Table"'
+
+
+def register(subparsers: Any) -> None:
+    """Add the core subcommands to ``fencekit``."""
+    _install(subparsers)
+    _sql(subparsers)
+    _protect(subparsers)
+    _unprotect(subparsers)
+    _status(subparsers)
+
+
+# ------------------------------------------------------------------------------- parsers
+
+
+def _install(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "install",
+        help="install (or upgrade) fencekit's core objects in a database",
+        formatter_class=_FMT,
+        description="Install fencekit's core (schema fencekit, the fences and registry tables, "
+        "the check functions, the rejection counters and the role fencekit_admin) into the "
+        "database. Idempotent: re-running it, or running a newer fencekit, upgrades in place "
+        "without touching protected tables.\n\nNeeds CREATE on the database (and CREATEROLE "
+        "once, unless a DBA created the role fencekit_admin beforehand). With no Python near "
+        "the server, use `fencekit sql install` and psql instead.",
+        epilog="example:\n  fencekit install --dsn postgresql://app@db.example/billing",
+    )
+    _dsn_option(p)
+    _lock_timeout_option(p)
+    p.set_defaults(func=run_install, prog=p.prog)
+
+
+def _sql(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sql",
+        help="print reviewable SQL scripts (install, protect, unprotect) for psql",
+        formatter_class=_FMT,
+        description="Print SQL scripts for a DBA to review and run with psql. No database "
+        "connection is needed.",
+        epilog="examples:\n"
+        "  fencekit sql install > fencekit.sql\n"
+        "  fencekit sql protect billing_summary --key account_id > protect.sql\n"
+        "  psql -v ON_ERROR_STOP=1 -f protect.sql",
+    )
+    commands = p.add_subparsers(dest="sql_command", metavar="SCRIPT", required=True)
+    inst = commands.add_parser(
+        "install",
+        help="the core install script",
+        formatter_class=_FMT,
+        description="Print the core install script (the same SQL `fencekit install` runs; "
+        "sql/fencekit-install.sql in the source tree is a copy of it). It runs in one "
+        "transaction and is idempotent.",
+        epilog="example:\n"
+        "  fencekit sql install > fencekit.sql && psql -v ON_ERROR_STOP=1 -f fencekit.sql",
+    )
+    _lock_timeout_option(inst)
+    inst.set_defaults(func=run_sql_install, prog=inst.prog)
+
+    prot = commands.add_parser(
+        "protect",
+        help="the script that protects a table",
+        formatter_class=_FMT,
+        description="Print the script that protects TABLE: the fence column (row fences), the "
+        "check functions and triggers, and the registry row, in one transaction with a "
+        "lock_timeout. It adds a nullable column at most (no table rewrite) and is "
+        "idempotent.\n\nScopes: row (default; each row carries its fence), key (--key: rows "
+        "sharing key values share one fence; --resource shares it across tables), table (one "
+        "fence for the whole table).\n\nWith --from-ddl the table and key columns are checked "
+        "against CREATE/ALTER TABLE statements in the given files, offline.",
+        epilog="examples:\n"
+        "  fencekit sql protect billing_summary > protect.sql\n"
+        "  fencekit sql protect public.billing_summary --key account_id "
+        "--from-ddl schema.sql\n"
+        "  fencekit sql protect invoices --key account_id --resource billing\n"
+        '  fencekit sql protect \'"My Schema"."Ledger"\' --scope table --on-equal reject',
+    )
+    prot.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
+    _spec_options(prot, from_ddl=True)
+    prot.set_defaults(func=run_sql_protect, prog=prot.prog)
+
+    unprot = commands.add_parser(
+        "unprotect",
+        help="the exact undo of `sql protect` for the same options",
+        formatter_class=_FMT,
+        description="Print the script that removes what `fencekit sql protect` with the same "
+        "options created: triggers (also on partitions), functions, the fence column of a row "
+        "fence (its fences are lost), counters and the registry row. Pass the options the "
+        "table was protected with (`fencekit status` shows them); `fencekit unprotect --dsn` "
+        "reads them from the database instead.",
+        epilog="example:\n  fencekit sql unprotect billing_summary --key account_id > undo.sql",
+    )
+    unprot.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
+    _spec_options(unprot, from_ddl=True)
+    unprot.set_defaults(func=run_sql_unprotect, prog=unprot.prog)
+
+
+def _protect(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "protect",
+        help="protect a table in a live database (runs `fencekit sql protect`'s script)",
+        formatter_class=_FMT,
+        description="Check TABLE in the database (it exists, key columns exist and are NOT "
+        "NULL, the fence column is free or bigint, the core is installed), then run the "
+        "script `fencekit sql protect` prints for the same options. An unqualified TABLE is "
+        "resolved through the server's search_path. Re-running it is a no-op that also "
+        "repairs missing triggers and partitions attached since.",
+        epilog="examples:\n"
+        '  fencekit protect billing_summary --dsn "$DSN"\n'
+        "  FENCEKIT_DSN=postgresql:///billing fencekit protect billing_summary --key account_id",
+    )
+    p.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
+    _spec_options(p, from_ddl=False)
+    _dsn_option(p)
+    p.set_defaults(func=run_protect, prog=p.prog)
+
+
+def _unprotect(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "unprotect",
+        help="remove fencekit's objects from a table in a live database",
+        formatter_class=_FMT,
+        description="Read the spec and template version TABLE was protected with from "
+        "fencekit.protected and run their exact undo (see `fencekit sql unprotect`). A row "
+        "fence's column is dropped with the fences it holds.",
+        epilog='example:\n  fencekit unprotect billing_summary --dsn "$DSN"',
+    )
+    p.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
+    _lock_timeout_option(p)
+    _dsn_option(p)
+    p.set_defaults(func=run_unprotect, prog=p.prog)
+
+
+def _status(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "status",
+        help="protected tables, their spec, drift and rejection counts",
+        formatter_class=_FMT,
+        description="Show the installed core version and each protected table with its spec, "
+        "the template version that generated its objects, drift and rejection counts per "
+        "reason. Drift: trigger missing, disabled, ENABLE REPLICA (does not fire for ordinary "
+        "writes) or ENABLE ALWAYS (fires under session_replication_role = replica), fence "
+        "column dropped or not bigint, function body changed, objects from an older template, "
+        "partitions without fencekit's statement triggers, table missing.\n\nExit status: 0 "
+        "when nothing drifted, 1 when anything did (or the core is not installed).",
+        epilog='examples:\n  fencekit status --dsn "$DSN"\n  fencekit status --json | jq .',
+    )
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    _dsn_option(p)
+    p.set_defaults(func=run_status, prog=p.prog)
+
+
+def _dsn_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dsn",
+        help="PostgreSQL connection string, e.g. postgresql://user@host/db "
+        "(default: $FENCEKIT_DSN)",
+    )
+
+
+def _lock_timeout_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lock-timeout",
+        default=sqlgen.DEFAULT_LOCK_TIMEOUT,
+        metavar="DURATION",
+        help="give up instead of queueing behind long transactions for longer than this "
+        "(SET LOCAL lock_timeout; e.g. 500ms, 5s, 1min; default: %(default)s)",
+    )
+
+
+def _spec_options(p: argparse.ArgumentParser, *, from_ddl: bool) -> None:
+    g = p.add_argument_group("fence spec")
+    g.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="COL",
+        help="key column (repeat for a composite key); implies --scope key",
+    )
+    g.add_argument(
+        "--scope",
+        choices=[s.value for s in Scope],
+        help="row: a fence per row (default); key: per key value; table: one for the table",
+    )
+    g.add_argument(
+        "--resource",
+        metavar="NAME",
+        help="named resource (key/table scope) shared by every table protected with it",
+    )
+    g.add_argument(
+        "--on-missing",
+        choices=["reject", "allow"],
+        default="reject",
+        help="a write with no token: reject it (default) or allow it (counted as unfenced)",
+    )
+    g.add_argument(
+        "--on-equal",
+        choices=["accept", "reject"],
+        default="accept",
+        help="a token equal to the fence: accept (default: the holder writes again) or reject "
+        "(each token writes once)",
+    )
+    g.add_argument(
+        "--column",
+        default=DEFAULT_COLUMN,
+        metavar="NAME",
+        help="fence column of a row fence (default: %(default)s)",
+    )
+    g.add_argument("--issuer", metavar="NAME", help="bind the resource to one token issuer")
+    g.add_argument(
+        "--template-version",
+        type=int,
+        metavar="N",
+        help=f"render an older per-table template (default: the newest, {sqlgen.TEMPLATE_VERSION})",
+    )
+    _lock_timeout_option(p)
+    if from_ddl:
+        p.add_argument(
+            "--from-ddl",
+            action="append",
+            default=[],
+            metavar="FILE",
+            help="schema file(s) with CREATE/ALTER TABLE statements to validate against, "
+            "read in order (repeatable); no database needed",
+        )
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def _dsn(args: argparse.Namespace) -> str:
+    dsn = args.dsn or os.environ.get("FENCEKIT_DSN")
+    if not dsn:
+        raise UsageError("--dsn is required (or set FENCEKIT_DSN)")
+    return str(dsn)
+
+
+def _lock_timeout(args: argparse.Namespace) -> str:
+    value = str(args.lock_timeout).strip()
+    if not _LOCK_TIMEOUT.fullmatch(value):
+        raise UsageError(
+            f"--lock-timeout {args.lock_timeout!r} is not a duration like 500ms, 5s or 1min"
+        )
+    return value
+
+
+def _template_version(args: argparse.Namespace) -> int:
+    tv = sqlgen.TEMPLATE_VERSION if args.template_version is None else args.template_version
+    try:
+        sqlgen.table_objects(FenceSpec(TableName("public", "t")), tv)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return int(tv)
+
+
+def _table(text: str) -> TableName:
+    try:
+        return TableName.parse(text)
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _spec(args: argparse.Namespace, table: TableName) -> FenceSpec:
+    scope = args.scope or ("key" if args.key else "row")
+    try:
+        return FenceSpec(
+            table=table,
+            scope=Scope(scope),
+            key=tuple(args.key),
+            resource=args.resource,
+            on_missing=args.on_missing,
+            on_equal=args.on_equal,
+            column=args.column,
+            issuer=args.issuer,
+        )
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _note(args: argparse.Namespace, text: str) -> None:
+    print(f"{args.prog}: note: {text}", file=sys.stderr)
+
+
+def _offline_check(args: argparse.Namespace, spec: FenceSpec) -> None:
+    if not args.from_ddl:
+        return
+    from fencekit import ddl
+
+    for note in ddl.validate(spec, ddl.read_ddl(args.from_ddl)):
+        _note(args, note)
+
+
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    import psycopg
+
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def _run_script(conn: psycopg.Connection[Any], script: str, lock_timeout: str) -> None:
+    """Run a generated psql script as is (its own BEGIN/COMMIT) in one simple query."""
+    import psycopg
+
+    from fencekit.catalog import CatalogError
+
+    try:
+        conn.execute(script.encode())  # bytes and no params: simple protocol, no % parsing
+    except psycopg.errors.LockNotAvailable as exc:
+        raise CatalogError(
+            f"gave up waiting for a lock after lock_timeout {lock_timeout} (a long transaction "
+            "holds one on the table); nothing was changed. Retry when it ends, or pass a "
+            "longer --lock-timeout"
+        ) from exc
+
+
+# ------------------------------------------------------------------------------- handlers
+
+
+def run_sql_install(args: argparse.Namespace) -> int:
+    sys.stdout.write(sqlgen.render_install(lock_timeout=_lock_timeout(args)))
+    return 0
+
+
+def run_sql_protect(args: argparse.Namespace) -> int:
+    spec = _spec(args, _table(args.table))
+    tv, lock_timeout = _template_version(args), _lock_timeout(args)
+    _offline_check(args, spec)
+    sys.stdout.write(sqlgen.render_protect(spec, template_version=tv, lock_timeout=lock_timeout))
+    return 0
+
+
+def run_sql_unprotect(args: argparse.Namespace) -> int:
+    spec = _spec(args, _table(args.table))
+    tv, lock_timeout = _template_version(args), _lock_timeout(args)
+    _offline_check(args, spec)
+    sys.stdout.write(sqlgen.render_unprotect(spec, template_version=tv, lock_timeout=lock_timeout))
+    return 0
+
+
+def run_install(args: argparse.Namespace) -> int:
+    from fencekit.catalog import core_version
+
+    dsn, lock_timeout = _dsn(args), _lock_timeout(args)
+    with _connect(dsn) as conn:
+        before = core_version(conn)
+        _run_script(conn, sqlgen.render_install(lock_timeout=lock_timeout), lock_timeout)
+        after = core_version(conn)
+    if before is None:
+        print(f"installed fencekit core version {after}")
+    elif before == after:
+        print(f"fencekit core version {after} was already installed; re-applied (no changes)")
+    else:
+        print(f"upgraded fencekit core from version {before} to {after}")
+    return 0
+
+
+def run_protect(args: argparse.Namespace) -> int:
+    from fencekit import catalog
+
+    dsn, lock_timeout = _dsn(args), _lock_timeout(args)
+    _spec(args, _table(args.table))  # usage errors before connecting
+    tv = _template_version(args)
+    with _connect(dsn) as conn:
+        catalog.require_core(conn)
+        found = catalog.resolve_table(conn, args.table)
+        if found is None:
+            raise catalog.CatalogError(
+                f"table {args.table} does not exist (search_path: {catalog.search_path(conn)})"
+            )
+        spec = _spec(args, found[0])
+        notes = catalog.check_spec(conn, spec)
+        script = sqlgen.render_protect(spec, template_version=tv, lock_timeout=lock_timeout)
+        _run_script(conn, script, lock_timeout)
+    print(f"protected {spec.table} ({catalog.describe(spec)}, template {tv})")
+    for note in notes:
+        _note(args, note)
+    return 0
+
+
+def run_unprotect(args: argparse.Namespace) -> int:
+    from fencekit import catalog
+
+    dsn, lock_timeout = _dsn(args), _lock_timeout(args)
+    _table(args.table)
+    with _connect(dsn) as conn:
+        if catalog.core_version(conn) is None:
+            catalog.require_core(conn)
+        found = catalog.resolve_table(conn, args.table)
+        if found is None:
+            raise catalog.CatalogError(
+                f"table {args.table} does not exist (search_path: {catalog.search_path(conn)})"
+            )
+        pt = catalog.registered(conn, found[0])
+        if pt is None:
+            raise catalog.CatalogError(
+                f"{found[0]} is not protected (fencekit.protected has no row for it)"
+            )
+        script = sqlgen.render_unprotect(
+            pt.spec, template_version=pt.template_version, lock_timeout=lock_timeout
+        )
+        _run_script(conn, script, lock_timeout)
+    print(f"unprotected {pt.spec.table} (was: {catalog.describe(pt.spec)})")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from fencekit import catalog
+
+    with _connect(_dsn(args)) as conn:
+        st = catalog.status(conn)
+    if args.json:
+        print(json.dumps(st.to_dict(), indent=2, ensure_ascii=False))
+    elif st.core_version is None:
+        print(f"fencekit status: error: {st.drift[0].message}", file=sys.stderr)
+    else:
+        sys.stdout.write(format_status(st))
+    return 1 if st.has_drift else 0
+
+
+def format_status(st: Status) -> str:
+    """The human-readable ``fencekit status`` report."""
+    from fencekit.catalog import describe
+
+    lines = [
+        f"fencekit core version {st.core_version} (this fencekit: core {sqlgen.CORE_VERSION}, "
+        f"table template {sqlgen.TEMPLATE_VERSION})"
+    ]
+    drifted = sum(1 for t in st.tables if t.drift)
+    lines.append(
+        f"{len(st.tables)} protected table(s), {drifted} with drift"
+        if st.tables
+        else "no protected tables"
+    )
+    if st.tables:
+        rows = [("TABLE", "FENCE", "TEMPLATE", "STATE", "COUNTED (reason=count)")]
+        for t in st.tables:
+            counted = ", ".join(f"{r}={n}" for r, n in t.rejections.items() if n) or "-"
+            state = f"DRIFT ({len(t.drift)})" if t.drift else "ok"
+            rows.append(
+                (str(t.spec.table), describe(t.spec), str(t.template_version), state, counted)
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines.append("")
+        lines += ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+    problems = [("fencekit", d) for d in st.drift] + [
+        (str(t.spec.table), d) for t in st.tables for d in t.drift
+    ]
+    if problems:
+        lines += ["", "Drift:"]
+        for where, d in problems:
+            lines.append(f"  {where}: {d.message} [{d.kind}]")
+            lines.append(f"      fix: {d.fix}")
+    return "\n".join(lines) + "\n"
