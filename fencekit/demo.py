@@ -100,8 +100,9 @@ def _emit(who: str, event: str, **data: Any) -> None:
 
 def _worker(name: str, dsn: str, ttl: float, compute: float) -> int:
     from fencekit.context import current_token
-    from fencekit.errors import translate
+    from fencekit.errors import FenceError
     from fencekit.leases import Lease, PostgresIssuer
+    from fencekit.psycopg import transaction as fenced_transaction
 
     def on_lost(_grant: Any, reason: str) -> None:
         _emit(name, "lost", reason=reason)
@@ -127,20 +128,18 @@ def _worker(name: str, dsn: str, ttl: float, compute: float) -> int:
         token = current_token()  # put there by the Lease: the token writes carry
         assert token is not None
         _emit(name, "writing", token=token, total=str(total))
-        conn.autocommit = False
         try:
-            with conn.transaction():
-                # The contract every fencekit adapter follows: a transaction-local token.
-                conn.execute("SELECT set_config('fencekit.token', %s, true)", (str(token),))
+            # The psycopg adapter sends the lease's token with the transaction's first
+            # statement (set_config('fencekit.token', ..., true)): nothing to pass by hand.
+            with fenced_transaction(conn):
                 conn.execute(_UPSERT, (ACCOUNT, total, count, name, token))
-        except psycopg.Error as exc:
-            err = translate(exc)
+        except FenceError as err:
             _emit(
                 name,
                 "rejected",
-                sqlstate=exc.sqlstate,
-                error=type(err or exc).__name__,
-                message=exc.diag.message_primary or str(exc),
+                sqlstate=err.sqlstate,
+                error=type(err).__name__,
+                message=err.message,
             )
             return 3
         _emit(name, "written", token=token)
