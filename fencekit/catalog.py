@@ -540,8 +540,8 @@ def _partition_drift(
     wanted = {tr.name for tr in triggers if tr.on_partitions}
     out: list[Drift] = []
     parts = conn.execute(
-        "SELECT relid, relid::pg_catalog.regclass::text FROM pg_catalog.pg_partition_tree(%s) "
-        "WHERE relid <> %s::oid ORDER BY 2",
+        "SELECT relid::pg_catalog.oid, relid::pg_catalog.text "
+        "FROM pg_catalog.pg_partition_tree(%s) WHERE relid <> %s::oid ORDER BY 2",
         (oid, oid),
     ).fetchall()
     for part_oid, part_sql in parts:
