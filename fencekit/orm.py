@@ -55,6 +55,9 @@ def _install_on(connection: Connection) -> None:
         )
     # SQLAlchemy wraps driver errors itself; _on_error then translates them.
     fk_psycopg.install(cast(Any, driver), translate_errors=False)
+    # The engine's boundary listeners (_listen_engine) let the cursor send the token once per
+    # transaction instead of once per statement.
+    fk_psycopg.track_transactions(driver)
 
 
 def _on_error(ctx: ExceptionContext) -> BaseException | None:
@@ -94,10 +97,21 @@ def _count_unfenced(
     metrics.record_unfenced(name)
 
 
+def _boundary(conn: Connection, *args: Any) -> None:
+    """Transaction begin/end or savepoint rollback (which reverts transaction-local settings)."""
+    dbapi = conn.connection.driver_connection if not conn.invalidated else None
+    if dbapi is not None:
+        fk_psycopg.forget_transaction(dbapi)
+
+
 def _listen_engine(engine: Engine) -> None:
     if not event.contains(engine, "handle_error", _on_error):
         event.listen(engine, "handle_error", _on_error)
         event.listen(engine, "before_cursor_execute", _count_unfenced)
+    if not event.contains(engine, "begin", _boundary):
+        # Kept by uninstall(): connections already tracked rely on them.
+        for name in ("begin", "commit", "rollback", "rollback_savepoint"):
+            event.listen(engine, name, _boundary)
 
 
 def _resolve(target: Target) -> Engine | Connection | Session | sessionmaker[Any] | type[Session]:
@@ -145,6 +159,7 @@ def install(target: Target) -> None:
         _listen_engine(resolved.engine)
         if not resolved.closed and not resolved.invalidated:
             _install_on(resolved)
+            fk_psycopg.forget_transaction(resolved.connection.driver_connection)
         if not event.contains(resolved, "begin", _on_begin):
             event.listen(resolved, "begin", _on_begin)
     elif isinstance(resolved, Session | sessionmaker) or issubclass(resolved, Session):

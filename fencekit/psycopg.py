@@ -49,7 +49,7 @@ _STATE = "_fencekit_state"
 class _State:
     """Per-connection bookkeeping, kept as an attribute of the psycopg connection."""
 
-    __slots__ = ("dirty", "installed", "previous_factory")
+    __slots__ = ("dirty", "installed", "previous_factory", "setter", "tracked", "tx_value")
 
     def __init__(self) -> None:
         # True while the open transaction may hold a token we set (so it must be cleared when
@@ -57,6 +57,12 @@ class _State:
         self.dirty = False
         self.installed = False
         self.previous_factory: Any = None
+        self.setter: Any = None  # a plain cursor reused for set_config
+        # tracked: something that sees every transaction boundary (the SQLAlchemy plugin's
+        # events) resets tx_value, so a token already set in this transaction is not resent.
+        # Raw psycopg cannot see a BEGIN sent by conn.transaction(): it resends every time.
+        self.tracked = False
+        self.tx_value: str | None = None
 
 
 def _state(conn: Any) -> _State:
@@ -67,19 +73,41 @@ def _state(conn: Any) -> _State:
     return state
 
 
+def forget_transaction(conn: Any) -> None:
+    """A transaction boundary or savepoint rollback: what was set may no longer hold."""
+    state = _state(conn)
+    state.tx_value = None
+
+
+def track_transactions(conn: Any) -> None:
+    """Declare that :func:`forget_transaction` is called at every boundary of ``conn``."""
+    state = _state(conn)
+    state.tracked = True
+
+
 def _wanted(conn: Any) -> tuple[bool, str]:
     """(must send set_config before the next statement, value to send)."""
-    status = conn.pgconn.transaction_status
     state = _state(conn)
+    status = conn.pgconn.transaction_status
     if status == _IDLE:
         state.dirty = False  # a new transaction starts clean: nothing to clear
+        state.tx_value = None
     elif status != _INTRANS:
         # Failed transaction (only ROLLBACK works) or broken connection: add nothing.
         return False, ""
     token = current_token()
     if token is not None:
-        return True, str(token)
+        value = str(token)
+        return not (state.tracked and state.tx_value == value), value
     return state.dirty, ""
+
+
+def _setter(conn: Any) -> Any:
+    state = _state(conn)
+    if state.setter is None or state.setter.closed:
+        cls = psycopg.AsyncCursor if isinstance(conn, psycopg.AsyncConnection) else psycopg.Cursor
+        state.setter = cls(conn)
+    return state.setter
 
 
 def _piggybacks(query: Query, params: object) -> bool:
@@ -101,7 +129,9 @@ def _q(query: Query) -> Any:
 
 def _after(conn: Any, value: str) -> None:
     state = _state(conn)
-    state.dirty = bool(value) and conn.pgconn.transaction_status != _IDLE
+    open_tx = conn.pgconn.transaction_status != _IDLE
+    state.dirty = bool(value) and open_tx
+    state.tx_value = value if open_tx else None
 
 
 def _translated(exc: psycopg.Error) -> BaseException:
@@ -121,7 +151,7 @@ class FencedCursor(psycopg.Cursor[Any]):
     translate_errors = True
 
     def _fence_now(self, value: str) -> None:
-        psycopg.Cursor(self.connection).execute(SET_TOKEN, (value,))
+        _setter(self.connection).execute(SET_TOKEN, (value,))
 
     def execute(
         self,
@@ -139,7 +169,7 @@ class FencedCursor(psycopg.Cursor[Any]):
                 return self
             if _piggybacks(query, params):
                 with conn.pipeline():
-                    psycopg.Cursor(conn).execute(SET_TOKEN, (value,))
+                    _setter(conn).execute(SET_TOKEN, (value,))
                     super().execute(_q(query), params, prepare=prepare, binary=binary)
             else:
                 self._fence_now(value)
@@ -161,7 +191,7 @@ class FencedCursor(psycopg.Cursor[Any]):
                 super().executemany(query, params_seq, returning=returning)
                 return
             with conn.pipeline():  # executemany rides the same pipeline
-                psycopg.Cursor(conn).execute(SET_TOKEN, (value,))
+                _setter(conn).execute(SET_TOKEN, (value,))
                 super().executemany(query, params_seq, returning=returning)
             _after(conn, value)
         except psycopg.Error as exc:
@@ -191,10 +221,10 @@ class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
                 return self
             if _piggybacks(query, params):
                 async with conn.pipeline():
-                    await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (value,))
+                    await _setter(conn).execute(SET_TOKEN, (value,))
                     await super().execute(_q(query), params, prepare=prepare, binary=binary)
             else:
-                await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (value,))
+                await _setter(conn).execute(SET_TOKEN, (value,))
                 await super().execute(_q(query), params, prepare=prepare, binary=binary)
             _after(conn, value)
             return self
@@ -213,7 +243,7 @@ class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
                 await super().executemany(query, params_seq, returning=returning)
                 return
             async with conn.pipeline():
-                await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (value,))
+                await _setter(conn).execute(SET_TOKEN, (value,))
                 await super().executemany(query, params_seq, returning=returning)
             _after(conn, value)
         except psycopg.Error as exc:
@@ -324,6 +354,7 @@ def transaction(
             outer = current_token()
             psycopg.Cursor(conn).execute(SET_TOKEN, (str(outer) if outer else "",))
             state.dirty = outer is not None
+            state.tx_value = None
 
 
 @asynccontextmanager
@@ -349,10 +380,17 @@ async def async_transaction(
             outer = current_token()
             await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (str(outer) if outer else "",))
             state.dirty = outer is not None
+            state.tx_value = None
 
 
 def _in_transaction(conn: Any) -> bool:
     return bool(conn.pgconn.transaction_status == _INTRANS)
+
+
+def _explicit(conn: Any) -> None:
+    state = _state(conn)
+    state.dirty = False  # set by hand: automatic mode must not clear it
+    state.tx_value = None  # and a scope's token must still be sent over it
 
 
 def _check_open(conn: Any) -> None:
@@ -372,7 +410,7 @@ def set_token(conn: psycopg.Connection[Any], token: int | None = None) -> None:
     value = str(_resolve(token))
     _check_open(conn)
     psycopg.Cursor(conn).execute(SET_TOKEN, (value,))
-    _state(conn).dirty = False  # explicit: automatic mode must not clear it
+    _explicit(conn)
 
 
 async def async_set_token(conn: psycopg.AsyncConnection[Any], token: int | None = None) -> None:
@@ -380,4 +418,4 @@ async def async_set_token(conn: psycopg.AsyncConnection[Any], token: int | None 
     value = str(_resolve(token))
     _check_open(conn)
     await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (value,))
-    _state(conn).dirty = False
+    _explicit(conn)

@@ -1,0 +1,230 @@
+"""Adapter benchmarks: what carrying the token costs a psycopg or SQLAlchemy application.
+
+Baseline: the same work on an identical unprotected table, without fencekit. Fenced: the
+protected table, the token carried by the adapter (``fencing()`` scope, fenced cursor, trigger
+check). Both sides run interleaved in small batches on a noisy shared machine; the ratio is the
+median of per-round throughput ratios (fenced / baseline, higher is better). Nothing here
+asserts on time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from fencekit import psycopg as fk_psycopg
+from fencekit.context import fencing
+from fencekit.spec import FenceSpec, TableName
+from fencekit.sqlgen import protect_statements, unprotect_statements
+
+__all__ = ["run"]
+
+SCHEMA = "fencekit_bench_adapters"
+ROWS = 1000
+BATCH = 20
+
+_TABLE = """
+CREATE TABLE {t} (
+  id         bigint PRIMARY KEY,
+  account_id bigint NOT NULL,
+  total      numeric(12, 2) NOT NULL DEFAULT 0,
+  status     text NOT NULL DEFAULT 'open',
+  updated_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO {t} (id, account_id) SELECT g, g % 100 FROM generate_series(1, {rows}) g;
+"""
+
+Work = Callable[[int, int], None]  # (row id, token) -> one transaction
+
+
+def _setup(conn: psycopg.Connection[Any]) -> None:
+    _teardown(conn)
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
+    for name in ("plain", "fenced"):
+        conn.execute(_TABLE.format(t=f"{SCHEMA}.{name}", rows=ROWS).encode())
+    with conn.transaction():
+        conn.execute("SELECT set_config('fencekit.token', '1', true)")
+        for stmt in protect_statements(FenceSpec(TableName(SCHEMA, "fenced"))):
+            conn.execute(stmt.encode())
+    conn.execute(f"VACUUM ANALYZE {SCHEMA}.plain, {SCHEMA}.fenced".encode())
+
+
+def _teardown(conn: psycopg.Connection[Any]) -> None:
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [f"{SCHEMA}.fenced"]).fetchone()
+    if exists and exists[0]:
+        for stmt in unprotect_statements(FenceSpec(TableName(SCHEMA, "fenced"))):
+            conn.execute(stmt.encode())
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+
+
+# Tokens only grow across all cases of a run: every case writes the same fenced rows.
+_tokens = itertools.count(int(time.time()))
+
+
+def _compare(
+    name: str, baseline: Work, fenced: Work, transactions: int, rounds: int
+) -> dict[str, Any]:
+    """Throughput of both sides, alternating batches so both see the same machine load."""
+    warm = next(_tokens)
+    for work in (baseline, fenced):  # warm up: prepared statements, mapper compilation
+        for i in range(BATCH):
+            work(i + 1, warm)
+    seconds: dict[str, list[float]] = {"baseline": [], "fenced": []}
+    batches = max(1, transactions // BATCH)
+    for _ in range(rounds):
+        spent = {"baseline": 0.0, "fenced": 0.0}
+        for b in range(batches):
+            token = next(_tokens)  # a new lease every batch: the trigger checks and advances fences
+            sides = (("baseline", baseline), ("fenced", fenced))
+            for side, work in sides if b % 2 else sides[::-1]:
+                start = time.perf_counter()
+                for i in range(BATCH):
+                    work((b * BATCH + i) % ROWS + 1, token)
+                spent[side] += time.perf_counter() - start
+        for side, value in spent.items():
+            seconds[side].append(value)
+    n = batches * BATCH
+    ratios = [b / f for b, f in zip(seconds["baseline"], seconds["fenced"], strict=True)]
+    return {
+        "name": name,
+        "baseline": n / statistics.median(seconds["baseline"]),
+        "fenced": n / statistics.median(seconds["fenced"]),
+        "ratio": statistics.median(ratios),
+        "unit": "tx/s",
+        "target": ">= 0.95x",
+    }
+
+
+def _psycopg_cases(dsn: str, transactions: int, rounds: int) -> list[dict[str, Any]]:
+    update = "UPDATE {} SET total = total + 1, updated_at = now() WHERE id = %s"
+    plain_sql = update.format(f"{SCHEMA}.plain")
+    fenced_sql = update.format(f"{SCHEMA}.fenced")
+    with psycopg.connect(dsn) as plain, psycopg.connect(dsn) as fenced:
+        fk_psycopg.install(fenced)
+
+        def baseline(row: int, token: int) -> None:
+            with plain.transaction():
+                plain.execute(plain_sql, (row,))
+
+        def automatic(row: int, token: int) -> None:
+            with fencing(token), fenced.transaction():
+                fenced.execute(fenced_sql, (row,))
+
+        def explicit(row: int, token: int) -> None:
+            with fk_psycopg.transaction(plain, token):
+                plain.execute(fenced_sql, (row,))
+
+        return [
+            _compare(
+                "psycopg: single-row transaction, fencing() + install() vs unfenced",
+                baseline,
+                automatic,
+                transactions,
+                rounds,
+            ),
+            _compare(
+                "psycopg: single-row transaction, fencekit.psycopg.transaction() vs unfenced",
+                baseline,
+                explicit,
+                transactions,
+                rounds,
+            ),
+        ]
+
+
+def _orm_case(dsn: str, transactions: int, rounds: int) -> dict[str, Any]:
+    from sqlalchemy import BigInteger, Numeric, Text, create_engine
+    from sqlalchemy.engine import URL
+    from sqlalchemy.orm import DeclarativeBase, Session, mapped_column
+
+    from fencekit import orm
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Row:  # no annotations: they would be strings here (postponed evaluation)
+        id = mapped_column(BigInteger, primary_key=True)
+        account_id = mapped_column(BigInteger)
+        total = mapped_column(Numeric(12, 2))
+        status = mapped_column(Text)
+
+    class Plain(Row, Base):
+        __tablename__ = "plain"
+        __table_args__ = {"schema": SCHEMA}  # noqa: RUF012 - SQLAlchemy's declarative API
+
+    class Fenced(Row, Base):
+        __tablename__ = "fenced"
+        __table_args__ = {"schema": SCHEMA}  # noqa: RUF012
+
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    host = str(params.get("host") or "localhost")
+    url = URL.create(
+        "postgresql+psycopg",
+        username=str(params["user"]) if params.get("user") else None,
+        password=str(params["password"]) if params.get("password") else None,
+        host=None if host.startswith("/") else host,
+        port=int(str(params["port"])) if params.get("port") else None,
+        database=str(params.get("dbname") or "postgres"),
+        query={"host": host} if host.startswith("/") else {},
+    )
+    plain_engine = create_engine(url, pool_size=1)
+    fenced_engine = create_engine(url, pool_size=1)
+    orm.install(fenced_engine)
+
+    def unit_of_work(engine: Any, model: Any, row: int) -> None:
+        with Session(engine) as session:
+            obj: Any = session.get(model, row)
+            obj.status = "paid" if obj.status == "open" else "open"
+            session.commit()
+
+    def baseline(row: int, token: int) -> None:
+        unit_of_work(plain_engine, Plain, row)
+
+    def fenced(row: int, token: int) -> None:
+        with fencing(token):
+            unit_of_work(fenced_engine, Fenced, row)
+
+    try:
+        return _compare(
+            "SQLAlchemy ORM unit of work (load, modify, flush, commit one row) vs unfenced",
+            baseline,
+            fenced,
+            transactions,
+            rounds,
+        )
+    finally:
+        plain_engine.dispose()
+        fenced_engine.dispose()
+
+
+def run(
+    dsn: str, *, quick: bool = False, progress: Callable[[str], None] = lambda _: None
+) -> list[dict[str, Any]]:
+    """Run the adapter benchmarks against ``dsn`` (a database with fencekit's core installed).
+
+    Creates and drops schema ``fencekit_bench_adapters``. The ORM case needs SQLAlchemy and is
+    left out when it is not installed.
+    """
+    transactions = 200 if quick else 1000
+    rounds = 3 if quick else 7
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _setup(conn)
+        try:
+            progress("adapters: psycopg single-row transactions")
+            results = _psycopg_cases(dsn, transactions, rounds)
+            try:
+                import sqlalchemy  # noqa: F401 - optional extra
+            except ImportError:
+                progress("adapters: SQLAlchemy not installed, ORM case skipped")
+            else:
+                progress("adapters: SQLAlchemy ORM unit of work")
+                results.append(_orm_case(dsn, transactions, rounds))
+        finally:
+            _teardown(conn)
+    return results
