@@ -5,8 +5,10 @@ Runs after alembic's own table comparison (last priority), so that it can
 - append ``create_fence`` after the ``create_table`` / ``add_column`` it depends on,
 - put ``drop_fence`` first, before a ``drop_table`` of the same table,
 - put ``install_fencekit`` / ``upgrade_fencekit`` before everything,
-- remove any operation alembic proposed against objects the generator owns (the fence column of
-  a protected table, ``fencekit_*`` indexes): those belong to the fence operations.
+- remove any operation alembic proposed against objects fencekit owns (the fence column of a
+  protected table, ``fencekit_*`` indexes, the ``fencekit`` schema's tables): the filters in
+  :mod:`fencekit.alembic_plugin.filters` skip them earlier, this also covers an env.py without
+  them and fence columns with custom names.
 
 The downgrade is alembic's reversal of that list, so it drops fences before tables and installs
 the core last.
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 from alembic.operations import ops as alembic_ops
 
 from fencekit import sqlgen
+from fencekit.alembic_plugin.filters import CORE_SCHEMA
 from fencekit.alembic_plugin.ops import (
     AlterFenceOp,
     CreateFenceOp,
@@ -128,7 +131,12 @@ def _prune_owned(
 
     kept: list[MigrateOperation] = []
     for op in upgrade_ops.ops:
+        schema = getattr(op, "schema", None)
+        if isinstance(op, alembic_ops.DropTableOp) and schema == CORE_SCHEMA:
+            continue  # fencekit's own tables, when env.py has no include_name filter
         if isinstance(op, alembic_ops.ModifyTableOps):
+            if schema == CORE_SCHEMA:
+                continue
             schema, table = real(op.schema), op.table_name
             op.ops = [sub for sub in op.ops if not owned(sub, schema, table)]
             if not op.ops:
