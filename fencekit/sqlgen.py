@@ -203,8 +203,12 @@ BEGIN
 {missing}  END IF;
   IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
     {truncate_fence};
-    IF fence OPERATOR(pg_catalog.>) tok AND NOT byp THEN
-      PERFORM fencekit.reject('stale', {lit_tag}, TG_RELID, TG_NAME, NULL, NULL, NULL, tok, fence);
+    IF fence OPERATOR(pg_catalog.>) tok THEN
+      IF NOT byp THEN
+        PERFORM fencekit.reject('stale', {lit_tag}, TG_RELID, TG_NAME, NULL, NULL, NULL, tok,
+                                fence);
+      END IF;
+      PERFORM fencekit.count_event({lit_tag}, 'bypassed');  -- every bypassed write counts
     END IF;
     RETURN NULL;
   END IF;
