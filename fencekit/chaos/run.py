@@ -1,0 +1,305 @@
+"""One chaos run: server, schema, workers, nemesis, then the checker over the history."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from fencekit.chaos.checker import LogRow, Report, check, format_report
+from fencekit.chaos.history import HistoryWriter, merge, write_merged
+from fencekit.chaos.nemesis import Nemesis
+from fencekit.chaos.server import Bouncer, ControlledServer, find_bindir
+from fencekit.chaos.worker import LEASE_PREFIX
+
+__all__ = ["SCOPES", "ChaosConfig", "ChaosResult", "run_chaos"]
+
+SCOPES = ("key", "row", "lease-bound")
+
+_SCHEMA = """
+CREATE TABLE chaos_register (
+  resource text PRIMARY KEY,
+  value    bigint NOT NULL DEFAULT 0,
+  seq      bigint NOT NULL DEFAULT 0   -- committed writes so far: the commit order
+);
+CREATE TABLE chaos_log (
+  resource text NOT NULL,
+  seq      bigint NOT NULL,
+  token    bigint,
+  value    bigint NOT NULL,
+  observed bigint NOT NULL,
+  write_id text NOT NULL UNIQUE,
+  PRIMARY KEY (resource, seq)
+);
+"""
+
+
+@dataclass
+class ChaosConfig:
+    duration: float = 20.0
+    seed: int = 0
+    workers: int = 4
+    resources: int = 3
+    fence: bool = True
+    scope: str = "key"  # key fence (named resource), row fence, or lease-bound key fence
+    dsn: str | None = None
+    pgbouncer: bool = False
+    history: Path | None = None
+    ttl: float = 0.5
+    crashes: bool = True
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
+        if not (1 <= self.workers <= 32 and 1 <= self.resources <= 1000):
+            raise ValueError("workers must be 1..32 and resources 1..1000")
+        if not (1 <= self.duration <= 24 * 3600):
+            raise ValueError("duration must be 1 s to 24 h")
+        if not (0.1 <= self.ttl <= 30):
+            raise ValueError("ttl must be 0.1 to 30 s")
+
+
+@dataclass
+class ChaosResult:
+    config: ChaosConfig
+    report: Report
+    server: str
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """The outcome expected for the mode: no violation fenced, some without fencing."""
+        bad = len(self.report.violations)
+        return bad == 0 if self.config.fence else bad > 0
+
+
+@dataclass
+class _Target:
+    admin_dsn: str
+    host: str
+    port: int
+    user: str
+    kind: str
+    controlled: ControlledServer | None = None
+
+
+def _target(cfg: ChaosConfig, stack: contextlib.ExitStack, say: Callable[[str], None]) -> _Target:
+    if cfg.dsn:
+        p = conninfo_to_dict(cfg.dsn)
+        return _Target(
+            cfg.dsn,
+            str(p.get("host") or "localhost"),
+            int(p.get("port") or 5432),
+            str(p.get("user") or "postgres"),
+            "your server (--dsn: no crash-restart)",
+        )
+    bindir = find_bindir() if cfg.crashes else None
+    if bindir is not None:
+        server = ControlledServer(bindir)
+        stack.callback(server.stop)
+        say(f"starting a throwaway PostgreSQL {server.version} (durable commits)...")
+        server.init()
+        server.start()
+        return _Target(
+            server.dsn_for("postgres"),
+            server.host,
+            server.port,
+            server.user,
+            f"PostgreSQL {server.version}, controlled (crash-restart)",
+            server,
+        )
+    from fencekit.embedded import start_embedded
+
+    say("starting the embedded PostgreSQL (no crash-restart: no pg_ctl of ours found)...")
+    emb = start_embedded()
+    stack.callback(emb.stop)
+    return _Target(emb.dsn, emb.host, emb.port, emb.user, "embedded (no crash-restart)")
+
+
+@contextlib.contextmanager
+def _database(admin_dsn: str) -> Iterator[str]:
+    name = f"fencekit_chaos_{secrets.token_hex(4)}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(admin_dsn, dbname=name)
+    finally:
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as admin,
+        ):
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def _setup(dsn: str, cfg: ChaosConfig, resources: list[str]) -> None:
+    from fencekit.spec import FenceSpec, Scope, TableName
+    from fencekit.sqlgen import protect_statements, render_install
+
+    with psycopg.connect(dsn) as conn:
+        conn.execute(render_install().encode())
+        conn.execute(_SCHEMA.encode())
+        for r in resources:
+            conn.execute("INSERT INTO chaos_register (resource) VALUES (%s)", (r,))
+        if cfg.fence:
+            table = TableName("public", "chaos_register")
+            if cfg.scope == "row":
+                spec = FenceSpec(table)
+            else:
+                spec = FenceSpec(
+                    table,
+                    scope=Scope.KEY,
+                    key=("resource",),
+                    resource=LEASE_PREFIX,
+                    lease_bound=cfg.scope == "lease-bound",
+                )
+            for stmt in protect_statements(spec):
+                conn.execute(stmt.encode())
+
+
+def _wait_quiet(dsn: str, timeout: float) -> None:
+    """Wait until no other session of the database is inside a transaction (killed workers'
+    in-flight commits land or abort before the final state is read)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle'"
+            ).fetchone()
+            if row == (0,):
+                return
+            time.sleep(0.1)
+
+
+def _final_state(dsn: str) -> tuple[list[LogRow], dict[str, tuple[int, int]]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        log = [
+            LogRow(r, int(s), None if t is None else int(t), int(v), int(o), str(w))
+            for r, s, t, v, o, w in conn.execute(
+                "SELECT resource, seq, token, value, observed, write_id FROM chaos_log"
+            ).fetchall()
+        ]
+        register = {
+            str(r): (int(v), int(s))
+            for r, v, s in conn.execute("SELECT resource, value, seq FROM chaos_register")
+        }
+    return log, register
+
+
+def run_chaos(
+    cfg: ChaosConfig,
+    *,
+    out: TextIO | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ChaosResult:
+    """Run workers and the nemesis for ``cfg.duration`` seconds, then check the history."""
+    out = out or sys.stdout
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        (progress or (lambda s: print(s, file=sys.stderr, flush=True)))(text)
+
+    resources = [f"r{i}" for i in range(cfg.resources)]
+    notes: list[str] = []
+    with contextlib.ExitStack() as stack:
+        target = _target(cfg, stack, say)
+        dsn = stack.enter_context(_database(target.admin_dsn))
+        _setup(dsn, cfg, resources)
+        bouncer: Bouncer | None = None
+        worker_dsn = dsn
+        if cfg.pgbouncer:
+            bouncer = Bouncer(target.host, target.port, target.user)
+            stack.callback(bouncer.close)
+            dbname = str(conninfo_to_dict(dsn)["dbname"])
+            bouncer.start(wait_dsn=bouncer.dsn_for(dbname))
+            worker_dsn = bouncer.dsn_for(dbname)
+        if target.controlled is None:
+            notes.append("no crash-restart: the run does not control this server")
+        workdir = Path(tempfile.mkdtemp(prefix="fencekit-chaos-"))
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        nemesis_log = HistoryWriter(workdir / "nemesis.jsonl", "nemesis")
+        stack.callback(nemesis_log.close)
+        until = time.time() + cfg.duration
+
+        def command(name: str) -> list[str]:
+            return [
+                sys.executable, "-m", "fencekit.chaos.worker", "--name", name,
+                "--dsn", worker_dsn, "--resources", ",".join(resources),
+                "--ttl", str(cfg.ttl), "--until", repr(until), "--seed", str(cfg.seed),
+                "--history", str(workdir / f"{name}.jsonl"),
+            ]  # fmt: skip
+
+        nemesis = Nemesis(
+            rng=random.Random(cfg.seed),
+            ttl=cfg.ttl,
+            command=command,
+            workdir=workdir,
+            history=nemesis_log,
+            admin_dsn=dsn,
+            server=target.controlled,
+            bouncer=bouncer,
+            progress=say,
+        )
+        stack.callback(nemesis.close)
+        mode = "fenced" if cfg.fence else "NOT fenced"
+        say(f"chaos: {cfg.workers} workers, {cfg.resources} resources, {mode}, {cfg.duration:g}s")
+        nemesis.run([f"w{i}" for i in range(cfg.workers)], cfg.duration)
+        nemesis.wait_workers(timeout=30)
+        if target.controlled is not None and not target.controlled.running:
+            target.controlled.start()
+        _wait_quiet(dsn, 15)
+        log, register = _final_state(dsn)
+        events = merge(sorted(workdir.glob("*.jsonl")))
+        if cfg.history is not None:
+            write_merged(events, cfg.history)
+        report = check(events, log, register, lease_bound=cfg.scope == "lease-bound")
+    result = ChaosResult(cfg, report, target.kind, time.monotonic() - started, notes)
+    print(_header(result), file=out)
+    print(format_report(report), file=out)
+    for note in notes:
+        print(f"note: {note}", file=out)
+    print(_verdict(result), file=out, flush=True)
+    return result
+
+
+def _header(res: ChaosResult) -> str:
+    c = res.config
+    fence = f"{c.scope} fence" if c.fence else "NO fence (--no-fence)"
+    bouncer = ", through pgbouncer (transaction mode)" if c.pgbouncer else ""
+    return (
+        f"fencekit chaos: {c.duration:g}s, seed {c.seed}, {c.workers} workers, {c.resources} "
+        f"resources, lease ttl {c.ttl:g}s, {fence}\n"
+        f"server: {res.server}{bouncer}; took {res.seconds:.1f}s\n"
+    )
+
+
+def _verdict(res: ChaosResult) -> str:
+    r = res.report
+    if res.config.fence:
+        if res.ok:
+            return (
+                f"\nOK: no violation; {r.stale_rejected} of {r.stale_attempted} stale writes "
+                f"rejected, {r.crashes} crashes survived."
+            )
+        return f"\nFAILED: {len(r.violations)} violation(s) with fencing on."
+    if res.ok:
+        return (
+            f"\nAs expected without fencing: {len(r.violations)} violation(s), "
+            f"{r.lost_updates} lost update(s). Run without --no-fence to see them rejected."
+        )
+    return "\nUNEXPECTED: no violation without fencing (run longer, or with more pauses)."

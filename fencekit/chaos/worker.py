@@ -1,0 +1,194 @@
+"""A chaos worker process: take leases, read-modify-write under the token, record everything.
+
+Run by the chaos run as ``python -m fencekit.chaos.worker ...``. Each round the worker takes the
+lease ``chaos:<resource>`` from the PostgreSQL issuer (short ttl), then writes a few times: it
+reads the register's value, "computes" for a moment (where the nemesis' SIGSTOP usually lands),
+renews its lease (a careful worker's check, which a pause defeats), and writes ``observed + 1``
+in a transaction that carries its token. The same transaction appends the write to
+``chaos_log`` with the per-resource sequence number the register row's UPDATE assigned: the
+row lock makes that sequence the commit order, and the client learns it from ``RETURNING``.
+
+A small share of writes is sent with no token at all (a code path someone forgot to fence):
+fenced tables must reject those too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from fencekit import psycopg as fk_psycopg
+from fencekit.chaos.history import HistoryWriter
+from fencekit.errors import FenceError, translate
+from fencekit.leases import Grant, IssuerUnavailable, PostgresIssuer
+
+__all__ = ["LEASE_PREFIX", "main"]
+
+LEASE_PREFIX = "chaos"  # lease of resource r: "chaos:r" (contracts: <resource>:<key text>)
+
+_READ = "SELECT value FROM chaos_register WHERE resource = %s"
+_UPDATE = "UPDATE chaos_register SET value = %s, seq = seq + 1 WHERE resource = %s RETURNING seq"
+_LOG = (
+    "INSERT INTO chaos_log (resource, seq, token, value, observed, write_id) "
+    "VALUES (%s, %s, %s, %s, %s, %s)"
+)
+_CONNECT: dict[str, Any] = {
+    "autocommit": True,
+    "connect_timeout": 3,
+    "prepare_threshold": None,  # pgbouncer 1.18 in transaction mode has no prepared statements
+}
+
+
+class _Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.name: str = args.name
+        self.dsn: str = args.dsn
+        self.until: float = args.until
+        self.ttl: float = args.ttl
+        self.unfenced_rate: float = args.unfenced_rate
+        self.resources: list[str] = args.resources.split(",")
+        self.rng = random.Random(f"{args.seed}:{self.name}")
+        self.history = HistoryWriter(Path(args.history), self.name)
+        self.issuer = PostgresIssuer(self.dsn, timeout=2, prepare_threshold=None)
+        self.conn: psycopg.Connection[Any] | None = None
+        self.writes = 0
+
+    def connection(self) -> psycopg.Connection[Any] | None:
+        if self.conn is not None and not self.conn.closed and not self.conn.broken:
+            return self.conn
+        try:
+            self.conn = psycopg.connect(self.dsn, **_CONNECT)
+        except psycopg.Error:
+            self.conn = None
+            time.sleep(0.1)  # server down (crash-restart): try again next round
+        return self.conn
+
+    def run(self) -> None:
+        rounds = 0
+        while time.time() < self.until and rounds < 100_000:
+            rounds += 1
+            resource = self.rng.choice(self.resources)
+            holder = f"{self.name}#{uuid.uuid4().hex[:8]}"  # one holder per grant
+            try:
+                grant = self.issuer.try_acquire(f"{LEASE_PREFIX}:{resource}", holder, self.ttl)
+            except (IssuerUnavailable, psycopg.Error):
+                time.sleep(0.1)
+                continue
+            if grant is None:
+                time.sleep(self.rng.uniform(0.005, 0.03))
+                continue
+            self.history.append("acquire", resource=resource, token=grant.token, holder=holder)
+            self.hold(resource, grant)
+
+    def hold(self, resource: str, grant: Grant) -> None:
+        for _ in range(self.rng.randint(1, 4)):
+            if time.time() >= self.until or self.write(resource, grant.token) != "ok":
+                return
+            try:
+                if not self.issuer.renew(grant):
+                    return
+            except (IssuerUnavailable, psycopg.Error):
+                return
+        try:
+            if self.rng.random() < 0.8:  # else abandon it: a holder that went away
+                self.issuer.release(grant)
+        except (IssuerUnavailable, psycopg.Error):
+            pass
+
+    def write(self, resource: str, token: int) -> str:
+        conn = self.connection()
+        if conn is None:
+            return "down"
+        try:
+            row = conn.execute(_READ, (resource,)).fetchone()
+        except psycopg.Error:
+            return "down"
+        assert row is not None
+        observed = int(row[0])
+        time.sleep(self.rng.uniform(0.005, 0.04))  # the computation a pause lands in
+        fenced = self.rng.random() >= self.unfenced_rate
+        self.writes += 1
+        wid = f"{self.name}-{self.writes}"
+        value = observed + 1
+        self.history.append(
+            "invoke",
+            id=wid,
+            resource=resource,
+            token=token if fenced else None,
+            observed=observed,
+            value=value,
+        )
+        phase = "send"
+        try:
+            block = fk_psycopg.transaction(conn, token) if fenced else conn.transaction()
+            with block:
+                got = conn.execute(_UPDATE, (value, resource)).fetchone()
+                assert got is not None
+                seq = int(got[0])
+                conn.execute(_LOG, (resource, seq, token if fenced else None, value, observed, wid))
+                phase = "commit"  # an error from here on came from the COMMIT itself
+        except FenceError as exc:
+            self.history.append(
+                "fail",
+                id=wid,
+                reason=exc.reason,
+                sqlstate=exc.sqlstate,
+                fence=exc.fence,
+            )
+            return "rejected"
+        except psycopg.Error as exc:
+            err = translate(exc)
+            if err is not None:  # a fence rejection raised without the adapter (unfenced path)
+                self.history.append(
+                    "fail", id=wid, reason=err.reason, sqlstate=err.sqlstate, fence=err.fence
+                )
+                return "rejected"
+            lost = conn.closed or conn.broken or isinstance(exc, psycopg.OperationalError)
+            if lost and phase == "commit":
+                self.history.append("info", id=wid, error=_short(exc))
+            else:
+                # Lost before COMMIT was sent (the server rolls back) or an ordinary error.
+                reason = "connection" if lost else f"error:{exc.sqlstate}"
+                self.history.append("fail", id=wid, reason=reason, error=_short(exc))
+            return "error"
+        self.history.append("ok", id=wid, seq=seq)
+        return "ok"
+
+    def close(self) -> None:
+        self.history.close()
+        self.issuer.close()
+        if self.conn is not None:
+            self.conn.close()
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fencekit.chaos.worker")
+    p.add_argument("--name", required=True)
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--resources", required=True, help="comma-separated resource names")
+    p.add_argument("--ttl", type=float, required=True)
+    p.add_argument("--until", type=float, required=True, help="stop at this epoch time")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--history", required=True)
+    p.add_argument("--unfenced-rate", type=float, default=0.02)
+    worker = _Worker(p.parse_args(argv))
+    try:
+        worker.run()
+    finally:
+        worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
