@@ -1,0 +1,19 @@
+"""Adapter benchmarks run end to end (quick mode); ratios are printed, never asserted on time."""
+
+from __future__ import annotations
+
+import pytest
+
+from fencekit.bench.adapters import run
+
+
+@pytest.mark.bench
+def test_adapter_benchmarks_report_ratios(dsn: str) -> None:
+    results = run(dsn, quick=True)
+    assert len(results) == 3
+    assert results[-1]["name"].startswith("SQLAlchemy ORM unit of work")
+    for r in results:
+        assert set(r) == {"name", "baseline", "fenced", "ratio", "unit", "target"}
+        assert min(r["baseline"], r["fenced"], r["ratio"]) > 0
+        rates = f"{r['fenced']:.0f} vs {r['baseline']:.0f} {r['unit']}"
+        print(f"{r['name']}: {r['ratio']:.2f}x ({rates}, target {r['target']})")
