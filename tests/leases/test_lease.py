@@ -67,11 +67,11 @@ def test_postgres_issuer_satisfies_the_protocol(issuer) -> None:
 
 
 def test_with_block_holds_renews_and_releases(issuer, other) -> None:
-    with Lease(issuer, "billing:42", ttl=0.3, wait=1) as lease:
+    with Lease(issuer, "billing:42", ttl=1.0, wait=1) as lease:
         assert lease.token == 1
         assert current_token() == 1  # writes inside carry the token
         assert lease.held
-        time.sleep(0.8)  # well past the ttl: background renewal keeps it
+        time.sleep(2.2)  # well past the ttl: background renewal keeps it
         lease.check()
         assert other.try_acquire("billing:42", "intruder", 1) is None
     assert current_token() is None
@@ -138,7 +138,7 @@ def test_paused_renewal_reports_loss_and_successor_gets_next_token(issuer, other
 
 
 def test_renewal_refused_after_takeover_reports_loss(dsn: str, issuer) -> None:
-    lease = Lease(issuer, "r", ttl=0.4, wait=0, fence=False, renew_fraction=0.9)
+    lease = Lease(issuer, "r", ttl=1.0, wait=0, fence=False, renew_fraction=0.5)
     lease.acquire()
     # Somebody with table rights (here: the superuser) ends the lease early, as an expiry
     # would, and a successor takes it before the next renewal.
@@ -188,10 +188,10 @@ def test_issuer_reconnects_after_its_connection_is_killed(dsn: str, issuer) -> N
 
 async def test_async_lease_holds_renews_and_releases(dsn: str) -> None:
     async with AsyncPostgresIssuer(dsn) as issuer:
-        async with AsyncLease(issuer, "billing:42", ttl=0.3, wait=1) as lease:
+        async with AsyncLease(issuer, "billing:42", ttl=1.0, wait=1) as lease:
             assert lease.token == 1
             assert current_token() == 1
-            await asyncio.sleep(0.8)
+            await asyncio.sleep(2.2)
             lease.check()
             other = AsyncLease(issuer, "billing:42", ttl=1, wait=0.2, fence=False)
             with pytest.raises(LeaseTimeout):

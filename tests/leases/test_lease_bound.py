@@ -82,13 +82,13 @@ def test_acquire_waits_for_a_lease_bound_write_in_flight(dsn: str) -> None:
     """The check locks the lease row FOR SHARE: no new grant while a checked write is open."""
     _protect(dsn, lease_bound=True)
     with PostgresIssuer(dsn) as issuer, PostgresIssuer(dsn) as other:
-        g = issuer.try_acquire("billing:42", "A", 0.3)
-        assert g is not None
         got: list[object] = []
         with psycopg.connect(dsn, autocommit=True) as conn:
+            g = issuer.try_acquire("billing:42", "A", 1.0)
+            assert g is not None
             with transaction(conn, g.token):
                 conn.execute("INSERT INTO billing_summary VALUES (42, 1)")
-                time.sleep(0.4)  # the lease expires while the write is still open
+                time.sleep(1.1)  # the lease expires while the write is still open
                 t = threading.Thread(
                     target=lambda: got.append(other.try_acquire("billing:42", "B", 5))
                 )

@@ -122,16 +122,18 @@ def test_racing_acquirers_never_both_win(dsn: str) -> None:
     try:
         for r in range(rounds):
             barrier = threading.Barrier(n, timeout=10)
+            resource = f"race:{r % 3}"
 
-            def go(i: int, r: int = r, barrier: threading.Barrier = barrier) -> object:
+            def go(i: int, resource: str = resource, barrier: threading.Barrier = barrier):
                 barrier.wait()
-                return acquire(conns[i], f"race:{r % 3}", f"h{i}", "20 ms")
+                return acquire(conns[i], resource, f"h{i}", "30 s")
 
             with ThreadPoolExecutor(n) as pool:
                 tokens = list(pool.map(go, range(n)))
-            winners = [t for t in tokens if t is not None]
+            winners = [(i, t) for i, t in enumerate(tokens) if t is not None]
             assert len(winners) == 1, f"round {r}: {tokens}"
-            time.sleep(0.03)  # let the lease expire so the next round on this resource can win
+            ((i, token),) = winners
+            assert release(conns[0], resource, f"h{i}", token) is True  # free for the next round
         last = (
             conns[0]
             .execute("SELECT resource, token FROM fencekit.leases ORDER BY resource")
@@ -167,8 +169,8 @@ def test_expiry_uses_the_clock_not_the_transaction_start(dsn: str) -> None:
     """now() is the transaction's start: a lease granted late in a long transaction must still
     run for its whole ttl from the moment of the grant."""
     with psycopg.connect(dsn) as c:
-        c.execute("SELECT pg_sleep(0.4)")
-        acquire(c, "r", "a", "300 ms")
+        c.execute("SELECT pg_sleep(1.0)")
+        acquire(c, "r", "a", "800 ms")  # now() + 800 ms would already be past
         live = q(c, "SELECT expires_at > clock_timestamp() FROM fencekit.leases")
         c.commit()
     assert live is True
