@@ -5,12 +5,17 @@ fencekit adapter inside the block: in this thread or task, and in threads and ta
 context (asyncio tasks created inside the block, ``asyncio.to_thread``,
 ``contextvars.copy_context().run``). A ``ContextVar`` rather than a ``threading.local`` so that
 concurrent asyncio tasks on one thread never see each other's token.
+
+``fencing(34, issuer="etcd")`` also names the issuer the token came from; the adapters send it as
+``fencekit.issuer`` with the token, and a resource bound to another issuer rejects the write
+(YF007): tokens of different issuers are never comparable. A ``Lease`` passes its grant's issuer.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar, Token
 from types import TracebackType
@@ -18,9 +23,11 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from fencekit.errors import validate_token
 
-__all__ = ["current_token", "fencing"]
+__all__ = ["current_issuer", "current_token", "fencing"]
 
 _TOKEN: ContextVar[int | None] = ContextVar("fencekit.token", default=None)
+_ISSUER: ContextVar[str | None] = ContextVar("fencekit.issuer", default=None)
+_ISSUER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,30}")  # as FenceSpec.issuer
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -31,22 +38,34 @@ def current_token() -> int | None:
     return _TOKEN.get()
 
 
+def current_issuer() -> str | None:
+    """The issuer named by the innermost active :func:`fencing` scope (None: untagged)."""
+    return _ISSUER.get()
+
+
 class fencing:  # lower case: reads as a function, `with fencing(34):`
     """Scope in which ``token`` is the current fencing token.
 
     Usable as ``with``/``async with`` block and as a decorator on sync or async functions.
     Scopes nest: leaving one restores the outer token (or none). The token is validated here,
     before anything reaches the database (:class:`~fencekit.errors.InvalidTokenError`).
+    ``issuer`` names where the token came from (``"etcd"``, ``"zookeeper"``, ``"postgres"``);
+    an inner scope without one is untagged, whatever the outer scope said.
     """
 
-    __slots__ = ("_resets", "token")
+    __slots__ = ("_resets", "issuer", "token")
 
-    def __init__(self, token: int) -> None:
+    def __init__(self, token: int, issuer: str | None = None) -> None:
         self.token: int = validate_token(token)
-        self._resets: list[Token[int | None]] = []
+        if issuer is not None and (
+            not isinstance(issuer, str) or not _ISSUER_NAME.fullmatch(issuer)
+        ):
+            raise ValueError(f"issuer must be a short lower-case name like 'etcd', not {issuer!r}")
+        self.issuer: str | None = issuer
+        self._resets: list[tuple[Token[int | None], Token[str | None]]] = []
 
     def __enter__(self) -> int:
-        self._resets.append(_TOKEN.set(self.token))
+        self._resets.append((_TOKEN.set(self.token), _ISSUER.set(self.issuer)))
         return self.token
 
     def __exit__(
@@ -55,7 +74,9 @@ class fencing:  # lower case: reads as a function, `with fencing(34):`
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _TOKEN.reset(self._resets.pop())
+        token, issuer = self._resets.pop()
+        _ISSUER.reset(issuer)
+        _TOKEN.reset(token)
 
     async def __aenter__(self) -> int:
         return self.__enter__()
@@ -77,7 +98,7 @@ class fencing:  # lower case: reads as a function, `with fencing(34):`
     def __call__(self, func: Callable[P, R]) -> Callable[P, R]: ...
 
     def __call__(self, func: Callable[P, Any]) -> Callable[P, Any]:
-        token = self.token
+        token, issuer = self.token, self.issuer
         if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
             # The body of a generator runs after the call returns, outside any scope we set.
             raise TypeError(
@@ -89,17 +110,19 @@ class fencing:  # lower case: reads as a function, `with fencing(34):`
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
                 # A fresh scope per call: concurrent calls must not share reset tokens.
-                with fencing(token):
+                with fencing(token, issuer):
                     return await func(*args, **kwargs)
 
             return async_wrapper
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            with fencing(token):
+            with fencing(token, issuer):
                 return func(*args, **kwargs)
 
         return wrapper
 
     def __repr__(self) -> str:
-        return f"fencing({self.token})"
+        if self.issuer is None:
+            return f"fencing({self.token})"
+        return f"fencing({self.token}, issuer={self.issuer!r})"

@@ -4,6 +4,9 @@ The token always travels transaction-locally, ``set_config('fencekit.token', $1,
 bound parameter, so a pooled connection or a transaction-mode pgbouncer never hands it to the next
 client. It costs no extra round trip: the fenced cursors send ``set_config`` in one pipeline
 (psycopg's pipeline mode) with the statement it guards, flushed together and answered together.
+The same statement sets ``fencekit.issuer`` to the scope's issuer (``fencing(token, issuer=...)``,
+set by a ``Lease``), or to ``''`` for an untagged token: a resource bound to another issuer
+rejects the write (YF007).
 
 - :func:`transaction` / :func:`async_transaction`: a transaction block fenced with a token.
 - :func:`set_token` / :func:`async_set_token`: fence the transaction already open (one statement).
@@ -26,7 +29,7 @@ from psycopg.abc import Params, Query
 from psycopg.pq import TransactionStatus
 
 from fencekit import metrics
-from fencekit.context import current_token, fencing
+from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import TokenNotSetError, translate, validate_token
 
 __all__ = [
@@ -40,7 +43,8 @@ __all__ = [
     "uninstall",
 ]
 
-SET_TOKEN = "SELECT set_config('fencekit.token', %s, true)"
+SET_TOKEN = "SELECT set_config('fencekit.token', %s, true), set_config('fencekit.issuer', %s, true)"
+_CLEAR = ("", "")  # (token, issuer) sent to clear what an earlier statement set
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
 _STATE = "_fencekit_state"
@@ -62,7 +66,7 @@ class _State:
         # events) resets tx_value, so a token already set in this transaction is not resent.
         # Raw psycopg cannot see a BEGIN sent by conn.transaction(): it resends every time.
         self.tracked = False
-        self.tx_value: str | None = None
+        self.tx_value: tuple[str, str] | None = None
 
 
 def _state(conn: Any) -> _State:
@@ -85,8 +89,8 @@ def track_transactions(conn: Any) -> None:
     state.tracked = True
 
 
-def _wanted(conn: Any) -> tuple[bool, str]:
-    """(must send set_config before the next statement, value to send)."""
+def _wanted(conn: Any) -> tuple[bool, tuple[str, str]]:
+    """(must send set_config before the next statement, (token, issuer) to send)."""
     state = _state(conn)
     status = conn.pgconn.transaction_status
     if status == _IDLE:
@@ -94,12 +98,12 @@ def _wanted(conn: Any) -> tuple[bool, str]:
         state.tx_value = None
     elif status != _INTRANS:
         # Failed transaction (only ROLLBACK works) or broken connection: add nothing.
-        return False, ""
+        return False, _CLEAR
     token = current_token()
     if token is not None:
-        value = str(token)
+        value = (str(token), current_issuer() or "")
         return not (state.tracked and state.tx_value == value), value
-    return state.dirty, ""
+    return state.dirty, _CLEAR
 
 
 def _setter(conn: Any) -> Any:
@@ -127,10 +131,10 @@ def _q(query: Query) -> Any:
     return query
 
 
-def _after(conn: Any, value: str) -> None:
+def _after(conn: Any, value: tuple[str, str]) -> None:
     state = _state(conn)
     open_tx = conn.pgconn.transaction_status != _IDLE
-    state.dirty = bool(value) and open_tx
+    state.dirty = bool(value[0]) and open_tx
     state.tx_value = value if open_tx else None
 
 
@@ -150,8 +154,8 @@ class FencedCursor(psycopg.Cursor[Any]):
 
     translate_errors = True
 
-    def _fence_now(self, value: str) -> None:
-        _setter(self.connection).execute(SET_TOKEN, (value,))
+    def _fence_now(self, value: tuple[str, str]) -> None:
+        _setter(self.connection).execute(SET_TOKEN, value)
 
     def execute(
         self,
@@ -169,7 +173,7 @@ class FencedCursor(psycopg.Cursor[Any]):
                 return self
             if _piggybacks(query, params):
                 with conn.pipeline():
-                    _setter(conn).execute(SET_TOKEN, (value,))
+                    _setter(conn).execute(SET_TOKEN, value)
                     super().execute(_q(query), params, prepare=prepare, binary=binary)
             else:
                 self._fence_now(value)
@@ -191,7 +195,7 @@ class FencedCursor(psycopg.Cursor[Any]):
                 super().executemany(query, params_seq, returning=returning)
                 return
             with conn.pipeline():  # executemany rides the same pipeline
-                _setter(conn).execute(SET_TOKEN, (value,))
+                _setter(conn).execute(SET_TOKEN, value)
                 super().executemany(query, params_seq, returning=returning)
             _after(conn, value)
         except psycopg.Error as exc:
@@ -221,10 +225,10 @@ class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
                 return self
             if _piggybacks(query, params):
                 async with conn.pipeline():
-                    await _setter(conn).execute(SET_TOKEN, (value,))
+                    await _setter(conn).execute(SET_TOKEN, value)
                     await super().execute(_q(query), params, prepare=prepare, binary=binary)
             else:
-                await _setter(conn).execute(SET_TOKEN, (value,))
+                await _setter(conn).execute(SET_TOKEN, value)
                 await super().execute(_q(query), params, prepare=prepare, binary=binary)
             _after(conn, value)
             return self
@@ -243,7 +247,7 @@ class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
                 await super().executemany(query, params_seq, returning=returning)
                 return
             async with conn.pipeline():
-                await _setter(conn).execute(SET_TOKEN, (value,))
+                await _setter(conn).execute(SET_TOKEN, value)
                 await super().executemany(query, params_seq, returning=returning)
             _after(conn, value)
         except psycopg.Error as exc:
@@ -299,12 +303,19 @@ def uninstall(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> N
 # ---------------------------------------------------------------- explicit API
 
 
-def _resolve(token: int | None) -> int:
+def _resolve(token: int | None, issuer: str | None = None) -> tuple[int, str | None]:
+    """(token, issuer): the given ones, or the current scope's when ``token`` is None."""
     if token is None:
         token = current_token()
         if token is None:
             raise TokenNotSetError()
-    return validate_token(token)
+        issuer = issuer or current_issuer()
+    return validate_token(token), issuer
+
+
+def _outer() -> tuple[str, str]:
+    outer = current_token()
+    return (str(outer), current_issuer() or "") if outer else _CLEAR
 
 
 @contextmanager
@@ -327,6 +338,7 @@ def transaction(
     conn: psycopg.Connection[Any],
     token: int | None = None,
     *,
+    issuer: str | None = None,
     savepoint_name: str | None = None,
     force_rollback: bool = False,
 ) -> Iterator[psycopg.Transaction]:
@@ -336,12 +348,13 @@ def transaction(
     Statements must run on cursors made inside the block (or ``conn.execute``). The token rides
     the block's first statement: no extra round trip. Nested inside an open transaction (a
     savepoint), the outer transaction's token is restored on exit (one statement).
+    ``issuer`` tags the token with its issuer (default: the scope's, when ``token`` is None).
     """
-    value = _resolve(token)
+    value, issuer = _resolve(token, issuer)
     nested = conn.pgconn.transaction_status != _IDLE
     try:
         with (
-            fencing(value),
+            fencing(value, issuer),
             _fenced_factory(conn),
             conn.transaction(savepoint_name, force_rollback) as tx,
         ):
@@ -351,9 +364,9 @@ def transaction(
     finally:
         state = _state(conn)
         if nested and state.dirty and not state.installed and _in_transaction(conn):
-            outer = current_token()
-            psycopg.Cursor(conn).execute(SET_TOKEN, (str(outer) if outer else "",))
-            state.dirty = outer is not None
+            outer = _outer()
+            psycopg.Cursor(conn).execute(SET_TOKEN, outer)
+            state.dirty = bool(outer[0])
             state.tx_value = None
 
 
@@ -362,14 +375,15 @@ async def async_transaction(
     conn: psycopg.AsyncConnection[Any],
     token: int | None = None,
     *,
+    issuer: str | None = None,
     savepoint_name: str | None = None,
     force_rollback: bool = False,
 ) -> AsyncIterator[psycopg.AsyncTransaction]:
     """Async twin of :func:`transaction`."""
-    value = _resolve(token)
+    value, issuer = _resolve(token, issuer)
     nested = conn.pgconn.transaction_status != _IDLE
     try:
-        with fencing(value), _fenced_factory(conn):
+        with fencing(value, issuer), _fenced_factory(conn):
             async with conn.transaction(savepoint_name, force_rollback) as tx:
                 yield tx
     except psycopg.Error as exc:
@@ -377,9 +391,9 @@ async def async_transaction(
     finally:
         state = _state(conn)
         if nested and state.dirty and not state.installed and _in_transaction(conn):
-            outer = current_token()
-            await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (str(outer) if outer else "",))
-            state.dirty = outer is not None
+            outer = _outer()
+            await psycopg.AsyncCursor(conn).execute(SET_TOKEN, outer)
+            state.dirty = bool(outer[0])
             state.tx_value = None
 
 
@@ -401,21 +415,27 @@ def _check_open(conn: Any) -> None:
         )
 
 
-def set_token(conn: psycopg.Connection[Any], token: int | None = None) -> None:
+def set_token(
+    conn: psycopg.Connection[Any], token: int | None = None, *, issuer: str | None = None
+) -> None:
     """Fence the transaction open on ``conn`` (or the one psycopg opens implicitly).
 
     One statement, so one round trip (two if it also opens the transaction); prefer
     :func:`transaction` or :func:`install`, which ride the next statement instead.
     """
-    value = str(_resolve(token))
+    value, issuer = _resolve(token, issuer)
     _check_open(conn)
-    psycopg.Cursor(conn).execute(SET_TOKEN, (value,))
+    params = (str(value), fencing(value, issuer).issuer or "")  # fencing() checks the name
+    psycopg.Cursor(conn).execute(SET_TOKEN, params)
     _explicit(conn)
 
 
-async def async_set_token(conn: psycopg.AsyncConnection[Any], token: int | None = None) -> None:
+async def async_set_token(
+    conn: psycopg.AsyncConnection[Any], token: int | None = None, *, issuer: str | None = None
+) -> None:
     """Async twin of :func:`set_token`."""
-    value = str(_resolve(token))
+    value, issuer = _resolve(token, issuer)
     _check_open(conn)
-    await psycopg.AsyncCursor(conn).execute(SET_TOKEN, (value,))
+    params = (str(value), fencing(value, issuer).issuer or "")  # fencing() checks the name
+    await psycopg.AsyncCursor(conn).execute(SET_TOKEN, params)
     _explicit(conn)
