@@ -52,7 +52,9 @@ BEGIN
   IF pg_catalog.pg_has_role(current_user, 'fencekit_admin', 'MEMBER') THEN
     RETURN true;
   END IF;
-  PERFORM fencekit.reject('bypass_refused', tag, relid, trigger_name, NULL, NULL, NULL, NULL, NULL, NULL);
+  -- The role goes along: inside fencekit.reject (SECURITY DEFINER) current_user is its owner.
+  PERFORM fencekit.reject('bypass_refused', tag, relid, trigger_name, NULL, NULL, NULL, NULL, NULL,
+                          current_user::text);
   RETURN false;
 END
 $fn$;

@@ -119,7 +119,8 @@ BEGIN
     hint := 'A token is a positive integer within bigint, written in plain decimal (e.g. ''34'').';
   WHEN 'bypass_refused' THEN
     code := 'YF005';
-    msg := pg_catalog.format('fencekit: role %I may not bypass fencing on %s', current_user, what);
+    msg := pg_catalog.format('fencekit: role %I may not bypass fencing on %s',
+                             COALESCE(extra, current_user::text), what);
     hint := 'Only members of fencekit_admin may set fencekit.bypass; a DBA grants it: GRANT fencekit_admin TO <role>;';
   WHEN 'lease_mismatch' THEN
     code := 'YF006';
