@@ -135,7 +135,8 @@ BEGIN
   ELSE
     code := 'YF000';
     msg := pg_catalog.format('fencekit: %s (on %s)', COALESCE(extra, reason), what);
-    hint := NULL;
+    -- Every rejection says what to do (contracts.md), usage errors too.
+    hint := 'Not a stale write: a fencekit setting or the protected table is used wrongly; fix what the message names and retry.';
   END CASE;
   RAISE EXCEPTION USING
     ERRCODE = code,
