@@ -42,13 +42,18 @@ def unprotect(conn: Conn, spec: FenceSpec) -> None:
     run_script(conn, sqlgen.render_unprotect(spec))
 
 
-def begin(conn: Conn, token: Token, *, bypass: bool = False) -> None:
-    """Start a transaction and set the token (and bypass) transaction-locally."""
+def begin(
+    conn: Conn, token: Token, *, bypass: bool = False, settings: dict[str, str] | None = None
+) -> None:
+    """Start a transaction and set the token, bypass and any other setting, all
+    transaction-locally."""
     conn.rollback()
     if token is not None:
         conn.execute("SELECT set_config('fencekit.token', %s, true)", (str(token),))
     if bypass:
         conn.execute("SELECT set_config('fencekit.bypass', 'on', true)")
+    for name, value in (settings or {}).items():
+        conn.execute("SELECT set_config(%s, %s, true)", (name, value))
 
 
 def write(
