@@ -120,7 +120,9 @@ BEGIN
   IF pg_catalog.pg_has_role(current_user, 'fencekit_admin', 'MEMBER') THEN
     RETURN true;
   END IF;
-  PERFORM fencekit.reject('bypass_refused', tag, relid, trigger_name, NULL, NULL, NULL, NULL, NULL, NULL);
+  -- The role goes along: inside fencekit.reject (SECURITY DEFINER) current_user is its owner.
+  PERFORM fencekit.reject('bypass_refused', tag, relid, trigger_name, NULL, NULL, NULL, NULL, NULL,
+                          current_user::text);
   RETURN false;
 END
 $fn$;
@@ -247,7 +249,8 @@ BEGIN
     hint := 'A token is a positive integer within bigint, written in plain decimal (e.g. ''34'').';
   WHEN 'bypass_refused' THEN
     code := 'YF005';
-    msg := pg_catalog.format('fencekit: role %I may not bypass fencing on %s', current_user, what);
+    msg := pg_catalog.format('fencekit: role %I may not bypass fencing on %s',
+                             COALESCE(extra, current_user::text), what);
     hint := 'Only members of fencekit_admin may set fencekit.bypass; a DBA grants it: GRANT fencekit_admin TO <role>;';
   WHEN 'lease_mismatch' THEN
     code := 'YF006';
@@ -262,7 +265,8 @@ BEGIN
   ELSE
     code := 'YF000';
     msg := pg_catalog.format('fencekit: %s (on %s)', COALESCE(extra, reason), what);
-    hint := NULL;
+    -- Every rejection says what to do (contracts.md), usage errors too.
+    hint := 'Not a stale write: a fencekit setting or the protected table is used wrongly; fix what the message names and retry.';
   END CASE;
   RAISE EXCEPTION USING
     ERRCODE = code,
