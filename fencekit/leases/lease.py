@@ -124,7 +124,10 @@ class _LeaseBase:
         if self.fence:
             from fencekit.context import fencing
 
-            self._scope = fencing(self.token)
+            # The issuer travels with the token (fencekit.issuer): a resource bound to
+            # another issuer rejects it, since tokens of different issuers never compare.
+            grant = self.grant
+            self._scope = fencing(grant.token, issuer=grant.issuer)
             self._scope.__enter__()
 
     def _exit_scope(self, exc: tuple[Any, Any, Any]) -> None:
@@ -147,7 +150,7 @@ class Lease(_LeaseBase):
 
     ``wait``: how long ``acquire()`` waits for a busy resource (None: forever; 0: one try).
     ``on_lost(grant, reason)`` runs once, in the renewal thread, when the lease is lost.
-    ``fence``: on ``with``, put the token in ``fencekit.context`` so writes inside carry it.
+    ``fence``: on ``with``, put the token and its issuer in ``fencekit.context``: writes carry both.
     """
 
     def __init__(
