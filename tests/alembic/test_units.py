@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -189,7 +190,9 @@ def test_cli_init_writes_a_wired_project(tmp_path: Path, monkeypatch: pytest.Mon
     assert "autogenerate_plugins" in env
     assert "template_version" not in (tmp_path / "migrations" / "script.py.mako").read_text()
     assert "target_metadata = app.models:md" in (tmp_path / "alembic.ini").read_text()
-    assert "script_location = %(here)s/migrations" in (tmp_path / "alembic.ini").read_text()
+    assert re.search(
+        r"^script_location = \S*migrations$", (tmp_path / "alembic.ini").read_text(), re.M
+    )
     again = parser.parse_args(["alembic", "init", "migrations"])
     assert again.func(again) == 1  # not empty: alembic refuses, we say so
 
@@ -212,11 +215,19 @@ def test_entry_point_targets_the_light_module() -> None:
     ],
 )
 def test_plugin_registers_in_any_import_order(code: str) -> None:
-    check = (
-        "; from alembic.runtime.plugins import _all_plugins"
-        "; from alembic.operations import Operations"
-        "; assert 'fencekit' in _all_plugins"
-        "; assert all(hasattr(Operations, n) for n in "
-        "('create_fence', 'alter_fence', 'drop_fence', 'install_fencekit'))"
+    check = """
+from alembic.operations import Operations
+assert all(hasattr(Operations, n) for n in
+           ("create_fence", "alter_fence", "drop_fence", "install_fencekit"))
+try:
+    from alembic.runtime.plugins import _all_plugins
+except ImportError:  # alembic < 1.18: the import registered a global comparator
+    from alembic.autogenerate.compare import comparators
+    registered = comparators._registry[("schema", "default")]
+    assert any("_alembic_entry" in f.__module__ for f in registered)
+else:
+    assert "fencekit" in _all_plugins
+"""
+    subprocess.run(
+        [sys.executable, "-W", "error", "-c", f"{code}\n{check}"], check=True, timeout=60
     )
-    subprocess.run([sys.executable, "-W", "error", "-c", code + check], check=True, timeout=60)
