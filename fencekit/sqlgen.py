@@ -494,13 +494,67 @@ def _create_trigger_sql(trigger: Trigger, on: str) -> str:
     return "\n      ".join(parts)
 
 
+def _trigger_stamp(trigger: Trigger, template_version: int) -> str:
+    digest = hashlib.sha256(_create_trigger_sql(trigger, "").encode()).hexdigest()
+    return _stamp("trigger", template_version, f" sha256={digest}")
+
+
+def _partition_trigger_sql(trigger: Trigger, template_version: int) -> str:
+    stamp = quote_literal(_trigger_stamp(trigger, template_version))
+    name = quote_literal(trigger.name)
+    return (
+        "    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE tgrelid = part\n"
+        f"               AND tgname = {name}\n"
+        "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
+        f"                   {stamp}) THEN\n"
+        f"      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', {name}, part);\n"
+        "    END IF;\n"
+        "    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger\n"
+        f"                   WHERE tgrelid = part AND tgname = {name}) THEN\n"
+        "      EXECUTE pg_catalog.format("
+        f"{quote_literal(_create_trigger_sql(trigger, '%s'))}, part);\n"
+        "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', "
+        f"{name}, part, {stamp});\n"
+        "    END IF;\n"
+    )
+
+
+def _same_structure_guard(spec: FenceSpec) -> str:
+    """Refuse to re-protect a table with another scope, key, resource or fence column.
+
+    Policies (on_missing, on_equal, lease_bound, issuer) may change by re-running protect; a
+    structural change would strand fences and columns, so it takes unprotect first.
+    """
+    d = spec.to_dict()
+    structure = ("scope", "key", "resource", "column")
+    current = ", ".join(f"p.spec -> {quote_literal(k)}" for k in structure)
+    wanted = ", ".join(f"{quote_literal(json.dumps(d[k]))}::pg_catalog.jsonb" for k in structure)
+    t = spec.table
+    message = (
+        f"fencekit: {t.sql} is already protected with another scope, key, resource or fence column"
+    )
+    return (
+        "DO $do$\nBEGIN\n"
+        "  IF EXISTS (SELECT FROM fencekit.protected p\n"
+        f"             WHERE p.schema_name = {quote_literal(t.schema)}"
+        f" AND p.table_name = {quote_literal(t.name)}\n"
+        f"               AND ({current})\n"
+        f"                   IS DISTINCT FROM ({wanted})) THEN\n"
+        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
+        f"      MESSAGE = {quote_literal(message)},\n"
+        "      HINT = 'Unprotect it first (fencekit unprotect, or an alembic alter_fence), then "
+        "protect it again; policies alone can change by re-running protect.';\n"
+        "  END IF;\nEND\n$do$"
+    )
+
+
 def protect_statements(spec: FenceSpec, template_version: int | None = None) -> list[str]:
     """Statements that protect a table, without transaction control; idempotent."""
     objs = table_objects(spec, template_version)
     t = spec.table
     tv = objs.template_version
     regclass = f"{quote_literal(t.sql)}::pg_catalog.regclass"
-    out: list[str] = []
+    out: list[str] = [_same_structure_guard(spec)]
     if spec.scope is Scope.ROW:
         col = quote_ident(spec.column)
         # Nullable, no default: a catalog-only change, the table is not rewritten.
@@ -529,15 +583,20 @@ def protect_statements(spec: FenceSpec, template_version: int | None = None) -> 
             + quote_literal(_stamp("function", tv, f" sha256={f.body_hash}"))
         )
     # Guarded creation keeps a re-run a no-op (CREATE OR REPLACE TRIGGER needs PostgreSQL 14).
+    # A trigger whose stamp differs (other policies, another template version) is replaced.
     creates = []
     for tr in objs.triggers:
+        stamp = quote_literal(_trigger_stamp(tr, tv))
+        where = f"tgrelid = {regclass} AND tgname = {quote_literal(tr.name)}"
         creates.append(
-            "  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger\n"
-            f"                 WHERE tgrelid = {regclass}\n"
-            f"                   AND tgname = {quote_literal(tr.name)}) THEN\n"
+            f"  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE {where}\n"
+            "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
+            f"                 {stamp}) THEN\n"
+            f"    DROP TRIGGER {quote_ident(tr.name)} ON {t.sql};\n"
+            "  END IF;\n"
+            f"  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE {where}) THEN\n"
             f"    {_create_trigger_sql(tr, t.sql)};\n"
-            f"    COMMENT ON TRIGGER {quote_ident(tr.name)} ON {t.sql} IS "
-            f"{quote_literal(_stamp('trigger', tv))};\n"
+            f"    COMMENT ON TRIGGER {quote_ident(tr.name)} ON {t.sql} IS {stamp};\n"
             "  END IF;\n"
         )
     out.append("DO $do$\nBEGIN\n" + "".join(creates) + "END\n$do$")
@@ -545,14 +604,7 @@ def protect_statements(spec: FenceSpec, template_version: int | None = None) -> 
     if part_triggers:
         # Statement triggers on a partitioned table do not fire for statements that name a
         # partition, so each existing partition gets its own (none for a plain table).
-        loops = "".join(
-            "    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger\n"
-            f"                   WHERE tgrelid = part AND tgname = {quote_literal(tr.name)}) THEN\n"
-            "      EXECUTE pg_catalog.format("
-            f"{quote_literal(_create_trigger_sql(tr, '%s'))}, part);\n"
-            "    END IF;\n"
-            for tr in part_triggers
-        )
+        loops = "".join(_partition_trigger_sql(tr, tv) for tr in part_triggers)
         out.append(
             "DO $do$\nDECLARE\n  part pg_catalog.regclass;\nBEGIN\n"
             "  FOR part IN SELECT relid FROM pg_catalog.pg_partition_tree("
