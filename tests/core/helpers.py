@@ -27,6 +27,9 @@ def run_script(conn: Conn, script: str) -> None:
     conn.autocommit = True
     try:
         conn.execute(script)  # no parameters: psycopg sends it as is, % included
+    except psycopg.Error:
+        conn.rollback()  # the script's own BEGIN left a failed transaction block open
+        raise
     finally:
         conn.autocommit = was
 
