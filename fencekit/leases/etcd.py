@@ -58,6 +58,7 @@ from fencekit.leases._external import (
     check_resource,
     log,
 )
+from fencekit.leases._threaded import ThreadedAsyncIssuer
 
 try:
     import etcd3gw
@@ -68,7 +69,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the etcd issuer needs the 'etcd' extra: pip install 'pg-fencekit[etcd]'"
     ) from exc
 
-__all__ = ["DEFAULT_PREFIX", "EtcdHandle", "EtcdIssuer"]
+__all__ = ["DEFAULT_PREFIX", "AsyncEtcdIssuer", "EtcdHandle", "EtcdIssuer"]
 
 DEFAULT_PREFIX = "fencekit/locks/"
 
@@ -542,3 +543,14 @@ class EtcdIssuer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncEtcdIssuer(ThreadedAsyncIssuer[EtcdIssuer]):
+    """The asyncio form of :class:`EtcdIssuer` (same arguments), for ``AsyncLease``.
+
+    A thin wrapper: each call runs the sync issuer in a worker thread (``asyncio.to_thread``),
+    so the grant, token and loss semantics are exactly :class:`EtcdIssuer`'s.
+    """
+
+    def __init__(self, endpoints: Sequence[str] | str = "127.0.0.1:2379", **kwargs: Any) -> None:
+        super().__init__(lambda: EtcdIssuer(endpoints, **kwargs), EtcdIssuer.name)

@@ -61,6 +61,7 @@ from fencekit.leases._external import (
     check_resource,
     log,
 )
+from fencekit.leases._threaded import ThreadedAsyncIssuer
 
 try:
     from kazoo.client import KazooClient
@@ -73,7 +74,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ZooKeeper issuer needs the 'zookeeper' extra: pip install 'pg-fencekit[zookeeper]'"
     ) from exc
 
-__all__ = ["DEFAULT_PREFIX", "ZooKeeperHandle", "ZooKeeperIssuer"]
+__all__ = ["DEFAULT_PREFIX", "AsyncZooKeeperIssuer", "ZooKeeperHandle", "ZooKeeperIssuer"]
 
 DEFAULT_PREFIX = "/fencekit/locks"
 
@@ -445,3 +446,15 @@ class ZooKeeperIssuer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncZooKeeperIssuer(ThreadedAsyncIssuer[ZooKeeperIssuer]):
+    """The asyncio form of :class:`ZooKeeperIssuer` (same arguments), for ``AsyncLease``.
+
+    A thin wrapper: the session is opened in a worker thread by the first call (or by
+    ``await issuer.connect()``), and every call runs the sync issuer there
+    (``asyncio.to_thread``); kazoo keeps the session alive in its own thread as usual.
+    """
+
+    def __init__(self, hosts: str = "127.0.0.1:2181", **kwargs: Any) -> None:
+        super().__init__(lambda: ZooKeeperIssuer(hosts, **kwargs), ZooKeeperIssuer.name)
