@@ -16,7 +16,7 @@ target_metadata =
 # The fencekit schema itself is always skipped.
 include_schemas = false
 
-# How long a migration waits for a table lock before failing (SET LOCAL lock_timeout), so that
+# How long a migration waits for a table lock before failing (SET lock_timeout), so that
 # fencing a busy table never queues the application's traffic behind it. Empty: wait forever.
 lock_timeout = 5s
 

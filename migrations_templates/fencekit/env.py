@@ -7,7 +7,7 @@ What fencekit adds to alembic's generic env.py:
 - ``autogenerate_plugins``: alembic's own comparators plus fencekit's (alembic >= 1.18);
 - ``include_name`` / ``include_object``: autogenerate never proposes dropping the ``fencekit``
   schema, the fence columns, or fencekit's indexes;
-- ``lock_timeout`` (alembic.ini): each migration transaction waits at most that long for a lock.
+- ``lock_timeout`` (alembic.ini): a migration waits at most that long for each lock.
 """
 
 import importlib
@@ -55,18 +55,20 @@ common: dict[str, Any] = {
 }
 
 
-def _set_lock_timeout() -> None:
+def _lock_timeout_sql() -> str | None:
     """Fail fast instead of queueing behind long transactions (and blocking the traffic queued
-    behind us) when a fence's ALTER TABLE / CREATE TRIGGER waits for its lock. Retry later."""
-    if lock_timeout:
-        context.execute(f"SET LOCAL lock_timeout = {quote_literal(lock_timeout)}")
+    behind us) when a fence's ALTER TABLE / CREATE TRIGGER waits for its lock; retry later.
+    Session-wide, not SET LOCAL: the session is the migration's own, and the setting must hold
+    with transaction_per_migration=True as well."""
+    return f"SET lock_timeout = {quote_literal(lock_timeout)}" if lock_timeout else None
 
 
 def run_migrations_offline() -> None:
     """``alembic upgrade --sql``: print the SQL (fence DDL included) for review and psql."""
     context.configure(url=url, literal_binds=True, dialect_opts={"paramstyle": "named"}, **common)
     with context.begin_transaction():
-        _set_lock_timeout()
+        if set_lock_timeout := _lock_timeout_sql():
+            context.execute(set_lock_timeout)
         context.run_migrations()
 
 
@@ -75,9 +77,11 @@ def run_migrations_online() -> None:
         {"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool
     )
     with connectable.connect() as connection:
+        if set_lock_timeout := _lock_timeout_sql():
+            connection.exec_driver_sql(set_lock_timeout)
+            connection.commit()
         context.configure(connection=connection, **common)
         with context.begin_transaction():
-            _set_lock_timeout()
             context.run_migrations()
 
 

@@ -43,6 +43,7 @@ def test_offline_sql_parses_and_matches_online(raw_project: Project, spare_dsn: 
     statements = pglast.parse_sql(script)
     assert len(statements) > 10
     assert "CREATE TRIGGER" in script
+    assert "SET lock_timeout = '5s';" in script
     assert script.count("CREATE OR REPLACE FUNCTION fencekit.") >= 2
     path = project.root / "upgrade.sql"
     path.write_text(script)
