@@ -1,0 +1,155 @@
+"""Adversarial fixtures: protected tables with known fences, and two hostile roles.
+
+- ``dml``: an application role with only SELECT/INSERT/UPDATE/DELETE on public's tables.
+- ``schema_owner``: the same rights, plus it owns a schema of its own (``evil``) where it may
+  create tables, functions and operators, and put that schema first on its search_path.
+
+Every attack is checked twice: it fails with the expected SQLSTATE, and a snapshot of
+everything that matters (protected rows and their fences, fencekit's tables, triggers and their
+enabled state, fencekit's functions and their settings, role memberships) is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+import pytest
+
+from fencekit.spec import FenceSpec, Scope, TableName
+from fencekit.sqlgen import protect_statements
+
+Conn = psycopg.Connection[Any]
+
+DML = "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public"
+FENCE = 10  # every protected table starts with this fence
+STALE = 5
+
+# Row fence, key fence, table fence: every scope gets the same attacks.
+VICTIMS = {
+    "acct": FenceSpec(TableName("public", "acct")),
+    "items": FenceSpec(TableName("public", "items"), scope=Scope.KEY, key=("account_id",)),
+    "ledger": FenceSpec(TableName("public", "ledger"), scope=Scope.TABLE),
+}
+# A write per table that touches existing rows (int columns only: the hijack tests define
+# hostile operators on bigint and text, and these statements must not use them themselves).
+WRITES = {
+    "acct": "UPDATE acct SET balance = balance + 1 WHERE id = 1",
+    "items": "UPDATE items SET qty = qty + 1 WHERE id = 1",
+    "ledger": "UPDATE ledger SET amount = amount + 1 WHERE id = 1",
+}
+
+SNAPSHOT = {
+    "acct": "SELECT * FROM public.acct ORDER BY id",
+    "items": "SELECT * FROM public.items ORDER BY id",
+    "ledger": "SELECT * FROM public.ledger ORDER BY id",
+    "fences": "SELECT resource, key, fence FROM fencekit.fences ORDER BY 1, 2",
+    "leases": "SELECT resource, holder, token FROM fencekit.leases ORDER BY 1",
+    "protected": "SELECT schema_name, table_name, tag, spec::text FROM fencekit.protected "
+    "ORDER BY 1, 2",
+    "resources": "SELECT * FROM fencekit.resources ORDER BY 1",
+    "meta": "SELECT * FROM fencekit.meta ORDER BY 1",
+    "triggers": "SELECT tgrelid::regclass::text, tgname, tgenabled FROM pg_trigger "
+    "WHERE NOT tgisinternal ORDER BY 1, 2",
+    "functions": "SELECT proname, md5(prosrc), proconfig, prosecdef, proowner::regrole::text "
+    "FROM pg_proc WHERE pronamespace = 'fencekit'::regnamespace ORDER BY 1, 2",
+    "relations": "SELECT relname, relkind, relowner::regrole::text, relacl::text FROM pg_class "
+    "WHERE relnamespace = 'fencekit'::regnamespace ORDER BY 1",
+    "columns": "SELECT attrelid::regclass::text, attname, atttypid FROM pg_attribute "
+    "WHERE attrelid IN ('public.acct'::regclass, 'public.items'::regclass, "
+    "'public.ledger'::regclass) AND attnum > 0 AND NOT attisdropped ORDER BY 1, 2",
+    "admins": "SELECT member::regrole::text FROM pg_auth_members "
+    "WHERE roleid = 'fencekit_admin'::regrole ORDER BY 1",
+    "superusers": "SELECT rolname FROM pg_roles WHERE rolsuper ORDER BY 1",
+    "rules": "SELECT tablename, rulename FROM pg_rules WHERE schemaname = 'public' ORDER BY 1",
+    "policies": "SELECT tablename, policyname FROM pg_policies ORDER BY 1",
+    "role_settings": "SELECT setrole::regrole::text, setconfig FROM pg_db_role_setting ORDER BY 1",
+}
+
+
+def snapshot(conn: Conn) -> dict[str, list[tuple[Any, ...]]]:
+    conn.rollback()
+    out = {name: conn.execute(q).fetchall() for name, q in SNAPSHOT.items()}
+    conn.rollback()
+    return out
+
+
+def write_as(conn: Conn, token: int | None, stmt: str, *, bypass: bool = False) -> None:
+    conn.rollback()
+    if token is not None:
+        conn.execute("SELECT set_config('fencekit.token', %s, true)", (str(token),))
+    if bypass:
+        conn.execute("SELECT set_config('fencekit.bypass', 'on', true)")
+    conn.execute(stmt)
+    conn.commit()
+
+
+def attempt(
+    conn: Conn,
+    sqlstate: str | Sequence[str],
+    stmt: str,
+    *,
+    token: int | None = None,
+    bypass: bool = False,
+) -> psycopg.Error:
+    """Run ``stmt`` (under ``token``/bypass) in a transaction: it must fail with ``sqlstate``."""
+    wanted = (sqlstate,) if isinstance(sqlstate, str) else tuple(sqlstate)
+    conn.rollback()
+    if token is not None:
+        conn.execute("SELECT set_config('fencekit.token', %s, true)", (str(token),))
+    if bypass:
+        conn.execute("SELECT set_config('fencekit.bypass', 'on', true)")
+    with pytest.raises(psycopg.Error) as info:  # noqa: PT012  # the failure may come at COMMIT
+        conn.execute(stmt)
+        conn.commit()
+    conn.rollback()
+    err = info.value
+    assert err.sqlstate in wanted, f"{stmt!r}: expected {wanted}, got {err.sqlstate}: {err}"
+    return err
+
+
+@pytest.fixture
+def victim(db: Conn) -> Conn:
+    """Three protected tables (row, key, table fence), each written under token 10."""
+    db.execute(
+        "CREATE TABLE acct (id int PRIMARY KEY, balance int NOT NULL);"
+        "CREATE TABLE items (id int PRIMARY KEY, account_id int NOT NULL, qty int NOT NULL);"
+        "CREATE TABLE ledger (id int PRIMARY KEY, amount int NOT NULL);"
+    )
+    for spec in VICTIMS.values():
+        for stmt in protect_statements(spec):
+            db.execute(stmt.encode())
+    db.commit()
+    db.execute("SELECT set_config('fencekit.token', %s, true)", (str(FENCE),))
+    db.execute("INSERT INTO acct VALUES (1, 100), (2, 200)")
+    db.execute("INSERT INTO items VALUES (1, 1, 5), (2, 2, 7)")
+    db.execute("INSERT INTO ledger VALUES (1, 50)")
+    db.execute("SELECT fencekit.acquire('billing:1', 'legit-holder', '1 hour')")
+    db.commit()
+    return db
+
+
+@pytest.fixture(params=["dml", "schema_owner"])
+def attacker(request: pytest.FixtureRequest, victim: Conn, make_role: Any) -> Iterator[Conn]:
+    """A connection as a hostile role (autocommit off); see the module docstring."""
+    name = f"sec_{request.param}"
+    dsn = make_role(name, DML)
+    if request.param == "schema_owner":
+        victim.execute(f"CREATE SCHEMA evil AUTHORIZATION {name}")
+        victim.commit()
+    with psycopg.connect(dsn) as conn:
+        yield conn
+
+
+@pytest.fixture
+def unchanged(victim: Conn) -> Callable[[], None]:
+    """Call it at the end of an attack: everything that matters is as it was before."""
+    before = snapshot(victim)
+
+    def check() -> None:
+        after = snapshot(victim)
+        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        assert not changed, f"the attack changed: {changed}"
+
+    return check
