@@ -4,6 +4,7 @@ hold them briefly, then release, renew or abandon them; record every token recei
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 
@@ -12,15 +13,18 @@ from fencekit.leases import IssuerUnavailable, PostgresIssuer
 TTL = 0.15
 
 
-def worker(dsn: str, resources: list[str], seconds: float, seed: int, out: str) -> None:
+def worker(dsn: str, resources: list[str], seconds: float, seed: int, out: str, stop: str) -> None:
+    """Contend until the file ``stop`` exists, or ``seconds`` (a bound) have passed."""
     rng = random.Random(seed)
     records: list[list[object]] = []
     unavailable = 0
     issuer = PostgresIssuer(dsn, timeout=2)
     deadline = time.monotonic() + seconds
     attempt = 0
-    while time.monotonic() < deadline and attempt < 20_000:
+    while time.monotonic() < deadline and attempt < 50_000:
         attempt += 1
+        if attempt % 20 == 0 and os.path.exists(stop):
+            break
         resource = rng.choice(resources)
         holder = f"w{seed}-{attempt}"  # one holder per grant: overlaps are never "the same"
         try:
