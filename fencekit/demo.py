@@ -98,10 +98,18 @@ def _emit(who: str, event: str, **data: Any) -> None:
     print(json.dumps({"who": who, "event": event, **data}, default=str), flush=True)
 
 
-def _worker(name: str, dsn: str, ttl: float, compute: float) -> int:
+def _worker(
+    name: str,
+    dsn: str,
+    ttl: float,
+    compute: float,
+    issuer_kind: str = "postgres",
+    endpoints: str | None = None,
+) -> int:
     from fencekit.context import current_token
     from fencekit.errors import FenceError
-    from fencekit.leases import Lease, PostgresIssuer
+    from fencekit.leases import Lease
+    from fencekit.leases.demo_support import make_issuer
     from fencekit.psycopg import transaction as fenced_transaction
 
     def on_lost(_grant: Any, reason: str) -> None:
@@ -109,7 +117,7 @@ def _worker(name: str, dsn: str, ttl: float, compute: float) -> int:
 
     holder = f"worker-{name}:pid{os.getpid()}"
     with (
-        PostgresIssuer(dsn) as issuer,
+        contextlib.closing(make_issuer(issuer_kind, dsn, endpoints, ttl)) as issuer,
         Lease(issuer, LEASE, ttl=ttl, wait=3 * ttl + 10, holder=holder, on_lost=on_lost) as lease,
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
@@ -153,10 +161,20 @@ def _worker(name: str, dsn: str, ttl: float, compute: float) -> int:
 class _Worker:
     """A worker process and a thread turning its JSON lines into queued events."""
 
-    def __init__(self, name: str, dsn: str, ttl: float, compute: float, events: queue.Queue[Any]):
+    def __init__(
+        self,
+        name: str,
+        dsn: str,
+        ttl: float,
+        compute: float,
+        events: queue.Queue[Any],
+        issuer: str = "postgres",
+        endpoints: str | None = None,
+    ):
         self.name = name
         cmd = [sys.executable, "-m", "fencekit.demo", "--worker", name, "--dsn", dsn]
-        cmd += ["--ttl", str(ttl), "--compute", str(compute)]
+        cmd += ["--ttl", str(ttl), "--compute", str(compute), "--issuer", issuer]
+        cmd += ["--issuer-endpoints", endpoints] if endpoints else []
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
@@ -184,8 +202,12 @@ class _Worker:
 
 
 class _Story:
-    def __init__(self, out: TextIO, fenced: bool) -> None:
+    def __init__(
+        self, out: TextIO, fenced: bool, issuer: str = "postgres", endpoints: str | None = None
+    ) -> None:
         self.out = out
+        self.issuer = issuer
+        self.endpoints = endpoints
         self.t0 = time.monotonic()
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.result = DemoResult(fenced=fenced)
@@ -259,7 +281,7 @@ def _demo_database(admin_dsn: str) -> Iterator[str]:
             )
 
 
-def _setup(dsn: str, fenced: bool) -> None:
+def _setup(dsn: str, fenced: bool, issuer: str = "postgres") -> None:
     from fencekit.spec import FenceSpec, Scope, TableName
     from fencekit.sqlgen import protect_statements, render_install
 
@@ -276,6 +298,8 @@ def _setup(dsn: str, fenced: bool) -> None:
                 scope=Scope.KEY,
                 key=("account_id",),
                 resource=RESOURCE,
+                # An external issuer's tokens are bound to the resource (others get YF007).
+                issuer=None if issuer == "postgres" else issuer,
             )
             for stmt in protect_statements(spec):
                 conn.execute(stmt.encode())
@@ -327,7 +351,8 @@ def _story(dsn: str, story: _Story, ttl: float) -> None:
     res = story.result
     workers: list[_Worker] = []
     try:
-        a = _Worker("A", dsn, ttl, compute=1.0, events=story.events)
+        kind, endpoints = story.issuer, story.endpoints
+        a = _Worker("A", dsn, ttl, 1.0, story.events, kind, endpoints)
         workers.append(a)
         res.a_token = story.wait_for(a, "acquired", 30)["token"]
         story.wait_for(a, "computing", 30)
@@ -339,10 +364,19 @@ def _story(dsn: str, story: _Story, ttl: float) -> None:
                 (ACCOUNT, LATE_INVOICE),
             )
         story.say("demo", f"a new invoice of {LATE_INVOICE} arrives for account {ACCOUNT}")
-        _wait_expired(dsn, 3 * ttl + 10)
-        story.say("demo", f"A's lease (ttl {ttl:g}s) has expired by the database clock")
+        if kind == "postgres":
+            _wait_expired(dsn, 3 * ttl + 10)
+            story.say("demo", f"A's lease (ttl {ttl:g}s) has expired by the database clock")
+        else:
+            from fencekit.leases.demo_support import wait_released
 
-        b = _Worker("B", dsn, ttl, compute=0.2, events=story.events)
+            try:
+                wait_released(kind, endpoints, LEASE, "worker-A", 3 * ttl + 20)
+            except TimeoutError as exc:
+                raise DemoError(str(exc)) from exc
+            story.say("demo", f"A's lease has expired by {kind} (its keep-alives stopped)")
+
+        b = _Worker("B", dsn, ttl, 0.2, story.events, kind, endpoints)
         workers.append(b)
         res.b_token = story.wait_for(b, "acquired", 30)["token"]
         story.wait_for(b, "exit", 30)
@@ -387,15 +421,30 @@ def _verdict(story: _Story) -> None:
 
 
 def run_demo(
-    dsn: str | None = None, *, fence: bool = True, ttl: float = 1.0, out: TextIO | None = None
+    dsn: str | None = None,
+    *,
+    fence: bool = True,
+    ttl: float = 1.0,
+    out: TextIO | None = None,
+    issuer: str = "postgres",
+    issuer_endpoints: str | None = None,
 ) -> DemoResult:
     """Run the story on ``dsn`` (a fresh database is created and dropped there) or on a
     throwaway embedded server. Returns what happened; ``result.ok`` says whether the outcome
-    is the one expected for the mode."""
+    is the one expected for the mode. ``issuer``: where the leases come from (postgres, etcd,
+    zookeeper; see fencekit.leases.demo_support for how an external server is found)."""
+    from fencekit.leases.demo_support import IssuerNotReachable, check_reachable, endpoints_for
+
     out = out or sys.stdout
-    story = _Story(out, fence)
+    try:
+        issuer_endpoints = endpoints_for(issuer, issuer_endpoints)
+        source = check_reachable(issuer, issuer_endpoints)
+    except (IssuerNotReachable, ValueError) as exc:
+        raise DemoError(str(exc)) from exc
+    story = _Story(out, fence, issuer, issuer_endpoints)
     mode = "fenced" if fence else "NOT fenced (--no-fence)"
-    print(f"fencekit demo: two workers, one lease on {LEASE!r}, table {mode}\n", file=out)
+    print(f"fencekit demo: two workers, one lease on {LEASE!r}, table {mode}", file=out)
+    print(f"leases and tokens from {source}\n", file=out)
     server = None
     try:
         if dsn is None:
@@ -405,7 +454,7 @@ def run_demo(
             server = start_embedded()
             dsn = server.dsn
         with _demo_database(dsn) as demo_dsn:
-            _setup(demo_dsn, fence)
+            _setup(demo_dsn, fence, issuer)
             fence_txt = f"key fence on account_id, resource {RESOURCE!r}" if fence else "no fence"
             story.say("demo", f"billing_summary created ({fence_txt}); 2 invoices for {ACCOUNT}")
             _story(demo_dsn, story, ttl)
@@ -433,8 +482,12 @@ def _worker_main(argv: list[str] | None = None) -> int:
     p.add_argument("--dsn", required=True, type=_check_dsn)
     p.add_argument("--ttl", type=float, required=True)
     p.add_argument("--compute", type=float, default=1.0)
+    p.add_argument("--issuer", default="postgres")
+    p.add_argument("--issuer-endpoints")
     args = p.parse_args(argv)
-    return _worker(args.worker, args.dsn, args.ttl, args.compute)
+    return _worker(
+        args.worker, args.dsn, args.ttl, args.compute, args.issuer, args.issuer_endpoints
+    )
 
 
 if __name__ == "__main__":

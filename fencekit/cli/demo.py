@@ -18,6 +18,11 @@ the rejection counters (fencekit.rejections).
 
 With --no-fence the table is left unprotected and A's stale summary silently overwrites B's.
 
+With --issuer etcd or --issuer zookeeper the workers take the lease from that server instead of
+the built-in PostgreSQL issuer, and the table's resource is bound to that issuer. The server is
+found at --issuer-endpoints, else $FENCEKIT_ETCD_ENDPOINTS / $FENCEKIT_ZOOKEEPER_HOSTS, else its
+default port on 127.0.0.1; the demo stops with a message (exit status 2) when none answers.
+
 Runs on a throwaway embedded PostgreSQL unless --dsn is given; with --dsn it creates a database
 of its own (the role needs CREATEDB) and drops it at the end. Exit status 0 when the outcome is
 the one expected for the mode, 1 otherwise, 2 when the demo could not run.
@@ -42,6 +47,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="leave the table unprotected: show the lost update fencing prevents",
     )
     p.add_argument(
+        "--issuer",
+        choices=["postgres", "etcd", "zookeeper"],
+        default="postgres",
+        help="where leases and tokens come from (default: %(default)s, the built-in issuer)",
+    )
+    p.add_argument(
+        "--issuer-endpoints",
+        metavar="HOST:PORT[,...]",
+        help="etcd endpoints or ZooKeeper hosts (default: $FENCEKIT_ETCD_ENDPOINTS or "
+        "$FENCEKIT_ZOOKEEPER_HOSTS, else 127.0.0.1:2379 / 127.0.0.1:2181)",
+    )
+    p.add_argument(
         "--ttl",
         type=float,
         default=1.0,
@@ -58,7 +75,13 @@ def run(args: argparse.Namespace) -> int:
         print("fencekit demo: --ttl must be between 0.2 and 30 seconds", file=sys.stderr)
         return 2
     try:
-        result = run_demo(args.dsn, fence=args.fence, ttl=args.ttl)
+        result = run_demo(
+            args.dsn,
+            fence=args.fence,
+            ttl=args.ttl,
+            issuer=args.issuer,
+            issuer_endpoints=args.issuer_endpoints,
+        )
     except DemoError as exc:
         print(f"fencekit demo: {exc}", file=sys.stderr)
         return 2
