@@ -57,15 +57,26 @@ def compare_fences(
 
     compared = {real(s) for s in schemas}
     declared: dict[tuple[str, str], FenceSpec] = {}
+    # Tables of the metadata that autogenerate looks at (filters applied): their fences are ours.
+    known: set[tuple[str, str]] = set()
+    for table in autogen_context.sorted_tables:
+        where = (real(table.schema), table.name)
+        if where[0] in compared and autogen_context.run_object_filters(
+            table, table.name, "table", False, None
+        ):
+            known.add(where)
     metadata = autogen_context.metadata
     for table, spec in declared_fences(metadata) if metadata is not None else ():
         if table.schema is None:  # declared without a schema: it lives in the default one
             spec = spec.with_changes(table=TableName(default_schema, table.name))
-        if spec.table.schema not in compared:
-            continue
-        if not autogen_context.run_object_filters(table, table.name, "table", False, None):
-            continue
-        declared[(spec.table.schema, spec.table.name)] = spec
+        if (spec.table.schema, spec.table.name) in known:
+            declared[(spec.table.schema, spec.table.name)] = spec
+    # Tables alembic is dropping in this migration: their fences go first.
+    dropped = {
+        (real(op.schema), op.table_name)
+        for op in upgrade_ops.ops
+        if isinstance(op, alembic_ops.DropTableOp)
+    }
 
     installed = read_installed(connection)
     existing = {
@@ -92,7 +103,9 @@ def compare_fences(
         if old != spec:
             last.append(AlterFenceOp(old, old_version, spec, sqlgen.TEMPLATE_VERSION))
     for where, (old, old_version) in sorted(existing.items()):
-        if where not in declared:
+        # A protected table outside the metadata (filtered out, or protected by a DBA with the
+        # CLI) keeps its fence unless alembic drops the table itself.
+        if where not in declared and (where in known or where in dropped):
             first.append(DropFenceOp(old, old_version))
 
     if declared:

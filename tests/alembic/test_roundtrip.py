@@ -30,6 +30,7 @@ def write(conn: psycopg.Connection, token: int, sql: str, *params: object) -> No
         conn.execute(sql, params)
 
 
+@pytest.mark.all_servers
 def test_autogenerate_upgrade_reject_downgrade(project: Project) -> None:
     start = project.pg_dump_schema()
     project.write_models(MODELS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fencekit import sqlgen
+from fencekit.spec import FenceSpec, TableName
 from tests.alembic.conftest import Project
 from tests.alembic.test_roundtrip import registry
 
@@ -36,8 +38,21 @@ def upgrade_block(text: str) -> str:
 def test_schemas_drops_and_table_removal(project: Project) -> None:
     with project.connect() as conn:
         conn.execute('CREATE SCHEMA "Billing"')
+        # Protected by a DBA with the CLI and kept out of autogenerate by the app's own filter:
+        # autogenerate must leave its fence alone.
+        conn.execute("CREATE TABLE audit_log (id bigint PRIMARY KEY)")
+        for statement in sqlgen.protect_statements(FenceSpec(TableName("public", "audit_log"))):
+            conn.execute(statement.encode())
     start = project.pg_dump_schema()
     project.set_option("include_schemas", "true")
+    env = project.root / "migrations" / "env.py"
+    env.write_text(
+        env.read_text().replace(
+            '"include_object": fencekit_alembic.include_object,',
+            '"include_object": lambda o, n, t, r, c: n != "audit_log"'
+            " and fencekit_alembic.include_object(o, n, t, r, c),",
+        )
+    )
 
     project.write_models(BOTH)
     text = upgrade_block(project.autogenerate("fences").read_text())
@@ -45,7 +60,7 @@ def test_schemas_drops_and_table_removal(project: Project) -> None:
     assert text.count("op.create_fence(") == 2
     assert "fencekit" not in text.replace("op.create_fence", "").replace("fencekit_fence", "")
     project.alembic("upgrade", "head")
-    assert set(registry(project)) == {"Billing.Accounts", "public.jobs"}
+    assert set(registry(project)) == {"Billing.Accounts", "public.jobs", "public.audit_log"}
 
     # Nothing to do: neither the fencekit schema nor the fence columns are proposed for drop.
     empty = project.autogenerate("nothing")
@@ -59,14 +74,14 @@ def test_schemas_drops_and_table_removal(project: Project) -> None:
     assert "'Accounts'" in text
     assert "drop_column" not in text
     project.alembic("upgrade", "head")
-    assert set(registry(project)) == {"public.jobs"}
+    assert set(registry(project)) == {"public.jobs", "public.audit_log"}
 
     project.write_models(NO_JOBS)
     text = upgrade_block(project.autogenerate("drop jobs").read_text())
     assert text.index("op.drop_fence(") < text.index("op.drop_table(")
     assert "drop_column" not in text
     project.alembic("upgrade", "head")
-    assert registry(project) == {}
+    assert set(registry(project)) == {"public.audit_log"}
     project.alembic("check")
 
     project.alembic("downgrade", "base")
