@@ -7,6 +7,8 @@ failures are fencing's doing, not a broken connection or missing grants.
 
 from __future__ import annotations
 
+import contextlib
+
 import psycopg
 import pytest
 
@@ -224,3 +226,47 @@ def test_the_replica_switch_is_what_would_bypass(victim) -> None:
     victim.execute(WRITES["acct"])
     assert victim.execute("SELECT fencekit_fence FROM acct WHERE id = 1").fetchone() == (FENCE,)
     victim.rollback()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fencekit.count_event is SECURITY DEFINER and executable by PUBLIC (20_stats.sql "
+    "revokes only create/drop_counters): any role can inflate a table's rejection counters "
+    "and its max_token_gap gauge, so fencekit.rejections can be forged",
+)
+def test_application_role_cannot_forge_rejection_counters(attacker, victim) -> None:
+    tag = _tags(victim)["acct"]
+    before = victim.execute(
+        "SELECT count FROM fencekit.rejections WHERE table_name = 'acct' AND reason = 'stale'"
+    ).fetchone()
+    victim.rollback()
+    attacker.rollback()
+    with contextlib.suppress(psycopg.Error):
+        attacker.execute("SELECT fencekit.count_event(%s, 'stale', 1000000)", (tag,))
+        attacker.commit()
+    attacker.rollback()
+    after = victim.execute(
+        "SELECT count FROM fencekit.rejections WHERE table_name = 'acct' AND reason = 'stale'"
+    ).fetchone()
+    victim.rollback()
+    assert after == before
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fencekit.leases_current shows every live holder name and token to PUBLIC, and "
+    "fencekit.release/renew trust the (holder, token) pair they are given: any role can "
+    "release (or keep renewing) another worker's lease. Fencing still rejects the stale "
+    "writes that follow; the lease itself is what is lost",
+)
+def test_application_role_cannot_release_someone_elses_lease(attacker, victim) -> None:
+    attacker.rollback()
+    attacker.execute(
+        "SELECT fencekit.release(resource, holder, token) FROM fencekit.leases_current"
+    )
+    attacker.commit()
+    holder = victim.execute(
+        "SELECT holder FROM fencekit.leases_current WHERE resource = 'billing:1'"
+    ).fetchone()
+    victim.rollback()
+    assert holder == ("legit-holder",)
