@@ -9,9 +9,11 @@ import pytest
 from tests.core.helpers import (
     MALFORMED,
     MISSING,
+    REUSED,
     STALE,
     USAGE,
     Conn,
+    begin,
     detail,
     key_fence,
     one,
@@ -192,3 +194,18 @@ def test_reprotect_covers_key_fence_partitions_created_later(db: Conn) -> None:
     write(db, 10, "INSERT INTO kl VALUES (2, 'b')")
     reject(db, STALE, 9, "INSERT INTO kl_2 VALUES (2, 'stale, naming the partition')")
     reject(db, MISSING, None, "DELETE FROM kl_2")
+
+
+@pytest.mark.parametrize("scope", ["key", "table"])
+def test_on_equal_reject_means_one_transaction_per_token(db: Conn, scope: str) -> None:
+    db.execute("CREATE TABLE once (k int NOT NULL, v text)")
+    protect(db, "once", scope, on_equal="reject", **({"key": ("k",)} if scope == "key" else {}))
+    begin(db, 7)
+    db.execute("INSERT INTO once VALUES (1, 'a')")
+    db.execute("UPDATE once SET v = 'b'")  # the same transaction may write again
+    db.commit()
+    err = reject(db, REUSED, 7, "UPDATE once SET v = 'c'")
+    assert (detail(err)["token"], detail(err)["fence"]) == (7, 7)
+    reject(db, STALE, 6, "UPDATE once SET v = 'c'")
+    write(db, 8, "UPDATE once SET v = 'c'")
+    assert rows(db, "SELECT v FROM once") == [("c",)]

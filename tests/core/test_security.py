@@ -238,3 +238,27 @@ def test_search_path_and_operators_cannot_hijack_the_fence(
     assert rows(fenced, "SELECT v, fencekit_fence FROM rowt") == [("fresh", 11)]
     assert key_fence(fenced, "public.keyt", "1") == 11
     assert key_fence(fenced, "public.tabt") == 11
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fencekit.advance_fences is SECURITY DEFINER and executable by PUBLIC (the writers' "
+    "SECURITY INVOKER trigger functions call it), so a role with no privilege on any "
+    "protected table can raise a key or table fence to the bigint maximum and lock every "
+    "legitimate writer out. Needs a design change (e.g. a definer-side check that the "
+    "caller may write a table protected with that resource).",
+)
+def test_role_without_table_rights_cannot_raise_a_fence(
+    fenced: Conn, make_role: Callable[..., str]
+) -> None:
+    outsider_dsn = make_role("sec_outsider")  # CONNECT and USAGE on public only
+    with psycopg.connect(outsider_dsn) as outsider:
+        reject(outsider, DENIED, None, "INSERT INTO keyt VALUES (1, 'no rights')")
+        reject(
+            outsider,
+            DENIED,
+            None,
+            "SELECT fencekit.advance_fences('public.keyt', ARRAY['1'], "
+            "9223372036854775807, 'accept')",
+        )
+    assert key_fence(fenced, "public.keyt", "1") == 10
