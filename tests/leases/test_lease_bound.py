@@ -99,4 +99,4 @@ def test_acquire_waits_for_a_lease_bound_write_in_flight(dsn: str) -> None:
         assert len(got) == 1
         grant = got[0]
         assert grant is not None
-        assert grant.token == g.token + 1  # type: ignore[attr-defined]
+        assert grant.token > g.token  # type: ignore[attr-defined]

@@ -39,18 +39,30 @@ def release(conn, resource, holder, token):
 
 @pytest.mark.all_servers
 def test_lifecycle_tokens_strictly_increase(conn) -> None:
-    assert acquire(conn, "billing:42", "a") == 1
+    first = acquire(conn, "billing:42", "a")
+    assert first is not None
+    assert first > 0
     assert acquire(conn, "billing:42", "b") is None  # held by a live holder
-    assert acquire(conn, "billing:43", "b") == 1  # tokens are per resource
-    assert renew(conn, "billing:42", "a", 1) is True
-    assert release(conn, "billing:42", "a", 1) is True
-    assert acquire(conn, "billing:42", "b") == 2  # after release
+    other = acquire(conn, "billing:43", "b")
+    # Tokens increase per resource and are unique across resources (a lease-bound fence
+    # relies on that to refuse a token granted for another resource).
+    assert other is not None
+    assert other != first
+    assert renew(conn, "billing:42", "a", first) is True
+    assert release(conn, "billing:42", "a", first) is True
+    second = acquire(conn, "billing:42", "b")  # after release
+    assert second is not None
+    assert second > first
     assert acquire(conn, "billing:42", "c", "50 ms") is None
-    assert acquire(conn, "billing:42", "b", "50 ms") == 3  # the holder again: a new token
+    third = acquire(conn, "billing:42", "b", "50 ms")  # the holder again: a new token
+    assert third is not None
+    assert third > second
     time.sleep(0.1)
-    assert acquire(conn, "billing:42", "c") == 4  # after expiry (takeover)
+    fourth = acquire(conn, "billing:42", "c")  # after expiry (takeover)
+    assert fourth is not None
+    assert fourth > third
     rows = conn.execute("SELECT resource, holder, token FROM fencekit.leases_current").fetchall()
-    assert sorted(rows) == [("billing:42", "c", 4), ("billing:43", "b", 1)]
+    assert sorted(rows) == [("billing:42", "c", fourth), ("billing:43", "b", other)]
 
 
 def test_renew_after_expiry_fails_even_without_takeover(conn) -> None:
@@ -58,7 +70,9 @@ def test_renew_after_expiry_fails_even_without_takeover(conn) -> None:
     time.sleep(0.1)
     assert renew(conn, "r", "a", token) is False
     assert conn.execute("SELECT count(*) FROM fencekit.leases_current").fetchone() == (0,)
-    assert acquire(conn, "r", "b") == token + 1
+    taken = acquire(conn, "r", "b")
+    assert taken is not None
+    assert taken > token
 
 
 def test_renew_refuses_wrong_holder_or_token(conn) -> None:
@@ -80,7 +94,8 @@ def test_release_by_non_holder_is_refused(conn) -> None:
     new = acquire(conn, "r", "b")
     assert release(conn, "r", "a", token) is False
     assert q(conn, "SELECT holder FROM fencekit.leases_current WHERE resource = 'r'") == "b"
-    assert new == token + 1
+    assert new is not None
+    assert new > token
 
 
 @pytest.mark.parametrize(
@@ -119,6 +134,7 @@ def test_racing_acquirers_never_both_win(dsn: str) -> None:
     """Real concurrent connections: 8 threads, 30 rounds, one winner per round and resource."""
     rounds, n = 30, 8
     conns = [psycopg.connect(dsn, autocommit=True) for _ in range(n)]
+    granted: dict[str, list[int]] = {}
     try:
         for r in range(rounds):
             barrier = threading.Barrier(n, timeout=10)
@@ -133,13 +149,18 @@ def test_racing_acquirers_never_both_win(dsn: str) -> None:
             winners = [(i, t) for i, t in enumerate(tokens) if t is not None]
             assert len(winners) == 1, f"round {r}: {tokens}"
             ((i, token),) = winners
+            granted.setdefault(resource, []).append(token)
             assert release(conns[0], resource, f"h{i}", token) is True  # free for the next round
         last = (
             conns[0]
             .execute("SELECT resource, token FROM fencekit.leases ORDER BY resource")
             .fetchall()
         )
-        assert last == [("race:0", 10), ("race:1", 10), ("race:2", 10)]
+        # Ten grants per resource, strictly increasing, and the table keeps the last one.
+        for tokens_of in granted.values():
+            assert len(tokens_of) == 10
+            assert tokens_of == sorted(set(tokens_of))
+        assert last == [(res, granted[res][-1]) for res in sorted(granted)]
     finally:
         for c in conns:
             c.close()
@@ -148,7 +169,7 @@ def test_racing_acquirers_never_both_win(dsn: str) -> None:
 def test_acquire_waits_for_an_uncommitted_grant(dsn: str) -> None:
     """A grant still in an open transaction blocks the row; the waiter then sees it live."""
     with psycopg.connect(dsn) as first, psycopg.connect(dsn, autocommit=True) as second:
-        assert acquire(first, "r", "a") == 1  # first's transaction stays open
+        assert acquire(first, "r", "a") is not None  # first's transaction stays open
         result: list[object] = []
         t = threading.Thread(target=lambda: result.append(acquire(second, "r", "b")))
         t.start()
@@ -159,10 +180,13 @@ def test_acquire_waits_for_an_uncommitted_grant(dsn: str) -> None:
         assert result == [None]
     # Rolled back grants are not grants: the token is issued again, and nobody saw it.
     with psycopg.connect(dsn) as third:
-        assert acquire(third, "s", "a") == 1
+        rolled_back = acquire(third, "s", "a")
+        assert rolled_back is not None
         third.rollback()
-        assert acquire(third, "s", "a") == 1
+        granted = acquire(third, "s", "a")
+        assert granted is not None
         third.commit()
+        assert q(third, "SELECT token FROM fencekit.leases WHERE resource = 's'") == granted
 
 
 def test_expiry_uses_the_clock_not_the_transaction_start(dsn: str) -> None:
@@ -191,11 +215,14 @@ def test_grant_commits_durably_even_with_synchronous_commit_off(dsn: str) -> Non
 
 
 def test_install_is_idempotent_and_keeps_tokens(conn) -> None:
-    assert acquire(conn, "r", "a") == 1
+    token = acquire(conn, "r", "a")
+    assert token is not None
     conn.execute(render_install().encode())
     conn.execute(render_install().encode())
-    assert release(conn, "r", "a", 1) is True
-    assert acquire(conn, "r", "b") == 2
+    assert release(conn, "r", "a", token) is True
+    after = acquire(conn, "r", "b")
+    assert after is not None
+    assert after > token
 
 
 def test_app_role_uses_functions_but_cannot_touch_the_table(conn, make_role) -> None:
@@ -210,10 +237,11 @@ def test_app_role_uses_functions_but_cannot_touch_the_table(conn, make_role) -> 
     with psycopg.connect(app_dsn, autocommit=True) as app:
         app.execute("SET search_path = public, pg_catalog, pg_temp")
         assert q(app, "SELECT clock_timestamp() = 'epoch'") is True
-        assert acquire(app, "r", "app") == 1
+        token = acquire(app, "r", "app")
+        assert token is not None
         assert acquire(app, "r", "intruder") is None
-        assert renew(app, "r", "app", 1) is True
-        assert q(app, "SELECT token FROM fencekit.leases_current WHERE resource = 'r'") == 1
+        assert renew(app, "r", "app", token) is True
+        assert q(app, "SELECT token FROM fencekit.leases_current WHERE resource = 'r'") == token
         for stmt in (
             "UPDATE fencekit.leases SET token = 0",
             "DELETE FROM fencekit.leases",
@@ -228,8 +256,8 @@ def test_app_role_uses_functions_but_cannot_touch_the_table(conn, make_role) -> 
         ):
             with pytest.raises(errors.InsufficientPrivilege):
                 app.execute(helper)
-        assert release(app, "r", "app", 1) is True
-    assert q(conn, "SELECT token FROM fencekit.leases WHERE resource = 'r'") == 1
+        assert release(app, "r", "app", token) is True
+    assert q(conn, "SELECT token FROM fencekit.leases WHERE resource = 'r'") == token
 
 
 def test_functions_pin_search_path_and_are_security_definer(conn) -> None:

@@ -27,6 +27,14 @@ CREATE TABLE IF NOT EXISTS fencekit.leases (
     CONSTRAINT leases_holder_has_expiry CHECK (holder IS NULL OR expires_at IS NOT NULL)
 );
 
+-- Tokens are also unique across resources on this server: a grant takes the larger of the
+-- resource's last token + 1 and the next value of this sequence. The sequence is only a salt
+-- (a crash may skip values, an async failover may rewind it): the per-resource order comes from
+-- the row above, as durable as any commit. Uniqueness is what lets a lease-bound fence refuse a
+-- token granted for another resource.
+CREATE SEQUENCE IF NOT EXISTS fencekit.lease_token_seq;
+REVOKE ALL ON SEQUENCE fencekit.lease_token_seq FROM PUBLIC;
+
 COMMENT ON TABLE fencekit.leases IS
     'fencekit leases: one row per resource with its last issued fencing token. '
     'Written only through fencekit.acquire/renew/release; '
@@ -111,11 +119,12 @@ DECLARE
 BEGIN
     PERFORM fencekit._lease_check_args(acquire.resource, acquire.holder, acquire.ttl);
 
-    -- First grant ever: the row does not exist yet. The insert itself is the grant (token 1);
+    -- First grant ever: the row does not exist yet. The insert itself is the grant;
     -- a concurrent first acquirer waits on the unique index and then sees the row below.
     t_now := pg_catalog.clock_timestamp();
     INSERT INTO fencekit.leases AS l (resource, holder, token, acquired_at, renewed_at, expires_at)
-    VALUES (acquire.resource, acquire.holder, 1, t_now, t_now,
+    VALUES (acquire.resource, acquire.holder, pg_catalog.nextval('fencekit.lease_token_seq'),
+            t_now, t_now,
             t_now OPERATOR(pg_catalog.+) acquire.ttl)
     ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
     RETURNING l.token INTO t_next;
@@ -141,7 +150,8 @@ BEGIN
         RAISE EXCEPTION 'fencekit lease on "%": tokens exhausted', acquire.resource
             USING ERRCODE = '22003';
     END IF;
-    t_next := cur.token OPERATOR(pg_catalog.+) 1;
+    t_next := GREATEST(cur.token OPERATOR(pg_catalog.+) 1,
+                       pg_catalog.nextval('fencekit.lease_token_seq'));
 
     UPDATE fencekit.leases AS l
        SET holder = acquire.holder, token = t_next, acquired_at = t_now, renewed_at = t_now,
