@@ -16,6 +16,14 @@ BEGIN
     -- create the role beforehand instead: CREATE ROLE fencekit_admin NOLOGIN;
     CREATE ROLE fencekit_admin NOLOGIN;
   END IF;
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'fencekit_writer') THEN
+    -- Roles that write key- or table-fenced tables: advancing a fence is a privilege, so that a
+    -- role with no rights on a protected table cannot raise its fences and lock writers out.
+    CREATE ROLE fencekit_writer NOLOGIN;
+  END IF;
+  IF NOT pg_catalog.pg_has_role('fencekit_admin', 'fencekit_writer', 'MEMBER') THEN
+    GRANT fencekit_writer TO fencekit_admin;
+  END IF;
 END
 $do$;
 
@@ -293,6 +301,14 @@ SELECT p.schema_name, p.table_name, r.reason,
 GRANT SELECT ON fencekit.rejections TO PUBLIC;
 
 REVOKE ALL ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(text) FROM PUBLIC;
+-- Counting is for writers of protected tables (the triggers run as the writer): a role that may
+-- only connect cannot inflate the counters. GRANT fencekit_writer TO app_role.
+REVOKE ALL ON FUNCTION fencekit.count_event(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
+  FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.count_event(text, text, bigint) TO fencekit_writer;
+GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
+  TO fencekit_writer;
 
 -- 30_fences.sql
 -- Key and table fences: advancing the high-water mark and checking writes against it.
@@ -403,6 +419,11 @@ BEGIN
   RETURN false;
 END
 $fn$;
+
+-- Advancing fences is for writers of protected tables (the triggers run as the writer), not for
+-- anyone who can connect: GRANT fencekit_writer TO app_role.
+REVOKE ALL ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) TO fencekit_writer;
 
 -- 50_leases.sql
 -- fencekit core: leases and fencing tokens issued by PostgreSQL itself.
@@ -733,6 +754,10 @@ BEGIN
   END LOOP;
 END
 $fn$;
+
+-- It locks lease rows: only for writers of protected tables.
+REVOKE ALL ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) TO fencekit_writer;
 
 INSERT INTO fencekit.meta (key, value) VALUES ('core_version', '2')
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;

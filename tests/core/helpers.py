@@ -132,8 +132,9 @@ DML = "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public"
 
 
 def make_app_role(make_role: Any, name: str, *, dml: bool = True, admin: bool = False) -> str:
-    """An application login role: DML on public's tables (optional), nothing else."""
-    grants = [DML] if dml else []
+    """An application login role: DML on public's tables (optional) and, as a writer of
+    key- and table-fenced tables needs, membership of fencekit_writer; nothing else."""
+    grants = [DML, "fencekit_writer"] if dml else []
     if admin:
         grants.append("fencekit_admin")
     dsn: str = make_role(name, *grants)

@@ -52,7 +52,8 @@ def specs(draw: st.DrawFn) -> tuple[FenceSpec, str, str]:
         scope=scope,
         key=(key,) if scope is Scope.KEY else (),
         column=fence_col if scope is Scope.ROW else DEFAULT_COLUMN,
-        resource=draw(st.none() | names) if scope is not Scope.ROW else None,
+        # A resource name must not be blank (SpecError); any other hostile text is fair game.
+        resource=draw(st.none() | names.filter(str.strip)) if scope is not Scope.ROW else None,
     )
     return spec, key, value
 

@@ -134,7 +134,8 @@ def victim(db: Conn) -> Conn:
 def attacker(request: pytest.FixtureRequest, victim: Conn, make_role: Any) -> Iterator[Conn]:
     """A connection as a hostile role (autocommit off); see the module docstring."""
     name = f"sec_{request.param}"
-    dsn = make_role(name, DML)
+    # A writer: DML and fencekit_writer, as a real application role would have.
+    dsn = make_role(name, DML, "fencekit_writer")
     if request.param == "schema_owner":
         victim.execute(f"CREATE SCHEMA evil AUTHORIZATION {name}")
         victim.commit()

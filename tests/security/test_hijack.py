@@ -89,7 +89,7 @@ def evil(victim, make_role):
 
     from tests.security.conftest import DML
 
-    dsn = make_role("sec_hijacker", DML)
+    dsn = make_role("sec_hijacker", DML, "fencekit_writer")
     victim.execute("CREATE SCHEMA evil AUTHORIZATION sec_hijacker")
     victim.commit()
     with psycopg.connect(dsn) as conn:

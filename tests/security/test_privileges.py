@@ -230,9 +230,10 @@ def test_the_replica_switch_is_what_would_bypass(victim) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="fencekit.count_event is SECURITY DEFINER and executable by PUBLIC (20_stats.sql "
-    "revokes only create/drop_counters): any role can inflate a table's rejection counters "
-    "and its max_token_gap gauge, so fencekit.rejections can be forged",
+    reason="fencekit.count_event is SECURITY DEFINER and executable by fencekit_writer (the "
+    "writers' SECURITY INVOKER triggers call it; a definer function cannot tell its caller): a "
+    "role that may write protected tables can inflate their rejection counters and the "
+    "max_token_gap gauge. Roles outside fencekit_writer cannot (see the outsider test).",
 )
 def test_application_role_cannot_forge_rejection_counters(attacker, victim) -> None:
     tag = _tags(victim)["acct"]

@@ -8,6 +8,14 @@ BEGIN
     -- create the role beforehand instead: CREATE ROLE fencekit_admin NOLOGIN;
     CREATE ROLE fencekit_admin NOLOGIN;
   END IF;
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'fencekit_writer') THEN
+    -- Roles that write key- or table-fenced tables: advancing a fence is a privilege, so that a
+    -- role with no rights on a protected table cannot raise its fences and lock writers out.
+    CREATE ROLE fencekit_writer NOLOGIN;
+  END IF;
+  IF NOT pg_catalog.pg_has_role('fencekit_admin', 'fencekit_writer', 'MEMBER') THEN
+    GRANT fencekit_writer TO fencekit_admin;
+  END IF;
 END
 $do$;
 

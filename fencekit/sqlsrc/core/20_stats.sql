@@ -163,3 +163,11 @@ SELECT p.schema_name, p.table_name, r.reason,
 GRANT SELECT ON fencekit.rejections TO PUBLIC;
 
 REVOKE ALL ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(text) FROM PUBLIC;
+-- Counting is for writers of protected tables (the triggers run as the writer): a role that may
+-- only connect cannot inflate the counters. GRANT fencekit_writer TO app_role.
+REVOKE ALL ON FUNCTION fencekit.count_event(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
+  FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.count_event(text, text, bigint) TO fencekit_writer;
+GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
+  TO fencekit_writer;

@@ -106,3 +106,8 @@ BEGIN
   RETURN false;
 END
 $fn$;
+
+-- Advancing fences is for writers of protected tables (the triggers run as the writer), not for
+-- anyone who can connect: GRANT fencekit_writer TO app_role.
+REVOKE ALL ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) TO fencekit_writer;

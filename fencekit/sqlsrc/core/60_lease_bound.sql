@@ -30,3 +30,7 @@ BEGIN
   END LOOP;
 END
 $fn$;
+
+-- It locks lease rows: only for writers of protected tables.
+REVOKE ALL ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) TO fencekit_writer;
