@@ -28,6 +28,7 @@ __all__ = [
     "render_protect",
     "render_unprotect",
     "table_objects",
+    "uninstall_statements",
     "unprotect_statements",
 ]
 
@@ -59,6 +60,25 @@ def install_statements() -> list[str]:
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value;\n"
     )
     return chunks
+
+
+def uninstall_statements() -> list[str]:
+    """Remove the core schema, without transaction control. Refuses while tables are protected.
+
+    The roles ``fencekit_admin`` and ``fencekit_writer`` stay: roles belong to the whole server,
+    and other databases may use them.
+    """
+    return [
+        "DO $do$\nBEGIN\n"
+        "  IF pg_catalog.to_regclass('fencekit.protected') IS NOT NULL\n"
+        "     AND EXISTS (SELECT FROM fencekit.protected) THEN\n"
+        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
+        "      MESSAGE = 'fencekit: tables are still protected; unprotect them first',\n"
+        "      HINT = 'SELECT schema_name, table_name FROM fencekit.protected; then fencekit "
+        "unprotect each.';\n"
+        "  END IF;\nEND\n$do$",
+        "DROP SCHEMA IF EXISTS fencekit CASCADE",
+    ]
 
 
 def render_install(*, lock_timeout: str = DEFAULT_LOCK_TIMEOUT) -> str:
