@@ -110,6 +110,8 @@ class Status:
     core_version: int | None
     tables: list[ProtectedTable]
     drift: list[Drift] = field(default_factory=list)  # database-wide (core outdated)
+    # Server settings that weaken the lease tokens' guarantee; warnings, not drift.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def has_drift(self) -> bool:
@@ -125,6 +127,7 @@ class Status:
             "template_version": sqlgen.TEMPLATE_VERSION,
             "drift": self.has_drift,
             "core_drift": [d.to_dict() for d in self.drift],
+            "warnings": list(self.warnings),
             "tables": [t.to_dict() for t in self.tables],
         }
 
@@ -347,7 +350,46 @@ def status(conn: Conn) -> Status:
     for pt in tables:
         pt.drift = table_drift(conn, pt)
     _add_rejections(conn, tables)
-    return Status(version, tables, core_drift)
+    return Status(version, tables, core_drift, durability_warnings(conn))
+
+
+def durability_warnings(conn: Conn) -> list[str]:
+    """Why this server could hand out a lease token again after a crash or failover.
+
+    Tokens are durable as committed rows are: lost with fsync off, and on a failover to an
+    asynchronous standby that had not received the last grants. ``sync_state`` is visible only
+    to superusers and pg_read_all_stats; for other roles every standby looks asynchronous.
+    """
+    row = conn.execute(
+        """SELECT pg_catalog.current_setting('fsync')::boolean,
+                  pg_catalog.current_setting('synchronous_commit'),
+                  (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication r
+                    WHERE r.sync_state IS DISTINCT FROM 'sync'
+                      AND r.sync_state IS DISTINCT FROM 'quorum'
+                      AND NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots s
+                                       WHERE s.active_pid = r.pid AND s.slot_type = 'logical'))"""
+    ).fetchone()
+    if row is None:
+        return []
+    fsync, sync_commit, async_standbys = row
+    out: list[str] = []
+    if not fsync:
+        out.append(
+            "fsync is off: a crash can lose committed lease grants, and the same token could "
+            "be issued twice (fencekit's lease functions cannot protect against that)"
+        )
+    if async_standbys:
+        out.append(
+            f"{async_standbys} asynchronous standby(s): after a failover to one of them, lease "
+            "grants it had not received are forgotten and tokens can repeat; list them in "
+            "synchronous_standby_names (see docs/leases.md)"
+        )
+    if sync_commit in ("off", "local") and async_standbys:
+        out.append(
+            f"synchronous_commit = {sync_commit}: commits do not wait for standbys; fencekit's "
+            "lease functions raise it for their own transactions, other writes are not covered"
+        )
+    return out
 
 
 def table_drift(conn: Conn, pt: ProtectedTable) -> list[Drift]:

@@ -473,6 +473,9 @@ def format_status(st: Status) -> str:
     problems = [("fencekit", d) for d in st.drift] + [
         (str(t.spec.table), d) for t in st.tables for d in t.drift
     ]
+    if st.warnings:
+        lines += ["", "Warnings (server durability, see docs/leases.md):"]
+        lines += [f"  {w}" for w in st.warnings]
     if problems:
         lines += ["", "Drift:"]
         for where, d in problems:

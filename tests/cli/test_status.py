@@ -233,3 +233,17 @@ def test_key_fence_drift_uses_the_generators_object_names(cli: Cli, dsn: str) ->
     with psycopg.connect(dsn) as conn:
         kinds = {d.kind for d in catalog.status(conn).tables[0].drift}
     assert kinds == {"function_missing", "trigger_missing"}
+
+
+def test_durability_warning_follows_the_server_settings(cli: Cli, dsn: str) -> None:
+    """The test servers run with fsync off: status warns (lease tokens could repeat after a
+    crash) without calling it drift; with fsync on there is nothing to say."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fsync = conn.execute("SELECT current_setting('fsync')::boolean").fetchone()
+    assert fsync is not None
+    code, doc = _status(cli, dsn)
+    assert code == 0  # a warning, not drift
+    fsync_warnings = [w for w in doc["warnings"] if w.startswith("fsync is off")]
+    assert bool(fsync_warnings) == (not fsync[0])
+    r = cli("status", "--dsn", dsn)
+    assert ("fsync is off" in r.out) == (not fsync[0])
