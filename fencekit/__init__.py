@@ -5,7 +5,7 @@ DBA path works without SQLAlchemy or alembic installed: ``fencekit.psycopg``, ``
 ``fencekit.alembic_plugin``, ``fencekit.leases``, ``fencekit.metrics``.
 """
 
-from fencekit.context import current_token, fencing
+from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import (
     BypassRefusedError,
     FenceError,
@@ -41,6 +41,7 @@ __all__ = [
     "TableName",
     "TokenNotSetError",
     "__version__",
+    "current_issuer",
     "current_token",
     "fencing",
     "validate_token",
