@@ -455,6 +455,11 @@ CREATE TABLE IF NOT EXISTS fencekit.leases (
     CONSTRAINT leases_holder_has_expiry CHECK (holder IS NULL OR expires_at IS NOT NULL)
 );
 
+-- The login role that acquired the current grant: renew and release by another role are refused
+-- (members of fencekit_admin excepted), so one application cannot free another's leases.
+-- session_user, not current_user: these functions are SECURITY DEFINER.
+ALTER TABLE fencekit.leases ADD COLUMN IF NOT EXISTS acquired_by name;
+
 -- Tokens are also unique across resources on this server: a grant takes the larger of the
 -- resource's last token + 1 and the next value of this sequence. The sequence is only a salt
 -- (a crash may skip values, an async failover may rewind it): the per-resource order comes from
@@ -530,6 +535,16 @@ BEGIN
 END;
 $fn$;
 
+-- Whether the session may renew or release a grant made by role `owner` (NULL: a grant from
+-- before roles were recorded).
+CREATE OR REPLACE FUNCTION fencekit._lease_caller_may(owner name) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT owner IS NULL OR owner OPERATOR(pg_catalog.=) session_user
+        OR pg_catalog.pg_has_role(session_user, 'fencekit_admin', 'MEMBER')
+$fn$;
+
 -- ------------------------------------------------------------------ acquire
 
 -- The token of a new grant, or NULL when another holder's lease is live. The current holder
@@ -550,10 +565,11 @@ BEGIN
     -- First grant ever: the row does not exist yet. The insert itself is the grant;
     -- a concurrent first acquirer waits on the unique index and then sees the row below.
     t_now := pg_catalog.clock_timestamp();
-    INSERT INTO fencekit.leases AS l (resource, holder, token, acquired_at, renewed_at, expires_at)
+    INSERT INTO fencekit.leases AS l
+           (resource, holder, token, acquired_at, renewed_at, expires_at, acquired_by)
     VALUES (acquire.resource, acquire.holder, pg_catalog.nextval('fencekit.lease_token_seq'),
             t_now, t_now,
-            t_now OPERATOR(pg_catalog.+) acquire.ttl)
+            t_now OPERATOR(pg_catalog.+) acquire.ttl, session_user)
     ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
     RETURNING l.token INTO t_next;
     IF t_next IS NOT NULL THEN
@@ -583,7 +599,8 @@ BEGIN
 
     UPDATE fencekit.leases AS l
        SET holder = acquire.holder, token = t_next, acquired_at = t_now, renewed_at = t_now,
-           expires_at = t_now OPERATOR(pg_catalog.+) acquire.ttl, released_at = NULL
+           expires_at = t_now OPERATOR(pg_catalog.+) acquire.ttl, released_at = NULL,
+           acquired_by = session_user
      WHERE l.resource OPERATOR(pg_catalog.=) acquire.resource;
     PERFORM fencekit._lease_durable_commit();
     RETURN t_next;
@@ -618,7 +635,8 @@ BEGIN
     IF NOT FOUND
        OR cur.holder IS DISTINCT FROM renew.holder
        OR cur.token OPERATOR(pg_catalog.<>) renew.token
-       OR cur.expires_at OPERATOR(pg_catalog.<=) t_now THEN
+       OR cur.expires_at OPERATOR(pg_catalog.<=) t_now
+       OR NOT fencekit._lease_caller_may(cur.acquired_by) THEN
         RETURN false;
     END IF;
 
@@ -654,6 +672,7 @@ BEGIN
      WHERE l.resource OPERATOR(pg_catalog.=) release.resource
        AND l.holder OPERATOR(pg_catalog.=) release.holder
        AND l.token OPERATOR(pg_catalog.=) release.token
+       AND fencekit._lease_caller_may(l.acquired_by)
     RETURNING true INTO done;
     RETURN COALESCE(done, false);
 END;
