@@ -47,6 +47,24 @@ def _core_files() -> list[tuple[str, str]]:
     return [(p.name, p.read_text(encoding="utf-8")) for p in files]
 
 
+def _dollar(body: str, tag: str) -> str:
+    """Dollar-quote ``body`` with a tag that does not occur in it (names can hold ``$fn$``)."""
+    n = 0
+    while f"${tag}{n or ''}$" in body:
+        n += 1
+    t = f"${tag}{n or ''}$"
+    return f"{t}{body}{t}"
+
+
+def _do(body: str) -> str:
+    return "DO " + _dollar(body, "do")
+
+
+def _comment(text: str) -> str:
+    """Text safe inside a ``--`` comment line: a name may hold a newline."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
 def install_statements() -> list[str]:
     """The core install as a list of SQL chunks, without transaction control.
 
@@ -69,14 +87,16 @@ def uninstall_statements() -> list[str]:
     and other databases may use them.
     """
     return [
-        "DO $do$\nBEGIN\n"
-        "  IF pg_catalog.to_regclass('fencekit.protected') IS NOT NULL\n"
-        "     AND EXISTS (SELECT FROM fencekit.protected) THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        "      MESSAGE = 'fencekit: tables are still protected; unprotect them first',\n"
-        "      HINT = 'SELECT schema_name, table_name FROM fencekit.protected; then fencekit "
-        "unprotect each.';\n"
-        "  END IF;\nEND\n$do$",
+        _do(
+            "\nBEGIN\n"
+            "  IF pg_catalog.to_regclass('fencekit.protected') IS NOT NULL\n"
+            "     AND EXISTS (SELECT FROM fencekit.protected) THEN\n"
+            "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
+            "      MESSAGE = 'fencekit: tables are still protected; unprotect them first',\n"
+            "      HINT = 'SELECT schema_name, table_name FROM fencekit.protected; then fencekit "
+            "unprotect each.';\n"
+            "  END IF;\nEND\n"
+        ),
         "DROP SCHEMA IF EXISTS fencekit CASCADE",
     ]
 
@@ -193,7 +213,7 @@ def _v1_objects(spec: FenceSpec) -> TableObjects:
     stmt = fn(
         "stmt",
         f"""
--- fencekit: statement check for {t.sql} ({spec.scope} fence). Generated; do not edit.
+-- fencekit: statement check for {_comment(t.sql)} ({spec.scope} fence). Generated; do not edit.
 DECLARE
   raw pg_catalog.text := {_TOKEN};
   tok pg_catalog.int8;
@@ -325,7 +345,8 @@ def _v1_row(
     lit_tag = quote_literal(tag)
     lit_col = quote_literal(spec.column)
     header = (
-        f"-- fencekit: row fence on {spec.table.sql}.{col}. Generated; do not edit.\n"
+        f"-- fencekit: row fence on {_comment(spec.table.sql)}.{_comment(col)}. "
+        "Generated; do not edit.\n"
         "DECLARE\n"
         f"  raw pg_catalog.text := {_TOKEN};\n"
         "  tok pg_catalog.int8;\n"
@@ -416,7 +437,8 @@ def _v1_key(
     def body(sources: list[str]) -> str:
         union = "\n         UNION ".join(f"SELECT {key_cols} FROM {s}" for s in sources)
         return f"""
--- fencekit: key fence on {spec.table.sql} ({key_cols}), resource {res}. Generated; do not edit.
+-- fencekit: key fence on {_comment(spec.table.sql)} ({_comment(key_cols)}),
+-- resource {_comment(res)}. Generated; do not edit.
 -- Set-based, once per statement: the distinct keys the statement wrote, checked and advanced
 -- in one upsert.
 DECLARE
@@ -553,8 +575,8 @@ def _same_structure_guard(spec: FenceSpec) -> str:
     message = (
         f"fencekit: {t.sql} is already protected with another scope, key, resource or fence column"
     )
-    return (
-        "DO $do$\nBEGIN\n"
+    return _do(
+        "\nBEGIN\n"
         "  IF EXISTS (SELECT FROM fencekit.protected p\n"
         f"             WHERE p.schema_name = {quote_literal(t.schema)}"
         f" AND p.table_name = {quote_literal(t.name)}\n"
@@ -564,7 +586,7 @@ def _same_structure_guard(spec: FenceSpec) -> str:
         f"      MESSAGE = {quote_literal(message)},\n"
         "      HINT = 'Unprotect it first (fencekit unprotect, or an alembic alter_fence), then "
         "protect it again; policies alone can change by re-running protect.';\n"
-        "  END IF;\nEND\n$do$"
+        "  END IF;\nEND\n"
     )
 
 
@@ -596,7 +618,7 @@ def protect_statements(spec: FenceSpec, template_version: int | None = None) -> 
         seen.add(f.name)
         out.append(
             f"CREATE OR REPLACE FUNCTION {f.sql_name}() RETURNS trigger\n"
-            f"LANGUAGE plpgsql AS $fn${f.body}$fn$"
+            f"LANGUAGE plpgsql AS {_dollar(f.body, 'fn')}"
         )
         out.append(
             f"COMMENT ON FUNCTION {f.sql_name}() IS "
@@ -619,17 +641,19 @@ def protect_statements(spec: FenceSpec, template_version: int | None = None) -> 
             f"    COMMENT ON TRIGGER {quote_ident(tr.name)} ON {t.sql} IS {stamp};\n"
             "  END IF;\n"
         )
-    out.append("DO $do$\nBEGIN\n" + "".join(creates) + "END\n$do$")
+    out.append(_do("\nBEGIN\n" + "".join(creates) + "END\n"))
     part_triggers = [tr for tr in objs.triggers if tr.on_partitions]
     if part_triggers:
         # Statement triggers on a partitioned table do not fire for statements that name a
         # partition, so each existing partition gets its own (none for a plain table).
         loops = "".join(_partition_trigger_sql(tr, tv) for tr in part_triggers)
         out.append(
-            "DO $do$\nDECLARE\n  part pg_catalog.regclass;\nBEGIN\n"
-            "  FOR part IN SELECT relid FROM pg_catalog.pg_partition_tree("
-            f"{regclass}) WHERE relid <> {regclass} LOOP\n"
-            f"{loops}  END LOOP;\nEND\n$do$"
+            _do(
+                "\nDECLARE\n  part pg_catalog.regclass;\nBEGIN\n"
+                "  FOR part IN SELECT relid FROM pg_catalog.pg_partition_tree("
+                f"{regclass}) WHERE relid <> {regclass} LOOP\n"
+                f"{loops}  END LOOP;\nEND\n"
+            )
         )
     spec_json = json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)
     resource = quote_literal(spec.resource_name) if spec.scope is not Scope.ROW else "NULL"
@@ -663,10 +687,12 @@ def unprotect_statements(spec: FenceSpec, template_version: int | None = None) -
             for tr in part_triggers
         )
         out.append(
-            "DO $do$\nDECLARE\n  part pg_catalog.regclass;\nBEGIN\n"
-            "  FOR part IN SELECT relid FROM pg_catalog.pg_partition_tree("
-            f"{regclass}) WHERE relid <> {regclass} LOOP\n"
-            f"{drops}  END LOOP;\nEND\n$do$"
+            _do(
+                "\nDECLARE\n  part pg_catalog.regclass;\nBEGIN\n"
+                "  FOR part IN SELECT relid FROM pg_catalog.pg_partition_tree("
+                f"{regclass}) WHERE relid <> {regclass} LOOP\n"
+                f"{drops}  END LOOP;\nEND\n"
+            )
         )
     for tr in reversed(objs.triggers):
         out.append(f"DROP TRIGGER IF EXISTS {quote_ident(tr.name)} ON {t.sql}")
@@ -698,11 +724,11 @@ def unprotect_statements(spec: FenceSpec, template_version: int | None = None) -
     return out
 
 
-def _script(title: str, statements: list[str], lock_timeout: str) -> str:
+def _script(title: list[str], statements: list[str], lock_timeout: str) -> str:
     body = ";\n\n".join(statements)
     return (
-        f"-- {title}\n"
-        "-- Generated by fencekit; review, then run with: psql -v ON_ERROR_STOP=1 -f <file>\n"
+        "".join(f"-- {_comment(line)}\n" for line in title)
+        + "-- Generated by fencekit; review, then run with: psql -v ON_ERROR_STOP=1 -f <file>\n"
         "BEGIN;\n"
         f"SET LOCAL lock_timeout = {quote_literal(lock_timeout)};\n\n"
         f"{body};\n\n"
@@ -718,10 +744,10 @@ def render_protect(
 ) -> str:
     """A reviewable psql script that protects one table, in one transaction."""
     tv = TEMPLATE_VERSION if template_version is None else template_version
-    title = (
-        f"fencekit: protect {spec.table.sql} ({spec.scope} fence, template {tv})\n"
-        f"-- spec: {json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)}"
-    )
+    title = [
+        f"fencekit: protect {spec.table.sql} ({spec.scope} fence, template {tv})",
+        f"spec: {json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)}",
+    ]
     return _script(title, protect_statements(spec, tv), lock_timeout)
 
 
@@ -733,5 +759,5 @@ def render_unprotect(
 ) -> str:
     """The exact undo of :func:`render_protect`, as a psql script."""
     tv = TEMPLATE_VERSION if template_version is None else template_version
-    title = f"fencekit: unprotect {spec.table.sql} ({spec.scope} fence, template {tv})"
+    title = [f"fencekit: unprotect {spec.table.sql} ({spec.scope} fence, template {tv})"]
     return _script(title, unprotect_statements(spec, tv), lock_timeout)

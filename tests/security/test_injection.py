@@ -18,13 +18,6 @@ from psycopg import sql
 from fencekit.spec import FenceSpec, Scope, SpecError, TableName
 from fencekit.sqlgen import protect_statements, render_protect, unprotect_statements
 
-DOLLAR_BUG = (
-    "sqlgen bug: names are interpolated into $fn$/$do$-quoted bodies (and into `--` comment "
-    "lines inside them) without checking that they do not contain the dollar-quote tag or a "
-    "newline; such a name ends the quoted body early, so protect fails with a syntax error "
-    "or, for a crafted name, runs the SQL in the name (see test_a_table_name_cannot_run_sql)"
-)
-
 NAMES: dict[str, str] = {
     "double_quote": 'x"; DROP TABLE canary; --',
     "single_quote": "o'brien'); DROP TABLE canary; --",
@@ -40,7 +33,6 @@ NAMES: dict[str, str] = {
     "dollar_do": "t$do$x",
     "newline": "t\nx",
 }
-KNOWN_BAD = {"dollar_fn", "dollar_do", "newline"}
 
 # (scope, where the hostile name goes)
 PLACES = [
@@ -140,12 +132,7 @@ def _setup(db: psycopg.Connection[Any]) -> None:
 
 @pytest.mark.parametrize(
     "label",
-    [
-        pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=DOLLAR_BUG))
-        if k in KNOWN_BAD
-        else k
-        for k in NAMES
-    ],
+    list(NAMES),
 )
 def test_hostile_names_are_protected_exactly(db, label) -> None:
     _setup(db)
@@ -167,7 +154,6 @@ def test_hostile_names_are_protected_exactly(db, label) -> None:
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, reason=DOLLAR_BUG)
 def test_a_table_name_cannot_run_sql(db) -> None:
     """A 54-byte table name that closes the $fn$ body of the statement-check function, runs a
     statement, and reopens a dollar quote that the name's next occurrence closes again."""
