@@ -35,7 +35,7 @@ __all__ = [
 #: Version of the core schema (``fencekit`` schema, tables, shared functions).
 CORE_VERSION = 2
 #: Newest per-table template version.
-TEMPLATE_VERSION = 1
+TEMPLATE_VERSION = 2
 DEFAULT_LOCK_TIMEOUT = "5s"
 
 _TOKEN = "pg_catalog.current_setting('fencekit.token', true)"
@@ -160,6 +160,15 @@ def _stamp(kind: str, template_version: int, extra: str = "") -> str:
 
 
 def _v1_objects(spec: FenceSpec) -> TableObjects:
+    return _objects(spec, 1)
+
+
+def _v2_objects(spec: FenceSpec) -> TableObjects:
+    return _objects(spec, 2)
+
+
+def _objects(spec: FenceSpec, version: int) -> TableObjects:
+    """Template 1 and 2 differ only in row fences (2 moves the per-row checks into WHEN)."""
     t = spec.table
     tag = object_tag(t.schema, t.name)
     lit_tag = quote_literal(tag)
@@ -274,14 +283,15 @@ END
     ]
 
     if spec.scope is Scope.ROW:
-        functions_row, triggers_row = _v1_row(spec, tag, fn, trig, col, allow)
+        build_row = _v1_row if version == 1 else _v2_row
+        functions_row, triggers_row = build_row(spec, tag, fn, trig, col, allow)
         functions += functions_row
         triggers += triggers_row
     elif spec.scope is Scope.KEY:
         functions_key, triggers_key = _v1_key(spec, tag, fn, trig)
         functions += functions_key
         triggers += triggers_key
-    return TableObjects(spec, 1, tag, tuple(functions), tuple(triggers))
+    return TableObjects(spec, version, tag, tuple(functions), tuple(triggers))
 
 
 def _lease_check(spec: FenceSpec, lit_tag: str, keys: str, column: str, label: str | None) -> str:
@@ -414,6 +424,93 @@ def _v1_row(
     ]
 
 
+# The token as a bigint, for WHEN clauses and the column default (parsed once, at protect time;
+# the statement trigger has already refused a malformed token when these run).
+_TOKEN_INT = f"NULLIF({_TOKEN}, '')::pg_catalog.int8"
+
+
+def _v2_row(
+    spec: FenceSpec,
+    tag: str,
+    fn: Callable[[str, str], Function],
+    trig: Callable[[str], str],
+    col: str,
+    allow: str,
+) -> tuple[list[Function], list[Trigger]]:
+    """Row fences, template 2: every comparison is in a WHEN clause, evaluated in C.
+
+    PL/pgSQL runs only to set a new fence (one assignment), to reject, or without a token; a
+    same-token write runs none. INSERT takes the fence from the column default (see
+    protect_statements) and fires its trigger only when the client wrote another value.
+    """
+    lit_tag = quote_literal(tag)
+    lit_col = quote_literal(spec.column)
+    reused = spec.on_equal == "reject"
+    title = (
+        f"-- fencekit: row fence on {_comment(spec.table.sql)}.{_comment(col)} (template 2). "
+        "Generated; do not edit.\n"
+    )
+    header = title + f"DECLARE\n  raw pg_catalog.text := {_TOKEN};\nBEGIN\n"
+
+    def missing(row: str, unfenced: str) -> str:
+        return _MISSING_ROW.format(tag=lit_tag, allow=allow, row=row, unfenced=unfenced).replace(
+            "  tok := raw::pg_catalog.int8;\n", ""
+        )
+
+    reason = (
+        f"CASE WHEN OLD.{col} OPERATOR(pg_catalog.>) raw::pg_catalog.int8 "
+        "THEN 'stale' ELSE 'reused' END"
+        if reused
+        else "'stale'"
+    )
+
+    def reject_or_unfenced(suffix: str, row: str, unfenced: str) -> Function:
+        return fn(
+            suffix,
+            "\n"
+            + header
+            + missing(row, unfenced)
+            + f"  IF fencekit.rejected_row({reason}, {lit_tag}, TG_RELID, TG_NAME, {lit_col},\n"
+            f"       pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, OLD.{col}) THEN\n"
+            f"    RETURN {row};  -- bypassed: the row passes as written\n"
+            "  END IF;\n"
+            f"  RETURN {row};\nEND\n",
+        )
+
+    # Without a token the fence column cannot be written (NEW keeps OLD's fence).
+    chk = reject_or_unfenced("chk", "NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n")
+    dele = reject_or_unfenced("del", "OLD", "    RETURN OLD;\n")
+    ins = fn(
+        "ins",
+        "\n"
+        + header
+        + missing("NEW", f"    NEW.{col} := NULL;\n    RETURN NEW;\n")
+        + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
+    )
+    # Reached only with a valid token that is not lower than the fence (_chk ran first).
+    upd = fn(
+        "upd",
+        "\n" + title + f"BEGIN\n  NEW.{col} := {_TOKEN}::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
+    )
+    cmp = ">=" if reused else ">"
+    rejected = f"OLD.{col} OPERATOR(pg_catalog.{cmp}) {_TOKEN_INT}"
+    no_token = f"{_TOKEN_INT} IS NULL"
+    differs = f"NEW.{col} IS DISTINCT FROM {_TOKEN_INT}"
+    return [ins, chk, upd, dele], [
+        Trigger(trig("ins"), "BEFORE INSERT", "ROW", ins, when=f"{no_token} OR {differs}"),
+        # _chk sorts before _upd: PostgreSQL fires same-event triggers in name order.
+        Trigger(trig("chk"), "BEFORE UPDATE", "ROW", chk, when=f"{no_token} OR {rejected}"),
+        Trigger(
+            trig("upd"),
+            "BEFORE UPDATE",
+            "ROW",
+            upd,
+            when=f"{differs} AND (OLD.{col} IS NULL OR NOT ({rejected}))",
+        ),
+        Trigger(trig("del"), "BEFORE DELETE", "ROW", dele, when=f"{no_token} OR {rejected}"),
+    ]
+
+
 def _key_expr(spec: FenceSpec, alias: str) -> str:
     cols = [f"{alias}.{quote_ident(c)}" for c in spec.key]
     if len(cols) == 1:
@@ -509,7 +606,7 @@ END
     ]
 
 
-_TEMPLATES: dict[int, Callable[[FenceSpec], TableObjects]] = {1: _v1_objects}
+_TEMPLATES: dict[int, Callable[[FenceSpec], TableObjects]] = {1: _v1_objects, 2: _v2_objects}
 
 
 def table_objects(spec: FenceSpec, template_version: int | None = None) -> TableObjects:
@@ -601,6 +698,10 @@ def protect_statements(spec: FenceSpec, template_version: int | None = None) -> 
         col = quote_ident(spec.column)
         # Nullable, no default: a catalog-only change, the table is not rewritten.
         out.append(f"ALTER TABLE {t.sql} ADD COLUMN IF NOT EXISTS {col} bigint")
+        if tv >= 2:
+            # INSERTs take the fence from the default, evaluated in C. Only new rows use it: the
+            # table is not rewritten.
+            out.append(f"ALTER TABLE {t.sql} ALTER COLUMN {col} SET DEFAULT {_TOKEN_INT}")
         out.append(
             f"COMMENT ON COLUMN {t.sql}.{col} IS "
             + quote_literal(

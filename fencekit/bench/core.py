@@ -99,11 +99,12 @@ def _make_table(
     rows: int,
     keys: int,
     spec: FenceSpec | None,
+    template_version: int | None = None,
 ) -> str:
     t = f"{SCHEMA}.{name}"
     conn.execute(_SHAPES[shape].format(t=t, rows=rows, keys=keys))
     if spec is not None:
-        for stmt in protect_statements(spec):
+        for stmt in protect_statements(spec, template_version):
             conn.execute(stmt)
     conn.execute(f"VACUUM ANALYZE {t}")
     return t
@@ -220,6 +221,66 @@ def _single_row(
     }
 
 
+# Where the time of a row fence goes: each variant adds one thing to the one before it, all on
+# the billing table, all updating every row under a new token (the fence changes on every row).
+_ANATOMY_FUNCTIONS = f"""
+CREATE FUNCTION {SCHEMA}.noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
+CREATE FUNCTION {SCHEMA}.assign() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.fencekit_fence := pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8;
+  RETURN NEW;
+END $$;
+"""
+_ANATOMY = (
+    (
+        "any BEFORE ROW trigger (WHEN false: the row is fetched and locked for it)",
+        "CREATE TRIGGER t BEFORE UPDATE ON {t} FOR EACH ROW WHEN (false) "
+        f"EXECUTE FUNCTION {SCHEMA}.noop()",
+    ),
+    (
+        "an empty PL/pgSQL row trigger (the per-row call)",
+        f"CREATE TRIGGER t BEFORE UPDATE ON {{t}} FOR EACH ROW EXECUTE FUNCTION {SCHEMA}.noop()",
+    ),
+    (
+        "PL/pgSQL reading the setting into the fence column (no checks)",
+        f"CREATE TRIGGER t BEFORE UPDATE ON {{t}} FOR EACH ROW EXECUTE FUNCTION {SCHEMA}.assign()",
+    ),
+)
+
+
+def _anatomy(
+    conn: psycopg.Connection[Any], rows: int, rounds: int, progress: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    conn.execute(_ANATOMY_FUNCTIONS)
+    plain = _make_table(conn, "anat_plain", "billing", rows, 1000, None)
+    conn.execute(f"ALTER TABLE {plain} ADD COLUMN fencekit_fence bigint")
+    tables: list[tuple[str, str]] = []
+    for i, (label, ddl) in enumerate(_ANATOMY):
+        t = _make_table(conn, f"anat_{i}", "billing", rows, 1000, None)
+        conn.execute(f"ALTER TABLE {t} ADD COLUMN fencekit_fence bigint")
+        conn.execute(ddl.format(t=t))
+        tables.append((label, t))
+    for version in (1, 2):
+        name = f"anat_v{version}"
+        t = _make_table(
+            conn, name, "billing", rows, 1000, FenceSpec(TableName(SCHEMA, name)), version
+        )
+        tables.append((f"fencekit row fence, template {version}", t))
+    times: dict[str, list[float]] = {t: [] for t in [plain, *(t for _, t in tables)]}
+    token = 50_000
+    update = _UPDATE["billing"]
+    for r in range(rounds):
+        progress(f"row fence anatomy: round {r + 1}/{rounds}")
+        token += 1
+        for t in times:
+            conn.execute(f"VACUUM {t}")
+            times[t].append(_timed_tx(conn, token, update.format(t=t)))
+    return [
+        _result(f"anatomy: {label} ({rows:,} rows, new token)", times[plain], times[t], "s", "-")
+        for label, t in tables
+    ]
+
+
 def run(
     dsn: str, *, quick: bool = False, progress: Callable[[str], None] = lambda _: None
 ) -> list[dict[str, Any]]:
@@ -230,4 +291,5 @@ def run(
         results = _bulk(conn, "billing", rows, rounds, progress)
         results += _bulk(conn, "narrow", rows, rounds, progress)
         results.append(_single_row(conn, 300 if quick else 2000, rounds, progress))
+        results += _anatomy(conn, rows, rounds, progress)
     return results
