@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from fencekit.bench.results import ratio_result
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements, unprotect_statements
 
@@ -53,22 +54,6 @@ _UPDATE = {
     "billing": "UPDATE {t} SET total = total + 1, updated_at = now()",
     "narrow": "UPDATE {t} SET v = v + 1",
 }
-
-
-def _result(
-    name: str, base: list[float], fenced: list[float], unit: str, target: str
-) -> dict[str, Any]:
-    # Each round measures both sides back to back; the median of the per-round ratios cancels
-    # the slow drifts of a shared machine better than a ratio of overall medians.
-    ratios = [f / b for b, f in zip(base, fenced, strict=True)]
-    return {
-        "name": name,
-        "baseline": statistics.median(base),
-        "fenced": statistics.median(fenced),
-        "ratio": statistics.median(ratios),
-        "unit": unit,
-        "target": target,
-    }
 
 
 def _drop_bench_schema(conn: psycopg.Connection[Any]) -> None:
@@ -156,21 +141,21 @@ def _bulk(
                 times[f"{name}_same"].append(_timed_tx(conn, token, _UPDATE[shape].format(t=t)))
     n = f"{rows:,} rows, {shape} table"
     return [
-        _result(
+        ratio_result(
             f"row fence, bulk UPDATE, new token ({n})",
             times["plain_new"],
             times["row_new"],
             "s",
             "<= 1.15x",
         ),
-        _result(
+        ratio_result(
             f"row fence, bulk UPDATE, same token ({n})",
             times["plain_same"],
             times["row_same"],
             "s",
             "<= 1.05x",
         ),
-        _result(
+        ratio_result(
             f"key fence, bulk UPDATE, 1,000 keys ({n})",
             times["plain_new"],
             times["key_new"],
@@ -276,7 +261,9 @@ def _anatomy(
             conn.execute(f"VACUUM {t}")
             times[t].append(_timed_tx(conn, token, update.format(t=t)))
     return [
-        _result(f"anatomy: {label} ({rows:,} rows, new token)", times[plain], times[t], "s", "-")
+        ratio_result(
+            f"anatomy: {label} ({rows:,} rows, new token)", times[plain], times[t], "s", "-"
+        )
         for label, t in tables
     ]
 

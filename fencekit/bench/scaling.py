@@ -12,7 +12,6 @@ asserts on time. ``quick`` stops at 100k.
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from fencekit.bench.results import ratio_result
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements, unprotect_statements
 
@@ -85,7 +85,11 @@ def _rows_scaling(
             ):
                 conn.execute(f"VACUUM {t}".encode())
                 acc.append(_timed(conn, token, f"UPDATE {t} SET v = v + 1") / n)
-        out.append(_result(f"row fence, bulk UPDATE, {_row(n)} rows", base, fen, "s/row", n))
+        out.append(
+            ratio_result(
+                f"row fence, bulk UPDATE, {_row(n)} rows", base, fen, "s/row", "flat", size=n
+            )
+        )
         for stmt in unprotect_statements(FenceSpec(TableName(SCHEMA, f"rows_row_{n}"))):
             conn.execute(stmt.encode())
         conn.execute(f"DROP TABLE {plain}; DROP TABLE {fenced}".encode())
@@ -122,28 +126,20 @@ def _keys_scaling(
                         conn.execute(update, [i])
                 acc.append((time.perf_counter() - start) / writes)
         out.append(
-            _result(f"key fence, 1-row write, {_row(n)} fenced keys", base, fen, "s/write", n)
+            ratio_result(
+                f"key fence, 1-row write, {_row(n)} fenced keys",
+                base,
+                fen,
+                "s/write",
+                "flat",
+                size=n,
+            )
         )
         conn.execute(f"DROP TABLE {plain}".encode())
         for undo in unprotect_statements(spec):
             conn.execute(undo.encode())
         conn.execute(f"DROP TABLE {fenced}".encode())
     return out
-
-
-def _result(
-    name: str, base: list[float], fenced: list[float], unit: str, size: int
-) -> dict[str, Any]:
-    ratios = [f / b for b, f in zip(base, fenced, strict=True)]
-    return {
-        "name": name,
-        "baseline": statistics.median(base),
-        "fenced": statistics.median(fenced),
-        "ratio": statistics.median(ratios),
-        "unit": unit,
-        "target": "flat",
-        "size": size,
-    }
 
 
 def run(
