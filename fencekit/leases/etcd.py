@@ -360,13 +360,16 @@ class EtcdIssuer:
         try:
             resp = self._call(lambda c: c.transaction(txn), "lock transaction", deadline)
             responses = resp.get("responses", [])
-            if resp.get("succeeded"):
-                my_rev = int(resp["header"]["revision"])
-            else:  # a retried transaction whose first try went through
-                mine = responses[0]["response_range"].get("kvs", [])
-                if not mine:
-                    raise IssuerError(f"etcd: lock key {key} vanished during acquisition")
-                my_rev = int(mine[0]["create_revision"])
+            if not resp.get("succeeded"):
+                # A retried transaction whose first try went through (its reply was lost, e.g.
+                # in a leader change). Whether our key was the only live one at its creation
+                # revision, the token, is unknown: another holder may still have held the lock
+                # then, so the key would have been a waiter's. Withdraw; the caller tries again
+                # with a fresh key, whose revision is read in the same transaction.
+                with contextlib.suppress(IssuerUnavailable):
+                    self._revoke(lease_id, deadline)
+                return None
+            my_rev = int(resp["header"]["revision"])
             owners = responses[1]["response_range"].get("kvs", [])
         except BaseException:
             with contextlib.suppress(IssuerError):
