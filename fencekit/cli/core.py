@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fencekit import sqlgen
@@ -349,20 +350,22 @@ def run_sql_install(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_sql_protect(args: argparse.Namespace) -> int:
+def _print_table_script(args: argparse.Namespace, render: Callable[..., str]) -> int:
     spec = _spec(args, _table(args.table))
-    tv, lock_timeout = _template_version(args), _lock_timeout(args)
     _offline_check(args, spec)
-    sys.stdout.write(sqlgen.render_protect(spec, template_version=tv, lock_timeout=lock_timeout))
+    script = render(
+        spec, template_version=_template_version(args), lock_timeout=_lock_timeout(args)
+    )
+    sys.stdout.write(script)
     return 0
+
+
+def run_sql_protect(args: argparse.Namespace) -> int:
+    return _print_table_script(args, sqlgen.render_protect)
 
 
 def run_sql_unprotect(args: argparse.Namespace) -> int:
-    spec = _spec(args, _table(args.table))
-    tv, lock_timeout = _template_version(args), _lock_timeout(args)
-    _offline_check(args, spec)
-    sys.stdout.write(sqlgen.render_unprotect(spec, template_version=tv, lock_timeout=lock_timeout))
-    return 0
+    return _print_table_script(args, sqlgen.render_unprotect)
 
 
 def run_install(args: argparse.Namespace) -> int:
