@@ -35,7 +35,7 @@ __all__ = [
 #: Version of the core schema (``fencekit`` schema, tables, shared functions).
 CORE_VERSION = 2
 #: Newest per-table template version.
-TEMPLATE_VERSION = 2
+TEMPLATE_VERSION = 3
 DEFAULT_LOCK_TIMEOUT = "5s"
 
 _TOKEN = "pg_catalog.current_setting('fencekit.token', true)"
@@ -167,8 +167,16 @@ def _v2_objects(spec: FenceSpec) -> TableObjects:
     return _objects(spec, 2)
 
 
+def _v3_objects(spec: FenceSpec) -> TableObjects:
+    return _objects(spec, 3)
+
+
 def _objects(spec: FenceSpec, version: int) -> TableObjects:
-    """Template 1 and 2 differ only in row fences (2 moves the per-row checks into WHEN)."""
+    """Templates 1-3 share the statement check; they differ in how cheaply it and rows run.
+
+    1: all checks in PL/pgSQL. 2: row checks in WHEN clauses, the statement check behind a WHEN.
+    3: the same checks with less work per statement (see :func:`_v3_row` and the fast path).
+    """
     t = spec.table
     tag = object_tag(t.schema, t.name)
     lit_tag = quote_literal(tag)
@@ -219,18 +227,23 @@ def _objects(spec: FenceSpec, version: int) -> TableObjects:
             f"    PERFORM fencekit.count_event({lit_tag}, 'bypassed');\n"
             "  END IF;\n"
         )
+    stmt_declare = (
+        "DECLARE\n"
+        f"  raw pg_catalog.text := {_TOKEN};\n"
+        "  tok pg_catalog.int8;\n"
+        "  byp boolean := false;\n"
+        "  fence pg_catalog.int8;\n"
+        "  bad record;\n"
+        "  lb record;\n"
+        "BEGIN"
+    )
+    if version >= 3:
+        stmt_declare = _v3_statement_start(spec)
     stmt = fn(
         "stmt",
         f"""
 -- fencekit: statement check for {_comment(t.sql)} ({spec.scope} fence). Generated; do not edit.
-DECLARE
-  raw pg_catalog.text := {_TOKEN};
-  tok pg_catalog.int8;
-  byp boolean := false;
-  fence pg_catalog.int8;
-  bad record;
-  lb record;
-BEGIN
+{stmt_declare}
   IF pg_catalog.current_setting('fencekit.bypass', true) OPERATOR(pg_catalog.<>) '' THEN
     byp := fencekit.bypass_allowed({lit_tag}, TG_RELID, TG_NAME);
   END IF;
@@ -268,7 +281,9 @@ END
     # Row and key fences only need the statement check when something is off (no token, a
     # malformed one, bypass or a foreign issuer): the WHEN clause tests that in C, so the
     # common case starts no PL/pgSQL at all. A table fence advances on every statement.
-    stmt_when = None if spec.scope is Scope.TABLE else _needs_statement_check(spec)
+    stmt_when = (
+        None if spec.scope is Scope.TABLE or version >= 3 else _needs_statement_check(spec)
+    )
     functions: list[Function] = [stmt]
     triggers: list[Trigger] = [
         Trigger(
@@ -283,7 +298,7 @@ END
     ]
 
     if spec.scope is Scope.ROW:
-        build_row = _v1_row if version == 1 else _v2_row
+        build_row = {1: _v1_row, 2: _v2_row}.get(version, _v3_row)
         functions_row, triggers_row = build_row(spec, tag, fn, trig, col, allow)
         functions += functions_row
         triggers += triggers_row
@@ -511,6 +526,154 @@ def _v2_row(
     ]
 
 
+def _indent(block: str) -> str:
+    return "".join(f"  {line}" if line.strip() else line for line in block.splitlines(True))
+
+
+def _v3_statement_start(spec: FenceSpec) -> str:
+    """Template 3's statement function opens with its fast path, before any initialiser runs.
+
+    A trigger WHEN clause is parsed from its stored text and compiled on every statement, which
+    cost a one-row UPDATE more than the check itself; PL/pgSQL keeps its compiled function for
+    the session. So template 3 has no statement WHEN and tests everything in one expression:
+    a well-formed token, no bypass (and the right issuer) end the trigger at once.
+    """
+    issuer = ""
+    if spec.issuer is not None:
+        issuer = (
+            "\n     AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') "
+            "OPERATOR(pg_catalog.=) ''\n"
+            "          OR pg_catalog.current_setting('fencekit.issuer', true) "
+            f"OPERATOR(pg_catalog.=) {quote_literal(spec.issuer)})"
+        )
+    fast = (
+        "  -- Fast path, one expression: a canonical positive bigint token, no bypass, the right\n"
+        "  -- issuer. Table fences always go on: every statement advances their fence.\n"
+        f"  IF {_TOKEN} OPERATOR(pg_catalog.~) '^[1-9][0-9]{{0,18}}$'\n"
+        f"     AND (pg_catalog.length({_TOKEN}) OPERATOR(pg_catalog.<) 19\n"
+        f"          OR {_TOKEN} OPERATOR(pg_catalog.<=) '9223372036854775807' "
+        'COLLATE pg_catalog."C")\n'
+        "     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+        "OPERATOR(pg_catalog.=) ''"
+        f"{issuer}\n"
+        "     AND TG_OP OPERATOR(pg_catalog.<>) 'TRUNCATE' THEN\n"
+        "    RETURN NULL;\n"
+        "  END IF;\n"
+    )
+    return (
+        "DECLARE\n"
+        "  raw pg_catalog.text;\n"
+        "  tok pg_catalog.int8;\n"
+        "  byp boolean;\n"
+        "  fence pg_catalog.int8;\n"
+        "  bad record;\n"
+        "  lb record;\n"
+        "BEGIN\n"
+        + (fast if spec.scope is not Scope.TABLE else "")
+        + f"  raw := {_TOKEN};\n"
+        "  byp := false;"
+    )
+
+
+def _v3_row(
+    spec: FenceSpec,
+    tag: str,
+    fn: Callable[[str, str], Function],
+    trig: Callable[[str], str],
+    col: str,
+    allow: str,
+) -> tuple[list[Function], list[Trigger]]:
+    """Row fences, template 3: one UPDATE trigger whose hot path is one comparison.
+
+    Every WHEN clause is re-parsed per statement, so template 3 keeps them short: one reading
+    of the setting each, compared as text (the fence's canonical text equals the token's only
+    when they are the same number, and a text comparison cannot fail on a bad token). A write
+    under the holder's current token runs no PL/pgSQL; a new token runs two expressions.
+    """
+    lit_tag = quote_literal(tag)
+    lit_col = quote_literal(spec.column)
+    reused = spec.on_equal == "reject"
+    title = (
+        f"-- fencekit: row fence on {_comment(spec.table.sql)}.{_comment(col)} (template 3). "
+        "Generated; do not edit.\n"
+    )
+
+    def slow(row: str, unfenced: str, end: str = "END") -> str:
+        """No token, or a token the fence rejects: the rare path, in its own block."""
+        missing = _MISSING_ROW.format(
+            tag=lit_tag, allow=allow, row=row, unfenced=unfenced
+        ).replace("  tok := raw::pg_catalog.int8;\n", "")
+        reason = (
+            f"CASE WHEN OLD.{col} OPERATOR(pg_catalog.>) raw::pg_catalog.int8 "
+            "THEN 'stale' ELSE 'reused' END"
+            if reused
+            else "'stale'"
+        )
+        return (
+            f"DECLARE\n  raw pg_catalog.text := {_TOKEN};\nBEGIN\n"
+            + missing
+            + f"  IF fencekit.rejected_row({reason}, {lit_tag}, TG_RELID, TG_NAME, {lit_col},\n"
+            f"       pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, OLD.{col}) THEN\n"
+            f"    RETURN {row};  -- bypassed: the row passes as written\n"
+            "  END IF;\n"
+            f"  RETURN {row};\n{end}\n"
+        )
+
+    # A token not lower than the fence (higher, under on_equal=reject) becomes the fence; a
+    # missing token compares as NULL and takes the slow path. Tokens are positive, so 0 stands
+    # for a row that was never fenced. No NULLIF or IN in bodies: PL/pgSQL resolves their
+    # operators at run time through the writer's search_path; OPERATOR(pg_catalog.x) is fixed.
+    accepts = ">" if reused else ">="
+    upd = fn(
+        "upd",
+        "\n"
+        + title
+        + "BEGIN\n"
+        # Parenthesised: PL/pgSQL ends an IF condition at the first THEN outside parentheses.
+        f"  IF (CASE WHEN {_TOKEN} OPERATOR(pg_catalog.=) '' THEN NULL\n"
+        f"           ELSE {_TOKEN}::pg_catalog.int8 END)\n"
+        f"     OPERATOR(pg_catalog.{accepts}) COALESCE(OLD.{col}, 0) THEN\n"
+        f"    NEW.{col} := {_TOKEN}::pg_catalog.int8;\n"
+        "    RETURN NEW;\n"
+        "  END IF;\n"
+        "  -- Without a token the fence column cannot be written (NEW keeps OLD's fence).\n"
+        + _indent(slow("NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n", "END;"))
+        + "END\n",
+    )
+    dele = fn("del", "\n" + title + slow("OLD", "    RETURN OLD;\n"))
+    ins = fn(
+        "ins",
+        "\n"
+        + title
+        + f"DECLARE\n  raw pg_catalog.text := {_TOKEN};\nBEGIN\n"
+        + _MISSING_ROW.format(
+            tag=lit_tag, allow=allow, row="NEW", unfenced=f"    NEW.{col} := NULL;\n    RETURN NEW;\n"
+        ).replace("  tok := raw::pg_catalog.int8;\n", "")
+        + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
+    )
+    same = f"OLD.{col}::pg_catalog.text IS DISTINCT FROM {_TOKEN}"
+    # Under on_equal=reject every write with a token needs the function: it advances or rejects.
+    upd_when = None if reused else f"{same} OR NEW.{col} IS DISTINCT FROM OLD.{col}"
+    keeps = "<" if reused else "<="
+    return [ins, upd, dele], [
+        Trigger(
+            trig("ins"),
+            "BEFORE INSERT",
+            "ROW",
+            ins,
+            when=f"NEW.{col} IS NULL OR NEW.{col}::pg_catalog.text IS DISTINCT FROM {_TOKEN}",
+        ),
+        Trigger(trig("upd"), "BEFORE UPDATE", "ROW", upd, when=upd_when),
+        Trigger(
+            trig("del"),
+            "BEFORE DELETE",
+            "ROW",
+            dele,
+            when=f"(COALESCE(OLD.{col}, 0) OPERATOR(pg_catalog.{keeps}) {_TOKEN_INT}) IS NOT TRUE",
+        ),
+    ]
+
+
 def _key_expr(spec: FenceSpec, alias: str) -> str:
     cols = [f"{alias}.{quote_ident(c)}" for c in spec.key]
     if len(cols) == 1:
@@ -606,7 +769,11 @@ END
     ]
 
 
-_TEMPLATES: dict[int, Callable[[FenceSpec], TableObjects]] = {1: _v1_objects, 2: _v2_objects}
+_TEMPLATES: dict[int, Callable[[FenceSpec], TableObjects]] = {
+    1: _v1_objects,
+    2: _v2_objects,
+    3: _v3_objects,
+}
 
 
 def table_objects(spec: FenceSpec, template_version: int | None = None) -> TableObjects:
@@ -687,6 +854,40 @@ def _same_structure_guard(spec: FenceSpec) -> str:
     )
 
 
+def _drop_other_templates(objs: TableObjects) -> str:
+    """PL/pgSQL dropping what another template version made and this one does not.
+
+    Re-protecting with a newer template (or an alembic upgrade_fence) must not leave an old
+    trigger firing beside the new ones; template 2's ``_chk`` is gone in template 3, for one.
+    """
+    t = objs.spec.table
+    regclass = f"{quote_literal(t.sql)}::pg_catalog.regclass"
+    keep_triggers = {tr.name for tr in objs.triggers}
+    keep_functions = {f.name for f in objs.functions}
+    triggers: dict[str, None] = {}
+    functions: dict[str, Function] = {}
+    for version in sorted(_TEMPLATES):
+        if version == objs.template_version:
+            continue
+        other = _TEMPLATES[version](objs.spec)
+        triggers.update((tr.name, None) for tr in other.triggers if tr.name not in keep_triggers)
+        functions.update((f.name, f) for f in other.functions if f.name not in keep_functions)
+    out = "".join(
+        f"  IF EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid = {regclass}\n"
+        f"             AND tgname = {quote_literal(name)}) THEN\n"
+        f"    DROP TRIGGER {quote_ident(name)} ON {t.sql};\n"
+        "  END IF;\n"
+        for name in triggers
+    )
+    out += "".join(
+        f"  IF pg_catalog.to_regprocedure({quote_literal(f.sql_name + '()')}) IS NOT NULL THEN\n"
+        f"    DROP FUNCTION {f.sql_name}();\n"
+        "  END IF;\n"
+        for f in functions.values()
+    )
+    return out
+
+
 def protect_statements(spec: FenceSpec, template_version: int | None = None) -> list[str]:
     """Statements that protect a table, without transaction control; idempotent."""
     objs = table_objects(spec, template_version)
@@ -742,7 +943,7 @@ def protect_statements(spec: FenceSpec, template_version: int | None = None) -> 
             f"    COMMENT ON TRIGGER {quote_ident(tr.name)} ON {t.sql} IS {stamp};\n"
             "  END IF;\n"
         )
-    out.append(_do("\nBEGIN\n" + "".join(creates) + "END\n"))
+    out.append(_do("\nBEGIN\n" + _drop_other_templates(objs) + "".join(creates) + "END\n"))
     part_triggers = [tr for tr in objs.triggers if tr.on_partitions]
     if part_triggers:
         # Statement triggers on a partitioned table do not fire for statements that name a
