@@ -281,9 +281,7 @@ END
     # Row and key fences only need the statement check when something is off (no token, a
     # malformed one, bypass or a foreign issuer): the WHEN clause tests that in C, so the
     # common case starts no PL/pgSQL at all. A table fence advances on every statement.
-    stmt_when = (
-        None if spec.scope is Scope.TABLE or version >= 3 else _needs_statement_check(spec)
-    )
+    stmt_when = None if spec.scope is Scope.TABLE or version >= 3 else _needs_statement_check(spec)
     functions: list[Function] = [stmt]
     triggers: list[Trigger] = [
         Trigger(
@@ -568,9 +566,7 @@ def _v3_statement_start(spec: FenceSpec) -> str:
         "  fence pg_catalog.int8;\n"
         "  bad record;\n"
         "  lb record;\n"
-        "BEGIN\n"
-        + (fast if spec.scope is not Scope.TABLE else "")
-        + f"  raw := {_TOKEN};\n"
+        "BEGIN\n" + (fast if spec.scope is not Scope.TABLE else "") + f"  raw := {_TOKEN};\n"
         "  byp := false;"
     )
 
@@ -600,9 +596,9 @@ def _v3_row(
 
     def slow(row: str, unfenced: str, end: str = "END") -> str:
         """No token, or a token the fence rejects: the rare path, in its own block."""
-        missing = _MISSING_ROW.format(
-            tag=lit_tag, allow=allow, row=row, unfenced=unfenced
-        ).replace("  tok := raw::pg_catalog.int8;\n", "")
+        missing = _MISSING_ROW.format(tag=lit_tag, allow=allow, row=row, unfenced=unfenced).replace(
+            "  tok := raw::pg_catalog.int8;\n", ""
+        )
         reason = (
             f"CASE WHEN OLD.{col} OPERATOR(pg_catalog.>) raw::pg_catalog.int8 "
             "THEN 'stale' ELSE 'reused' END"
@@ -626,9 +622,7 @@ def _v3_row(
     accepts = ">" if reused else ">="
     upd = fn(
         "upd",
-        "\n"
-        + title
-        + "BEGIN\n"
+        "\n" + title + "BEGIN\n"
         # Parenthesised: PL/pgSQL ends an IF condition at the first THEN outside parentheses.
         f"  IF (CASE WHEN {_TOKEN} OPERATOR(pg_catalog.=) '' THEN NULL\n"
         f"           ELSE {_TOKEN}::pg_catalog.int8 END)\n"
@@ -647,7 +641,10 @@ def _v3_row(
         + title
         + f"DECLARE\n  raw pg_catalog.text := {_TOKEN};\nBEGIN\n"
         + _MISSING_ROW.format(
-            tag=lit_tag, allow=allow, row="NEW", unfenced=f"    NEW.{col} := NULL;\n    RETURN NEW;\n"
+            tag=lit_tag,
+            allow=allow,
+            row="NEW",
+            unfenced=f"    NEW.{col} := NULL;\n    RETURN NEW;\n",
         ).replace("  tok := raw::pg_catalog.int8;\n", "")
         + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
     )
