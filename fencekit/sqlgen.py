@@ -524,10 +524,6 @@ def _v2_row(
     ]
 
 
-def _indent(block: str) -> str:
-    return "".join(f"  {line}" if line.strip() else line for line in block.splitlines(True))
-
-
 def _v3_statement_start(spec: FenceSpec) -> str:
     """Template 3's statement function opens with its fast path, before any initialiser runs.
 
@@ -631,7 +627,8 @@ def _v3_row(
         "    RETURN NEW;\n"
         "  END IF;\n"
         "  -- Without a token the fence column cannot be written (NEW keeps OLD's fence).\n"
-        + _indent(slow("NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n", "END;"))
+        # Not re-indented: a quoted name may hold a newline, and indenting would change it.
+        + slow("NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n", "END;")
         + "END\n",
     )
     dele = fn("del", "\n" + title + slow("OLD", "    RETURN OLD;\n"))

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from fencekit.bench.results import ratio_result
 from fencekit.spec import FenceSpec, Scope, TableName
-from fencekit.sqlgen import protect_statements, unprotect_statements
+from fencekit.sqlgen import TEMPLATE_VERSION, protect_statements, unprotect_statements
 
 __all__ = ["run"]
 
@@ -245,7 +245,7 @@ def _anatomy(
         conn.execute(f"ALTER TABLE {t} ADD COLUMN fencekit_fence bigint")
         conn.execute(ddl.format(t=t))
         tables.append((label, t))
-    for version in (1, 2):
+    for version in range(1, TEMPLATE_VERSION + 1):
         name = f"anat_v{version}"
         t = _make_table(
             conn, name, "billing", rows, 1000, FenceSpec(TableName(SCHEMA, name)), version

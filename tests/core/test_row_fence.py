@@ -6,7 +6,9 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from fencekit import sqlgen
 from fencekit.embedded import EmbeddedServer
+from fencekit.spec import FenceSpec, TableName
 from tests.core.helpers import (
     MALFORMED,
     MISSING,
@@ -20,6 +22,7 @@ from tests.core.helpers import (
     reject,
     rejection_count,
     rows,
+    run_script,
     write,
 )
 
@@ -381,3 +384,30 @@ def test_missing_token_policy(db: Conn) -> None:
     assert rejection_count(db, "lax", "unfenced") == 3  # counted once per statement
     # A stale token is still refused where a missing one is allowed.
     reject(db, STALE, 4, "UPDATE lax SET v = 'stale' WHERE id = 1")
+
+
+@pytest.mark.parametrize("old", [1, 2])
+def test_reprotect_upgrades_an_older_template_in_place(db: Conn, old: int) -> None:
+    """Protect again with the newest template: what only the old one made is dropped."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    spec = FenceSpec(TableName.parse("t"))
+    run_script(db, sqlgen.render_protect(spec, template_version=old))
+    write(db, 5, "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    write(db, 7, "UPDATE t SET v = 'seven' WHERE id = 1")
+    run_script(db, sqlgen.render_protect(spec))
+    new = sqlgen.table_objects(spec)
+    triggers = rows(
+        db, "SELECT tgname FROM pg_trigger WHERE tgrelid = 't'::regclass ORDER BY tgname"
+    )
+    assert [name for (name,) in triggers] == sorted(tr.name for tr in new.triggers)
+    functions = rows(
+        db,
+        "SELECT proname FROM pg_proc WHERE pronamespace = 'fencekit'::regnamespace "
+        "AND proname LIKE %s ORDER BY proname",
+        [new.tag + "%"],
+    )
+    assert [name for (name,) in functions] == sorted({f.name for f in new.functions})
+    assert _fences(db) == {1: 7, 2: 5}  # the data and its fences are untouched
+    reject(db, STALE, 6, "UPDATE t SET v = 'stale' WHERE id = 1")
+    assert write(db, 6, "UPDATE t SET v = 'six' WHERE id = 2") == 1
+    assert _fences(db) == {1: 7, 2: 6}
