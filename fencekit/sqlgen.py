@@ -283,13 +283,10 @@ END
     # common case starts no PL/pgSQL at all. A table fence advances on every statement.
     stmt_when = None if spec.scope is Scope.TABLE or version >= 3 else _needs_statement_check(spec)
     functions: list[Function] = [stmt]
-    stmt_events = "BEFORE INSERT OR UPDATE OR DELETE"
-    if version >= 3 and _v3_rows_check_statement(spec):
-        stmt_events = "BEFORE INSERT"  # the row triggers check UPDATE and DELETE themselves
     triggers: list[Trigger] = [
         Trigger(
             trig("stmt"),
-            stmt_events,
+            "BEFORE INSERT OR UPDATE OR DELETE",
             "STATEMENT",
             stmt,
             when=stmt_when,
@@ -570,25 +567,6 @@ def _v3_statement_start(spec: FenceSpec) -> str:
     )
 
 
-def _v3_rows_check_statement(spec: FenceSpec) -> bool:
-    """Template 3 row fences whose row triggers also do the statement check for UPDATE/DELETE.
-
-    With on_missing=reject and no issuer, everything the statement check decides (missing,
-    malformed, bypass) is decided per row as cheaply, and a row write then starts no statement
-    PL/pgSQL at all. INSERT keeps it: its fence comes from a column default that casts the token.
-    """
-    return spec.scope is Scope.ROW and spec.on_missing == "reject" and spec.issuer is None
-
-
-# The token is a canonical positive bigint: a text test, so it cannot fail on a bad token.
-_CANONICAL = (
-    f"{_TOKEN} OPERATOR(pg_catalog.~) '^[1-9][0-9]{{0,18}}$'\n"
-    f"           AND (pg_catalog.length({_TOKEN}) OPERATOR(pg_catalog.<) 19\n"
-    f"                OR {_TOKEN} OPERATOR(pg_catalog.<=) '9223372036854775807' "
-    'COLLATE pg_catalog."C")'
-)
-
-
 def _v3_row(
     spec: FenceSpec,
     tag: str,
@@ -602,69 +580,30 @@ def _v3_row(
     Every WHEN clause is re-parsed per statement, so template 3 keeps them short: one reading
     of the setting each, compared as text (the fence's canonical text equals the token's only
     when they are the same number, and a text comparison cannot fail on a bad token). A write
-    under the holder's current token runs no PL/pgSQL; a new token runs two expressions, the
-    token's format test included (see :func:`_v3_rows_check_statement`).
+    under the holder's current token runs no PL/pgSQL; a new token runs two expressions.
     """
     lit_tag = quote_literal(tag)
     lit_col = quote_literal(spec.column)
     reused = spec.on_equal == "reject"
-    own_check = _v3_rows_check_statement(spec)
-    accepts = ">" if reused else ">="
     title = (
         f"-- fencekit: row fence on {_comment(spec.table.sql)}.{_comment(col)} (template 3). "
         "Generated; do not edit.\n"
     )
-    # A bypassed write without a token is counted by the statement check when there is one.
-    count_bypass = (
-        f"      PERFORM fencekit.count_event({lit_tag}, 'bypassed');\n" if own_check else ""
-    )
 
     def slow(row: str, unfenced: str, end: str = "END") -> str:
-        """No token, a malformed one, or one the fence rejects: the rare path, in its own block."""
+        """No token, or a token the fence rejects: the rare path, in its own block."""
+        missing = _MISSING_ROW.format(tag=lit_tag, allow=allow, row=row, unfenced=unfenced).replace(
+            "  tok := raw::pg_catalog.int8;\n", ""
+        )
         reason = (
             f"CASE WHEN OLD.{col} OPERATOR(pg_catalog.>) raw::pg_catalog.int8 "
             "THEN 'stale' ELSE 'reused' END"
             if reused
             else "'stale'"
         )
-        bypass = (
-            "  IF pg_catalog.current_setting('fencekit.bypass', true) OPERATOR(pg_catalog.<>) '' "
-            "THEN\n"
-            "    -- YF005 unless the role is a fencekit_admin member, whatever the token.\n"
-            f"    PERFORM fencekit.bypass_allowed({lit_tag}, TG_RELID, TG_NAME);\n"
-            "  END IF;\n"
-            if own_check
-            else ""
-        )
-        accepted = (
-            # Bypass set by an admin sent a good write here: it goes on as any other.
-            f"  IF raw::pg_catalog.int8 OPERATOR(pg_catalog.{accepts}) COALESCE(OLD.{col}, 0) "
-            "THEN\n"
-            + (f"    NEW.{col} := raw::pg_catalog.int8;\n" if row == "NEW" else "")
-            + f"    RETURN {row};\n"
-            "  END IF;\n"
-            if own_check
-            else ""
-        )
         return (
             f"DECLARE\n  raw pg_catalog.text := {_TOKEN};\nBEGIN\n"
-            + bypass
-            + "  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN\n"
-            "    -- No token: bypass (the row passes as written), on_missing allow, or YF003.\n"
-            f"    IF fencekit.unfenced_row({lit_tag}, TG_RELID, TG_NAME, {allow}) THEN\n"
-            f"{count_bypass}"
-            f"      RETURN {row};\n"
-            "    END IF;\n"
-            f"{unfenced}"
-            "  END IF;\n"
-            "  IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,18}$'\n"
-            "          AND (pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19\n"
-            "               OR raw OPERATOR(pg_catalog.<=) '9223372036854775807' "
-            'COLLATE pg_catalog."C")) THEN\n'
-            f"    PERFORM fencekit.reject('malformed', {lit_tag}, TG_RELID, TG_NAME, NULL, NULL, "
-            "NULL, NULL, NULL, raw);\n"
-            "  END IF;\n"
-            + accepted
+            + missing
             + f"  IF fencekit.rejected_row({reason}, {lit_tag}, TG_RELID, TG_NAME, {lit_col},\n"
             f"       pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, OLD.{col}) THEN\n"
             f"    RETURN {row};  -- bypassed: the row passes as written\n"
@@ -672,42 +611,27 @@ def _v3_row(
             f"  RETURN {row};\n{end}\n"
         )
 
-    # A well-formed token not lower than the fence (higher, under on_equal=reject) becomes the
-    # fence; anything else compares as NULL and takes the slow path. Tokens are positive, so 0
-    # stands for a row that was never fenced. Parenthesised: PL/pgSQL ends an IF condition at
-    # the first THEN outside parentheses. No NULLIF or IN in bodies: PL/pgSQL resolves their
+    # A token not lower than the fence (higher, under on_equal=reject) becomes the fence; a
+    # missing token compares as NULL and takes the slow path. Tokens are positive, so 0 stands
+    # for a row that was never fenced. No NULLIF or IN in bodies: PL/pgSQL resolves their
     # operators at run time through the writer's search_path; OPERATOR(pg_catalog.x) is fixed.
-    no_bypass = (
-        "\n           AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
-        "OPERATOR(pg_catalog.=) ''"
-        if own_check
-        else ""
-    )
-    passes = (
-        f"  IF (CASE WHEN {_CANONICAL}{no_bypass}\n"
-        f"           THEN {_TOKEN}::pg_catalog.int8 END)\n"
-        f"     OPERATOR(pg_catalog.{accepts}) COALESCE(OLD.{col}, 0) THEN\n"
-    )
-    # Slow blocks are not re-indented: a quoted name may hold a newline.
+    accepts = ">" if reused else ">="
     upd = fn(
         "upd",
-        "\n" + title + "BEGIN\n" + passes + f"    NEW.{col} := {_TOKEN}::pg_catalog.int8;\n"
+        "\n" + title + "BEGIN\n"
+        # Parenthesised: PL/pgSQL ends an IF condition at the first THEN outside parentheses.
+        f"  IF (CASE WHEN {_TOKEN} OPERATOR(pg_catalog.=) '' THEN NULL\n"
+        f"           ELSE {_TOKEN}::pg_catalog.int8 END)\n"
+        f"     OPERATOR(pg_catalog.{accepts}) COALESCE(OLD.{col}, 0) THEN\n"
+        f"    NEW.{col} := {_TOKEN}::pg_catalog.int8;\n"
         "    RETURN NEW;\n"
         "  END IF;\n"
         "  -- Without a token the fence column cannot be written (NEW keeps OLD's fence).\n"
+        # Not re-indented: a quoted name may hold a newline, and indenting would change it.
         + slow("NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n", "END;")
         + "END\n",
     )
-    dele = fn(
-        "del",
-        "\n"
-        + title
-        + "BEGIN\n"
-        + passes
-        + "    RETURN OLD;\n  END IF;\n"
-        + slow("OLD", "    RETURN OLD;\n", "END;")
-        + "END\n",
-    )
+    dele = fn("del", "\n" + title + slow("OLD", "    RETURN OLD;\n"))
     ins = fn(
         "ins",
         "\n"
@@ -721,21 +645,10 @@ def _v3_row(
         ).replace("  tok := raw::pg_catalog.int8;\n", "")
         + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
     )
-    differs = f"OLD.{col} IS NULL OR OLD.{col}::pg_catalog.text IS DISTINCT FROM {_TOKEN}"
-    if own_check:  # bypass set by a role that may not bypass is refused, whatever the token
-        differs += (
-            " OR pg_catalog.current_setting('fencekit.bypass', true) OPERATOR(pg_catalog.<>) ''"
-        )
+    same = f"OLD.{col}::pg_catalog.text IS DISTINCT FROM {_TOKEN}"
     # Under on_equal=reject every write with a token needs the function: it advances or rejects.
-    upd_when = None if reused else f"{differs} OR NEW.{col} IS DISTINCT FROM OLD.{col}"
-    if reused:
-        del_when = None
-    elif own_check:
-        del_when = differs  # no statement check ran: a bad token must reach the function
-    else:
-        # The statement check refused a malformed token, so the cast is safe; a DELETE under
-        # a newer token then runs no PL/pgSQL.
-        del_when = f"(COALESCE(OLD.{col}, 0) OPERATOR(pg_catalog.<=) {_TOKEN_INT}) IS NOT TRUE"
+    upd_when = None if reused else f"{same} OR NEW.{col} IS DISTINCT FROM OLD.{col}"
+    keeps = "<" if reused else "<="
     return [ins, upd, dele], [
         Trigger(
             trig("ins"),
@@ -745,7 +658,13 @@ def _v3_row(
             when=f"NEW.{col} IS NULL OR NEW.{col}::pg_catalog.text IS DISTINCT FROM {_TOKEN}",
         ),
         Trigger(trig("upd"), "BEFORE UPDATE", "ROW", upd, when=upd_when),
-        Trigger(trig("del"), "BEFORE DELETE", "ROW", dele, when=del_when),
+        Trigger(
+            trig("del"),
+            "BEFORE DELETE",
+            "ROW",
+            dele,
+            when=f"(COALESCE(OLD.{col}, 0) OPERATOR(pg_catalog.{keeps}) {_TOKEN_INT}) IS NOT TRUE",
+        ),
     ]
 
 
