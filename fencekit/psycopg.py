@@ -428,8 +428,8 @@ def _fenced_factory(conn: Any) -> Iterator[None]:
 
 
 # psycopg's Transaction sends BEGIN from _enter_gen; the subclasses below send it with the
-# token. They use psycopg internals (checked here, stable since 3.1): without them fencekit
-# falls back to carrying the token with the block's first statement.
+# token. They use psycopg internals (checked here; read in psycopg 3.1, 3.2 and 3.3): without
+# them fencekit falls back to carrying the token with the block's first statement.
 _TX_HOOKS = all(
     hasattr(psycopg.Transaction, name) for name in ("_push_savepoint", "_get_enter_commands")
 )
@@ -437,7 +437,12 @@ _TX_HOOKS = all(
 
 def _token_enter_gen(tx: Any, value: tuple[str, str]) -> PQGen[None]:
     """psycopg's ``_enter_gen``, with the token in the BEGIN's round trip."""
-    tx.status = tx.Status.ACTIVE
+    if hasattr(tx, "Status"):  # psycopg 3.3: __enter__ checked that the block is new
+        tx.status = tx.Status.ACTIVE
+    else:  # psycopg 3.1-3.2
+        if tx._entered:
+            raise TypeError("transaction blocks can be used only once")
+        tx._entered = True
     tx._push_savepoint()
     for i, command in enumerate(tx._get_enter_commands()):
         if i == 0 and tx._outer_transaction:
