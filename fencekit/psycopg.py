@@ -102,6 +102,17 @@ def track_transactions(conn: Any) -> None:
     state.tracked = True
 
 
+def _scope_value() -> tuple[str, str] | None:
+    """(token, issuer) of the current :func:`fencing` scope, as sent; None outside any."""
+    token = current_token()
+    return None if token is None else (str(token), current_issuer() or "")
+
+
+def _checked_value(token: int, issuer: str | None) -> tuple[str, str]:
+    """(token, issuer) as sent, for a validated token; ``fencing()`` checks the issuer name."""
+    return str(token), fencing(token, issuer).issuer or ""
+
+
 def _wanted(conn: Any) -> tuple[bool, tuple[str, str]]:
     """(must send set_config before the next statement, (token, issuer) to send)."""
     state = _state(conn)
@@ -112,9 +123,8 @@ def _wanted(conn: Any) -> tuple[bool, tuple[str, str]]:
     elif status != _INTRANS:
         # Failed transaction (only ROLLBACK works) or broken connection: add nothing.
         return False, _CLEAR
-    token = current_token()
-    if token is not None:
-        value = (str(token), current_issuer() or "")
+    value = _scope_value()
+    if value is not None:
         if state.pinned == value and status == _INTRANS:
             return False, value
         return not (state.tracked and state.tx_value == value), value
@@ -168,14 +178,14 @@ def _begin_gen(conn: Any, begin: bytes, value: tuple[str, str]) -> PQGen[None]:
             raise pg_errors.error_from_result(result, encoding=conn.info.encoding)
 
 
+def _idle_outside_pipeline(conn: Any) -> bool:
+    pgconn = conn.pgconn
+    return bool(pgconn.transaction_status == _IDLE and pgconn.pipeline_status == PipelineStatus.OFF)
+
+
 def _opens_with_begin(conn: Any) -> bool:
     """True when psycopg is about to send a BEGIN of its own before the next statement."""
-    pgconn = conn.pgconn
-    return bool(
-        not conn.autocommit
-        and pgconn.transaction_status == _IDLE
-        and pgconn.pipeline_status == PipelineStatus.OFF
-    )
+    return not conn.autocommit and _idle_outside_pipeline(conn)
 
 
 def _begin_with_token(conn: Any, value: tuple[str, str]) -> None:
@@ -408,8 +418,7 @@ def _resolve(token: int | None, issuer: str | None = None) -> tuple[int, str | N
 
 
 def _outer() -> tuple[str, str]:
-    outer = current_token()
-    return (str(outer), current_issuer() or "") if outer else _CLEAR
+    return _scope_value() or _CLEAR
 
 
 @contextmanager
@@ -466,12 +475,9 @@ class _AsyncTokenTransaction(psycopg.AsyncTransaction):
 
 
 @contextmanager
-def _pinned(conn: Any, value: tuple[str, str], begins: bool) -> Iterator[None]:
+def _pinned(conn: Any, value: tuple[str, str]) -> Iterator[None]:
     """While a block that began with ``value`` runs, its statements need not resend it."""
     state = _state(conn)
-    if not begins:
-        yield
-        return
     state.pinned, state.dirty, state.tx_value = value, True, None
     try:
         yield
@@ -487,7 +493,7 @@ def _fenced_tx(
     """A psycopg transaction block whose BEGIN carries ``value`` (see _begins_with_token)."""
     tx = _TokenTransaction(conn, savepoint_name, force_rollback)
     tx._fencekit_value = value
-    with _pinned(conn, value, True), tx:
+    with _pinned(conn, value), tx:
         yield tx
 
 
@@ -497,14 +503,9 @@ async def _async_fenced_tx(
 ) -> AsyncIterator[psycopg.AsyncTransaction]:
     tx = _AsyncTokenTransaction(conn, savepoint_name, force_rollback)
     tx._fencekit_value = value
-    with _pinned(conn, value, True):
+    with _pinned(conn, value):
         async with tx:
             yield tx
-
-
-def _scope_value() -> tuple[str, str] | None:
-    token = current_token()
-    return None if token is None else (str(token), current_issuer() or "")
 
 
 def _wrap_transaction(conn: Any) -> None:
@@ -549,12 +550,8 @@ def _wrap_transaction(conn: Any) -> None:
 
 
 def _begins_with_token(conn: Any) -> bool:
-    pgconn = conn.pgconn
-    return bool(
-        _TX_HOOKS
-        and pgconn.transaction_status == _IDLE
-        and pgconn.pipeline_status == PipelineStatus.OFF
-    )
+    """True when a transaction block opened now can send the token with its BEGIN."""
+    return _TX_HOOKS and _idle_outside_pipeline(conn)
 
 
 @contextmanager
@@ -577,7 +574,7 @@ def transaction(
     value, issuer = _resolve(token, issuer)
     nested = conn.pgconn.transaction_status != _IDLE
     begins = _begins_with_token(conn)
-    tx_value = (str(value), fencing(value, issuer).issuer or "")
+    tx_value = _checked_value(value, issuer)
     try:
         with fencing(value, issuer), _fenced_factory(conn):
             if begins:
@@ -610,7 +607,7 @@ async def async_transaction(
     value, issuer = _resolve(token, issuer)
     nested = conn.pgconn.transaction_status != _IDLE
     begins = _begins_with_token(conn)
-    tx_value = (str(value), fencing(value, issuer).issuer or "")
+    tx_value = _checked_value(value, issuer)
     try:
         with fencing(value, issuer), _fenced_factory(conn):
             if begins:
@@ -659,7 +656,7 @@ def set_token(
     """
     value, issuer = _resolve(token, issuer)
     _check_open(conn)
-    params = (str(value), fencing(value, issuer).issuer or "")  # fencing() checks the name
+    params = _checked_value(value, issuer)
     psycopg.Cursor(conn).execute(SET_TOKEN, params)
     _explicit(conn)
 
@@ -670,6 +667,6 @@ async def async_set_token(
     """Async twin of :func:`set_token`."""
     value, issuer = _resolve(token, issuer)
     _check_open(conn)
-    params = (str(value), fencing(value, issuer).issuer or "")  # fencing() checks the name
+    params = _checked_value(value, issuer)
     await psycopg.AsyncCursor(conn).execute(SET_TOKEN, params)
     _explicit(conn)

@@ -442,6 +442,47 @@ def _v1_row(
 _TOKEN_INT = f"NULLIF({_TOKEN}, '')::pg_catalog.int8"
 
 
+# Pieces shared by the row templates 2 and 3 (their output must stay byte-identical: a body's
+# hash is its stamp, and `fencekit status` reports a changed one as an edited function).
+_DECLARE_RAW = f"DECLARE\n  raw pg_catalog.text := {_TOKEN};\nBEGIN\n"
+
+
+def _unfenced_row_sql(lit_tag: str, allow: str, row: str, unfenced: str) -> str:
+    """PL/pgSQL for a row write without a token (``_MISSING_ROW`` without its cast)."""
+    return _MISSING_ROW.format(tag=lit_tag, allow=allow, row=row, unfenced=unfenced).replace(
+        "  tok := raw::pg_catalog.int8;\n", ""
+    )
+
+
+def _rejected_row_sql(spec: FenceSpec, lit_tag: str, col: str, row: str, end: str = "END") -> str:
+    """PL/pgSQL for a row write the fence rejects (``raw`` holds the token): raise or bypass."""
+    reason = (
+        f"CASE WHEN OLD.{col} OPERATOR(pg_catalog.>) raw::pg_catalog.int8 "
+        "THEN 'stale' ELSE 'reused' END"
+        if spec.on_equal == "reject"
+        else "'stale'"
+    )
+    return (
+        f"  IF fencekit.rejected_row({reason}, {lit_tag}, TG_RELID, TG_NAME, "
+        f"{quote_literal(spec.column)},\n"
+        f"       pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, OLD.{col}) THEN\n"
+        f"    RETURN {row};  -- bypassed: the row passes as written\n"
+        "  END IF;\n"
+        f"  RETURN {row};\n{end}\n"
+    )
+
+
+def _insert_body(title: str, lit_tag: str, allow: str, col: str) -> str:
+    """An INSERT whose row does not carry the token as its fence: set it, or apply on_missing."""
+    return (
+        "\n"
+        + title
+        + _DECLARE_RAW
+        + _unfenced_row_sql(lit_tag, allow, "NEW", f"    NEW.{col} := NULL;\n    RETURN NEW;\n")
+        + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n"
+    )
+
+
 def _v2_row(
     spec: FenceSpec,
     tag: str,
@@ -457,49 +498,26 @@ def _v2_row(
     protect_statements) and fires its trigger only when the client wrote another value.
     """
     lit_tag = quote_literal(tag)
-    lit_col = quote_literal(spec.column)
     reused = spec.on_equal == "reject"
     title = (
         f"-- fencekit: row fence on {_comment(spec.table.sql)}.{_comment(col)} (template 2). "
         "Generated; do not edit.\n"
-    )
-    header = title + f"DECLARE\n  raw pg_catalog.text := {_TOKEN};\nBEGIN\n"
-
-    def missing(row: str, unfenced: str) -> str:
-        return _MISSING_ROW.format(tag=lit_tag, allow=allow, row=row, unfenced=unfenced).replace(
-            "  tok := raw::pg_catalog.int8;\n", ""
-        )
-
-    reason = (
-        f"CASE WHEN OLD.{col} OPERATOR(pg_catalog.>) raw::pg_catalog.int8 "
-        "THEN 'stale' ELSE 'reused' END"
-        if reused
-        else "'stale'"
     )
 
     def reject_or_unfenced(suffix: str, row: str, unfenced: str) -> Function:
         return fn(
             suffix,
             "\n"
-            + header
-            + missing(row, unfenced)
-            + f"  IF fencekit.rejected_row({reason}, {lit_tag}, TG_RELID, TG_NAME, {lit_col},\n"
-            f"       pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, OLD.{col}) THEN\n"
-            f"    RETURN {row};  -- bypassed: the row passes as written\n"
-            "  END IF;\n"
-            f"  RETURN {row};\nEND\n",
+            + title
+            + _DECLARE_RAW
+            + _unfenced_row_sql(lit_tag, allow, row, unfenced)
+            + _rejected_row_sql(spec, lit_tag, col, row),
         )
 
     # Without a token the fence column cannot be written (NEW keeps OLD's fence).
     chk = reject_or_unfenced("chk", "NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n")
     dele = reject_or_unfenced("del", "OLD", "    RETURN OLD;\n")
-    ins = fn(
-        "ins",
-        "\n"
-        + header
-        + missing("NEW", f"    NEW.{col} := NULL;\n    RETURN NEW;\n")
-        + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
-    )
+    ins = fn("ins", _insert_body(title, lit_tag, allow, col))
     # Reached only with a valid token that is not lower than the fence (_chk ran first).
     upd = fn(
         "upd",
@@ -581,7 +599,6 @@ def _v3_row(
     under the holder's current token runs no PL/pgSQL; a new token runs two expressions.
     """
     lit_tag = quote_literal(tag)
-    lit_col = quote_literal(spec.column)
     reused = spec.on_equal == "reject"
     title = (
         f"-- fencekit: row fence on {_comment(spec.table.sql)}.{_comment(col)} (template 3). "
@@ -590,23 +607,10 @@ def _v3_row(
 
     def slow(row: str, unfenced: str, end: str = "END") -> str:
         """No token, or a token the fence rejects: the rare path, in its own block."""
-        missing = _MISSING_ROW.format(tag=lit_tag, allow=allow, row=row, unfenced=unfenced).replace(
-            "  tok := raw::pg_catalog.int8;\n", ""
-        )
-        reason = (
-            f"CASE WHEN OLD.{col} OPERATOR(pg_catalog.>) raw::pg_catalog.int8 "
-            "THEN 'stale' ELSE 'reused' END"
-            if reused
-            else "'stale'"
-        )
         return (
-            f"DECLARE\n  raw pg_catalog.text := {_TOKEN};\nBEGIN\n"
-            + missing
-            + f"  IF fencekit.rejected_row({reason}, {lit_tag}, TG_RELID, TG_NAME, {lit_col},\n"
-            f"       pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, OLD.{col}) THEN\n"
-            f"    RETURN {row};  -- bypassed: the row passes as written\n"
-            "  END IF;\n"
-            f"  RETURN {row};\n{end}\n"
+            _DECLARE_RAW
+            + _unfenced_row_sql(lit_tag, allow, row, unfenced)
+            + _rejected_row_sql(spec, lit_tag, col, row, end)
         )
 
     # A token not lower than the fence (higher, under on_equal=reject) becomes the fence; a
@@ -626,23 +630,10 @@ def _v3_row(
         "  END IF;\n"
         "  -- Without a token the fence column cannot be written (NEW keeps OLD's fence).\n"
         # Not re-indented: a quoted name may hold a newline, and indenting would change it.
-        + slow("NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n", "END;")
-        + "END\n",
+         + slow("NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n", "END;") + "END\n",
     )
     dele = fn("del", "\n" + title + slow("OLD", "    RETURN OLD;\n"))
-    ins = fn(
-        "ins",
-        "\n"
-        + title
-        + f"DECLARE\n  raw pg_catalog.text := {_TOKEN};\nBEGIN\n"
-        + _MISSING_ROW.format(
-            tag=lit_tag,
-            allow=allow,
-            row="NEW",
-            unfenced=f"    NEW.{col} := NULL;\n    RETURN NEW;\n",
-        ).replace("  tok := raw::pg_catalog.int8;\n", "")
-        + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
-    )
+    ins = fn("ins", _insert_body(title, lit_tag, allow, col))
     same = f"OLD.{col}::pg_catalog.text IS DISTINCT FROM {_TOKEN}"
     # Under on_equal=reject every write with a token needs the function: it advances or rejects.
     upd_when = None if reused else f"{same} OR NEW.{col} IS DISTINCT FROM OLD.{col}"
