@@ -386,7 +386,7 @@ def test_missing_token_policy(db: Conn) -> None:
     reject(db, STALE, 4, "UPDATE lax SET v = 'stale' WHERE id = 1")
 
 
-@pytest.mark.parametrize("old", [1, 2])
+@pytest.mark.parametrize("old", [1, 2, 3])
 def test_reprotect_upgrades_an_older_template_in_place(db: Conn, old: int) -> None:
     """Protect again with the newest template: what only the old one made is dropped."""
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
