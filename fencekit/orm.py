@@ -17,6 +17,7 @@ connection: once a connection has served an installed session, any code using it
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from sqlalchemy import event
@@ -47,6 +48,8 @@ Target: TypeAlias = (
 def _install_on(connection: Connection) -> None:
     """Fence the psycopg connection under ``connection`` (cheap and idempotent)."""
     driver = connection.connection.driver_connection
+    if fk_psycopg.is_tracked(driver):
+        return  # installed before: the common case, once per transaction
     module = type(driver).__module__
     if not module.startswith("psycopg"):
         raise TypeError(
@@ -104,7 +107,14 @@ def _boundary(conn: Connection, *args: Any) -> None:
         fk_psycopg.forget_transaction(dbapi)
 
 
-def _listen_engine(engine: Engine) -> None:
+# Engines whose listeners are in place: event.contains() is too slow to ask at every begin.
+_listening: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _listen_engine(engine: Engine, *, check: bool = False) -> None:
+    if engine in _listening and not check:
+        return
+    _listening.add(engine)
     if not event.contains(engine, "handle_error", _on_error):
         event.listen(engine, "handle_error", _on_error)
         event.listen(engine, "before_cursor_execute", _count_unfenced)
@@ -152,11 +162,11 @@ def install(target: Target) -> None:
     """
     resolved = _resolve(target)
     if isinstance(resolved, Engine):
-        _listen_engine(resolved)
+        _listen_engine(resolved, check=True)
         if not event.contains(resolved, "begin", _on_begin):
             event.listen(resolved, "begin", _on_begin)
     elif isinstance(resolved, Connection):
-        _listen_engine(resolved.engine)
+        _listen_engine(resolved.engine, check=True)
         if not resolved.closed and not resolved.invalidated:
             _install_on(resolved)
             fk_psycopg.forget_transaction(resolved.connection.driver_connection)
@@ -172,6 +182,8 @@ def install(target: Target) -> None:
 def uninstall(target: Target) -> None:
     """Remove the listeners :func:`install` added (connections already fenced stay fenced)."""
     resolved = _resolve(target)
+    if isinstance(resolved, Engine | Connection):
+        _listening.discard(resolved if isinstance(resolved, Engine) else resolved.engine)
     for name, fn in (
         ("begin", _on_begin),
         ("after_begin", _on_session_begin),

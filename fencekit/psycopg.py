@@ -20,8 +20,14 @@ error chained.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from functools import cache
+from types import TracebackType
 from typing import Any, cast
 
 import psycopg
@@ -100,6 +106,12 @@ def track_transactions(conn: Any) -> None:
     """Declare that :func:`forget_transaction` is called at every boundary of ``conn``."""
     state = _state(conn)
     state.tracked = True
+
+
+def is_tracked(conn: Any) -> bool:
+    """True when ``conn`` is installed and :func:`track_transactions` was declared for it."""
+    state: _State | None = getattr(conn, _STATE, None)
+    return state is not None and state.installed and state.tracked
 
 
 def _scope_value() -> tuple[str, str] | None:
@@ -460,52 +472,130 @@ def _token_enter_gen(tx: Any, value: tuple[str, str]) -> PQGen[None]:
             yield from tx._conn._exec_command(command)
 
 
-class _TokenTransaction(psycopg.Transaction):
-    _fencekit_value: tuple[str, str]
+# A fenced block is one object, the transaction itself, rather than context managers nested
+# around psycopg's: each generator-based layer measurably slowed a one-row transaction (its
+# code runs with cold caches between two round trips), and psycopg's own conn.transaction()
+# is one such layer.
+
+
+def _token_tx(cls: Any, conn: Any, value: tuple[str, str], *args: Any) -> Any:
+    """A ``cls`` block on ``conn`` whose BEGIN carries ``value``; see :class:`_TokenBlock`."""
+    tx = cls(conn, *args)
+    tx._fk_value = value
+    tx._fk_scope = None
+    tx._fk_translate = False
+    tx._fk_factory = None
+    return tx
+
+
+class _TokenBlock:
+    """What a fenced block does around psycopg's transaction: state, scope, cursor factory.
+
+    While the block runs its token is pinned (its statements need not resend it: psycopg
+    forbids commit() inside a block, so the transaction is the block's). Blocks made by
+    :func:`transaction` are also a :func:`fencing` scope, run their statements on fenced
+    cursors, and raise fence rejections as :class:`~fencekit.errors.FenceError`.
+    """
+
+    _conn: Any
+    _fk_value: tuple[str, str]
+    _fk_scope: fencing | None
+    _fk_translate: bool
+    _fk_factory: Any
 
     def _enter_gen(self) -> PQGen[None]:
-        return _token_enter_gen(self, self._fencekit_value)
+        return _token_enter_gen(self, self._fk_value)
 
+    def _fk_enter(self) -> None:
+        conn = self._conn
+        if not _begins_with_token(conn):
+            # Something began a transaction (or a pipeline) since the block was made: its
+            # BEGIN, which was to carry the token, will not be sent.
+            raise psycopg.ProgrammingError(
+                "fencekit: the connection is no longer idle: enter the block returned by "
+                "transaction() right away, before running anything else on the connection"
+            )
+        state = _state(conn)
+        state.pinned, state.dirty, state.tx_value = self._fk_value, True, None
+        if self._fk_scope is not None:
+            self._fk_scope.__enter__()
+            if not state.installed:
+                factory = self._fk_factory = conn.cursor_factory
+                conn.cursor_factory = fenced_cursor_class(factory)
 
-class _AsyncTokenTransaction(psycopg.AsyncTransaction):
-    _fencekit_value: tuple[str, str]
-
-    def _enter_gen(self) -> PQGen[None]:
-        return _token_enter_gen(self, self._fencekit_value)
-
-
-@contextmanager
-def _pinned(conn: Any, value: tuple[str, str]) -> Iterator[None]:
-    """While a block that began with ``value`` runs, its statements need not resend it."""
-    state = _state(conn)
-    state.pinned, state.dirty, state.tx_value = value, True, None
-    try:
-        yield
-    finally:
+    def _fk_exit(self) -> None:
+        conn = self._conn
+        state = _state(conn)
         state.pinned = None
         state.dirty = False
+        if self._fk_scope is not None:
+            if self._fk_factory is not None:
+                conn.cursor_factory = self._fk_factory
+                self._fk_factory = None
+            self._fk_scope.__exit__(None, None, None)
+
+    def _fk_raise(self, exc: BaseException | None) -> None:
+        """Raise the fence error ``exc`` stands for, if this block translates errors."""
+        if self._fk_translate and isinstance(exc, psycopg.Error):
+            error = _translated(exc)
+            if error is not exc:
+                raise error from exc
 
 
-@contextmanager
-def _fenced_tx(
-    conn: Any, value: tuple[str, str], savepoint_name: str | None, force_rollback: bool
-) -> Iterator[psycopg.Transaction]:
-    """A psycopg transaction block whose BEGIN carries ``value`` (see _begins_with_token)."""
-    tx = _TokenTransaction(conn, savepoint_name, force_rollback)
-    tx._fencekit_value = value
-    with _pinned(conn, value), tx:
-        yield tx
+class _TokenTransaction(_TokenBlock, psycopg.Transaction):
+    def __enter__(self) -> _TokenTransaction:
+        self._fk_enter()
+        try:
+            return super().__enter__()
+        except BaseException as exc:
+            self._fk_exit()
+            self._fk_raise(exc)
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool:
+        try:
+            suppressed = bool(super().__exit__(exc_type, exc_val, exc_tb))
+        except BaseException as exc:  # COMMIT failed (a deferred check) or the connection broke
+            self._fk_exit()
+            self._fk_raise(exc)
+            raise
+        self._fk_exit()
+        if not suppressed:
+            self._fk_raise(exc_val)
+        return suppressed
 
 
-@asynccontextmanager
-async def _async_fenced_tx(
-    conn: Any, value: tuple[str, str], savepoint_name: str | None, force_rollback: bool
-) -> AsyncIterator[psycopg.AsyncTransaction]:
-    tx = _AsyncTokenTransaction(conn, savepoint_name, force_rollback)
-    tx._fencekit_value = value
-    with _pinned(conn, value):
-        async with tx:
-            yield tx
+class _AsyncTokenTransaction(_TokenBlock, psycopg.AsyncTransaction):
+    async def __aenter__(self) -> _AsyncTokenTransaction:
+        self._fk_enter()
+        try:
+            return await super().__aenter__()
+        except BaseException as exc:
+            self._fk_exit()
+            self._fk_raise(exc)
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool:
+        try:
+            suppressed = bool(await super().__aexit__(exc_type, exc_val, exc_tb))
+        except BaseException as exc:
+            self._fk_exit()
+            self._fk_raise(exc)
+            raise
+        self._fk_exit()
+        if not suppressed:
+            self._fk_raise(exc_val)
+        return suppressed
 
 
 def _wrap_transaction(conn: Any) -> None:
@@ -517,34 +607,13 @@ def _wrap_transaction(conn: Any) -> None:
     if "transaction" in vars(conn):
         return
     original = type(conn).transaction
-    if isinstance(conn, psycopg.AsyncConnection):
+    cls = _AsyncTokenTransaction if isinstance(conn, psycopg.AsyncConnection) else _TokenTransaction
 
-        @asynccontextmanager
-        async def atransaction(
-            savepoint_name: str | None = None, force_rollback: bool = False
-        ) -> AsyncIterator[psycopg.AsyncTransaction]:
-            value = _scope_value()
-            if value is not None and _begins_with_token(conn):
-                async with _async_fenced_tx(conn, value, savepoint_name, force_rollback) as tx:
-                    yield tx
-            else:
-                async with original(conn, savepoint_name, force_rollback) as tx:
-                    yield tx
-
-        vars(conn)["transaction"] = atransaction
-        return
-
-    @contextmanager
-    def transaction(
-        savepoint_name: str | None = None, force_rollback: bool = False
-    ) -> Iterator[psycopg.Transaction]:
+    def transaction(savepoint_name: str | None = None, force_rollback: bool = False) -> Any:
         value = _scope_value()
         if value is not None and _begins_with_token(conn):
-            with _fenced_tx(conn, value, savepoint_name, force_rollback) as tx:
-                yield tx
-        else:
-            with original(conn, savepoint_name, force_rollback) as tx:
-                yield tx
+            return _token_tx(cls, conn, value, savepoint_name, force_rollback)
+        return original(conn, savepoint_name, force_rollback)
 
     vars(conn)["transaction"] = transaction
 
@@ -554,7 +623,18 @@ def _begins_with_token(conn: Any) -> bool:
     return _TX_HOOKS and _idle_outside_pipeline(conn)
 
 
-@contextmanager
+def _fenced_block(
+    cls: Any, conn: Any, scope: fencing, savepoint_name: str | None, force_rollback: bool
+) -> Any:
+    """The block :func:`transaction` returns when the token can ride its BEGIN."""
+    tx = _token_tx(
+        cls, conn, (str(scope.token), scope.issuer or ""), savepoint_name, force_rollback
+    )
+    tx._fk_scope = scope
+    tx._fk_translate = True
+    return tx
+
+
 def transaction(
     conn: psycopg.Connection[Any],
     token: int | None = None,
@@ -562,27 +642,35 @@ def transaction(
     issuer: str | None = None,
     savepoint_name: str | None = None,
     force_rollback: bool = False,
-) -> Iterator[psycopg.Transaction]:
+) -> AbstractContextManager[psycopg.Transaction]:
     """``conn.transaction()`` whose statements carry ``token`` (default: the current scope's).
 
     The token is validated before anything is sent; the block is also a :func:`fencing` scope.
     Statements must run on cursors made inside the block (or ``conn.execute``). The token rides
-    the block's first statement: no extra round trip. Nested inside an open transaction (a
-    savepoint), the outer transaction's token is restored on exit (one statement).
-    ``issuer`` tags the token with its issuer (default: the scope's, when ``token`` is None).
+    the block's BEGIN: no extra round trip. Nested inside an open transaction (a savepoint), it
+    rides the block's first statement, and the outer transaction's token is restored on exit
+    (one statement). ``issuer`` tags the token with its issuer (default: the scope's, when
+    ``token`` is None).
     """
     value, issuer = _resolve(token, issuer)
+    scope = fencing(value, issuer)
+    if _begins_with_token(conn):
+        block: AbstractContextManager[psycopg.Transaction] = _fenced_block(
+            _TokenTransaction, conn, scope, savepoint_name, force_rollback
+        )
+        return block
+    return _nested_transaction(conn, scope, savepoint_name, force_rollback)
+
+
+@contextmanager
+def _nested_transaction(
+    conn: psycopg.Connection[Any], scope: fencing, savepoint_name: str | None, force_rollback: bool
+) -> Iterator[psycopg.Transaction]:
+    """:func:`transaction` inside an open transaction or a pipeline: psycopg's block."""
     nested = conn.pgconn.transaction_status != _IDLE
-    begins = _begins_with_token(conn)
-    tx_value = _checked_value(value, issuer)
     try:
-        with fencing(value, issuer), _fenced_factory(conn):
-            if begins:
-                with _fenced_tx(conn, tx_value, savepoint_name, force_rollback) as fenced:
-                    yield fenced
-            else:
-                with conn.transaction(savepoint_name, force_rollback) as tx:
-                    yield tx
+        with scope, _fenced_factory(conn), conn.transaction(savepoint_name, force_rollback) as tx:
+            yield tx
     except psycopg.Error as exc:
         raise _translated(exc) from exc
     finally:
@@ -594,28 +682,37 @@ def transaction(
             state.tx_value = None
 
 
-@asynccontextmanager
-async def async_transaction(
+def async_transaction(
     conn: psycopg.AsyncConnection[Any],
     token: int | None = None,
     *,
     issuer: str | None = None,
     savepoint_name: str | None = None,
     force_rollback: bool = False,
-) -> AsyncIterator[psycopg.AsyncTransaction]:
+) -> AbstractAsyncContextManager[psycopg.AsyncTransaction]:
     """Async twin of :func:`transaction`."""
     value, issuer = _resolve(token, issuer)
+    scope = fencing(value, issuer)
+    if _begins_with_token(conn):
+        ablock: AbstractAsyncContextManager[psycopg.AsyncTransaction] = _fenced_block(
+            _AsyncTokenTransaction, conn, scope, savepoint_name, force_rollback
+        )
+        return ablock
+    return _async_nested_transaction(conn, scope, savepoint_name, force_rollback)
+
+
+@asynccontextmanager
+async def _async_nested_transaction(
+    conn: psycopg.AsyncConnection[Any],
+    scope: fencing,
+    savepoint_name: str | None,
+    force_rollback: bool,
+) -> AsyncIterator[psycopg.AsyncTransaction]:
     nested = conn.pgconn.transaction_status != _IDLE
-    begins = _begins_with_token(conn)
-    tx_value = _checked_value(value, issuer)
     try:
-        with fencing(value, issuer), _fenced_factory(conn):
-            if begins:
-                async with _async_fenced_tx(conn, tx_value, savepoint_name, force_rollback) as fa:
-                    yield fa
-            else:
-                async with conn.transaction(savepoint_name, force_rollback) as atx:
-                    yield atx
+        with scope, _fenced_factory(conn):
+            async with conn.transaction(savepoint_name, force_rollback) as atx:
+                yield atx
     except psycopg.Error as exc:
         raise _translated(exc) from exc
     finally:

@@ -145,6 +145,23 @@ def test_a_failed_block_leaves_nothing_behind(billing: str) -> None:
         assert one(conn, TOKEN_SQL) is None
 
 
+def test_a_block_entered_after_its_connection_moved_on_is_refused(billing: str) -> None:
+    """A block must carry its token in BEGIN: if that BEGIN is gone, entering it says so."""
+    with psycopg.connect(billing) as conn:
+        block = fkpg.transaction(conn, 34)
+        conn.execute("SELECT 1")  # psycopg begins a transaction: the block's BEGIN is gone
+        with pytest.raises(psycopg.ProgrammingError, match="right away"), block:
+            conn.execute(UPDATE, ("never written",))
+        assert one(conn, TOKEN_SQL) is None
+        assert fkpg._state(conn).pinned is None
+        conn.rollback()
+        with fkpg.transaction(conn, 34):  # the connection is usable as ever
+            conn.execute(UPDATE, ("written by B",))
+        assert one(conn, "SELECT summary FROM billing_summary WHERE account_id = 42") == (
+            "written by B"
+        )
+
+
 async def test_async_shapes_send_the_token_with_begin(billing: str) -> None:
     async with await psycopg.AsyncConnection.connect(billing) as conn:
         fkpg.install(conn)
