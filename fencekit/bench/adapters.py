@@ -40,19 +40,33 @@ CREATE TABLE {t} (
 INSERT INTO {t} (id, account_id) SELECT g, g % 100 FROM generate_series(1, {rows}) g;
 """
 
+# The least any fence of this design adds to a write: a statement trigger and a row trigger,
+# both PL/pgSQL that do nothing (fencekit ships no C: it must run on managed PostgreSQL).
+_FLOOR = f"""
+CREATE FUNCTION {SCHEMA}.nothing_stmt() RETURNS trigger LANGUAGE plpgsql
+  AS $$BEGIN RETURN NULL; END$$;
+CREATE FUNCTION {SCHEMA}.nothing_row() RETURNS trigger LANGUAGE plpgsql
+  AS $$BEGIN RETURN NEW; END$$;
+CREATE TRIGGER s BEFORE UPDATE ON {SCHEMA}.floor
+  FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.nothing_stmt();
+CREATE TRIGGER r BEFORE UPDATE ON {SCHEMA}.floor
+  FOR EACH ROW EXECUTE FUNCTION {SCHEMA}.nothing_row();
+"""
+
 Work = Callable[[int, int], None]  # (row id, token) -> one transaction
 
 
 def _setup(conn: psycopg.Connection[Any]) -> None:
     _teardown(conn)
     conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
-    for name in ("plain", "fenced"):
+    for name in ("plain", "fenced", "floor"):
         conn.execute(_TABLE.format(t=f"{SCHEMA}.{name}", rows=ROWS).encode())
+    conn.execute(_FLOOR.encode())
     with conn.transaction():
         conn.execute("SELECT set_config('fencekit.token', '1', true)")
         for stmt in protect_statements(FenceSpec(TableName(SCHEMA, "fenced"))):
             conn.execute(stmt.encode())
-    conn.execute(f"VACUUM ANALYZE {SCHEMA}.plain, {SCHEMA}.fenced".encode())
+    conn.execute(f"VACUUM ANALYZE {SCHEMA}.plain, {SCHEMA}.fenced, {SCHEMA}.floor".encode())
 
 
 def _teardown(conn: psycopg.Connection[Any]) -> None:
@@ -108,6 +122,7 @@ def _psycopg_cases(dsn: str, transactions: int, rounds: int) -> list[dict[str, A
     update = "UPDATE {} SET total = total + 1, updated_at = now() WHERE id = %s"
     plain_sql = update.format(f"{SCHEMA}.plain")
     fenced_sql = update.format(f"{SCHEMA}.fenced")
+    floor_sql = update.format(f"{SCHEMA}.floor")
     with psycopg.connect(dsn) as conn:
 
         def baseline(row: int, token: int) -> None:
@@ -126,6 +141,54 @@ def _psycopg_cases(dsn: str, transactions: int, rounds: int) -> list[dict[str, A
             with fk_psycopg.transaction(conn, token):
                 conn.execute(fenced_sql, (row,))
 
+        # Anatomy: where the fenced transaction's extra time goes, in the same run. The
+        # adapter alone carries a token to the unprotected table (fencekit's Python and the
+        # SET LOCAL); the triggers alone get the token from a hand-written BEGIN (no fencekit
+        # code on the client). Together they make up the explicit case above.
+        def adapter_alone(row: int, token: int) -> None:
+            with fk_psycopg.transaction(conn, token):
+                conn.execute(plain_sql, (row,))
+
+        def triggers_alone(row: int, token: int) -> None:
+            conn.execute(f"BEGIN; SET LOCAL fencekit.token = '{token:d}'".encode())
+            conn.execute(fenced_sql, (row,))
+            conn.commit()
+
+        def baseline_alike(row: int, token: int) -> None:  # psycopg's BEGIN, sent the same way
+            conn.execute(b"BEGIN")
+            conn.execute(plain_sql, (row,))
+            conn.commit()
+
+        def floor(row: int, token: int) -> None:
+            conn.execute(f"BEGIN; SET LOCAL fencekit.token = '{token:d}'".encode())
+            conn.execute(floor_sql, (row,))
+            conn.commit()
+
+        anatomy = [
+            _compare(
+                "psycopg anatomy: the adapter alone (transaction(), unprotected table)",
+                baseline,
+                adapter_alone,
+                transactions,
+                rounds,
+            ),
+            _compare(
+                "psycopg anatomy: the triggers alone (token in a hand-written BEGIN)",
+                baseline_alike,
+                triggers_alone,
+                transactions,
+                rounds,
+            ),
+            _compare(
+                "psycopg anatomy: the floor (empty PL/pgSQL statement and row triggers)",
+                baseline_alike,
+                floor,
+                transactions,
+                rounds,
+            ),
+        ]
+        for case in anatomy:
+            case["target"] = ""
         return [
             _compare(
                 "psycopg: single-row transaction, fencing() + install() vs unfenced",
@@ -141,6 +204,7 @@ def _psycopg_cases(dsn: str, transactions: int, rounds: int) -> list[dict[str, A
                 transactions,
                 rounds,
             ),
+            *anatomy,
         ]
 
 

@@ -10,8 +10,11 @@ from fencekit.bench.adapters import run
 @pytest.mark.bench
 def test_adapter_benchmarks_report_ratios(dsn: str) -> None:
     results = run(dsn, quick=True)
-    assert len(results) == 3
+    assert len(results) == 6
     assert results[-1]["name"].startswith("SQLAlchemy ORM unit of work")
+    anatomy = [r for r in results if r["name"].startswith("psycopg anatomy")]
+    assert len(anatomy) == 3
+    assert all(r["target"] == "" for r in anatomy)
     for r in results:
         assert set(r) == {"name", "baseline", "fenced", "ratio", "unit", "target"}
         assert min(r["baseline"], r["fenced"], r["ratio"]) > 0
