@@ -19,7 +19,7 @@ error chained.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -541,6 +541,17 @@ class _TokenBlock:
             if error is not exc:
                 raise error from exc
 
+    def _fk_failed(self, exc: BaseException) -> None:
+        """psycopg's enter or exit raised (COMMIT failed, the connection broke): undo, translate."""
+        self._fk_exit()
+        self._fk_raise(exc)
+
+    def _fk_exited(self, suppressed: bool, exc_val: BaseException | None) -> bool:
+        self._fk_exit()
+        if not suppressed:
+            self._fk_raise(exc_val)
+        return suppressed
+
 
 class _TokenTransaction(_TokenBlock, psycopg.Transaction):
     def __enter__(self) -> _TokenTransaction:
@@ -548,8 +559,7 @@ class _TokenTransaction(_TokenBlock, psycopg.Transaction):
         try:
             return super().__enter__()
         except BaseException as exc:
-            self._fk_exit()
-            self._fk_raise(exc)
+            self._fk_failed(exc)
             raise
 
     def __exit__(
@@ -560,14 +570,10 @@ class _TokenTransaction(_TokenBlock, psycopg.Transaction):
     ) -> bool:
         try:
             suppressed = bool(super().__exit__(exc_type, exc_val, exc_tb))
-        except BaseException as exc:  # COMMIT failed (a deferred check) or the connection broke
-            self._fk_exit()
-            self._fk_raise(exc)
+        except BaseException as exc:
+            self._fk_failed(exc)
             raise
-        self._fk_exit()
-        if not suppressed:
-            self._fk_raise(exc_val)
-        return suppressed
+        return self._fk_exited(suppressed, exc_val)
 
 
 class _AsyncTokenTransaction(_TokenBlock, psycopg.AsyncTransaction):
@@ -576,8 +582,7 @@ class _AsyncTokenTransaction(_TokenBlock, psycopg.AsyncTransaction):
         try:
             return await super().__aenter__()
         except BaseException as exc:
-            self._fk_exit()
-            self._fk_raise(exc)
+            self._fk_failed(exc)
             raise
 
     async def __aexit__(
@@ -589,13 +594,9 @@ class _AsyncTokenTransaction(_TokenBlock, psycopg.AsyncTransaction):
         try:
             suppressed = bool(await super().__aexit__(exc_type, exc_val, exc_tb))
         except BaseException as exc:
-            self._fk_exit()
-            self._fk_raise(exc)
+            self._fk_failed(exc)
             raise
-        self._fk_exit()
-        if not suppressed:
-            self._fk_raise(exc_val)
-        return suppressed
+        return self._fk_exited(suppressed, exc_val)
 
 
 def _wrap_transaction(conn: Any) -> None:
@@ -623,13 +624,23 @@ def _begins_with_token(conn: Any) -> bool:
     return _TX_HOOKS and _idle_outside_pipeline(conn)
 
 
-def _fenced_block(
-    cls: Any, conn: Any, scope: fencing, savepoint_name: str | None, force_rollback: bool
+def _block(
+    cls: Any,
+    nested: Callable[..., Any],
+    conn: Any,
+    token: int | None,
+    issuer: str | None,
+    savepoint_name: str | None,
+    force_rollback: bool,
 ) -> Any:
-    """The block :func:`transaction` returns when the token can ride its BEGIN."""
-    tx = _token_tx(
-        cls, conn, (str(scope.token), scope.issuer or ""), savepoint_name, force_rollback
-    )
+    """What :func:`transaction` returns: a ``cls`` block whose BEGIN carries the token, or,
+    inside an open transaction or a pipeline, ``nested``'s block around psycopg's."""
+    value, issuer = _resolve(token, issuer)
+    scope = fencing(value, issuer)
+    if not _begins_with_token(conn):
+        return nested(conn, scope, savepoint_name, force_rollback)
+    value_sent = (str(scope.token), scope.issuer or "")
+    tx = _token_tx(cls, conn, value_sent, savepoint_name, force_rollback)
     tx._fk_scope = scope
     tx._fk_translate = True
     return tx
@@ -652,14 +663,24 @@ def transaction(
     (one statement). ``issuer`` tags the token with its issuer (default: the scope's, when
     ``token`` is None).
     """
-    value, issuer = _resolve(token, issuer)
-    scope = fencing(value, issuer)
-    if _begins_with_token(conn):
-        block: AbstractContextManager[psycopg.Transaction] = _fenced_block(
-            _TokenTransaction, conn, scope, savepoint_name, force_rollback
-        )
-        return block
-    return _nested_transaction(conn, scope, savepoint_name, force_rollback)
+    block: AbstractContextManager[psycopg.Transaction] = _block(
+        _TokenTransaction, _nested_transaction, conn, token, issuer, savepoint_name, force_rollback
+    )
+    return block
+
+
+def _outer_to_restore(conn: Any, nested: bool) -> tuple[str, str] | None:
+    """After a nested block set its token: the outer one to set again (None: nothing to do)."""
+    state = _state(conn)
+    if nested and state.dirty and not state.installed and _in_transaction(conn):
+        return _outer()
+    return None
+
+
+def _restored(conn: Any, outer: tuple[str, str]) -> None:
+    state = _state(conn)
+    state.dirty = bool(outer[0])
+    state.tx_value = None
 
 
 @contextmanager
@@ -674,12 +695,10 @@ def _nested_transaction(
     except psycopg.Error as exc:
         raise _translated(exc) from exc
     finally:
-        state = _state(conn)
-        if nested and state.dirty and not state.installed and _in_transaction(conn):
-            outer = _outer()
+        outer = _outer_to_restore(conn, nested)
+        if outer is not None:
             psycopg.Cursor(conn).execute(SET_TOKEN, outer)
-            state.dirty = bool(outer[0])
-            state.tx_value = None
+            _restored(conn, outer)
 
 
 def async_transaction(
@@ -691,14 +710,16 @@ def async_transaction(
     force_rollback: bool = False,
 ) -> AbstractAsyncContextManager[psycopg.AsyncTransaction]:
     """Async twin of :func:`transaction`."""
-    value, issuer = _resolve(token, issuer)
-    scope = fencing(value, issuer)
-    if _begins_with_token(conn):
-        ablock: AbstractAsyncContextManager[psycopg.AsyncTransaction] = _fenced_block(
-            _AsyncTokenTransaction, conn, scope, savepoint_name, force_rollback
-        )
-        return ablock
-    return _async_nested_transaction(conn, scope, savepoint_name, force_rollback)
+    block: AbstractAsyncContextManager[psycopg.AsyncTransaction] = _block(
+        _AsyncTokenTransaction,
+        _async_nested_transaction,
+        conn,
+        token,
+        issuer,
+        savepoint_name,
+        force_rollback,
+    )
+    return block
 
 
 @asynccontextmanager
@@ -716,12 +737,10 @@ async def _async_nested_transaction(
     except psycopg.Error as exc:
         raise _translated(exc) from exc
     finally:
-        state = _state(conn)
-        if nested and state.dirty and not state.installed and _in_transaction(conn):
-            outer = _outer()
+        outer = _outer_to_restore(conn, nested)
+        if outer is not None:
             await psycopg.AsyncCursor(conn).execute(SET_TOKEN, outer)
-            state.dirty = bool(outer[0])
-            state.tx_value = None
+            _restored(conn, outer)
 
 
 def _in_transaction(conn: Any) -> bool:
