@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
+from fencekit.errors import FenceError
 from fencekit.leases.base import (
     AsyncIssuer,
     Backoff,
@@ -40,6 +41,11 @@ from fencekit.leases.base import (
 __all__ = ["AsyncLease", "Lease"]
 
 log = logging.getLogger("fencekit.leases")
+
+
+def _refused(exc: FenceError) -> str:
+    """The loss reason for a renewal the issuer refused outright (its message and hint)."""
+    return "renewal refused: " + str(exc).replace("\n", "; ")
 
 
 class _Unset(enum.Enum):
@@ -252,6 +258,9 @@ class Lease(_LeaseBase):
             sent = time.monotonic()
             try:
                 ok = self.issuer.renew(state.grant)
+            except FenceError as exc:  # refused for good (fencekit_writer revoked): no retry
+                state.mark_lost(_refused(exc))
+                return
             except Exception as exc:  # transient: retry until the deadline
                 log.info("lease %s: renewal failed, retrying: %s", self.resource, exc)
                 delay = backoff.next_delay(state.remaining())
@@ -428,6 +437,9 @@ class AsyncLease(_LeaseBase):
                 ok = await asyncio.wait_for(
                     self._call("renew", state.grant), max(0.001, state.remaining())
                 )
+            except FenceError as exc:  # refused for good (fencekit_writer revoked): no retry
+                state.mark_lost(_refused(exc))
+                return
             except Exception as exc:
                 log.info("lease %s: renewal failed, retrying: %s", self.resource, exc)
                 delay = backoff.next_delay(state.remaining())

@@ -9,6 +9,11 @@ may share one issuer.
     issuer = PostgresIssuer("postgresql://app@db/billing")
     with Lease(issuer, "billing:42", ttl=30, wait=10) as lease:
         ...
+
+The connecting role (its ``SET ROLE`` role, if any) must be a member of ``fencekit_writer``:
+the SQL functions refuse anyone else before taking any lock, and the issuer raises that refusal
+as :class:`fencekit.errors.FenceUsageError`, whose message names the role and whose hint is the
+missing ``GRANT fencekit_writer TO <role>;``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
+from fencekit.errors import translate
 from fencekit.leases.base import (
     Grant,
     IssuerUnavailable,
@@ -95,6 +101,13 @@ class PostgresIssuer:
                         self._conn = None
                     if attempt == 2 or not broken:
                         raise IssuerUnavailable(f"PostgreSQL lease call failed: {exc}") from exc
+                except psycopg.Error as exc:
+                    # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
+                    # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.
+                    refused = translate(exc)
+                    if refused is None:
+                        raise
+                    raise refused from exc
         raise AssertionError("unreachable")
 
     def try_acquire(self, resource: str, holder: str, ttl: float) -> Grant | None:
@@ -168,6 +181,13 @@ class AsyncPostgresIssuer:
                         self._conn = None
                     if attempt == 2 or not broken:
                         raise IssuerUnavailable(f"PostgreSQL lease call failed: {exc}") from exc
+                except psycopg.Error as exc:
+                    # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
+                    # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.
+                    refused = translate(exc)
+                    if refused is None:
+                        raise
+                    raise refused from exc
         raise AssertionError("unreachable")
 
     async def try_acquire(self, resource: str, holder: str, ttl: float) -> Grant | None:

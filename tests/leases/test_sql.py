@@ -233,7 +233,7 @@ def test_app_role_uses_functions_but_cannot_touch_the_table(conn, make_role) -> 
         "CREATE FUNCTION public.clock_timestamp() RETURNS timestamptz "
         "LANGUAGE sql AS $$ SELECT 'epoch'::timestamptz $$"
     )
-    app_dsn = make_role("lease_app")
+    app_dsn = make_role("lease_app", "fencekit_writer")  # may take leases, nothing else
     with psycopg.connect(app_dsn, autocommit=True) as app:
         app.execute("SET search_path = public, pg_catalog, pg_temp")
         assert q(app, "SELECT clock_timestamp() = 'epoch'") is True

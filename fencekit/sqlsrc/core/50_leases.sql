@@ -117,6 +117,38 @@ AS $fn$
         OR pg_catalog.pg_has_role(session_user, 'fencekit_admin', 'MEMBER')
 $fn$;
 
+-- Only members of fencekit_writer may take, renew or release leases from this issuer. Judged by
+-- the SESSION's role (the SET ROLE role, else the login role), never current_user: inside these
+-- SECURITY DEFINER functions current_user is their owner. Called first, before any lock or
+-- write, so that a role outside fencekit_writer cannot hold a lease row lock another role waits
+-- on. Superusers pass (members of every role), and so does fencekit_admin (granted
+-- fencekit_writer by the install).
+CREATE OR REPLACE FUNCTION fencekit._lease_require_writer(fn text, resource text) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    r text := pg_catalog.current_setting('role');
+BEGIN
+    IF r IS NULL OR r OPERATOR(pg_catalog.=) 'none' THEN
+        r := session_user;
+    END IF;
+    IF pg_catalog.pg_has_role(r::pg_catalog.name, 'fencekit_writer', 'MEMBER') THEN
+        RETURN;
+    END IF;
+    RAISE EXCEPTION USING
+        ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format(
+            'fencekit.%s: role %I may not use fencekit''s lease issuer: it is not a member of '
+            'fencekit_writer', fn, r),
+        DETAIL = pg_catalog.json_build_object(
+            'reason', 'usage', 'role', r, 'resource', resource,
+            'missing_grant', 'fencekit_writer')::text,
+        HINT = pg_catalog.format(
+            'GRANT fencekit_writer TO %I;', r);
+END;
+$fn$;
+
 -- ------------------------------------------------------------------ acquire
 
 -- The token of a new grant, or NULL when another holder's lease is live. The current holder
@@ -132,6 +164,7 @@ DECLARE
     t_now   timestamptz;
     t_next  bigint;
 BEGIN
+    PERFORM fencekit._lease_require_writer('acquire', acquire.resource);
     PERFORM fencekit._lease_check_args(acquire.resource, acquire.holder, acquire.ttl);
 
     -- First grant ever: the row does not exist yet. The insert itself is the grant;
@@ -193,6 +226,7 @@ DECLARE
     cur fencekit.leases%ROWTYPE;
     t_now timestamptz;
 BEGIN
+    PERFORM fencekit._lease_require_writer('renew', renew.resource);
     PERFORM fencekit._lease_check_args(renew.resource, renew.holder, renew.ttl);
     IF renew.token IS NULL OR renew.token OPERATOR(pg_catalog.<=) 0 THEN
         RAISE EXCEPTION 'fencekit lease on "%": token must be a positive integer, got %',
@@ -232,6 +266,7 @@ AS $fn$
 DECLARE
     done boolean;
 BEGIN
+    PERFORM fencekit._lease_require_writer('release', release.resource);
     PERFORM fencekit._lease_check_args(release.resource, release.holder, interval '1 second');
     IF release.token IS NULL OR release.token OPERATOR(pg_catalog.<=) 0 THEN
         RAISE EXCEPTION 'fencekit lease on "%": token must be a positive integer, got %',
@@ -291,14 +326,20 @@ COMMENT ON VIEW fencekit.leases_current IS
 
 -- ------------------------------------------------------------------ privileges
 
--- Anyone who may use the schema may take leases (the functions are the only way in) and see
--- who holds what; nobody but the owner writes fencekit.leases.
+-- acquire/renew/release are executable by PUBLIC but refuse roles outside fencekit_writer
+-- themselves (fencekit's own YF000 error and hint, rather than a bare "permission denied").
+-- Anyone who may use the schema sees who holds what; nobody but the owner writes
+-- fencekit.leases.
 REVOKE ALL ON FUNCTION fencekit._lease_check_args(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencekit._lease_durable_commit() FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit._lease_require_writer(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.acquire(text, text, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.renew(text, text, bigint, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.release(text, text, bigint) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.lease_token(text) TO PUBLIC;
+-- lease_token takes a FOR SHARE lock that acquire waits on: a role free to call it could stall
+-- every lease handover. Lease-bound fences reach it through fencekit.lease_mismatch (SECURITY
+-- DEFINER, owned by the installer). Older installs granted it to PUBLIC: this revokes it.
+REVOKE ALL ON FUNCTION fencekit.lease_token(text) FROM PUBLIC;
 GRANT SELECT ON fencekit.leases_current TO PUBLIC;
 
 DO $do$
@@ -308,6 +349,7 @@ BEGIN
         -- Admins may read the whole table (last tokens of free resources) but not write it:
         -- lowering a token there would let an old token pass a fence again.
         GRANT SELECT ON TABLE fencekit.leases TO fencekit_admin;
+        GRANT EXECUTE ON FUNCTION fencekit.lease_token(text) TO fencekit_admin;
     END IF;
 END;
 $do$;
