@@ -8,6 +8,8 @@ which the checker reads as an unknown outcome.
 
 Event kinds (``type``):
 
+- ``session``: who a worker is connected as (its first connection: role, superuser or not,
+  role memberships); the checker ignores it
 - ``acquire``: a worker got a lease (resource, token)
 - ``invoke``: a write is about to be sent (write id, resource, token or null, observed, value)
 - ``ok`` / ``fail`` / ``info``: its outcome: acknowledged (with the per-resource ``seq`` the

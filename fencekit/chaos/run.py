@@ -24,7 +24,7 @@ from fencekit.chaos.nemesis import Nemesis
 from fencekit.chaos.server import Bouncer, ControlledServer, find_bindir
 from fencekit.chaos.worker import LEASE_PREFIX
 
-__all__ = ["SCOPES", "ChaosConfig", "ChaosResult", "run_chaos"]
+__all__ = ["SCOPES", "ChaosConfig", "ChaosResult", "ChaosSetupError", "run_chaos"]
 
 SCOPES = ("key", "row", "lease-bound")
 
@@ -71,6 +71,10 @@ class ChaosConfig:
             raise ValueError("ttl must be 0.1 to 30 s")
 
 
+class ChaosSetupError(RuntimeError):
+    """The run could not prepare what it needs on the server (e.g. its worker role)."""
+
+
 @dataclass
 class ChaosResult:
     config: ChaosConfig
@@ -78,6 +82,8 @@ class ChaosResult:
     server: str
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: the application role the workers connected as (created for the run, dropped after it)
+    worker_role: str = ""
 
     @property
     def ok(self) -> bool:
@@ -146,13 +152,62 @@ def _database(admin_dsn: str) -> Iterator[str]:
             )
 
 
-def _setup(dsn: str, cfg: ChaosConfig, resources: list[str]) -> None:
+@dataclass(frozen=True)
+class _WorkerRole:
+    name: str
+    password: str
+
+
+@contextlib.contextmanager
+def _worker_role(admin_dsn: str) -> Iterator[_WorkerRole]:
+    """A throwaway LOGIN role for the workers, as an application would connect: not a
+    superuser, no CREATEDB/CREATEROLE; :func:`_setup` grants it DML on the chaos tables and
+    fencekit_writer (to take leases) and nothing else. Dropped at the end of the run (after
+    the database, which holds its privileges)."""
+    role = _WorkerRole(f"fencekit_chaos_worker_{secrets.token_hex(4)}", secrets.token_hex(16))
+    try:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL(
+                    "CREATE ROLE {} LOGIN PASSWORD {} NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                    "NOREPLICATION NOBYPASSRLS"
+                ).format(sql.Identifier(role.name), sql.Literal(role.password))
+            )
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ChaosSetupError(
+            "the workers connect as an application role that the run creates and drops; "
+            f"the role of --dsn may not create roles ({exc.diag.message_primary}): use a role "
+            "with CREATEROLE and CREATEDB"
+        ) from exc
+    try:
+        yield role
+    finally:
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as admin,
+        ):
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role.name)))
+
+
+def _setup(dsn: str, cfg: ChaosConfig, resources: list[str], worker_role: str) -> None:
     from fencekit.spec import FenceSpec, Scope, TableName
     from fencekit.sqlgen import protect_statements, render_install
 
     with psycopg.connect(dsn) as conn:
         conn.execute(render_install().encode())
         conn.execute(_SCHEMA.encode())
+        # The workers' role: read and write the chaos tables, take leases; nothing else.
+        role = sql.Identifier(worker_role)
+        dbname = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
+        for grant in (
+            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(dbname, role),
+            sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role),
+            sql.SQL(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON chaos_register, chaos_log TO {}"
+            ).format(role),
+            sql.SQL("GRANT fencekit_writer TO {}").format(role),
+        ):
+            conn.execute(grant)
         for r in resources:
             conn.execute("INSERT INTO chaos_register (resource) VALUES (%s)", (r,))
         if cfg.fence:
@@ -218,16 +273,22 @@ def run_chaos(
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
         target = _target(cfg, stack, say)
+        role = stack.enter_context(_worker_role(target.admin_dsn))
         dsn = stack.enter_context(_database(target.admin_dsn))
-        _setup(dsn, cfg, resources)
+        _setup(dsn, cfg, resources, role.name)
         bouncer: Bouncer | None = None
-        worker_dsn = dsn
+        # Workers connect as the application role; the nemesis and the checker as the admin.
+        worker_dsn = make_conninfo(dsn, user=role.name, password=role.password)
         if cfg.pgbouncer:
-            bouncer = Bouncer(target.host, target.port, target.user)
+            bouncer = Bouncer(
+                target.host, target.port, target.user, users={role.name: role.password}
+            )
             stack.callback(bouncer.close)
             dbname = str(conninfo_to_dict(dsn)["dbname"])
             bouncer.start(wait_dsn=bouncer.dsn_for(dbname))
-            worker_dsn = bouncer.dsn_for(dbname)
+            worker_dsn = make_conninfo(
+                bouncer.dsn_for(dbname), user=role.name, password=role.password
+            )
         if target.controlled is None:
             notes.append("no crash-restart: the run does not control this server")
         workdir = Path(tempfile.mkdtemp(prefix="fencekit-chaos-"))
@@ -268,7 +329,9 @@ def run_chaos(
         if cfg.history is not None:
             write_merged(events, cfg.history)
         report = check(events, log, register, lease_bound=cfg.scope == "lease-bound")
-    result = ChaosResult(cfg, report, target.kind, time.monotonic() - started, notes)
+    result = ChaosResult(
+        cfg, report, target.kind, time.monotonic() - started, notes, worker_role=role.name
+    )
     print(_header(result), file=out)
     print(format_report(report), file=out)
     for note in notes:
@@ -285,6 +348,8 @@ def _header(res: ChaosResult) -> str:
         f"fencekit chaos: {c.duration:g}s, seed {c.seed}, {c.workers} workers, {c.resources} "
         f"resources, lease ttl {c.ttl:g}s, {fence}\n"
         f"server: {res.server}{bouncer}; took {res.seconds:.1f}s\n"
+        f"workers: role {res.worker_role} (not a superuser: DML on the chaos tables and "
+        "fencekit_writer; dropped after the run)\n"
     )
 
 

@@ -186,7 +186,11 @@ def bouncer_binary() -> str | None:
 class Bouncer:
     """pgbouncer (transaction pooling) in front of one server; restartable on the same port."""
 
-    def __init__(self, host: str, port: int, user: str) -> None:
+    def __init__(
+        self, host: str, port: int, user: str, *, users: dict[str, str] | None = None
+    ) -> None:
+        """``user`` logs in without a password (trust); ``users`` maps more login roles to
+        the password pgbouncer logs into the server with (clients are trusted either way)."""
         binary = bouncer_binary()
         if binary is None:
             raise ServerError("--pgbouncer needs pgbouncer: apt-get install pgbouncer")
@@ -218,7 +222,11 @@ class Bouncer:
             "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self.workdir / 'pgbouncer.log'}\n"
         )
-        (self.workdir / "users.txt").write_text(f'"{user}" ""\n')
+        logins = {user: "", **(users or {})}
+        (self.workdir / "users.txt").write_text(
+            "".join(f'"{name}" "{password}"\n' for name, password in logins.items())
+        )
+        os.chmod(self.workdir / "users.txt", 0o600)
         _chown_tree(self.workdir, self._os_user)
         self.proc: subprocess.Popen[bytes] | None = None
 

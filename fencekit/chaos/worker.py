@@ -15,6 +15,7 @@ fenced tables must reject those too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import time
@@ -39,6 +40,14 @@ _LOG = (
     "INSERT INTO chaos_log (resource, seq, token, value, observed, write_id) "
     "VALUES (%s, %s, %s, %s, %s, %s)"
 )
+# Who the worker is connected as, recorded once per process (a "session" history event): the
+# run's workers must be an application role, never a superuser.
+_WHOAMI = (
+    "SELECT session_user::text, r.rolsuper, r.rolcreaterole, r.rolcreatedb, "
+    "ARRAY(SELECT g.rolname::text FROM pg_auth_members AS m JOIN pg_roles AS g "
+    "ON g.oid = m.roleid WHERE m.member = r.oid ORDER BY 1) "
+    "FROM pg_roles AS r WHERE r.rolname = session_user"
+)
 _CONNECT: dict[str, Any] = {
     "autocommit": True,
     "connect_timeout": 3,
@@ -59,6 +68,7 @@ class _Worker:
         self.issuer = PostgresIssuer(self.dsn, timeout=2, prepare_threshold=None)
         self.conn: psycopg.Connection[Any] | None = None
         self.writes = 0
+        self.session_recorded = False
 
     def connection(self) -> psycopg.Connection[Any] | None:
         if self.conn is not None and not self.conn.closed and not self.conn.broken:
@@ -68,7 +78,25 @@ class _Worker:
         except psycopg.Error:
             self.conn = None
             time.sleep(0.1)  # server down (crash-restart): try again next round
+            return None
+        if not self.session_recorded:
+            with contextlib.suppress(psycopg.Error):  # a crash now: the next connection tells
+                self.record_session(self.conn)
         return self.conn
+
+    def record_session(self, conn: psycopg.Connection[Any]) -> None:
+        row = conn.execute(_WHOAMI).fetchone()
+        assert row is not None
+        user, superuser, createrole, createdb, member_of = row
+        self.history.append(
+            "session",
+            user=user,
+            superuser=superuser,
+            createrole=createrole,
+            createdb=createdb,
+            member_of=list(member_of),
+        )
+        self.session_recorded = True
 
     def run(self) -> None:
         rounds = 0

@@ -21,7 +21,12 @@ final state equal to replaying the committed writes.
 Server: a throwaway PostgreSQL started from the system's binaries (Debian's
 /usr/lib/postgresql/<v>/bin or FENCEKIT_PG_BINDIR) so that it can be crashed; without them the
 embedded server, without crashes. With --dsn: a database created (and dropped) on your server,
-without crashes (the role needs CREATEDB).
+without crashes (the role needs CREATEDB and CREATEROLE).
+
+Workers connect as an application role, never as a superuser: the run creates a throwaway
+login role (fencekit_chaos_worker_<random>, with a random password), grants it DML on the chaos
+tables and fencekit_writer (to take leases) and nothing else, and drops it after the run. The
+role of --dsn only sets up, watches and checks.
 
 Exit status: 0 when the outcome is the one expected for the mode (no violation fenced; at
 least one violation with --no-fence), 1 otherwise, 2 on bad usage.
@@ -57,7 +62,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-crash", dest="crashes", action="store_false", help="never crash the server"
     )
-    p.add_argument("--dsn", help="run on your server (a database is created and dropped)")
+    p.add_argument(
+        "--dsn",
+        help="run on your server: a database and the workers' role are created and dropped "
+        "(needs CREATEDB and CREATEROLE)",
+    )
     p.add_argument(
         "--pgbouncer",
         action="store_true",
@@ -70,7 +79,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fencekit.chaos.run import ChaosConfig, run_chaos
+    from fencekit.chaos.run import ChaosConfig, ChaosSetupError, run_chaos
+    from fencekit.chaos.server import ServerError
 
     try:
         cfg = ChaosConfig(
@@ -89,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fencekit chaos: {exc}", file=sys.stderr)
         return 2
-    result = run_chaos(cfg)
+    try:
+        result = run_chaos(cfg)
+    except (ChaosSetupError, ServerError) as exc:
+        print(f"fencekit chaos: error: {exc}", file=sys.stderr)
+        return 1
     if args.json:
-        print(json.dumps({"ok": result.ok, "server": result.server, **result.report.as_dict()}))
+        summary = {"ok": result.ok, "server": result.server, "worker_role": result.worker_role}
+        print(json.dumps({**summary, **result.report.as_dict()}))
     return 0 if result.ok else 1
