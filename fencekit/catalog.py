@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -73,9 +74,17 @@ class Drift:
     object: str
     message: str
     fix: str
+    #: Every object concerned, when one drift groups several (ownership: one line per owner).
+    objects: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "object": self.object, "message": self.message, "fix": self.fix}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "object": self.object,
+            "message": self.message,
+            "fix": self.fix,
+            "objects": list(self.objects),
+        }
 
 
 @dataclass
@@ -109,7 +118,8 @@ class ProtectedTable:
 class Status:
     core_version: int | None
     tables: list[ProtectedTable]
-    drift: list[Drift] = field(default_factory=list)  # database-wide (core outdated)
+    # Database-wide: core missing or outdated, fencekit's objects owned by the wrong role.
+    drift: list[Drift] = field(default_factory=list)
     # Server settings that weaken the lease tokens' guarantee; warnings, not drift.
     warnings: list[str] = field(default_factory=list)
 
@@ -325,8 +335,11 @@ def describe(spec: FenceSpec) -> str:
 # ------------------------------------------------------------------------------- drift
 
 
-def status(conn: Conn) -> Status:
-    """Everything ``fencekit status`` shows (``core_missing`` drift without the core)."""
+def status(conn: Conn, allow_triggers: Collection[str] = ()) -> Status:
+    """Everything ``fencekit status`` shows (``core_missing`` drift without the core).
+
+    ``allow_triggers``: names of foreign triggers a DBA has reviewed; they are not reported.
+    """
     version = core_version(conn)
     if version is None:
         missing = Drift(
@@ -346,9 +359,10 @@ def status(conn: Conn) -> Status:
                 "fencekit install --dsn DSN (upgrades in place)",
             )
         )
+    core_drift += ownership_drift(conn)
     tables = protected_tables(conn)
     for pt in tables:
-        pt.drift = table_drift(conn, pt)
+        pt.drift = table_drift(conn, pt, allow_triggers)
     _add_rejections(conn, tables)
     return Status(version, tables, core_drift, durability_warnings(conn))
 
@@ -392,8 +406,11 @@ def durability_warnings(conn: Conn) -> list[str]:
     return out
 
 
-def table_drift(conn: Conn, pt: ProtectedTable) -> list[Drift]:
-    """How ``pt``'s objects in the database differ from what its spec and template generate."""
+def table_drift(
+    conn: Conn, pt: ProtectedTable, allow_triggers: Collection[str] = ()
+) -> list[Drift]:
+    """How ``pt``'s objects in the database differ from what its spec and template generate,
+    what its descendants lack, and which foreign triggers can get around its checks."""
     t = pt.spec.table
     reprotect = f"fencekit protect {_cli_spec(pt.spec)} --dsn DSN (re-creates what is missing)"
     try:
@@ -426,7 +443,7 @@ def table_drift(conn: Conn, pt: ProtectedTable) -> list[Drift]:
                 "(as a member of fencekit_admin)",
             )
         ]
-    oid, relkind = row
+    oid = row[0]
     if pt.template_version < sqlgen.TEMPLATE_VERSION:
         out.append(
             Drift(
@@ -441,8 +458,11 @@ def table_drift(conn: Conn, pt: ProtectedTable) -> list[Drift]:
     out += _function_drift(conn, objs.functions, reprotect)
     if pt.spec.scope is Scope.ROW:
         out += _column_drift(conn, oid, pt.spec)
-    if relkind == "p":
-        out += _partition_drift(conn, oid, objs.triggers, reprotect)
+    allow = frozenset(allow_triggers)
+    out += _foreign_trigger_drift(conn, oid, t.sql, pt.spec, objs, allow)
+    for desc in _descendants(conn, oid):
+        out += _descendant_drift(conn, desc, objs, reprotect)
+        out += _foreign_trigger_drift(conn, desc.oid, desc.sql, pt.spec, objs, allow, clones=False)
     return out
 
 
@@ -576,31 +596,396 @@ def _column_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:
     return []
 
 
-def _partition_drift(
-    conn: Conn, oid: int, triggers: tuple[sqlgen.Trigger, ...], reprotect: str
-) -> list[Drift]:
-    wanted = {tr.name for tr in triggers if tr.on_partitions}
-    out: list[Drift] = []
-    parts = conn.execute(
-        "SELECT relid::pg_catalog.oid, relid::pg_catalog.text "
-        "FROM pg_catalog.pg_partition_tree(%s) WHERE relid <> %s::oid ORDER BY 2",
-        (oid, oid),
+# ------------------------------------------------------------------------------- descendants
+
+
+@dataclass(frozen=True)
+class _Descendant:
+    oid: int
+    sql: str  # as regclass prints it
+    is_partition: bool
+    relkind: str
+
+
+def _descendants(conn: Conn, oid: int) -> list[_Descendant]:
+    """Every partition and inheritance child of a table, at any depth (pg_inherits)."""
+    rows = conn.execute(
+        """WITH RECURSIVE d(relid) AS (
+             SELECT inhrelid FROM pg_catalog.pg_inherits WHERE inhparent = %s
+             UNION
+             SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
+           SELECT c.oid, c.oid::pg_catalog.regclass::pg_catalog.text, c.relispartition,
+                  c.relkind::pg_catalog.text
+             FROM d JOIN pg_catalog.pg_class c ON c.oid = d.relid
+            ORDER BY 2""",
+        (oid,),
     ).fetchall()
-    for part_oid, part_sql in parts:
-        drift = _trigger_drift(conn, part_oid, part_sql, part_sql, triggers, reprotect, wanted)
-        missing = [d for d in drift if d.kind == "trigger_missing"]
-        if missing:
-            out.append(
-                Drift(
-                    "partition_triggers_missing",
-                    f"partition {part_sql}",
-                    f"partition {part_sql} has no fencekit statement triggers (attached after "
-                    "protect?): statements that name the partition skip the statement checks",
-                    reprotect,
+    return [_Descendant(int(o), str(sql), bool(part), str(kind)) for o, sql, part, kind in rows]
+
+
+def _descendant_drift(
+    conn: Conn, desc: _Descendant, objs: sqlgen.TableObjects, reprotect: str
+) -> list[Drift]:
+    """fencekit triggers a descendant lacks, has disabled or has rewired.
+
+    PostgreSQL fires a table's statement triggers only for statements that name it, so every
+    descendant needs its own; row triggers reach a partition as clones PostgreSQL makes itself,
+    but an inheritance child gets none unless protect put them there.
+    """
+    # Foreign tables cannot have TRUNCATE triggers.
+    usable = [tr for tr in objs.triggers if not (desc.relkind == "f" and "TRUNCATE" in tr.timing)]
+    wanted = {tr.name for tr in usable if tr.level == "STATEMENT" or not desc.is_partition}
+    present = _triggers_of(conn, desc.oid)
+    label = f"partition {desc.sql}" if desc.is_partition else f"child table {desc.sql}"
+    out: list[Drift] = []
+    missing = [tr.name for tr in usable if tr.name in wanted and tr.name not in present]
+    if missing:
+        if desc.is_partition:
+            what = (
+                f"partition {desc.sql} lacks fencekit's statement trigger(s) "
+                f"{', '.join(missing)} (attached or created after protect?): statements that "
+                "name the partition skip the statement checks"
+            )
+        else:
+            row_missing = any(tr.level == "ROW" for tr in usable if tr.name in missing)
+            what = (
+                f"inheritance child {desc.sql} lacks fencekit's trigger(s) "
+                f"{', '.join(missing)} (created after protect?): "
+                + (
+                    "rows written in it, also through the parent, are not checked"
+                    if row_missing
+                    else "statements that name the child skip the statement checks"
                 )
             )
-        out += [d for d in drift if d.kind != "trigger_missing"]
+        kind = "partition_triggers_missing" if desc.is_partition else "child_triggers_missing"
+        out.append(Drift(kind, label, what, reprotect))
+    # Disabled, replica-only or rewired fencekit triggers, cloned row triggers included.
+    there = {tr.name for tr in usable if tr.name in present}
+    for d in _trigger_drift(conn, desc.oid, desc.sql, label, tuple(usable), reprotect, there):
+        out.append(Drift(d.kind, d.object, f"on {label}: {d.message}", d.fix))
     return out
+
+
+# ------------------------------------------------------------------------------- foreign triggers
+
+# pg_trigger.tgtype bits (PostgreSQL's TRIGGER_TYPE_*).
+_TG_ROW = 1
+_TG_BEFORE = 2
+_TG_EVENTS = ((4, "INSERT"), (16, "UPDATE"), (8, "DELETE"), (32, "TRUNCATE"))
+
+
+@dataclass(frozen=True)
+class _Trig:
+    name: str
+    tgtype: int
+    enabled: str
+    function: str  # schema.name
+    cloned: bool  # a partition's clone of its parent's trigger
+
+    @property
+    def row(self) -> bool:
+        return bool(self.tgtype & _TG_ROW)
+
+    @property
+    def before(self) -> bool:
+        return bool(self.tgtype & _TG_BEFORE)
+
+    def events(self) -> list[str]:
+        return [name for bit, name in _TG_EVENTS if self.tgtype & bit]
+
+    def order(self) -> tuple[int, bytes]:
+        """Firing order among BEFORE triggers of one event: every statement trigger before any
+        row trigger, and within a level by name in byte order (as PostgreSQL sorts them)."""
+        return (1 if self.row else 0, self.name.encode())
+
+
+def _relation_triggers(conn: Conn, oid: int) -> list[_Trig]:
+    return [
+        _Trig(name, int(tgtype), enabled, func, bool(cloned))
+        for name, tgtype, enabled, func, cloned in conn.execute(
+            "SELECT t.tgname, t.tgtype::pg_catalog.int4, t.tgenabled::pg_catalog.text, "
+            "n.nspname || '.' || p.proname, t.tgparentid <> 0 "
+            "FROM pg_catalog.pg_trigger t "
+            "JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE t.tgrelid = %s AND NOT t.tgisinternal ORDER BY t.tgname",
+            (oid,),
+        ).fetchall()
+    ]
+
+
+def _foreign_trigger_drift(
+    conn: Conn,
+    oid: int,
+    rel_sql: str,
+    spec: FenceSpec,
+    objs: sqlgen.TableObjects,
+    allow: frozenset[str],
+    clones: bool = True,
+) -> list[Drift]:
+    """Triggers that are not fencekit's and can get around its checks on one relation.
+
+    fencekit's first check of a statement reads the token once; a BEFORE trigger that fires
+    ahead of it can set fencekit.token (set_config) or, at row level, change the row first. On
+    a row-fenced table any BEFORE ROW INSERT/UPDATE trigger can also overwrite the fence column
+    after fencekit's trigger set it. ``clones=False`` skips a partition's clones of its parent's
+    triggers (reported on the parent).
+    """
+    ours = {tr.name for tr in objs.triggers}
+    trigs = _relation_triggers(conn, oid)
+
+    def is_fencekit(t: _Trig) -> bool:
+        return t.name in ours or (
+            t.name.startswith("fencekit_") and t.function.startswith("fencekit.")
+        )
+
+    firing = [t for t in trigs if t.before and t.enabled != "D"]
+    first: dict[str, _Trig] = {}
+    for event in ("INSERT", "UPDATE", "DELETE", "TRUNCATE"):
+        checks = [t for t in firing if is_fencekit(t) and event in t.events()]
+        if checks:
+            first[event] = min(checks, key=_Trig.order)
+    column = quote_ident(spec.column)
+    out: list[Drift] = []
+    for t in firing:
+        if is_fencekit(t) or t.name in allow or (t.cloned and not clones):
+            continue
+        ahead = [e for e in t.events() if e in first and t.order() < first[e].order()]
+        rewrites = (
+            spec.scope is Scope.ROW and t.row and bool({"INSERT", "UPDATE"} & set(t.events()))
+        )
+        if not ahead and not rewrites:
+            continue
+        level = "row" if t.row else "statement"
+        obj = f"{rel_sql}: trigger {t.name}"
+        silence = f"fencekit status --allow-trigger {shlex.quote(t.name)}"
+        if ahead:
+            passed = sorted({first[e].name for e in ahead})
+            can = "set fencekit.token (set_config), so the statement is judged by a token its "
+            can += "writer never presented"
+            if t.row:
+                can += ", or change the row before fencekit checks it"
+            if rewrites:
+                can += f", and overwrite NEW.{column}, the row's fence"
+            # PostgreSQL truncates names to 63 bytes.
+            renamed = quote_ident(("zz_" + t.name).encode()[:63].decode(errors="ignore"))
+            out.append(
+                Drift(
+                    "foreign_trigger_first",
+                    obj,
+                    f"BEFORE {level} trigger {t.name} (function {t.function}) fires on "
+                    f"{' '.join(ahead)} ahead of fencekit's {', '.join(passed)}: it can {can}",
+                    f"review {t.function}; if it has no business with fencekit.token"
+                    + (f" or NEW.{column}" if rewrites else "")
+                    + ", let it fire after fencekit's checks: ALTER TRIGGER "
+                    f"{quote_ident(t.name)} ON {rel_sql} RENAME TO {renamed}; once reviewed, "
+                    f"silence it: {silence}",
+                )
+            )
+        else:
+            out.append(
+                Drift(
+                    "foreign_trigger_fence_column",
+                    obj,
+                    f"BEFORE row trigger {t.name} (function {t.function}) fires on "
+                    f"{' '.join(e for e in t.events() if e in ('INSERT', 'UPDATE'))} after "
+                    f"fencekit's row trigger set the fence: it can overwrite NEW.{column}, the "
+                    "row's fence, and let a later stale write in",
+                    f"review {t.function}: it must never assign NEW.{column} (or drop the "
+                    f"trigger); once reviewed, silence it: {silence}",
+                )
+            )
+    return out
+
+
+# ------------------------------------------------------------------------------- ownership
+
+# Every object in schema fencekit with its owner and the ALTER that changes it (without OWNER
+# TO). Indexes and a table's own sequences follow their table; array types follow their element.
+_OWNED_SQL = """
+SELECT 'schema' AS kind, 'fencekit' AS name, n.nspowner AS owner,
+       'ALTER SCHEMA fencekit' AS alter_sql
+  FROM pg_catalog.pg_namespace n WHERE n.nspname = 'fencekit'
+UNION ALL
+SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view'
+                      WHEN 'm' THEN 'materialized view' WHEN 'f' THEN 'foreign table'
+                      WHEN 'c' THEN 'type' ELSE 'table' END,
+       'fencekit.' || pg_catalog.quote_ident(c.relname), c.relowner,
+       'ALTER ' || CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
+                                  WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'f' THEN 'FOREIGN TABLE'
+                                  WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END
+         || ' fencekit.' || pg_catalog.quote_ident(c.relname)
+  FROM pg_catalog.pg_class c
+ WHERE c.relnamespace = 'fencekit'::pg_catalog.regnamespace
+   AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c')
+   AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d
+                    WHERE c.relkind = 'S' AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.objid = c.oid AND d.deptype IN ('a', 'i')
+                      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass)
+UNION ALL
+SELECT CASE p.prokind WHEN 'p' THEN 'procedure' WHEN 'a' THEN 'aggregate' ELSE 'function' END,
+       'fencekit.' || pg_catalog.quote_ident(p.proname) || s.args, p.proowner,
+       'ALTER ' || CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE'
+                                  ELSE 'FUNCTION' END
+         || ' fencekit.' || pg_catalog.quote_ident(p.proname) || s.args
+  FROM pg_catalog.pg_proc p,
+       LATERAL (SELECT CASE p.prokind
+                  WHEN 'a' THEN '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')'
+                  ELSE '(' || COALESCE((SELECT pg_catalog.string_agg(
+                                               pg_catalog.format_type(a.t, NULL), ', '
+                                               ORDER BY a.n)
+                                          FROM pg_catalog.unnest(p.proargtypes::pg_catalog.oid[])
+                                               WITH ORDINALITY AS a(t, n)), '') || ')'
+                  END) AS s(args)
+ WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace
+UNION ALL
+SELECT 'type', 'fencekit.' || pg_catalog.quote_ident(t.typname), t.typowner,
+       'ALTER TYPE fencekit.' || pg_catalog.quote_ident(t.typname)
+  FROM pg_catalog.pg_type t
+ WHERE t.typnamespace = 'fencekit'::pg_catalog.regnamespace AND t.typtype IN ('e', 'd', 'r')
+"""
+
+_SHOWN = 3  # object names a grouped ownership line shows before "and N more"
+_LISTED = 5  # up to this many objects the fix lists ALTER statements; beyond, a DO block
+
+
+def ownership_drift(conn: Conn) -> list[Drift]:
+    """fencekit's objects owned by another role than the one that installed it, or by a role
+    that is neither a superuser nor a member of fencekit_admin.
+
+    Whoever owns fencekit's tables and functions can lower fences, edit the registry and
+    replace the checks; a ``pg_restore`` run by an application role leaves them all owned by
+    it. The installing role is ``fencekit.meta``'s ``owner`` row; cores installed before it
+    existed fall back to the owner of schema fencekit.
+    """
+    schema = conn.execute(
+        "SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text FROM pg_catalog.pg_namespace n "
+        "WHERE n.nspname = 'fencekit'"
+    ).fetchone()
+    if schema is None:
+        return []
+    out: list[Drift] = []
+    recorded = conn.execute("SELECT value FROM fencekit.meta WHERE key = 'owner'").fetchone()
+    expected, source = str(schema[0]), "the owner of schema fencekit"
+    if recorded is not None:
+        exists = conn.execute(
+            "SELECT pg_catalog.quote_ident(rolname) FROM pg_catalog.pg_roles WHERE rolname = %s",
+            (recorded[0],),
+        ).fetchone()
+        if exists is not None:
+            expected, source = str(exists[0]), "the role that installed fencekit"
+        else:
+            out.append(
+                Drift(
+                    "owner_role_missing",
+                    "fencekit",
+                    f"role {recorded[0]!r}, recorded in fencekit.meta as the role that "
+                    f"installed fencekit, does not exist (renamed or dropped?); comparing "
+                    f"owners with {expected}, the owner of schema fencekit",
+                    "record the role that administers fencekit (as a member of fencekit_admin): "
+                    "UPDATE fencekit.meta SET value = '<admin_role>' WHERE key = 'owner'",
+                )
+            )
+    rows = conn.execute(
+        "SELECT o.kind, o.name, o.alter_sql, r.rolname, r.rolsuper, "
+        "       pg_catalog.pg_has_role(r.oid, a.oid, 'MEMBER') "
+        f"FROM ({_OWNED_SQL}) o "
+        "JOIN pg_catalog.pg_roles r ON r.oid = o.owner "
+        "LEFT JOIN pg_catalog.pg_roles a ON a.rolname = 'fencekit_admin' "
+        "ORDER BY r.rolname, o.kind <> 'schema', o.kind, o.name"
+    ).fetchall()
+    by_owner: dict[str, list[tuple[str, str, str]]] = {}
+    privileged: dict[str, bool] = {}
+    for kind, name, alter_sql, owner, is_super, is_admin in rows:
+        role = quote_ident(owner)
+        by_owner.setdefault(role, []).append((kind, name, alter_sql))
+        privileged[role] = bool(is_super) or bool(is_admin)
+    record = (
+        "UPDATE fencekit.meta SET value = {new} WHERE key = 'owner'" if recorded is not None else ""
+    )
+    for role, objects in by_owner.items():
+        names = tuple(f"{kind} {name}" for kind, name, _ in objects)
+        shown = ", ".join(names[:_SHOWN]) + (
+            f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+        )
+        unprivileged = (
+            f"{role} is neither a superuser nor a member of fencekit_admin"
+            if not privileged[role]
+            else ""
+        )
+        if role != expected:
+            # One line per owner: an unprivileged owner is said here, not on a line of its own.
+            out.append(
+                Drift(
+                    "owner_changed",
+                    f"owner {role}",
+                    f"{len(objects)} object(s) in schema fencekit are owned by {role}, not "
+                    f"{expected} ({source}): {shown}. Their owner can lower fences, edit the "
+                    "registry and replace the checks (a pg_restore run by an application role "
+                    "leaves them so)" + (f"; {unprivileged}" if unprivileged else ""),
+                    _owner_fix(role, expected, objects),
+                    names,
+                )
+            )
+        elif unprivileged:
+            admin = "<admin_role>"
+            give = _owner_fix(role, admin, objects)
+            if record:
+                give += "; " + record.format(new=quote_literal(admin))
+            out.append(
+                Drift(
+                    "owner_unprivileged",
+                    f"owner {role}",
+                    f"{role} owns {len(objects)} object(s) in schema fencekit ({shown}) but "
+                    "is neither a superuser nor a member of fencekit_admin: if applications "
+                    "log in as it (or as a member of it), they can lower fences, edit the "
+                    "registry and replace the checks",
+                    f"if {role} is an application role, give fencekit's objects to a role "
+                    "that administers fencekit (a superuser or a member of fencekit_admin that "
+                    f"applications never log in as): {give}\n"
+                    f"if {role} is that role already: GRANT fencekit_admin TO {role}",
+                    names,
+                )
+            )
+    return out
+
+
+def _owner_fix(old: str, new: str, objects: list[tuple[str, str, str]]) -> str:
+    """SQL a DBA runs (superuser, or member of both roles) to give ``old``'s objects to ``new``.
+
+    A few objects: their ALTER statements. More: a DO block over the catalog (REASSIGN OWNED
+    would also take the application's own tables, and its database, from ``old``).
+    """
+    if len(objects) <= _LISTED:
+        return "; ".join(f"{alter_sql} OWNER TO {new}" for _, _, alter_sql in objects)
+    by = f"{quote_literal(old)}::pg_catalog.regrole"
+    ns = "'fencekit'::pg_catalog.regnamespace"
+    return "\n".join(
+        [
+            "DO $fix$",
+            "DECLARE o text;",
+            "BEGIN",
+            f"  IF (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'fencekit') = {by}"
+            f" THEN ALTER SCHEMA fencekit OWNER TO {new}; END IF;",
+            "  FOR o IN SELECT c.oid::pg_catalog.regclass FROM pg_catalog.pg_class c",
+            f"    WHERE c.relnamespace = {ns} AND c.relowner = {by}",
+            "      AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S') AND NOT EXISTS (SELECT FROM",
+            "      pg_catalog.pg_depend d WHERE c.relkind = 'S' AND d.objid = c.oid",
+            "      AND d.deptype IN ('a', 'i')",
+            "      AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass",
+            "      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass)",
+            f"  LOOP EXECUTE 'ALTER TABLE ' || o || ' OWNER TO {new}'; END LOOP;",
+            "  FOR o IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p",
+            f"    WHERE p.pronamespace = {ns} AND p.proowner = {by}",
+            f"  LOOP EXECUTE 'ALTER ROUTINE ' || o || ' OWNER TO {new}'; END LOOP;",
+            "  FOR o IN SELECT t.oid::pg_catalog.regtype FROM pg_catalog.pg_type t",
+            f"    WHERE t.typnamespace = {ns} AND t.typowner = {by}",
+            "      AND t.typtype IN ('e', 'd', 'r')",
+            f"  LOOP EXECUTE 'ALTER TYPE ' || o || ' OWNER TO {new}'; END LOOP;",
+            "END",
+            "$fix$;",
+        ]
+    )
 
 
 def _cli_spec(spec: FenceSpec) -> str:

@@ -171,11 +171,24 @@ def _status(subparsers: Any) -> None:
         "reason. Drift: trigger missing, disabled, ENABLE REPLICA (does not fire for ordinary "
         "writes) or ENABLE ALWAYS (fires under session_replication_role = replica), fence "
         "column dropped or not bigint, function body changed, objects from an older template, "
-        "partitions without fencekit's statement triggers, table missing.\n\nExit status: 0 "
+        "partitions and inheritance children without fencekit's triggers (created after "
+        "protect), table missing; other triggers that fire before fencekit's checks (or, on a "
+        "row-fenced table, can overwrite the fence column); fencekit's own objects owned by "
+        "another role than the one that installed it (a restore by an application role), or by "
+        "a role that is neither a superuser nor a member of fencekit_admin.\n\nExit status: 0 "
         "when nothing drifted, 1 when anything did (or the core is not installed).",
-        epilog='examples:\n  fencekit status --dsn "$DSN"\n  fencekit status --json | jq .',
+        epilog='examples:\n  fencekit status --dsn "$DSN"\n  fencekit status --json | jq .\n'
+        "  fencekit status --allow-trigger audit_stamp   # reviewed: never touches the token",
     )
     p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.add_argument(
+        "--allow-trigger",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a trigger you have reviewed (it never sets fencekit.token nor the fence column): "
+        "do not report it, on any protected table; repeat for several",
+    )
     _dsn_option(p)
     p.set_defaults(func=run_status, prog=p.prog)
 
@@ -438,7 +451,7 @@ def run_status(args: argparse.Namespace) -> int:
     from fencekit import catalog
 
     with _connect(_dsn(args)) as conn:
-        st = catalog.status(conn)
+        st = catalog.status(conn, allow_triggers=args.allow_trigger)
     if args.json:
         print(json.dumps(st.to_dict(), indent=2, ensure_ascii=False))
     elif st.core_version is None:
@@ -483,5 +496,7 @@ def format_status(st: Status) -> str:
         lines += ["", "Drift:"]
         for where, d in problems:
             lines.append(f"  {where}: {d.message} [{d.kind}]")
-            lines.append(f"      fix: {d.fix}")
+            fix, *more = d.fix.splitlines()
+            lines.append(f"      fix: {fix}")
+            lines += [f"           {line}" for line in more]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,382 @@
+"""``fencekit status`` reports what would let a stale write into a "protected" table: fencekit's
+objects owned by the wrong role (a restore by an application role), other triggers that fire
+before fencekit's checks or rewrite the fence column, and partitions or inheritance children
+that lack fencekit's triggers. Each is made for real in the database, reported with exit 1, and
+fixed with the fix status prints."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from fencekit import sqlgen
+from fencekit.spec import FenceSpec, Scope, TableName
+
+from .conftest import Cli
+
+APP = "fk_status_app"  # an application role (cluster-wide: make_role drops it after the test)
+
+
+def _sql(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for stmt in statements:
+            conn.execute(stmt)
+
+
+def _status(cli: Cli, dsn: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    r = cli("status", "--json", "--dsn", dsn, *extra)
+    return r.code, json.loads(r.out)
+
+
+def _all_drift(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(doc["core_drift"]) + [d for t in doc["tables"] for d in t["drift"]]
+
+
+def _table_drift(doc: dict[str, Any], table: str) -> list[dict[str, Any]]:
+    (t,) = [t for t in doc["tables"] if t["table"] == table]
+    return list(t["drift"])
+
+
+def _triggers(spec: FenceSpec) -> dict[str, str]:
+    """suffix (stmt, trunc, ins, upd, del) -> trigger name, from the generator."""
+    return {t.name.rsplit("_", 1)[1]: t.name for t in sqlgen.table_objects(spec).triggers}
+
+
+def _record_owner(dsn: str) -> str:
+    """The owner row the core install writes (absent from cores installed before it existed)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO fencekit.meta (key, value) VALUES ('owner', current_user) "
+            "ON CONFLICT (key) DO NOTHING"
+        )
+        row = conn.execute("SELECT value FROM fencekit.meta WHERE key = 'owner'").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _give_everything_to(dsn: str, role: str) -> int:
+    """What `pg_restore --no-owner` run by ``role`` leaves behind: schema fencekit and every
+    table, view, sequence and function in it owned by ``role``. Returns how many objects."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        stmts = [
+            r[0]
+            for r in conn.execute(
+                """SELECT format('ALTER TABLE %%s OWNER TO %%I', c.oid::regclass, %s::text)
+                     FROM pg_class c
+                    WHERE c.relnamespace = 'fencekit'::regnamespace
+                      AND c.relkind IN ('r', 'p', 'v', 'S')
+                   UNION ALL
+                   SELECT format('ALTER ROUTINE %%s OWNER TO %%I', p.oid::regprocedure, %s::text)
+                     FROM pg_proc p WHERE p.pronamespace = 'fencekit'::regnamespace""",
+                (role, role),
+            ).fetchall()
+        ]
+        for stmt in stmts:
+            conn.execute(stmt)
+        conn.execute(f"ALTER SCHEMA fencekit OWNER TO {role}")
+    return len(stmts) + 1
+
+
+@pytest.fixture
+def app(make_role: Callable[..., str]) -> str:
+    make_role(APP, "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public")
+    return APP
+
+
+@pytest.fixture
+def accounts(cli: Cli, dsn: str) -> FenceSpec:
+    """accounts with a row fence, one row at fence 50."""
+    _sql(
+        dsn,
+        "CREATE TABLE accounts (id bigint PRIMARY KEY, balance numeric NOT NULL)",
+        "INSERT INTO accounts VALUES (1, 0)",
+    )
+    assert cli("protect", "accounts", "--dsn", dsn).code == 0
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT set_config('fencekit.token', '50', true)")
+        conn.execute("UPDATE accounts SET balance = 10")
+    return FenceSpec(TableName("public", "accounts"))
+
+
+@pytest.fixture
+def ledger(cli: Cli, dsn: str) -> FenceSpec:
+    """ledger with a key fence on account_id (statement-level checks only)."""
+    _sql(dsn, "CREATE TABLE ledger (id bigint PRIMARY KEY, account_id bigint NOT NULL)")
+    assert cli("protect", "ledger", "--key", "account_id", "--dsn", dsn).code == 0
+    return FenceSpec(TableName("public", "ledger"), scope=Scope.KEY, key=("account_id",))
+
+
+# ------------------------------------------------------------------------------- clean
+
+
+@pytest.mark.all_servers
+def test_clean_protected_database_is_ok(
+    cli: Cli, dsn: str, accounts: FenceSpec, ledger: FenceSpec
+) -> None:
+    # Triggers of the application's own that cannot touch a check: an AFTER trigger that sorts
+    # first, and a BEFORE statement trigger that sorts after fencekit's.
+    _sql(
+        dsn,
+        "CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$",
+        "CREATE TRIGGER aaa_audit AFTER INSERT OR UPDATE ON accounts "
+        "FOR EACH ROW EXECUTE FUNCTION audit()",
+        "CREATE TRIGGER zz_audit BEFORE INSERT ON ledger "
+        "FOR EACH STATEMENT EXECUTE FUNCTION audit()",
+    )
+    _record_owner(dsn)
+    code, doc = _status(cli, dsn)
+    assert code == 0, _all_drift(doc)
+    assert doc["drift"] is False
+    assert doc["core_drift"] == []
+    assert all(t["drift"] == [] for t in doc["tables"])
+    r = cli("status", "--dsn", dsn)
+    assert r.code == 0
+    assert "Drift:" not in r.out
+
+
+# ------------------------------------------------------------------------------- ownership
+
+
+def test_objects_given_to_an_app_role_are_reported_and_fixed(
+    cli: Cli, dsn: str, accounts: FenceSpec, app: str
+) -> None:
+    """A restore by the application role, as far as two objects go: a fencekit table and the
+    row fence's generated function now belong to the application role."""
+    installer = _record_owner(dsn)
+    fn = next(f for f in sqlgen.table_objects(accounts).functions if f.name.endswith("_upd"))
+    _sql(
+        dsn,
+        f"ALTER TABLE fencekit.fences OWNER TO {app}",
+        f"ALTER FUNCTION {fn.sql_name}() OWNER TO {app}",
+    )
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    assert doc["drift"] is True
+    (d,) = doc["core_drift"]
+    assert d["kind"] == "owner_changed"
+    assert d["object"] == f"owner {app}"
+    assert sorted(d["objects"]) == sorted(["table fencekit.fences", f"function {fn.sql_name}()"])
+    assert f"2 object(s) in schema fencekit are owned by {app}, not {installer}" in d["message"]
+    assert "neither a superuser nor a member of fencekit_admin" in d["message"]
+    assert f"ALTER TABLE fencekit.fences OWNER TO {installer}" in d["fix"]
+
+    human = cli("status", "--dsn", dsn)
+    assert human.code == 1
+    assert f"fencekit: 2 object(s) in schema fencekit are owned by {app}" in human.out
+    assert "[owner_changed]" in human.out
+
+    _sql(dsn, d["fix"])
+    code, doc = _status(cli, dsn)
+    assert (code, doc["core_drift"]) == (0, []), doc
+
+
+def test_whole_schema_restored_by_an_app_role_is_one_line(
+    cli: Cli, dsn: str, accounts: FenceSpec, ledger: FenceSpec, app: str
+) -> None:
+    """`pg_restore --no-owner` run by the application role: every object in schema fencekit
+    belongs to it. status says so on one line, with a count and a few names, and a fix that
+    gives them back without touching the application's own tables."""
+    installer = _record_owner(dsn)
+    _sql(dsn, "CREATE TABLE app_own (id int)", f"ALTER TABLE app_own OWNER TO {app}")
+    count = _give_everything_to(dsn, app)
+    assert count > 20  # core tables, views, sequences, functions, per-table functions, counters
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = doc["core_drift"]
+    assert d["kind"] == "owner_changed"
+    assert len(d["objects"]) == count
+    assert "schema fencekit" in d["objects"]
+    assert f"{count} object(s) in schema fencekit are owned by {app}" in d["message"]
+    assert f"and {count - 3} more" in d["message"]
+    human = cli("status", "--dsn", dsn)
+    assert human.out.count(f"are owned by {app}") == 1
+    assert f"owned by {app}, not {installer}" in human.out
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(d["fix"])
+        owners = conn.execute(
+            "SELECT relowner::regrole::text FROM pg_class WHERE relname = 'app_own'"
+        ).fetchone()
+    assert owners == (app,)  # the fix left the application's own table alone
+    code, doc = _status(cli, dsn)
+    assert (code, doc["core_drift"]) == (0, []), doc
+
+
+def test_without_a_recorded_owner_an_unprivileged_schema_owner_is_reported(
+    cli: Cli, dsn: str, accounts: FenceSpec, app: str
+) -> None:
+    """Cores installed before the owner row existed compare with the owner of schema fencekit;
+    when that owner is an application role (neither superuser nor member of fencekit_admin),
+    that alone is the problem."""
+    _sql(dsn, "DELETE FROM fencekit.meta WHERE key = 'owner'")
+    _give_everything_to(dsn, app)
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = doc["core_drift"]
+    assert d["kind"] == "owner_unprivileged"
+    assert d["object"] == f"owner {app}"
+    assert "neither a superuser nor a member of fencekit_admin" in d["message"]
+    assert f"GRANT fencekit_admin TO {app}" in d["fix"]
+    # The DBA decides app is fencekit's administering role after all.
+    _sql(dsn, f"GRANT fencekit_admin TO {app}")
+    assert _status(cli, dsn)[0] == 0
+
+
+# ------------------------------------------------------------------------------- foreign triggers
+
+
+def test_foreign_before_trigger_that_sorts_first_is_reported(
+    cli: Cli, dsn: str, ledger: FenceSpec
+) -> None:
+    # A trigger named to fire before fencekit's statement check, handing every statement a
+    # token: the check then accepts writes that carry none.
+    _sql(
+        dsn,
+        "CREATE FUNCTION default_token() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+        "PERFORM set_config('fencekit.token', '999999', true); RETURN NULL; END$$",
+        "CREATE TRIGGER aaa_default_token BEFORE INSERT OR UPDATE ON ledger "
+        "FOR EACH STATEMENT EXECUTE FUNCTION default_token()",
+        "INSERT INTO ledger VALUES (1, 42)",  # no token, yet accepted: that is the hole
+    )
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = _table_drift(doc, "public.ledger")
+    assert d["kind"] == "foreign_trigger_first"
+    assert d["object"] == "public.ledger: trigger aaa_default_token"
+    assert "fires on INSERT UPDATE ahead of fencekit's " + _triggers(ledger)["stmt"] in d["message"]
+    assert "set fencekit.token (set_config)" in d["message"]
+    assert "--allow-trigger aaa_default_token" in d["fix"]
+
+    # Reviewed and accepted by the DBA: silenced.
+    assert _status(cli, dsn, "--allow-trigger", "aaa_default_token")[0] == 0
+    # Or renamed as the fix says, so that fencekit's check reads the writer's own token first.
+    _sql(dsn, "ALTER TRIGGER aaa_default_token ON ledger RENAME TO zz_aaa_default_token")
+    assert _status(cli, dsn)[0] == 0
+    with psycopg.connect(dsn) as conn, pytest.raises(psycopg.DatabaseError) as err:
+        conn.execute("INSERT INTO ledger VALUES (2, 42)")
+    assert err.value.sqlstate == "YF003"
+
+
+def test_foreign_row_trigger_that_rewrites_the_row_fence_is_reported(
+    cli: Cli, dsn: str, accounts: FenceSpec
+) -> None:
+    # Fires after fencekit's row trigger (its name sorts after), so it has the last word on
+    # NEW.fencekit_fence: it lowers the row's fence and a stale write then passes.
+    _sql(
+        dsn,
+        "CREATE FUNCTION reset_fence() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+        "NEW.fencekit_fence := 1; RETURN NEW; END$$",
+        "CREATE TRIGGER zz_reset_fence BEFORE UPDATE ON accounts "
+        "FOR EACH ROW EXECUTE FUNCTION reset_fence()",
+    )
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT set_config('fencekit.token', '60', true)")
+        conn.execute("UPDATE accounts SET balance = 20")
+        conn.commit()
+        conn.execute("SELECT set_config('fencekit.token', '10', true)")
+        conn.execute("UPDATE accounts SET balance = 666")  # stale, yet accepted: the hole
+        conn.commit()
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = _table_drift(doc, "public.accounts")
+    assert d["kind"] == "foreign_trigger_fence_column"
+    assert d["object"] == "public.accounts: trigger zz_reset_fence"
+    assert "overwrite NEW.fencekit_fence" in d["message"]
+    assert _status(cli, dsn, "--allow-trigger", "zz_reset_fence")[0] == 0
+    human = cli("status", "--dsn", dsn)
+    assert human.code == 1
+    assert "[foreign_trigger_fence_column]" in human.out
+
+
+# ------------------------------------------------------------------------------- descendants
+
+
+def test_child_and_partition_created_after_protect_are_reported(
+    cli: Cli, dsn: str, accounts: FenceSpec
+) -> None:
+    _sql(
+        dsn,
+        "CREATE TABLE events (id int NOT NULL, day int NOT NULL) PARTITION BY RANGE (day)",
+        "CREATE TABLE events_1 PARTITION OF events FOR VALUES FROM (1) TO (10)",
+    )
+    assert cli("protect", "events", "--scope", "table", "--dsn", dsn).code == 0
+    assert _status(cli, dsn)[0] == 0
+    _sql(
+        dsn,
+        "CREATE TABLE accounts_archive () INHERITS (accounts)",
+        "CREATE TABLE events_2 PARTITION OF events FOR VALUES FROM (10) TO (20)",
+    )
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (child,) = _table_drift(doc, "public.accounts")
+    assert child["kind"] == "child_triggers_missing"
+    assert child["object"] == "child table accounts_archive"
+    for name in _triggers(accounts).values():  # statement and row triggers alike
+        assert name in child["message"]
+    assert child["fix"].startswith("fencekit protect public.accounts --dsn DSN")
+    (part,) = _table_drift(doc, "public.events")
+    assert part["kind"] == "partition_triggers_missing"
+    assert part["object"] == "partition events_2"
+    assert part["fix"].startswith("fencekit protect public.events --scope table --dsn DSN")
+    human = cli("status", "--dsn", dsn)
+    assert "[child_triggers_missing]" in human.out
+    assert "[partition_triggers_missing]" in human.out
+
+
+def test_disabled_trigger_and_foreign_trigger_on_a_partition_are_reported(
+    cli: Cli, dsn: str
+) -> None:
+    _sql(
+        dsn,
+        "CREATE TABLE events (id int NOT NULL, day int NOT NULL) PARTITION BY RANGE (day)",
+        "CREATE TABLE events_1 PARTITION OF events FOR VALUES FROM (1) TO (10)",
+    )
+    assert cli("protect", "events", "--dsn", dsn).code == 0
+    spec = FenceSpec(TableName("public", "events"))
+    upd = _triggers(spec)["upd"]  # a clone PostgreSQL made of the parent's row trigger
+    _sql(dsn, f"ALTER TABLE events_1 DISABLE TRIGGER {upd}")
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = _table_drift(doc, "public.events")
+    assert d["kind"] == "trigger_disabled"
+    assert d["object"] == f"partition events_1: trigger {upd}"
+    assert d["message"].startswith("on partition events_1: ")
+    _sql(dsn, d["fix"])
+    assert _status(cli, dsn)[0] == 0
+
+    _sql(
+        dsn,
+        "CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$",
+        "CREATE TRIGGER a_first BEFORE DELETE ON events_1 "
+        "FOR EACH STATEMENT EXECUTE FUNCTION noop()",
+    )
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = _table_drift(doc, "public.events")
+    assert (d["kind"], d["object"]) == ("foreign_trigger_first", "events_1: trigger a_first")
+
+
+def test_children_that_exist_at_protect_time_are_covered(cli: Cli, dsn: str) -> None:
+    """Protect covers every descendant that exists when it runs (an inheritance child, its own
+    child, a partition); re-running it covers one created later."""
+    _sql(
+        dsn,
+        "CREATE TABLE accounts (id bigint PRIMARY KEY, balance numeric NOT NULL)",
+        "CREATE TABLE accounts_old () INHERITS (accounts)",
+        "CREATE TABLE accounts_older () INHERITS (accounts_old)",
+        "CREATE TABLE events (id int NOT NULL, day int NOT NULL) PARTITION BY RANGE (day)",
+        "CREATE TABLE events_1 PARTITION OF events FOR VALUES FROM (1) TO (10)",
+    )
+    assert cli("protect", "accounts", "--dsn", dsn).code == 0
+    assert cli("protect", "events", "--dsn", dsn).code == 0
+    code, doc = _status(cli, dsn)
+    assert code == 0, _all_drift(doc)
+    _sql(dsn, "CREATE TABLE accounts_new () INHERITS (accounts)")
+    assert _status(cli, dsn)[0] == 1
+    assert cli("protect", "accounts", "--dsn", dsn).code == 0
+    code, doc = _status(cli, dsn)
+    assert code == 0, _all_drift(doc)
