@@ -12,6 +12,7 @@ enabled state, fencekit's functions and their settings, role memberships) is unc
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -154,3 +155,150 @@ def unchanged(victim: Conn) -> Callable[[], None]:
         assert not changed, f"the attack changed: {changed}"
 
     return check
+
+
+# ---------------------------------------------------------------- issue 12: attack helpers
+#
+# The modules test_key_identity, test_token_mid_statement, test_borrowed_bypass, test_children,
+# test_definer_callers, test_grants and test_own_tables share what follows. Their attacks run
+# many cases per database (one database per test keeps the suite fast), record every case that
+# went wrong in a ``Findings`` and fail once at the end with the whole list, each line naming
+# the scope, write path, role and token or setting that failed.
+
+APP = "sec_app"  # the application role of the issue-12 modules: DML only, no fencekit grant
+FRESH = 20  # a token newer than FENCE
+
+
+def protect(conn: Conn, spec: FenceSpec) -> None:
+    """Run the generated protect statements on ``conn`` (no commit)."""
+    for stmt in protect_statements(spec):
+        conn.execute(stmt.encode())
+
+
+def counts(conn: Conn, table: str, schema: str = "public") -> dict[str, int]:
+    """``fencekit.rejections`` for one table: reason -> count (sequences: survive rollbacks)."""
+    rows = conn.execute(
+        "SELECT reason, count FROM fencekit.rejections WHERE schema_name = %s AND table_name = %s",
+        (schema, table),
+    ).fetchall()
+    return {reason: int(n) for reason, n in rows}
+
+
+def gauges(conn: Conn, table: str, schema: str = "public") -> tuple[Any, Any]:
+    """(last_rejected_at, max_token_gap) of one table."""
+    row = conn.execute(
+        "SELECT max(last_rejected_at), max(max_token_gap) FROM fencekit.rejections "
+        "WHERE schema_name = %s AND table_name = %s",
+        (schema, table),
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def fences(conn: Conn, resource: str) -> dict[str, int]:
+    """Key and table fences of a resource (read as superuser): key -> fence."""
+    rows = conn.execute(
+        "SELECT key, fence FROM fencekit.fences WHERE resource = %s", (resource,)
+    ).fetchall()
+    return {k: int(f) for k, f in rows}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one statement did: ``sqlstate`` None means it succeeded."""
+
+    sqlstate: str | None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.sqlstate is None
+
+    def __str__(self) -> str:
+        if self.sqlstate is None:
+            return "success"
+        return f"{self.sqlstate} ({self.message.splitlines()[0] if self.message else ''})"
+
+
+def outcome(
+    conn: Conn,
+    stmt: str,
+    *,
+    token: int | str | None = None,
+    role: str | None = None,
+    bypass: bool = False,
+    settings: dict[str, str] | None = None,
+    copy_rows: Sequence[str] = (),
+) -> Outcome:
+    """Run ``stmt`` in a fresh transaction and say how it ended.
+
+    ``role``: ``SET LOCAL ROLE`` first (the connection must be allowed to: a superuser's). The
+    statement then runs with exactly that role's rights, and the caller can ``RESET ROLE`` in
+    the same transaction to inspect what it did. ``settings`` are set transaction-locally
+    before the token. ``copy_rows`` feeds a ``COPY ... FROM STDIN`` (lines without newline).
+
+    On success the transaction is left OPEN (inspect, then roll back or commit); on failure it
+    is rolled back and the SQLSTATE returned.
+    """
+    conn.rollback()
+    try:
+        if role is not None:
+            conn.execute(f'SET LOCAL ROLE "{role}"')
+        for name, value in (settings or {}).items():
+            conn.execute("SELECT set_config(%s, %s, true)", (name, value))
+        if token is not None:
+            conn.execute("SELECT set_config('fencekit.token', %s, true)", (str(token),))
+        if bypass:
+            conn.execute("SELECT set_config('fencekit.bypass', 'on', true)")
+        if copy_rows:
+            with conn.cursor().copy(stmt) as copy:
+                for line in copy_rows:
+                    copy.write(line + "\n")
+        else:
+            conn.execute(stmt)
+    except psycopg.Error as exc:
+        conn.rollback()
+        return Outcome(exc.sqlstate or "?????", str(exc))
+    return Outcome(None)
+
+
+def copy_text(value: str) -> str:
+    """``value`` escaped for one field of COPY's text format."""
+    return (
+        value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    )
+
+
+class Findings:
+    """Collects what went wrong across many cases; ``assert_clean()`` fails with all of them."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+        self.cases = 0
+
+    def check(self, label: str, ok: bool, problem: str = "") -> bool:
+        self.cases += 1
+        if not ok:
+            self.failures.append(f"{label}: {problem}")
+        return ok
+
+    def expect(self, label: str, got: Outcome, wanted: str | Sequence[str] | None) -> bool:
+        """``wanted``: a SQLSTATE, several, or None for success."""
+        if wanted is None:
+            return self.check(label, got.ok, f"expected success, got {got}")
+        codes = (wanted,) if isinstance(wanted, str) else tuple(wanted)
+        return self.check(label, got.sqlstate in codes, f"expected {'/'.join(codes)}, got {got}")
+
+    def assert_clean(self) -> None:
+        if self.failures:
+            shown = "\n  ".join(self.failures[:200])
+            extra = len(self.failures) - 200
+            more = f"\n  ... and {extra} more" if extra > 0 else ""
+            raise AssertionError(
+                f"{len(self.failures)} of {self.cases} checks failed:\n  {shown}{more}"
+            )
+
+
+@pytest.fixture
+def findings() -> Findings:
+    return Findings()
