@@ -158,22 +158,22 @@ def test_changed_function_body_is_drift(cli: Cli, dsn: str, protected: FenceSpec
 def test_altered_and_dropped_fence_column_is_drift(
     cli: Cli, dsn: str, protected: FenceSpec
 ) -> None:
-    # Template 2's trigger conditions depend on the fence column: PostgreSQL itself refuses to
-    # change its type or drop it while the table is protected.
+    # The INSERT trigger's WHEN clause depends on the fence column: PostgreSQL itself refuses
+    # to change its type or drop it while the table is protected.
     with pytest.raises(psycopg.errors.FeatureNotSupported):
         _sql(dsn, "ALTER TABLE billing_summary ALTER COLUMN fencekit_fence TYPE integer")
     with pytest.raises(psycopg.errors.DependentObjectsStillExist):
         _sql(dsn, "ALTER TABLE billing_summary DROP COLUMN fencekit_fence")
-    # Template 1 (no WHEN clauses under on_equal=reject) let the type change: status says so.
-    for stmt in sqlgen.unprotect_statements(protected):
-        _sql(dsn, stmt)
-    for stmt in sqlgen.protect_statements(protected, template_version=1):
-        _sql(dsn, stmt)
-    _sql(dsn, "ALTER TABLE billing_summary ALTER COLUMN fencekit_fence TYPE integer")
+    # Once that trigger is dropped, the type can change: status says so.
+    ins = _trigger(protected, "_ins")
+    _sql(
+        dsn,
+        f"DROP TRIGGER {ins} ON billing_summary",
+        "ALTER TABLE billing_summary ALTER COLUMN fencekit_fence TYPE integer",
+    )
     code, doc = _status(cli, dsn)
     assert code == 1
-    kinds = _kinds(doc)
-    assert "fence_column_altered" in kinds
+    assert _kinds(doc) == {"trigger_missing", "fence_column_altered"}
     (d,) = [d for d in doc["tables"][0]["drift"] if d["kind"] == "fence_column_altered"]
     assert "is integer, not bigint" in d["message"]
     _sql(dsn, "ALTER TABLE billing_summary DROP COLUMN fencekit_fence CASCADE")
@@ -230,6 +230,17 @@ def test_unknown_template_version_in_the_registry_is_drift(
     code, doc = _status(cli, dsn)
     assert code == 1
     assert _kinds(doc) == {"template_unknown"}
+
+
+def test_registry_row_from_an_older_template_asks_for_protect(
+    cli: Cli, dsn: str, protected: FenceSpec
+) -> None:
+    # What a table protected by an older fencekit looks like to this one.
+    _sql(dsn, f"UPDATE fencekit.protected SET template_version = {sqlgen.TEMPLATE_VERSION - 1}")
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = [d for d in doc["tables"][0]["drift"] if d["kind"] == "template_outdated"]
+    assert d["fix"].startswith("fencekit protect public.billing_summary --on-equal reject")
 
 
 def test_key_fence_drift_uses_the_generators_object_names(cli: Cli, dsn: str) -> None:
