@@ -816,7 +816,7 @@ def _foreign_trigger_drift(
 # TO). Indexes and a table's own sequences follow their table; array types follow their element.
 _OWNED_SQL = """
 SELECT 'schema' AS kind, 'fencekit' AS name, n.nspowner AS owner,
-       'ALTER SCHEMA fencekit' AS alter_sql
+       'ALTER SCHEMA fencekit' AS alter_sql, n.nspname AS ident
   FROM pg_catalog.pg_namespace n WHERE n.nspname = 'fencekit'
 UNION ALL
 SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view'
@@ -826,7 +826,7 @@ SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view'
        'ALTER ' || CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
                                   WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'f' THEN 'FOREIGN TABLE'
                                   WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END
-         || ' fencekit.' || pg_catalog.quote_ident(c.relname)
+         || ' fencekit.' || pg_catalog.quote_ident(c.relname), c.relname
   FROM pg_catalog.pg_class c
  WHERE c.relnamespace = 'fencekit'::pg_catalog.regnamespace
    AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c')
@@ -839,7 +839,7 @@ SELECT CASE p.prokind WHEN 'p' THEN 'procedure' WHEN 'a' THEN 'aggregate' ELSE '
        'fencekit.' || pg_catalog.quote_ident(p.proname) || s.args, p.proowner,
        'ALTER ' || CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE'
                                   ELSE 'FUNCTION' END
-         || ' fencekit.' || pg_catalog.quote_ident(p.proname) || s.args
+         || ' fencekit.' || pg_catalog.quote_ident(p.proname) || s.args, p.proname
   FROM pg_catalog.pg_proc p,
        LATERAL (SELECT CASE p.prokind
                   WHEN 'a' THEN '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')'
@@ -852,7 +852,7 @@ SELECT CASE p.prokind WHEN 'p' THEN 'procedure' WHEN 'a' THEN 'aggregate' ELSE '
  WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace
 UNION ALL
 SELECT 'type', 'fencekit.' || pg_catalog.quote_ident(t.typname), t.typowner,
-       'ALTER TYPE fencekit.' || pg_catalog.quote_ident(t.typname)
+       'ALTER TYPE fencekit.' || pg_catalog.quote_ident(t.typname), t.typname
   FROM pg_catalog.pg_type t
  WHERE t.typnamespace = 'fencekit'::pg_catalog.regnamespace AND t.typtype IN ('e', 'd', 'r')
 """
@@ -863,7 +863,9 @@ _LISTED = 5  # up to this many objects the fix lists ALTER statements; beyond, a
 
 def ownership_drift(conn: Conn) -> list[Drift]:
     """fencekit's objects owned by another role than the one that installed it, or by a role
-    that is neither a superuser nor a member of fencekit_admin.
+    that is neither a superuser nor a member of fencekit_admin. A protected table's generated
+    functions and counters may also belong to any superuser or member of fencekit_admin (the
+    role that ran protect).
 
     Whoever owns fencekit's tables and functions can lower fences, edit the registry and
     replace the checks; a ``pg_restore`` run by an application role leaves them all owned by
@@ -898,9 +900,14 @@ def ownership_drift(conn: Conn) -> list[Drift]:
                     "UPDATE fencekit.meta SET value = '<admin_role>' WHERE key = 'owner'",
                 )
             )
+    # A protected table's own functions and counters belong to whoever ran protect: the
+    # installing role, or a member of fencekit_admin such as the migration role.
     rows = conn.execute(
         "SELECT o.kind, o.name, o.alter_sql, r.rolname, r.rolsuper, "
-        "       pg_catalog.pg_has_role(r.oid, a.oid, 'MEMBER') "
+        "       pg_catalog.pg_has_role(r.oid, a.oid, 'MEMBER'), "
+        "       o.kind IN ('function', 'sequence') AND EXISTS ("
+        "         SELECT FROM fencekit.protected t WHERE pg_catalog.left(o.ident, "
+        "           pg_catalog.length(t.tag) + 1) IN (t.tag || '_', t.tag || ':')) "
         f"FROM ({_OWNED_SQL}) o "
         "JOIN pg_catalog.pg_roles r ON r.oid = o.owner "
         "LEFT JOIN pg_catalog.pg_roles a ON a.rolname = 'fencekit_admin' "
@@ -908,10 +915,12 @@ def ownership_drift(conn: Conn) -> list[Drift]:
     ).fetchall()
     by_owner: dict[str, list[tuple[str, str, str]]] = {}
     privileged: dict[str, bool] = {}
-    for kind, name, alter_sql, owner, is_super, is_admin in rows:
+    for kind, name, alter_sql, owner, is_super, is_admin, per_table in rows:
         role = quote_ident(owner)
-        by_owner.setdefault(role, []).append((kind, name, alter_sql))
         privileged[role] = bool(is_super) or bool(is_admin)
+        if per_table and privileged[role] and role != expected:
+            continue
+        by_owner.setdefault(role, []).append((kind, name, alter_sql))
     record = (
         "UPDATE fencekit.meta SET value = {new} WHERE key = 'owner'" if recorded is not None else ""
     )

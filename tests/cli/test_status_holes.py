@@ -206,6 +206,40 @@ def test_whole_schema_restored_by_an_app_role_is_one_line(
     assert (code, doc["core_drift"]) == (0, []), doc
 
 
+def test_protect_by_a_member_of_fencekit_admin_is_not_drift(
+    cli: Cli, dsn: str, make_role: Callable[..., str]
+) -> None:
+    """The migration role (a member of fencekit_admin that owns the table) runs protect: the
+    table's generated functions and counters are its own, as they should be. A core object
+    handed to it is still reported."""
+    installer = _record_owner(dsn)
+    migrator_dsn = make_role("fk_status_migrator", "fencekit_admin")
+    _sql(
+        dsn,
+        "CREATE TABLE invoices (id bigint PRIMARY KEY, k bigint NOT NULL)",
+        "ALTER TABLE invoices OWNER TO fk_status_migrator",
+    )
+    assert cli("protect", "invoices", "--key", "k", "--dsn", migrator_dsn).code == 0
+    with psycopg.connect(dsn) as conn:
+        owned = conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'fencekit'::regnamespace "
+            "AND proowner = 'fk_status_migrator'::regrole"
+        ).fetchone()
+    assert owned is not None
+    assert owned[0] > 0
+    code, doc = _status(cli, dsn)
+    assert (code, doc["core_drift"]) == (0, []), _all_drift(doc)
+
+    _sql(dsn, "ALTER TABLE fencekit.resources OWNER TO fk_status_migrator")
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = doc["core_drift"]
+    assert d["kind"] == "owner_changed"
+    assert d["objects"] == ["table fencekit.resources"]  # not the table's own functions
+    assert "neither a superuser" not in d["message"]
+    assert d["fix"] == f"ALTER TABLE fencekit.resources OWNER TO {installer}"
+
+
 def test_without_a_recorded_owner_an_unprivileged_schema_owner_is_reported(
     cli: Cli, dsn: str, accounts: FenceSpec, app: str
 ) -> None:
