@@ -142,6 +142,11 @@ class FenceSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.table, TableName):
             raise SpecError(f"table must be a TableName, not {type(self.table).__name__}")
+        if self.table.schema == "fencekit":
+            raise SpecError(
+                f"{self.table} is one of fencekit's own tables: fencekit never protects them "
+                "(only the DBA and fencekit_admin may write them)"
+            )
         scope = Scope(self.scope)
         object.__setattr__(self, "scope", scope)
         object.__setattr__(self, "key", tuple(self.key))

@@ -72,43 +72,64 @@ def _still_fenced(conn: Conn, fence: int) -> None:
 
 
 @pytest.mark.all_servers
-def test_newer_core_upgrades_v1_in_place(raw_db: Conn) -> None:
-    """core-v1.sql and protect-v1.sql are the frozen v1 release; installing the current core
-    over them must keep the old protected tables, their data and their fences working."""
-    run_script(raw_db, (FIXTURES / "core-v1.sql").read_text(encoding="utf-8"))
-    assert one(raw_db, "SELECT value FROM fencekit.meta WHERE key = 'core_version'") == "1"
+def test_upgrade_from_the_prerelease_objects(raw_db: Conn) -> None:
+    """core-prerelease.sql and protect-prerelease.sql are the objects fencekit generated before
+    its first release. Installing the current core and re-protecting (what `fencekit install`
+    does) keeps data, storage and fences, and leaves only the current objects."""
+    run_script(raw_db, (FIXTURES / "core-prerelease.sql").read_text(encoding="utf-8"))
+    assert one(raw_db, "SELECT value FROM fencekit.meta WHERE key = 'core_version'") == "2"
     raw_db.execute("CREATE TABLE up_row (id int PRIMARY KEY, v text)")
     raw_db.execute("CREATE TABLE up_key (k int NOT NULL, v text)")
     raw_db.execute("CREATE TABLE up_tab (v text)")
     raw_db.commit()
-    run_script(raw_db, (FIXTURES / "protect-v1.sql").read_text(encoding="utf-8"))
+    run_script(raw_db, (FIXTURES / "protect-prerelease.sql").read_text(encoding="utf-8"))
     write(raw_db, 10, "INSERT INTO up_row VALUES (1, 'a'), (2, 'b')")
     write(raw_db, 10, "INSERT INTO up_key VALUES (1, 'a'), (2, 'b')")
     write(raw_db, 10, "INSERT INTO up_tab VALUES ('a')")
     _still_fenced(raw_db, 10)
     before = _state(raw_db)
+    stale_before = rejection_count(raw_db, "up_row", "stale")
 
     run_script(raw_db, sqlgen.render_install())
     version = one(raw_db, "SELECT value FROM fencekit.meta WHERE key = 'core_version'")
     assert version == str(sqlgen.CORE_VERSION)
     assert _state(raw_db) == before
-    # Tables protected by the v1 templates keep working on the new core.
-    _still_fenced(raw_db, 10)
-    assert rejection_count(raw_db, "up_row", "stale") == 2  # counted before and after
-    write(raw_db, 11, "UPDATE up_row SET v = 'new core' WHERE id = 1")
-    write(raw_db, 11, "INSERT INTO up_key VALUES (1, 'new core')")
-    write(raw_db, 11, "INSERT INTO up_tab VALUES ('new core')")
-
-    # Re-protecting with the current templates and re-installing keep everything too.
-    after = _state(raw_db)
     protect(raw_db, "up_row")
     protect(raw_db, "up_key", "key", key=("k",))
     protect(raw_db, "up_tab", "table")
-    run_script(raw_db, sqlgen.render_install())
-    now = _state(raw_db)
-    assert {k: v for k, v in now.items() if k != "protected"} == {
-        k: v for k, v in after.items() if k != "protected"
+    after = _state(raw_db)
+    assert {k: v for k, v in after.items() if k != "protected"} == {
+        k: v for k, v in before.items() if k != "protected"
     }
+    assert {r[4] for r in after["protected"]} == {sqlgen.TEMPLATE_VERSION}
+    # Nothing of the old generation is left to fire beside the new one.
+    for name in ("up_row", "up_key", "up_tab"):
+        spec = FenceSpec(
+            TableName("public", name),
+            scope={"up_row": Scope.ROW, "up_key": Scope.KEY, "up_tab": Scope.TABLE}[name],
+            key=("k",) if name == "up_key" else (),
+        )
+        objs = sqlgen.table_objects(spec)
+        triggers = rows(
+            raw_db,
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal "
+            "ORDER BY 1",
+            [name],
+        )
+        assert [t for (t,) in triggers] == sorted(tr.name for tr in objs.triggers)
+        functions = rows(
+            raw_db,
+            "SELECT proname FROM pg_proc WHERE pronamespace = 'fencekit'::regnamespace "
+            "AND left(proname, %s) = %s ORDER BY 1",
+            [len(objs.tag) + 1, objs.tag + "_"],
+        )
+        assert [f for (f,) in functions] == sorted(f.name for f in objs.functions)
+    _still_fenced(raw_db, 10)
+    assert rejection_count(raw_db, "up_row", "stale") == stale_before + 1  # counters survive
+    write(raw_db, 11, "UPDATE up_row SET v = 'new core' WHERE id = 1")
+    write(raw_db, 11, "INSERT INTO up_key VALUES (1, 'new core')")
+    write(raw_db, 11, "INSERT INTO up_tab VALUES ('new core')")
+    run_script(raw_db, sqlgen.render_install())  # re-installing changes nothing
     _still_fenced(raw_db, 11)
 
 

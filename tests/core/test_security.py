@@ -167,9 +167,11 @@ def test_app_role_cannot_write_fencekit_tables_or_counters(
                 app.execute(stmt)
             assert info.value.sqlstate == DENIED, (stmt, info.value)
         app.rollback()
-        # The SECURITY DEFINER entry points only ever raise a fence.
-        app.execute("SELECT fencekit.advance_fences('public.keyt', ARRAY['1'], 2, 'accept')")
-        app.commit()
+        # Only the key fence's own trigger function advances fences; no writer calls it.
+        reject(
+            app, DENIED, None,
+            "SELECT fencekit.advance_fences('public.keyt', ARRAY['1'], 2, 'accept')",
+        )  # fmt: skip
         # Writing the fence column with a token never sets anything but the token.
         write(app, 12, "UPDATE rowt SET fencekit_fence = 1")
     assert key_fence(fenced, "public.keyt", "1") == 10
@@ -260,7 +262,7 @@ def test_role_without_table_rights_cannot_raise_a_fence(
         )
         # Nor forge the rejection counters, nor lock lease rows.
         for call in (
-            "SELECT fencekit.count_event('x', 'stale', 1000)",
+            "SELECT fencekit.count_event('x', 'public.keyt'::regclass, 'stale', 1000)",
             "SELECT fencekit.reject('stale', 'x', 0, NULL, NULL, NULL, NULL, 1, 2)",
             "SELECT fencekit.lease_mismatch('billing', ARRAY['1'], 1)",
         ):

@@ -7,8 +7,6 @@ failures are fencing's doing, not a broken connection or missing grants.
 
 from __future__ import annotations
 
-import contextlib
-
 import psycopg
 import pytest
 
@@ -120,13 +118,13 @@ def test_cannot_lower_a_fence(attacker, unchanged, victim) -> None:
         "INSERT INTO fencekit.fences (resource, key, fence) VALUES ('public.items', '1', 1) "
         "ON CONFLICT (resource, key) DO UPDATE SET fence = 1",
     )  # fmt: skip
-    bad = attacker.execute(
-        "SELECT bad_reason, bad_fence FROM fencekit.advance_fences('public.items', "
-        "ARRAY['1'], %s, 'accept')",
-        (STALE,),
-    ).fetchone()
-    attacker.rollback()
-    assert bad == ("stale", FENCE)
+    # Only the key and table fences' own trigger functions (run as the role that protected the
+    # table) advance fences: no writer may call it, not even to raise one.
+    for token in (STALE, 2**63 - 1):
+        attempt(
+            attacker, DENIED,
+            f"SELECT fencekit.advance_fences('public.items', ARRAY['1'], {token}, 'accept')",
+        )  # fmt: skip
     # Row fences live in the row: the fence column takes the token, whatever the client sends.
     attempt(attacker, STALE_TOKEN, "UPDATE acct SET fencekit_fence = 1", token=STALE)
     attempt(attacker, MISSING, "UPDATE acct SET fencekit_fence = 1")
@@ -228,27 +226,33 @@ def test_the_replica_switch_is_what_would_bypass(victim) -> None:
     victim.rollback()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fencekit.count_event is SECURITY DEFINER and executable by fencekit_writer (the "
-    "writers' SECURITY INVOKER triggers call it; a definer function cannot tell its caller): a "
-    "role that may write protected tables can inflate their rejection counters and the "
-    "max_token_gap gauge. Roles outside fencekit_writer cannot (see the outsider test).",
-)
 def test_application_role_cannot_forge_rejection_counters(attacker, victim) -> None:
+    # count_event and reject act only for a transaction writing the table under that tag: not
+    # for one that writes nothing, nor for one writing another protected table.
     tag = _tags(victim)["acct"]
-    before = victim.execute(
+    query = (
         "SELECT count FROM fencekit.rejections WHERE table_name = 'acct' AND reason = 'stale'"
-    ).fetchone()
+    )
+    before = victim.execute(query).fetchone()
     victim.rollback()
-    attacker.rollback()
-    with contextlib.suppress(psycopg.Error):
-        attacker.execute("SELECT fencekit.count_event(%s, 'stale', 1000000)", (tag,))
-        attacker.commit()
-    attacker.rollback()
-    after = victim.execute(
-        "SELECT count FROM fencekit.rejections WHERE table_name = 'acct' AND reason = 'stale'"
-    ).fetchone()
+    forgeries = [
+        ("SELECT fencekit.count_event(%s, 'public.acct'::regclass, 'stale', 1000000)", ()),
+        ("SELECT fencekit.reject('stale', %s, 'public.acct'::regclass, NULL, NULL, NULL, "
+         "NULL, 1, 1000000)", ()),
+        ("SELECT fencekit.count_event(%s, 'public.ledger'::regclass, 'stale', 1000000)",
+         ("UPDATE ledger SET amount = amount WHERE false",)),
+        ("SELECT fencekit.count_event(%s, 'public.acct'::regclass, 'stale', 1000000)",
+         ("LOCK TABLE ledger IN ROW EXCLUSIVE MODE",)),
+    ]  # fmt: skip
+    for call, first in forgeries:
+        attacker.rollback()
+        attacker.execute("SELECT set_config('fencekit.token', %s, true)", (str(FENCE + 1),))
+        for stmt in first:
+            attacker.execute(stmt)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            attacker.execute(call, (tag,))
+        attacker.rollback()
+    after = victim.execute(query).fetchone()
     victim.rollback()
     assert after == before
 

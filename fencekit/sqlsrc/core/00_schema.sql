@@ -9,8 +9,8 @@ BEGIN
     CREATE ROLE fencekit_admin NOLOGIN;
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'fencekit_writer') THEN
-    -- Roles that write key- or table-fenced tables: advancing a fence is a privilege, so that a
-    -- role with no rights on a protected table cannot raise its fences and lock writers out.
+    -- Roles that take leases from fencekit's built-in issuer (fencekit.acquire). Writing a
+    -- protected table needs no fencekit grant.
     CREATE ROLE fencekit_writer NOLOGIN;
   END IF;
   IF NOT pg_catalog.pg_has_role('fencekit_admin', 'fencekit_writer', 'MEMBER') THEN

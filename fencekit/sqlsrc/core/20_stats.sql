@@ -34,6 +34,37 @@ BEGIN
 END
 $fn$;
 
+-- Whether this transaction is writing ``relid`` (or holds a lock only a writer can take on it),
+-- and ``relid`` is the table protected under ``tag`` or one of its partitions or children. The
+-- SECURITY DEFINER entry points below act only for such callers: a definer function cannot see
+-- who called it, but a role that may not write a table cannot hold RowExclusiveLock on it.
+CREATE OR REPLACE FUNCTION fencekit.writing(tag text, relid oid) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH RECURSIVE up(oid) AS (
+    SELECT relid
+    UNION
+    SELECT i.inhparent FROM pg_catalog.pg_inherits i JOIN up ON i.inhrelid = up.oid)
+  SELECT EXISTS (SELECT FROM pg_catalog.pg_locks l
+                  WHERE l.locktype = 'relation' AND l.pid = pg_catalog.pg_backend_pid()
+                    AND l.relation = relid AND l.granted
+                    AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock',
+                                   'AccessExclusiveLock'))
+     AND EXISTS (SELECT FROM fencekit.protected p JOIN up
+                   ON up.oid = pg_catalog.to_regclass(
+                                 pg_catalog.format('%I.%I', p.schema_name, p.table_name))
+                  WHERE p.tag = writing.tag)
+$fn$;
+
+CREATE OR REPLACE FUNCTION fencekit.refuse_caller(tag text, relid oid, what text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  RAISE EXCEPTION USING ERRCODE = '42501',
+    MESSAGE = pg_catalog.format('fencekit: %s acts only for a transaction that is writing the '
+                                'table protected as %L', what, tag),
+    HINT = 'fencekit counts and raises rejections itself; nothing else needs to call it.';
+END
+$fn$;
+
 -- SECURITY DEFINER: the counters are readable through the view, not writable by anyone else.
 CREATE OR REPLACE FUNCTION fencekit.counter_value(tag text, counter text) RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
@@ -41,15 +72,20 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f
            pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || counter)))
 $fn$;
 
--- Count one event for a table. SECURITY DEFINER so that application roles can count without
--- being able to reset counters (they hold no rights on the sequences).
-CREATE OR REPLACE FUNCTION fencekit.count_event(tag text, reason text, gap bigint DEFAULT NULL)
+-- Count one event for a table. SECURITY DEFINER so that writers can count without being able to
+-- reset counters (they hold no rights on the sequences), and only while writing that table.
+DROP FUNCTION IF EXISTS fencekit.count_event(text, text, bigint);  -- before core version 3
+CREATE OR REPLACE FUNCTION fencekit.count_event(tag text, relid oid, reason text,
+                                                gap bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   seq regclass := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || reason));
   cur bigint;
 BEGIN
+  IF NOT fencekit.writing(tag, relid) THEN
+    PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.count_event');
+  END IF;
   IF seq IS NULL THEN
     RETURN;  -- table protected by a template without this counter; never fail a write over it
   END IF;
@@ -92,12 +128,15 @@ DECLARE
   msg text;
   hint text;
 BEGIN
+  IF NOT fencekit.writing(tag, relid) THEN
+    PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.reject');
+  END IF;
   SELECT n.nspname, c.relname INTO sch, tbl
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
    WHERE c.oid = relid;
   what := pg_catalog.format('%I.%I', sch, tbl)
           || CASE WHEN key IS NULL THEN '' ELSE ' key ' || key::text END;
-  PERFORM fencekit.count_event(tag, reason, fence - token);
+  PERFORM fencekit.count_event(tag, relid, reason, fence - token);
   CASE reason
   WHEN 'stale' THEN
     code := 'YF001';
@@ -163,11 +202,13 @@ SELECT p.schema_name, p.table_name, r.reason,
 GRANT SELECT ON fencekit.rejections TO PUBLIC;
 
 REVOKE ALL ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(text) FROM PUBLIC;
--- Counting is for writers of protected tables (the triggers run as the writer): a role that may
--- only connect cannot inflate the counters. GRANT fencekit_writer TO app_role.
-REVOKE ALL ON FUNCTION fencekit.count_event(text, text, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
+-- A member of fencekit_admin who owns a table may protect it: the script creates its counters.
+GRANT EXECUTE ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(text)
+  TO fencekit_admin;
+REVOKE ALL ON FUNCTION fencekit.writing(text, oid), fencekit.refuse_caller(text, oid, text)
   FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.count_event(text, text, bigint) TO fencekit_writer;
+-- Writers need no grant: the triggers run as the writer and call these, which act only for a
+-- transaction writing the table they name (fencekit.writing).
+GRANT EXECUTE ON FUNCTION fencekit.count_event(text, oid, text, bigint) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
-  TO fencekit_writer;
+  TO PUBLIC;

@@ -70,23 +70,35 @@ BEGIN
 END
 $fn$;
 
--- Row-fence slow paths, called by generated row triggers only when a write has no token or
--- would be rejected. SECURITY INVOKER: bypass is judged for the role doing the write.
+-- Slow paths of the generated triggers, when a write has no token or would be rejected.
+-- SECURITY INVOKER: they run as the writer; bypass is judged by the session (bypass_allowed).
 
--- No token on a row write: true when bypassed (the row passes as written), false when the
--- on_missing policy allows it; otherwise raises YF003.
-CREATE OR REPLACE FUNCTION fencekit.unfenced_row(tag text, relid oid, trigger_name text, allow boolean)
+-- No token (even when the statement check saw one: a statement may clear it): true when the
+-- session may bypass, false when on_missing=allow, else raises YF003. An allowed or bypassed
+-- write is counted once per statement and table, however many triggers ask.
+DROP FUNCTION IF EXISTS fencekit.unfenced_row(text, oid, text, boolean);  -- before core 3
+CREATE OR REPLACE FUNCTION fencekit.unfenced_write(tag text, relid oid, trigger_name text,
+                                                   allow boolean)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  what text;
+  here text;
 BEGIN
   IF fencekit.bypass_allowed(tag, relid, trigger_name) THEN
-    RETURN true;
+    what := 'bypassed';
+  ELSIF allow THEN
+    what := 'unfenced';
+  ELSE
+    PERFORM fencekit.reject('missing', tag, relid, trigger_name, NULL, NULL, NULL, NULL, NULL);
   END IF;
-  IF allow THEN
-    RETURN false;
+  here := pg_catalog.concat_ws(' ', what, tag,
+                               pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()));
+  IF pg_catalog.current_setting('fencekit.counted', true) IS DISTINCT FROM here THEN
+    PERFORM pg_catalog.set_config('fencekit.counted', here, true);
+    PERFORM fencekit.count_event(tag, relid, what);
   END IF;
-  PERFORM fencekit.reject('missing', tag, relid, trigger_name, NULL, NULL, NULL, NULL, NULL);
-  RETURN false;
+  RETURN what = 'bypassed';
 END
 $fn$;
 
@@ -98,7 +110,7 @@ RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
   IF fencekit.bypass_allowed(tag, relid, trigger_name) THEN
-    PERFORM fencekit.count_event(tag, 'bypassed');
+    PERFORM fencekit.count_event(tag, relid, 'bypassed');
     RETURN true;
   END IF;
   PERFORM fencekit.reject(reason, tag, relid, trigger_name, column_name, NULL,
@@ -107,7 +119,114 @@ BEGIN
 END
 $fn$;
 
--- Advancing fences is for writers of protected tables (the triggers run as the writer), not for
--- anyone who can connect: GRANT fencekit_writer TO app_role.
+-- ------------------------------------------------------------------ key identity
+
+-- How a key column's values are named in fencekit.fences, or an error: the family of its
+-- type, for types whose equal values always print alike under the settings the key triggers
+-- pin (see fencekit/sqlgen/key.py). Two tables sharing a named resource need equal families.
+CREATE OR REPLACE FUNCTION fencekit.key_family(relid regclass, col text) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  typ oid;
+  typmod integer;
+  coll oid;
+  shown text;
+  t record;
+  why text;
+  instead text;
+BEGIN
+  SELECT a.atttypid, a.atttypmod, a.attcollation INTO typ, typmod, coll
+    FROM pg_catalog.pg_attribute a
+   WHERE a.attrelid = relid AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s has no column %I to use as a key', relid, col);
+  END IF;
+  shown := pg_catalog.format_type(typ, typmod);
+  -- A domain's identity is its base type's.
+  LOOP
+    SELECT * INTO t FROM pg_catalog.pg_type WHERE oid = typ;
+    EXIT WHEN t.typtype <> 'd';
+    typ := t.typbasetype;
+    IF t.typtypmod <> -1 THEN
+      typmod := t.typtypmod;
+    END IF;
+  END LOOP;
+  IF coll <> 0 AND NOT (SELECT c.collisdeterministic FROM pg_catalog.pg_collation c
+                         WHERE c.oid = coll) THEN
+    why := 'its collation is nondeterministic: values it calls equal are different strings';
+    instead := 'a deterministic collation (COLLATE "C"), or a generated column holding a '
+               'normalised form (e.g. lower())';
+  ELSIF typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN
+    RETURN 'integer';
+  ELSIF typ IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype) THEN
+    RETURN 'text';
+  ELSIF typ = 'numeric'::regtype THEN
+    IF typmod >= 4 THEN
+      RETURN 'numeric scale ' || ((typmod - 4) & 65535);
+    END IF;
+    why := 'without a declared scale, equal numbers print differently (1.0 and 1.00)';
+    instead := 'numeric(p,s), which stores every value with the same scale';
+  ELSIF typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'time'::regtype,
+                'timestamp'::regtype, 'timestamptz'::regtype, 'bytea'::regtype)
+        OR t.typtype = 'e' THEN
+    RETURN pg_catalog.format_type(typ, NULL);
+  ELSIF typ IN ('float4'::regtype, 'float8'::regtype) THEN
+    why := 'floating-point values have no stable identity (0 = -0, rounding)';
+    instead := 'numeric(p,s), bigint or text';
+  ELSIF typ = 'interval'::regtype THEN
+    why := 'equal intervals print differently (1 day = 24 hours)';
+    instead := 'a bigint of microseconds, or text';
+  ELSIF typ = 'timetz'::regtype THEN
+    why := 'equal times print differently in other zones (10:00+01 = 09:00+00)';
+    instead := 'time or timestamptz';
+  ELSE
+    why := 'fencekit cannot tell equal values apart from their text';
+    instead := 'an integer type, numeric(p,s), text, varchar, char(n), uuid, boolean, date, '
+               'time, timestamp, timestamptz, bytea or an enum (a generated column works)';
+  END IF;
+  RAISE EXCEPTION USING ERRCODE = 'YF000',
+    MESSAGE = pg_catalog.format('fencekit: key column %I of %s has type %s, which cannot be '
+                                'a key: %s', col, relid, shown, why),
+    HINT = 'Use ' || instead || '.',
+    COLUMN = col;
+END
+$fn$;
+
+-- Protect-time check of a key fence's columns: each has a type with a stable identity, and a
+-- named resource shared with other tables is keyed by columns of the same families.
+CREATE OR REPLACE FUNCTION fencekit.check_key_columns(relid regclass, cols text[], resource text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  mine text[];
+  theirs text[];
+  other record;
+  other_rel regclass;
+BEGIN
+  SELECT pg_catalog.array_agg(fencekit.key_family(relid, c) ORDER BY o) INTO mine
+    FROM pg_catalog.unnest(cols) WITH ORDINALITY AS u(c, o);
+  FOR other IN SELECT p.schema_name, p.table_name, p.spec FROM fencekit.protected p
+                WHERE p.resource = check_key_columns.resource AND p.scope = 'key' LOOP
+    other_rel := pg_catalog.to_regclass(pg_catalog.format('%I.%I', other.schema_name,
+                                                          other.table_name));
+    CONTINUE WHEN other_rel IS NULL OR other_rel = relid;
+    SELECT pg_catalog.array_agg(fencekit.key_family(other_rel, c) ORDER BY o) INTO theirs
+      FROM pg_catalog.jsonb_array_elements_text(other.spec -> 'key') WITH ORDINALITY AS u(c, o);
+    IF theirs IS DISTINCT FROM mine THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: %s shares resource %L with %s, but its key columns '
+                                    'are %s and theirs %s', relid, resource, other_rel,
+                                    mine, theirs),
+        HINT = 'Tables sharing a key fence must name their keys alike: use key columns of the '
+               'same types (integer types match each other, as do text, varchar and char).';
+    END IF;
+  END LOOP;
+END
+$fn$;
+
+-- Only the definer trigger functions of key and table fences (owned by whoever ran protect)
+-- advance fences; writers never call it. Members of fencekit_admin may run protect.
 REVOKE ALL ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) TO fencekit_writer;
+REVOKE ALL ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) FROM fencekit_writer;  -- granted before core 3
+GRANT EXECUTE ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) TO fencekit_admin;

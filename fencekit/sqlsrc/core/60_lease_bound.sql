@@ -31,6 +31,8 @@ BEGIN
 END
 $fn$;
 
--- It locks lease rows: only for writers of protected tables.
+-- It locks lease rows: only for the definer trigger functions of lease-bound fences (owned by
+-- whoever ran protect: a superuser or a member of fencekit_admin).
 REVOKE ALL ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) TO fencekit_writer;
+REVOKE ALL ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) FROM fencekit_writer;  -- granted before core 3
+GRANT EXECUTE ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) TO fencekit_admin;

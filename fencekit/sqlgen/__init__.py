@@ -1,0 +1,47 @@
+"""Render fence specs and the core schema to SQL. Pure: no I/O besides reading packaged files.
+
+This is the only generator: the CLI, the alembic operations, autogenerate and the DBA scripts
+all call it, so the SQL a DBA reviews is the SQL that runs. One module per scope:
+
+- :mod:`.statement`: the statement check every protected table has;
+- :mod:`.row`, :mod:`.key`, :mod:`.table`: what each scope adds;
+- :mod:`.protect`: the per-table objects assembled into idempotent protect / unprotect DDL;
+- :mod:`.core`: the core schema; :mod:`.script`: whole psql scripts;
+- :mod:`.objects`, :mod:`.common`, :mod:`.text`: the shared pieces (objects and their stamps,
+  names, SQL text helpers).
+
+See docs/dev/architecture.md for the data flow.
+"""
+
+from fencekit.sqlgen.core import CORE_VERSION, install_statements, uninstall_statements
+from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger
+from fencekit.sqlgen.protect import (
+    protect_statements,
+    table_objects,
+    trigger_stamp,
+    unprotect_statements,
+)
+from fencekit.sqlgen.script import (
+    DEFAULT_LOCK_TIMEOUT,
+    render_install,
+    render_protect,
+    render_unprotect,
+)
+
+__all__ = [
+    "CORE_VERSION",
+    "DEFAULT_LOCK_TIMEOUT",
+    "TEMPLATE_VERSION",
+    "Function",
+    "TableObjects",
+    "Trigger",
+    "install_statements",
+    "protect_statements",
+    "render_install",
+    "render_protect",
+    "render_unprotect",
+    "table_objects",
+    "trigger_stamp",
+    "uninstall_statements",
+    "unprotect_statements",
+]

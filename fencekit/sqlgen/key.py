@@ -1,0 +1,130 @@
+"""Key fences: rows that share key values share one fence in ``fencekit.fences``.
+
+Set-based, once per statement: an AFTER STATEMENT trigger reads the distinct keys the statement
+wrote from its transition tables and checks and advances their fences in one upsert. The
+functions run as the role that ran protect (they write ``fencekit.fences``, which writers may
+not) with pinned settings: a key's identity is its text under TimeZone=UTC, ISO dates and hex
+bytea, so two sessions with other settings always name the same key the same way. Protect
+refuses key types whose equal values can print differently (``fencekit.check_key_columns``).
+"""
+
+from __future__ import annotations
+
+from fencekit.ident import quote_ident
+from fencekit.sqlgen.common import Names, definer_function, validate_token
+from fencekit.sqlgen.objects import Function, Trigger
+from fencekit.sqlgen.text import TOKEN, comment, lit
+
+__all__ = ["KEY_SETTINGS", "key_expression", "key_objects"]
+
+#: Settings that decide how the allowed key types print; pinned for every key function.
+KEY_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("timezone", "'UTC'"),
+    ("datestyle", "'ISO, YMD'"),
+    ("intervalstyle", "'postgres'"),
+    ("bytea_output", "'hex'"),
+    ("extra_float_digits", "1"),
+)
+
+
+def key_expression(columns: tuple[str, ...], alias: str) -> str:
+    """A key's identity as text: one column's text, or a record of the columns' texts (so
+    integer and text columns of different widths name a shared resource's keys alike)."""
+    cols = [f"{alias}.{quote_ident(c)}::pg_catalog.text" for c in columns]
+    if len(cols) == 1:
+        return cols[0]
+    return f"ROW({', '.join(cols)})::pg_catalog.text"
+
+
+def _lease_check(n: Names, label: str) -> str:
+    if not n.spec.lease_bound:
+        return ""
+    return (
+        f"  SELECT * INTO lb FROM fencekit.lease_mismatch({n.resource}, keys, tok);\n"
+        "  IF lb.bad_key IS NOT NULL\n"
+        f"     AND NOT fencekit.bypass_allowed({n.lit_tag}, TG_RELID, TG_NAME) THEN\n"
+        f"    PERFORM fencekit.reject('lease_mismatch', {n.lit_tag}, TG_RELID, TG_NAME, "
+        f"{lit(n.spec.key[0])},\n"
+        f"      fencekit.lease_resource({n.resource}, lb.bad_key),\n"
+        f"      pg_catalog.json_build_object({lit(label)}, lb.bad_key)::pg_catalog.jsonb, tok, "
+        "lb.lease_token);\n"
+        "  END IF;\n"
+    )
+
+
+def _body(n: Names, sources: list[str]) -> str:
+    spec = n.spec
+    key_cols = ", ".join(quote_ident(c) for c in spec.key)
+    label = spec.key[0] if len(spec.key) == 1 else f"({', '.join(spec.key)})"
+    union = "\n         UNION ".join(f"SELECT {key_cols} FROM {s}" for s in sources)
+    first = lit(spec.key[0])
+    return (
+        n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}") + "DECLARE\n"
+        f"  raw pg_catalog.text := {TOKEN};  -- read once: the statement is judged by this value\n"
+        "  tok pg_catalog.int8;\n"
+        "  keys pg_catalog.text[];\n"
+        "  bad pg_catalog.record;\n"
+        "  lb pg_catalog.record;\n"
+        "BEGIN\n"
+        "  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN\n"
+        "    -- No token, even if the statement check saw one: bypass, allow, or YF003.\n"
+        f"    PERFORM fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow});\n"
+        "    RETURN NULL;\n"
+        "  END IF;\n" + validate_token(n) + "  tok := raw::pg_catalog.int8;\n"
+        f"  SELECT pg_catalog.array_agg({key_expression(spec.key, 'k')}) INTO keys\n"
+        f"    FROM ({union}) AS k;\n"
+        "  IF keys IS NULL THEN\n"
+        "    RETURN NULL;\n"
+        "  END IF;\n" + _lease_check(n, label) + "  SELECT * INTO bad\n"
+        f"    FROM fencekit.advance_fences({n.resource}, keys, tok, {lit(spec.on_equal)});\n"
+        "  IF bad.bad_reason IS NULL THEN\n"
+        "    RETURN NULL;\n"
+        "  END IF;\n"
+        "  IF bad.bad_reason OPERATOR(pg_catalog.=) 'null_key' THEN\n"
+        f"    PERFORM fencekit.reject('usage', {n.lit_tag}, TG_RELID, TG_NAME, {first},\n"
+        f"      {n.resource}, NULL, tok, NULL, "
+        "'a key column of a key fence is NULL; key columns must be NOT NULL');\n"
+        "  END IF;\n"
+        f"  IF fencekit.bypass_allowed({n.lit_tag}, TG_RELID, TG_NAME) THEN\n"
+        f"    PERFORM fencekit.count_event({n.lit_tag}, TG_RELID, 'bypassed');\n"
+        "    RETURN NULL;\n"
+        "  END IF;\n"
+        f"  PERFORM fencekit.reject(bad.bad_reason, {n.lit_tag}, TG_RELID, TG_NAME, {first}, "
+        f"{n.resource},\n"
+        f"    pg_catalog.json_build_object({lit(label)}, bad.bad_key)::pg_catalog.jsonb, tok, "
+        "bad.bad_fence);\n"
+        "  RETURN NULL;\n"
+        "END\n"
+    )
+
+
+def key_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
+    def fn(suffix: str, sources: list[str]) -> Function:
+        return definer_function(n.function, suffix, _body(n, sources), KEY_SETTINGS)
+
+    ins = fn("ins", ["fencekit_new"])
+    upd = fn("upd", ["fencekit_new", "fencekit_old"])
+    dele = fn("del", ["fencekit_old"])
+    return [ins, upd, dele], [
+        Trigger(
+            n.trigger("ins"),
+            "AFTER INSERT",
+            "STATEMENT",
+            ins,
+            referencing="NEW TABLE AS fencekit_new",
+        ),
+        Trigger(
+            n.trigger("upd"),
+            "AFTER UPDATE",
+            "STATEMENT",
+            upd,
+            referencing="OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new",
+        ),
+        Trigger(
+            n.trigger("del"),
+            "AFTER DELETE",
+            "STATEMENT",
+            dele,
+            referencing="OLD TABLE AS fencekit_old",
+        ),
+    ]

@@ -1,0 +1,306 @@
+"""Protect and unprotect one table: the per-scope objects assembled into idempotent DDL.
+
+Re-running protect is a no-op on a current table and an in-place upgrade on any other: every
+trigger whose stamp differs is replaced, and every ``fencekit_<tag>_*`` trigger or
+``fencekit.<tag>_*`` function that the current template does not make is dropped. Partitions
+and inheritance children that exist when protect runs are covered too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from fencekit.ident import quote_ident
+from fencekit.spec import FenceSpec, Scope
+from fencekit.sqlgen.common import Names, names_for
+from fencekit.sqlgen.key import key_objects
+from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger, stamp
+from fencekit.sqlgen.row import FENCE_DEFAULT, row_objects
+from fencekit.sqlgen.statement import statement_objects
+from fencekit.sqlgen.text import do, dollar, lit
+
+__all__ = ["protect_statements", "table_objects", "trigger_stamp", "unprotect_statements"]
+
+
+def _check_version(template_version: int | None) -> None:
+    if template_version not in (None, TEMPLATE_VERSION):
+        raise ValueError(
+            f"fencekit renders only its current template ({TEMPLATE_VERSION}), not "
+            f"{template_version}: an older migration carries the SQL it installs"
+        )
+
+
+def table_objects(spec: FenceSpec, template_version: int | None = None) -> TableObjects:
+    """The functions and triggers that protect ``spec.table``."""
+    _check_version(template_version)
+    n = names_for(spec)
+    functions, triggers = statement_objects(n)
+    if spec.scope is Scope.ROW:
+        more = row_objects(n)
+    elif spec.scope is Scope.KEY:
+        more = key_objects(n)
+    else:
+        more = ([], [])
+    return TableObjects(
+        spec, TEMPLATE_VERSION, n.tag, tuple(functions + more[0]), tuple(triggers + more[1])
+    )
+
+
+def create_trigger_sql(trigger: Trigger, on: str) -> str:
+    parts = [f"CREATE TRIGGER {quote_ident(trigger.name)} {trigger.timing} ON {on}"]
+    if trigger.referencing:
+        parts.append(f"REFERENCING {trigger.referencing}")
+    parts.append(f"FOR EACH {trigger.level}")
+    if trigger.when:
+        parts.append(f"WHEN ({trigger.when})")
+    parts.append(f"EXECUTE FUNCTION {trigger.function.sql_name}()")
+    return "\n      ".join(parts)
+
+
+def _format_template(trigger: Trigger) -> str:
+    """CREATE TRIGGER as a format() template whose only placeholder is the table (a name in a
+    WHEN clause may hold a %)."""
+    return create_trigger_sql(trigger, "\x00").replace("%", "%%").replace("\x00", "%s")
+
+
+def trigger_stamp(trigger: Trigger) -> str:
+    digest = hashlib.sha256(create_trigger_sql(trigger, "").encode()).hexdigest()
+    return stamp("trigger", f" sha256={digest}")
+
+
+def _create_function_sql(f: Function) -> list[str]:
+    attrs = "".join(f"\nSET {name} TO {value}" for name, value in f.settings)
+    out = [
+        f"CREATE OR REPLACE FUNCTION {f.sql_name}() RETURNS trigger\n"
+        f"LANGUAGE plpgsql{' SECURITY DEFINER' if f.definer else ''}{attrs}\n"
+        f"AS {dollar(f.body, 'fn')}",
+        f"COMMENT ON FUNCTION {f.sql_name}() IS "
+        + lit(stamp("function", f" sha256={f.body_hash}")),
+    ]
+    if f.definer:
+        # Trigger functions cannot be called directly, and CREATE TRIGGER needs EXECUTE: with
+        # it revoked nobody but the owner can attach this function (and its rights) elsewhere.
+        out.append(f"REVOKE ALL ON FUNCTION {f.sql_name}() FROM PUBLIC")
+    return out
+
+
+def _guard(spec: FenceSpec) -> str:
+    """Refuse fencekit's own tables, and a structural change over an existing protection.
+
+    Policies (on_missing, on_equal, lease_bound, issuer) change by re-running protect; another
+    scope, key, resource or fence column would strand fences and columns.
+    """
+    t = spec.table
+    d = spec.to_dict()
+    structure = ("scope", "key", "resource", "column")
+    current = ", ".join(f"p.spec -> {lit(k)}" for k in structure)
+    wanted = ", ".join(f"{lit(json.dumps(d[k]))}::pg_catalog.jsonb" for k in structure)
+    message = (
+        f"fencekit: {t.sql} is already protected with another scope, key, resource or fence column"
+    )
+    return do(
+        "\nBEGIN\n"
+        "  IF (SELECT c.relnamespace FROM pg_catalog.pg_class c\n"
+        f"       WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass)\n"
+        "     OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace THEN\n"
+        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
+        "      MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',\n"
+        "      HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';\n"
+        "  END IF;\n"
+        "  IF EXISTS (SELECT FROM fencekit.protected p\n"
+        f"             WHERE p.schema_name OPERATOR(pg_catalog.=) {lit(t.schema)}"
+        f" AND p.table_name OPERATOR(pg_catalog.=) {lit(t.name)}\n"
+        f"               AND ({current})\n"
+        f"                   IS DISTINCT FROM ({wanted})) THEN\n"
+        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
+        f"      MESSAGE = {lit(message)},\n"
+        "      HINT = 'Unprotect it first (fencekit unprotect, or an alembic alter_fence), then "
+        "protect it again; policies alone can change by re-running protect.';\n"
+        "  END IF;\nEND\n"
+    )
+
+
+def _ensure_triggers(triggers: list[Trigger], on: str, indent: str) -> str:
+    """PL/pgSQL ensuring ``triggers`` on ``on`` (a SQL expression yielding the regclass):
+    replace one whose stamp differs, create one that is missing."""
+    i = indent
+    out = ""
+    for tr in triggers:
+        name = lit(tr.name)
+        st = lit(trigger_stamp(tr))
+        out += (
+            f"{i}IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = {on}\n"
+            f"{i}           AND t.tgname = {name}\n"
+            f"{i}           AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
+            f"{i}               {st}) THEN\n"
+            f"{i}  EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', {name}, {on});\n"
+            f"{i}END IF;\n"
+            f"{i}IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n"
+            f"{i}               WHERE t.tgrelid = {on} AND t.tgname = {name}) THEN\n"
+            f"{i}  EXECUTE pg_catalog.format({lit(_format_template(tr))}, {on});\n"
+            f"{i}  EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', {name}, {on}, "
+            f"{st});\n"
+            f"{i}END IF;\n"
+        )
+    return out
+
+
+def _drop_foreign_generations(n: Names, keep: set[str], on: str, indent: str) -> str:
+    """PL/pgSQL dropping ``fencekit_<tag>_*`` triggers on ``on`` that this template does not
+    make (another release made them): re-protect must not leave an old trigger firing."""
+    i = indent
+    prefix = f"fencekit_{n.tag}_"
+    keep_sql = ", ".join(lit(k) for k in sorted(keep))
+    return (
+        f"{i}FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t\n"
+        f"{i}            WHERE t.tgrelid = {on} AND NOT t.tgisinternal AND t.tgparentid = 0\n"
+        f"{i}              AND pg_catalog.left(t.tgname::pg_catalog.text, {len(prefix)})\n"
+        f"{i}                  OPERATOR(pg_catalog.=) {lit(prefix)}\n"
+        f"{i}              AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL "
+        f"(ARRAY[{keep_sql}]) LOOP\n"
+        f"{i}  EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, {on});\n"
+        f"{i}END LOOP;\n"
+    )
+
+
+_DESCENDANTS = (
+    "WITH RECURSIVE d(relid) AS (\n"
+    "      SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = {root}\n"
+    "      UNION\n"
+    "      SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)\n"
+    "    SELECT c.oid::pg_catalog.regclass, c.relispartition FROM d\n"
+    "      JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p')"
+)
+
+
+def _triggers_sql(objs: TableObjects, n: Names) -> str:
+    """One DO block: the table's triggers, then every descendant's, then obsolete functions."""
+    t = objs.spec.table
+    root = f"{lit(t.sql)}::pg_catalog.regclass"
+    keep = {tr.name for tr in objs.triggers}
+    statement = [tr for tr in objs.triggers if tr.on_partitions]
+    row = [tr for tr in objs.triggers if not tr.on_partitions]
+    keep_functions = ", ".join(lit(f.name) for f in objs.functions)
+    fn_prefix = f"{n.tag}_"
+    body = (
+        "\nDECLARE\n"
+        "  old pg_catalog.name;\n"
+        "  child pg_catalog.regclass;\n"
+        "  is_partition pg_catalog.bool;\n"
+        "BEGIN\n"
+        + _drop_foreign_generations(n, keep, root, "  ")
+        + _ensure_triggers(list(objs.triggers), root, "  ")
+        + "  -- Partitions and inheritance children: PostgreSQL fires a parent's statement\n"
+        "  -- triggers only for statements naming the parent, and clones row triggers to\n"
+        "  -- partitions but not to inheritance children.\n"
+        f"  FOR child, is_partition IN {_DESCENDANTS.format(root=root)} LOOP\n"
+        + _drop_foreign_generations(n, keep, "child", "    ")
+        + _ensure_triggers(statement, "child", "    ")
+        + "    IF NOT is_partition THEN\n"
+        + _ensure_triggers(row, "child", "      ")
+        + "    END IF;\n"
+        "  END LOOP;\n"
+        "  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n"
+        "              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace\n"
+        "                AND p.pronargs = 0\n"
+        f"                AND pg_catalog.left(p.proname::pg_catalog.text, {len(fn_prefix)})\n"
+        f"                    OPERATOR(pg_catalog.=) {lit(fn_prefix)}\n"
+        "                AND p.proname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL\n"
+        f"                    (ARRAY[{keep_functions}]) LOOP\n"
+        "    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);\n"
+        "  END LOOP;\n"
+        "END\n"
+    )
+    return do(body)
+
+
+def protect_statements(spec: FenceSpec, template_version: int | None = None) -> list[str]:
+    """Statements that protect a table, without transaction control; idempotent."""
+    objs = table_objects(spec, template_version)
+    n = names_for(spec)
+    t = spec.table
+    out: list[str] = [_guard(spec)]
+    if spec.scope is Scope.ROW:
+        # Nullable, and a default only new rows use: catalog-only changes, no table rewrite.
+        out.append(f"ALTER TABLE {t.sql} ADD COLUMN IF NOT EXISTS {n.col} bigint")
+        out.append(f"ALTER TABLE {t.sql} ALTER COLUMN {n.col} SET DEFAULT {FENCE_DEFAULT}")
+        out.append(
+            f"COMMENT ON COLUMN {t.sql}.{n.col} IS "
+            + lit("fencekit: the fence of this row (highest token accepted); managed by fencekit")
+        )
+    if spec.scope is Scope.KEY:
+        keys = ", ".join(lit(k) for k in spec.key)
+        out.append(
+            f"SELECT fencekit.check_key_columns({lit(t.sql)}::pg_catalog.regclass, "
+            f"ARRAY[{keys}], {n.resource})"
+        )
+    if spec.resource is not None or spec.issuer is not None:
+        issuer = lit(spec.issuer) if spec.issuer else "NULL"
+        out.append(f"SELECT fencekit.bind_resource({n.resource}, {issuer})")
+    out.append(f"SELECT fencekit.create_counters({n.lit_tag})")
+    for f in objs.functions:
+        out += _create_function_sql(f)
+    out.append(_triggers_sql(objs, n))
+    spec_json = json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)
+    resource = n.resource if spec.scope is not Scope.ROW else "NULL"
+    out.append(
+        "INSERT INTO fencekit.protected AS p "
+        "(schema_name, table_name, tag, scope, resource, spec, template_version)\n"
+        f"VALUES ({lit(t.schema)}, {lit(t.name)}, {n.lit_tag}, "
+        f"{lit(spec.scope.value)}, {resource}, {lit(spec_json)}, {TEMPLATE_VERSION})\n"
+        "ON CONFLICT (schema_name, table_name) DO UPDATE\n"
+        "  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,\n"
+        "      spec = excluded.spec, template_version = excluded.template_version,\n"
+        "      protected_at = pg_catalog.now()\n"
+        "  WHERE (p.spec, p.template_version)\n"
+        "        IS DISTINCT FROM (excluded.spec, excluded.template_version)"
+    )
+    return out
+
+
+def unprotect_statements(spec: FenceSpec, template_version: int | None = None) -> list[str]:
+    """The exact undo of :func:`protect_statements`, without transaction control."""
+    objs = table_objects(spec, template_version)
+    n = names_for(spec)
+    t = spec.table
+    # to_regclass: unprotecting a table that was dropped still cleans up fencekit's side.
+    root = f"pg_catalog.to_regclass({lit(t.sql)})"
+    prefix = f"fencekit_{n.tag}_"
+    out: list[str] = [
+        do(
+            "\nDECLARE\n  child pg_catalog.regclass;\n  is_partition pg_catalog.bool;\n"
+            "  old pg_catalog.name;\nBEGIN\n"
+            f"  IF {root} IS NULL THEN\n    RETURN;\n  END IF;\n"
+            f"  FOR child, is_partition IN {_DESCENDANTS.format(root=root)} LOOP\n"
+            "    FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg\n"
+            "                WHERE tg.tgrelid = child AND NOT tg.tgisinternal\n"
+            "                  AND tg.tgparentid = 0\n"
+            f"                  AND pg_catalog.left(tg.tgname::pg_catalog.text, {len(prefix)})\n"
+            f"                      OPERATOR(pg_catalog.=) {lit(prefix)} LOOP\n"
+            "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);\n"
+            "    END LOOP;\n"
+            "  END LOOP;\nEND\n"
+        )
+    ]
+    for tr in reversed(objs.triggers):
+        out.append(f"DROP TRIGGER IF EXISTS {quote_ident(tr.name)} ON {t.sql}")
+    for f in reversed(objs.functions):
+        out.append(f"DROP FUNCTION IF EXISTS {f.sql_name}()")
+    if spec.scope is Scope.ROW:
+        out.append(f"ALTER TABLE IF EXISTS {t.sql} DROP COLUMN IF EXISTS {n.col}")
+    out.append(f"SELECT fencekit.drop_counters({n.lit_tag})")
+    out.append(
+        f"DELETE FROM fencekit.protected WHERE schema_name = {lit(t.schema)} "
+        f"AND table_name = {lit(t.name)}"
+    )
+    if spec.scope is not Scope.ROW:
+        # A named resource shared with other tables keeps its fences.
+        unused = f"NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
+        out.append(f"DELETE FROM fencekit.fences WHERE resource = {n.resource} AND {unused}")
+    if spec.resource is not None or spec.issuer is not None:
+        out.append(
+            f"DELETE FROM fencekit.resources WHERE resource = {n.resource} "
+            f"AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
+        )
+    return out

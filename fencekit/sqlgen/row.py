@@ -1,0 +1,120 @@
+"""Row fences: a fence column on each row, checked and advanced by BEFORE ROW triggers.
+
+The hot path of UPDATE and DELETE is one expression (a regular expression on the token and one
+comparison with the row's fence); INSERT takes the fence from the column default, evaluated in
+C, and runs PL/pgSQL only when the row does not already carry the token. Everything else (no
+token, a malformed or a 19-digit token, a rejection, a bypass) goes through a slow path that
+validates the token it read itself: a statement can change the token after the statement check.
+"""
+
+from __future__ import annotations
+
+from fencekit.sqlgen.common import Names, validate_token
+from fencekit.sqlgen.objects import Function, Trigger
+from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, lit
+
+__all__ = ["FENCE_DEFAULT", "row_objects"]
+
+#: The fence column's default: the token when it is well formed and below 10^18, else NULL
+#: (the INSERT trigger then runs and judges the token). Never an error, never a name resolved
+#: through search_path (a default is parsed when protect runs, under the DBA's search_path).
+FENCE_DEFAULT = (
+    f"CASE WHEN {TOKEN} OPERATOR(pg_catalog.~) {TOKEN_FAST} THEN {TOKEN}::pg_catalog.int8 END"
+)
+
+
+def _declare(title: str) -> str:
+    return "\n" + title + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\nBEGIN\n"
+
+
+def _unfenced(n: Names, row: str, unfenced: str) -> str:
+    """No token: bypass (the row passes as written), on_missing=allow, or YF003."""
+    return (
+        "  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN\n"
+        f"    IF fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow}) THEN\n"
+        f"      RETURN {row};  -- bypassed\n"
+        "    END IF;\n"
+        f"{unfenced}"
+        "  END IF;\n"
+    )
+
+
+def _accepts(n: Names) -> str:
+    return ">" if n.spec.on_equal == "reject" else ">="
+
+
+def _checked(n: Names, row: str, accept: str) -> str:
+    """The fast path: a well-formed token not lower than the fence (higher, under
+    on_equal=reject). A missing token compares as NULL and falls through; 0 stands for a row
+    that was never fenced (tokens are positive)."""
+    return (
+        # Parenthesised: PL/pgSQL ends an IF condition at the first THEN outside parentheses.
+        f"  IF (CASE WHEN raw OPERATOR(pg_catalog.~) {TOKEN_FAST}\n"
+        f"           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
+        f"COALESCE(OLD.{n.col}, 0)\n"
+        "           ELSE false END) THEN\n"
+        f"{accept}"
+        "  END IF;\n"
+    )
+
+
+def _rejected(n: Names, row: str, accept: str) -> str:
+    """The slow path with a token: validate it, accept a long one that passes, else reject."""
+    reason = (
+        f"CASE WHEN OLD.{n.col} OPERATOR(pg_catalog.>) raw::pg_catalog.int8 "
+        "THEN 'stale' ELSE 'reused' END"
+        if n.spec.on_equal == "reject"
+        else "'stale'"
+    )
+    return (
+        validate_token(n)
+        + f"  IF raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) COALESCE(OLD.{n.col}, 0) "
+        "THEN\n"
+        f"{accept}"
+        "  END IF;\n"
+        f"  PERFORM fencekit.rejected_row({reason}, {n.lit_tag}, TG_RELID, TG_NAME,\n"
+        f"    {lit(n.spec.column)}, pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, "
+        f"OLD.{n.col});\n"
+        f"  RETURN {row};  -- bypassed: the row passes as written\n"
+        "END\n"
+    )
+
+
+def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
+    col = n.col
+    title = n.title(f"row fence ({n.spec.column})")
+    advance = f"    NEW.{col} := raw::pg_catalog.int8;\n    RETURN NEW;\n"
+    upd = n.function(
+        "upd",
+        _declare(title)
+        + _checked(n, "NEW", advance)
+        # Without a token the fence column cannot be written (NEW keeps OLD's fence).
+        + _unfenced(n, "NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n")
+        + _rejected(n, "NEW", advance),
+    )
+    dele = n.function(
+        "del",
+        _declare(title)
+        + _checked(n, "OLD", "    RETURN OLD;\n")
+        + _unfenced(n, "OLD", "    RETURN OLD;\n")
+        + _rejected(n, "OLD", "    RETURN OLD;\n"),
+    )
+    ins = n.function(
+        "ins",
+        _declare(title)
+        + _unfenced(n, "NEW", f"    NEW.{col} := NULL;\n    RETURN NEW;\n")
+        + validate_token(n)
+        + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
+    )
+    # A row that already carries the token as its fence (the column default put it there) needs
+    # nothing: the WHEN clause, evaluated in C, skips it. It can only be skipped when the fence's
+    # text equals the token's, which makes the token a canonical positive bigint; NULL fires.
+    carries_token = (
+        f"(NEW.{col} OPERATOR(pg_catalog.>) 0 "
+        f"AND NEW.{col}::pg_catalog.text OPERATOR(pg_catalog.=) {TOKEN}) IS NOT TRUE"
+    )
+    return [ins, upd, dele], [
+        Trigger(n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=carries_token),
+        Trigger(n.trigger("upd"), "BEFORE UPDATE", "ROW", upd),
+        Trigger(n.trigger("del"), "BEFORE DELETE", "ROW", dele),
+    ]

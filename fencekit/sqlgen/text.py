@@ -1,0 +1,46 @@
+"""Small pieces of SQL text every scope uses: dollar quoting, DO blocks, the token reads."""
+
+from __future__ import annotations
+
+from fencekit.ident import quote_literal
+
+__all__ = [
+    "TOKEN",
+    "TOKEN_FAST",
+    "comment",
+    "do",
+    "dollar",
+    "lit",
+]
+
+#: The token as the client set it. Every check reads it ONCE into a variable and validates
+#: that value: a statement may change the setting between two checks (set_config in a WHERE,
+#: a default, another trigger), so no check may trust what an earlier one read.
+TOKEN = "pg_catalog.current_setting('fencekit.token', true)"
+
+#: A canonical positive decimal below 10^18: the hot paths test this one regular expression;
+#: longer tokens (up to bigint's maximum) take the slow path through fencekit.is_valid_token.
+TOKEN_FAST = "'^[1-9][0-9]{0,17}$'"
+
+
+def lit(value: str) -> str:
+    return quote_literal(value)
+
+
+def dollar(body: str, tag: str) -> str:
+    """Dollar-quote ``body`` with a tag that does not occur in it (names can hold ``$fn$``)."""
+    n = 0
+    while f"${tag}{n or ''}$" in body:
+        n += 1
+    t = f"${tag}{n or ''}$"
+    return f"{t}{body}{t}"
+
+
+def do(body: str) -> str:
+    """An anonymous PL/pgSQL block."""
+    return "DO " + dollar(body, "do")
+
+
+def comment(text: str) -> str:
+    """Text safe inside a ``--`` comment line: a name may hold a newline."""
+    return text.replace("\r", " ").replace("\n", " ")
