@@ -751,7 +751,8 @@ def _foreign_trigger_drift(
             t.name.startswith("fencekit_") and t.function.startswith("fencekit.")
         )
 
-    firing = [t for t in trigs if t.before and t.enabled != "D"]
+    # Disabled triggers never fire; ENABLE REPLICA ones only where fencekit's do not.
+    firing = [t for t in trigs if t.before and t.enabled not in ("D", "R")]
     first: dict[str, _Trig] = {}
     for event in ("INSERT", "UPDATE", "DELETE", "TRUNCATE"):
         checks = [t for t in firing if is_fencekit(t) and event in t.events()]

@@ -295,6 +295,25 @@ def test_foreign_before_trigger_that_sorts_first_is_reported(
     assert err.value.sqlstate == "YF003"
 
 
+def test_a_trigger_named_like_fencekits_is_still_foreign(
+    cli: Cli, dsn: str, ledger: FenceSpec
+) -> None:
+    # Named to sort first among fencekit's own, but its function is not fencekit's.
+    _sql(
+        dsn,
+        "CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$",
+        "CREATE TRIGGER fencekit_0 BEFORE UPDATE ON ledger "
+        "FOR EACH STATEMENT EXECUTE FUNCTION noop()",
+    )
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = _table_drift(doc, "public.ledger")
+    assert (d["kind"], d["object"]) == (
+        "foreign_trigger_first",
+        "public.ledger: trigger fencekit_0",
+    )
+
+
 def test_foreign_row_trigger_that_rewrites_the_row_fence_is_reported(
     cli: Cli, dsn: str, accounts: FenceSpec
 ) -> None:
