@@ -1,0 +1,182 @@
+"""fencekit's SECURITY DEFINER functions must not trust whoever calls them.
+
+Issue 12, decisions 2 and 3. The attacker is an application role that may write ANOTHER
+protected table (``other``) and only read the victim (``dv``); once as a plain DML role, once
+also holding ``fencekit_writer`` (the grant writers needed until now, and which now only means
+"may take leases"). Directly, it calls:
+
+- ``fencekit.advance_fences`` (and ``lease_mismatch``): no longer executable by writers at all.
+  42501, and the victim's fence unchanged.
+- ``fencekit.count_event`` and ``fencekit.reject`` with the victim's tag: executable by PUBLIC,
+  but refused (42501) unless the transaction holds a write lock on the table in question, and
+  the tag must be that table's. A read lock on the victim, or a write lock on ``other`` with
+  the victim's tag, is not enough. The victim's counters and gauges stay as they were.
+- ``fencekit.lease_token`` (takes a FOR SHARE lock acquire waits on): 42501.
+- ``fencekit.acquire`` without fencekit_writer: fencekit's own YF000 with the hint ``GRANT
+  fencekit_writer TO <role>``, before taking any lock (a held lease row does not make it wait).
+
+The calls adapt to the signature installed: ``count_event(tag, reason, gap)`` today,
+``count_event(tag, relid, reason, gap)`` once it takes the table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from fencekit.spec import FenceSpec, Scope, TableName
+from tests.security.conftest import FENCE, Conn, Findings, fences, outcome, protect
+
+OTHER_DML = "SELECT, INSERT, UPDATE, DELETE ON other"
+ROLES = {
+    "a DML role of another table": ("sec_other", (OTHER_DML, "SELECT ON dv")),
+    "the same with fencekit_writer": ("sec_legacy", (OTHER_DML, "SELECT ON dv", "fencekit_writer")),
+}
+BIG = 9223372036854775807
+
+
+def _setup(db: Conn) -> dict[str, Any]:
+    db.execute(
+        "CREATE TABLE dv (id int PRIMARY KEY, k int NOT NULL, v text);"
+        "CREATE TABLE other (id int PRIMARY KEY, k int NOT NULL, v text);"
+    )
+    for t in ("dv", "other"):
+        protect(db, FenceSpec(TableName("public", t), scope=Scope.KEY, key=("k",)))
+    db.execute("SELECT set_config('fencekit.token', %s, true)", (str(FENCE),))
+    db.execute("INSERT INTO dv VALUES (1, 1, 'victim')")
+    db.execute("INSERT INTO other VALUES (1, 1, 'mine')")
+    db.execute("SELECT fencekit.acquire('billing:1', 'legit-holder', '1 hour')")
+    db.commit()
+    tags = dict(db.execute("SELECT table_name, tag FROM fencekit.protected").fetchall())
+    relids = {t: db.execute("SELECT %s::regclass::oid", (t,)).fetchone()[0] for t in tags}
+    db.rollback()
+    return {"tags": tags, "relids": relids}
+
+
+def _overloads(db: Conn, name: str) -> list[tuple[int, str]]:
+    rows = db.execute(
+        "SELECT oid, pg_get_function_identity_arguments(oid) FROM pg_proc "
+        "WHERE proname = %s AND pronamespace = 'fencekit'::regnamespace",
+        (name,),
+    ).fetchall()
+    db.rollback()
+    return [(int(oid), args) for oid, args in rows]
+
+
+def _watched(db: Conn) -> dict[str, Any]:
+    """The victim's counters and gauges, and both tables' fences."""
+    db.rollback()
+    out: dict[str, Any] = {}
+    for reason, count, last_at, max_gap in db.execute(
+        "SELECT reason, count, last_rejected_at, max_token_gap FROM fencekit.rejections "
+        "WHERE table_name = 'dv'"
+    ).fetchall():
+        out[f"dv {reason} count"] = count
+        out["dv last_rejected_at"], out["dv max_token_gap"] = last_at, max_gap
+    out["dv fences"], out["other fences"] = fences(db, "public.dv"), fences(db, "public.other")
+    db.rollback()
+    return out
+
+
+def _changes(before: dict[str, Any], after: dict[str, Any]) -> str:
+    return "; ".join(
+        f"{k}: {before.get(k)} -> {after.get(k)}"
+        for k in sorted(set(before) | set(after))
+        if before.get(k) != after.get(k)
+    )
+
+
+def test_definer_functions_refuse_callers_without_the_table(
+    db: Conn, make_role, findings: Findings
+) -> None:
+    ids = _setup(db)
+    tag, relid, other_relid = ids["tags"]["dv"], ids["relids"]["dv"], ids["relids"]["other"]
+    takes_relid = any("oid" in args for _, args in _overloads(db, "count_event"))
+
+    def count_event(relid_: int) -> str:
+        if takes_relid:
+            return f"SELECT fencekit.count_event('{tag}', {relid_}::oid, 'stale', 1000000)"
+        return f"SELECT fencekit.count_event('{tag}', 'stale', 1000000)"
+
+    def reject(relid_: int) -> str:
+        return (
+            f"SELECT fencekit.reject('stale', '{tag}', {relid_}::oid, NULL, NULL, NULL, NULL, 1, "
+            "1000001)"
+        )
+
+    lock_other = "LOCK TABLE other IN ROW EXCLUSIVE MODE; "
+    read_dv = "LOCK TABLE dv IN ACCESS SHARE MODE; "
+    calls = {
+        "advance_fences on the victim's resource": "SELECT fencekit.advance_fences("
+        f"'public.dv', ARRAY['1'], {BIG}, 'accept')",
+        "advance_fences on the victim's resource, holding a write lock on its own table": lock_other
+        + f"SELECT fencekit.advance_fences('public.dv', ARRAY['1'], {BIG}, 'accept')",
+        "advance_fences on its own table's resource": "SELECT fencekit.advance_fences("
+        f"'public.other', ARRAY['1'], {BIG}, 'accept')",
+        "lease_mismatch": "SELECT fencekit.lease_mismatch('public.dv', ARRAY['1'], 1)",
+        "count_event with the victim's tag": count_event(relid),
+        "count_event with the victim's tag, holding a read lock on the victim": read_dv
+        + count_event(relid),
+        "count_event with the victim's tag, holding a write lock on its own table": lock_other
+        + count_event(other_relid),
+        "reject with the victim's tag": reject(relid),
+        "reject with the victim's tag, holding a read lock on the victim": read_dv + reject(relid),
+        "reject with the victim's tag, holding a write lock on its own table": lock_other
+        + reject(other_relid),
+        "lease_token": "SELECT fencekit.lease_token('billing:1')",
+    }
+    for who, (name, grants) in ROLES.items():
+        dsn = make_role(name, *grants)
+        with psycopg.connect(dsn) as conn:
+            for what, stmt in calls.items():
+                if "advance_fences" in what and db.execute(
+                    "SELECT to_regprocedure('fencekit.advance_fences(text, text[], bigint, text)')"
+                ).fetchone() == (None,):
+                    continue  # signature changed: the EXECUTE check below covers it
+                before = _watched(db)
+                label = f"{who} calling {what}"
+                got = outcome(conn, stmt)
+                conn.rollback()
+                findings.expect(label, got, "42501")
+                after = _watched(db)
+                findings.check(label, after == before, f"changed {_changes(before, after)}")
+            # Whatever their signatures become: writers may not execute these at all.
+            for fn in ("advance_fences", "lease_mismatch", "lease_token"):
+                for oid, args in _overloads(db, fn):
+                    may = db.execute(
+                        "SELECT has_function_privilege(%s, %s::oid, 'EXECUTE')", (name, oid)
+                    ).fetchone()
+                    db.rollback()
+                    findings.check(
+                        f"{who}: EXECUTE on fencekit.{fn}({args})",
+                        may == (False,),
+                        "the role may execute it",
+                    )
+    findings.assert_clean()
+
+
+def test_acquire_refuses_non_writers_before_locking(db: Conn, make_role) -> None:
+    _setup(db)
+    dsn = make_role("sec_other", OTHER_DML)
+    # Another session holds the lease row: a refusal that took its lock first would wait here.
+    db.execute("SELECT * FROM fencekit.leases WHERE resource = 'billing:1' FOR UPDATE")
+    with psycopg.connect(dsn) as conn:
+        got = outcome(
+            conn,
+            "SELECT fencekit.acquire('billing:1', 'intruder', '1 hour')",
+            settings={"lock_timeout": "300ms"},
+        )
+        conn.rollback()
+        assert got.sqlstate == "YF000", f"acquire by a non-writer: expected YF000, got {got}"
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT fencekit.acquire('billing:2', 'intruder', '1 hour')")
+        conn.rollback()
+        assert info.value.sqlstate == "YF000", f"expected YF000, got {info.value}"
+        hint = info.value.diag.message_hint or ""
+        assert "GRANT fencekit_writer TO sec_other" in hint, f"hint: {hint!r}"
+    db.rollback()
+    holders = db.execute("SELECT resource, holder FROM fencekit.leases ORDER BY 1").fetchall()
+    db.rollback()
+    assert holders == [("billing:1", "legit-holder")]
