@@ -18,7 +18,7 @@ from psycopg import sql
 
 from fencekit.bench.results import ratio_result
 from fencekit.spec import FenceSpec, Scope, TableName
-from fencekit.sqlgen import TEMPLATE_VERSION, protect_statements, unprotect_statements
+from fencekit.sqlgen import protect_statements, unprotect_statements
 
 __all__ = ["run"]
 
@@ -59,10 +59,10 @@ _UPDATE = {
 def _drop_bench_schema(conn: psycopg.Connection[Any]) -> None:
     # Unprotect first: dropping a protected table would leave its fences and counters behind.
     rows = conn.execute(
-        "SELECT spec, template_version FROM fencekit.protected WHERE schema_name = %s", [SCHEMA]
+        "SELECT spec FROM fencekit.protected WHERE schema_name = %s", [SCHEMA]
     ).fetchall()
-    for spec, version in rows:
-        for stmt in unprotect_statements(FenceSpec.from_dict(spec), version):
+    for (spec,) in rows:
+        for stmt in unprotect_statements(FenceSpec.from_dict(spec)):
             conn.execute(stmt)
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 
@@ -84,12 +84,11 @@ def _make_table(
     rows: int,
     keys: int,
     spec: FenceSpec | None,
-    template_version: int | None = None,
 ) -> str:
     t = f"{SCHEMA}.{name}"
     conn.execute(_SHAPES[shape].format(t=t, rows=rows, keys=keys))
     if spec is not None:
-        for stmt in protect_statements(spec, template_version):
+        for stmt in protect_statements(spec):
             conn.execute(stmt)
     conn.execute(f"VACUUM ANALYZE {t}")
     return t
@@ -245,12 +244,8 @@ def _anatomy(
         conn.execute(f"ALTER TABLE {t} ADD COLUMN fencekit_fence bigint")
         conn.execute(ddl.format(t=t))
         tables.append((label, t))
-    for version in range(1, TEMPLATE_VERSION + 1):
-        name = f"anat_v{version}"
-        t = _make_table(
-            conn, name, "billing", rows, 1000, FenceSpec(TableName(SCHEMA, name)), version
-        )
-        tables.append((f"fencekit row fence, template {version}", t))
+    t = _make_table(conn, "anat_fk", "billing", rows, 1000, FenceSpec(TableName(SCHEMA, "anat_fk")))
+    tables.append(("fencekit row fence", t))
     times: dict[str, list[float]] = {t: [] for t in [plain, *(t for _, t in tables)]}
     token = 50_000
     update = _UPDATE["billing"]

@@ -31,10 +31,10 @@ Progress = Callable[[str], None]
 
 def _reset(conn: psycopg.Connection[Any]) -> None:
     rows = conn.execute(
-        "SELECT spec, template_version FROM fencekit.protected WHERE schema_name = %s", [SCHEMA]
+        "SELECT spec FROM fencekit.protected WHERE schema_name = %s", [SCHEMA]
     ).fetchall()
-    for spec, version in rows:
-        for stmt in unprotect_statements(FenceSpec.from_dict(spec), version):
+    for (spec,) in rows:
+        for stmt in unprotect_statements(FenceSpec.from_dict(spec)):
             conn.execute(stmt.encode())
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fencekit import sqlgen
 from fencekit.cli import HelpFormatter, UsageError
+from fencekit.ident import quote_literal
 from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope, SpecError, TableName
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def register(subparsers: Any) -> None:
     _sql(subparsers)
     _protect(subparsers)
     _unprotect(subparsers)
+    _auto_cover(subparsers)
     _status(subparsers)
 
 
@@ -161,6 +163,25 @@ def _unprotect(subparsers: Any) -> None:
     p.set_defaults(func=run_unprotect, prog=p.prog)
 
 
+def _auto_cover(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "auto-cover",
+        help="cover partitions and children created after protect, as they are created",
+        formatter_class=_FMT,
+        description="Protect puts a table's triggers on the partitions and inheritance "
+        "children it has when it runs. A child created or attached later is not covered until "
+        "protect is re-run (`fencekit status` reports it). `auto-cover on` installs an event "
+        "trigger that covers such a child in the transaction that creates it, or refuses to "
+        "create it when the creating role may not attach fencekit's triggers. Event triggers "
+        "need a superuser (or your provider's equivalent role).",
+        epilog="examples:\n  fencekit auto-cover on --dsn postgresql://admin@db/app\n"
+        "  fencekit auto-cover off --dsn postgresql://admin@db/app",
+    )
+    p.add_argument("state", choices=["on", "off"], help="turn auto-cover on or off")
+    _dsn_option(p)
+    p.set_defaults(func=run_auto_cover, prog=p.prog)
+
+
 def _status(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "status",
@@ -250,12 +271,6 @@ def _spec_options(p: argparse.ArgumentParser, *, from_ddl: bool) -> None:
         help="fence column of a row fence (default: %(default)s)",
     )
     g.add_argument("--issuer", metavar="NAME", help="bind the resource to one token issuer")
-    g.add_argument(
-        "--template-version",
-        type=int,
-        metavar="N",
-        help=f"render an older per-table template (default: the newest, {sqlgen.TEMPLATE_VERSION})",
-    )
     _lock_timeout_option(p)
     if from_ddl:
         p.add_argument(
@@ -285,15 +300,6 @@ def _lock_timeout(args: argparse.Namespace) -> str:
             f"--lock-timeout {args.lock_timeout!r} is not a duration like 500ms, 5s or 1min"
         )
     return value
-
-
-def _template_version(args: argparse.Namespace) -> int:
-    tv = sqlgen.TEMPLATE_VERSION if args.template_version is None else args.template_version
-    try:
-        sqlgen.table_objects(FenceSpec(TableName("public", "t")), tv)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return int(tv)
 
 
 def _table(text: str) -> TableName:
@@ -366,9 +372,7 @@ def run_sql_install(args: argparse.Namespace) -> int:
 def _print_table_script(args: argparse.Namespace, render: Callable[..., str]) -> int:
     spec = _spec(args, _table(args.table))
     _offline_check(args, spec)
-    script = render(
-        spec, template_version=_template_version(args), lock_timeout=_lock_timeout(args)
-    )
+    script = render(spec, lock_timeout=_lock_timeout(args))
     sys.stdout.write(script)
     return 0
 
@@ -382,12 +386,33 @@ def run_sql_unprotect(args: argparse.Namespace) -> int:
 
 
 def run_install(args: argparse.Namespace) -> int:
-    from fencekit.catalog import core_version
+    from fencekit.catalog import core_version, protected_tables
 
     dsn, lock_timeout = _dsn(args), _lock_timeout(args)
     with _connect(dsn) as conn:
         before = core_version(conn)
-        _run_script(conn, sqlgen.render_install(lock_timeout=lock_timeout), lock_timeout)
+        # Tables protected by another generation of per-table objects are re-protected in the
+        # same transaction as the core upgrade: their old functions may call core functions the
+        # upgrade replaced, so they must never run against the new core.
+        outdated = (
+            []
+            if before is None
+            else [
+                pt.spec
+                for pt in protected_tables(conn)
+                if pt.template_version != sqlgen.TEMPLATE_VERSION
+            ]
+        )
+        conn.rollback()
+        statements = sqlgen.install_statements()
+        for spec in outdated:
+            statements += sqlgen.protect_statements(spec)
+        script = (
+            f"BEGIN;\nSET LOCAL lock_timeout = {quote_literal(lock_timeout)};\n"
+            + ";\n".join(s.rstrip().rstrip(";") for s in statements)
+            + ";\nCOMMIT;\n"
+        )
+        _run_script(conn, script, lock_timeout)
         after = core_version(conn)
     if before is None:
         print(f"installed fencekit core version {after}")
@@ -395,6 +420,8 @@ def run_install(args: argparse.Namespace) -> int:
         print(f"fencekit core version {after} was already installed; re-applied (no changes)")
     else:
         print(f"upgraded fencekit core from version {before} to {after}")
+    for spec in outdated:
+        print(f"re-protected {spec.table} with template {sqlgen.TEMPLATE_VERSION}")
     return 0
 
 
@@ -403,7 +430,6 @@ def run_protect(args: argparse.Namespace) -> int:
 
     dsn, lock_timeout = _dsn(args), _lock_timeout(args)
     _spec(args, _table(args.table))  # usage errors before connecting
-    tv = _template_version(args)
     with _connect(dsn) as conn:
         catalog.require_core(conn)
         found = catalog.resolve_table(conn, args.table)
@@ -413,9 +439,9 @@ def run_protect(args: argparse.Namespace) -> int:
             )
         spec = _spec(args, found[0])
         notes = catalog.check_spec(conn, spec)
-        script = sqlgen.render_protect(spec, template_version=tv, lock_timeout=lock_timeout)
+        script = sqlgen.render_protect(spec, lock_timeout=lock_timeout)
         _run_script(conn, script, lock_timeout)
-    print(f"protected {spec.table} ({catalog.describe(spec)}, template {tv})")
+    print(f"protected {spec.table} ({catalog.describe(spec)}, template {sqlgen.TEMPLATE_VERSION})")
     for note in notes:
         _note(args, note)
     return 0
@@ -439,11 +465,20 @@ def run_unprotect(args: argparse.Namespace) -> int:
             raise catalog.CatalogError(
                 f"{found[0]} is not protected (fencekit.protected has no row for it)"
             )
-        script = sqlgen.render_unprotect(
-            pt.spec, template_version=pt.template_version, lock_timeout=lock_timeout
-        )
+        script = sqlgen.render_unprotect(pt.spec, lock_timeout=lock_timeout)
         _run_script(conn, script, lock_timeout)
     print(f"unprotected {pt.spec.table} (was: {catalog.describe(pt.spec)})")
+    return 0
+
+
+def run_auto_cover(args: argparse.Namespace) -> int:
+    from fencekit import catalog
+
+    with _connect(_dsn(args)) as conn:
+        catalog.require_core(conn)
+        conn.execute("SELECT fencekit.set_auto_cover(%s)", [args.state == "on"])
+        conn.commit()
+    print(f"auto-cover is {args.state}")
     return 0
 
 

@@ -31,8 +31,9 @@ class Function:
     #: fencekit's own tables (fences); trigger functions cannot be called directly, and
     #: EXECUTE is revoked from PUBLIC so nobody can attach them to another table.
     definer: bool = False
-    #: Settings pinned for the call (name, value), e.g. TimeZone for key encoding.
+    #: Settings pinned for the call (name, value as SQL), e.g. TimeZone for key encoding.
     settings: tuple[tuple[str, str], ...] = ()
+    returns: str = "trigger"
 
     @property
     def sql_name(self) -> str:

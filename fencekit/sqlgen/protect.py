@@ -42,9 +42,10 @@ def table_objects(spec: FenceSpec, template_version: int | None = None) -> Table
         more = key_objects(n)
     else:
         more = ([], [])
-    return TableObjects(
-        spec, TEMPLATE_VERSION, n.tag, tuple(functions + more[0]), tuple(triggers + more[1])
-    )
+    triggers += more[1]
+    partial = TableObjects(spec, TEMPLATE_VERSION, n.tag, (), tuple(triggers))
+    functions += [*more[0], cover_function(partial, n)]
+    return TableObjects(spec, TEMPLATE_VERSION, n.tag, tuple(functions), tuple(triggers))
 
 
 def create_trigger_sql(trigger: Trigger, on: str) -> str:
@@ -72,7 +73,7 @@ def trigger_stamp(trigger: Trigger) -> str:
 def _create_function_sql(f: Function) -> list[str]:
     attrs = "".join(f"\nSET {name} TO {value}" for name, value in f.settings)
     out = [
-        f"CREATE OR REPLACE FUNCTION {f.sql_name}() RETURNS trigger\n"
+        f"CREATE OR REPLACE FUNCTION {f.sql_name}() RETURNS {f.returns}\n"
         f"LANGUAGE plpgsql{' SECURITY DEFINER' if f.definer else ''}{attrs}\n"
         f"AS {dollar(f.body, 'fn')}",
         f"COMMENT ON FUNCTION {f.sql_name}() IS "
@@ -174,26 +175,24 @@ _DESCENDANTS = (
 )
 
 
-def _triggers_sql(objs: TableObjects, n: Names) -> str:
-    """One DO block: the table's triggers, then every descendant's, then obsolete functions."""
-    t = objs.spec.table
-    root = f"{lit(t.sql)}::pg_catalog.regclass"
+def cover_function(objs: TableObjects, n: Names) -> Function:
+    """``fencekit.<tag>_cover()``: put the table's triggers on every partition and inheritance
+    child that lacks them. Protect calls it; so does the optional auto-cover event trigger
+    when a child is created or attached later (PostgreSQL fires a parent's statement triggers
+    only for statements naming the parent, and clones row triggers to partitions but not to
+    inheritance children)."""
+    root = f"{lit(objs.spec.table.sql)}::pg_catalog.regclass"
     keep = {tr.name for tr in objs.triggers}
     statement = [tr for tr in objs.triggers if tr.on_partitions]
     row = [tr for tr in objs.triggers if not tr.on_partitions]
-    keep_functions = ", ".join(lit(f.name) for f in objs.functions)
-    fn_prefix = f"{n.tag}_"
     body = (
-        "\nDECLARE\n"
+        "\n"
+        + n.title("partition and child coverage")
+        + "DECLARE\n"
         "  old pg_catalog.name;\n"
         "  child pg_catalog.regclass;\n"
         "  is_partition pg_catalog.bool;\n"
         "BEGIN\n"
-        + _drop_foreign_generations(n, keep, root, "  ")
-        + _ensure_triggers(list(objs.triggers), root, "  ")
-        + "  -- Partitions and inheritance children: PostgreSQL fires a parent's statement\n"
-        "  -- triggers only for statements naming the parent, and clones row triggers to\n"
-        "  -- partitions but not to inheritance children.\n"
         f"  FOR child, is_partition IN {_DESCENDANTS.format(root=root)} LOOP\n"
         + _drop_foreign_generations(n, keep, "child", "    ")
         + _ensure_triggers(statement, "child", "    ")
@@ -201,6 +200,27 @@ def _triggers_sql(objs: TableObjects, n: Names) -> str:
         + _ensure_triggers(row, "child", "      ")
         + "    END IF;\n"
         "  END LOOP;\n"
+        "END\n"
+    )
+    return n.function("cover", body, returns="void")
+
+
+def _triggers_sql(objs: TableObjects, n: Names) -> str:
+    """One DO block: the table's triggers, its descendants' (the cover function), then the
+    functions of another generation."""
+    t = objs.spec.table
+    root = f"{lit(t.sql)}::pg_catalog.regclass"
+    keep = {tr.name for tr in objs.triggers}
+    keep_functions = ", ".join(lit(f.name) for f in objs.functions)
+    fn_prefix = f"{n.tag}_"
+    cover = next(f for f in objs.functions if f.returns == "void")
+    body = (
+        "\nDECLARE\n"
+        "  old pg_catalog.name;\n"
+        "BEGIN\n"
+        + _drop_foreign_generations(n, keep, root, "  ")
+        + _ensure_triggers(list(objs.triggers), root, "  ")
+        + f"  PERFORM {cover.sql_name}();\n"
         "  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n"
         "              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace\n"
         "                AND p.pronargs = 0\n"
@@ -260,33 +280,44 @@ def protect_statements(spec: FenceSpec, template_version: int | None = None) -> 
 
 
 def unprotect_statements(spec: FenceSpec, template_version: int | None = None) -> list[str]:
-    """The exact undo of :func:`protect_statements`, without transaction control."""
-    objs = table_objects(spec, template_version)
+    """The exact undo of :func:`protect_statements`, without transaction control.
+
+    It drops every ``fencekit_<tag>_*`` trigger on the table and its descendants and every
+    ``fencekit.<tag>_*`` trigger function, whichever generation made them.
+    """
+    _check_version(template_version)
     n = names_for(spec)
     t = spec.table
     # to_regclass: unprotecting a table that was dropped still cleans up fencekit's side.
     root = f"pg_catalog.to_regclass({lit(t.sql)})"
     prefix = f"fencekit_{n.tag}_"
+    fn_prefix = f"{n.tag}_"
     out: list[str] = [
         do(
-            "\nDECLARE\n  child pg_catalog.regclass;\n  is_partition pg_catalog.bool;\n"
+            "\nDECLARE\n  rel pg_catalog.regclass;\n  is_partition pg_catalog.bool;\n"
             "  old pg_catalog.name;\nBEGIN\n"
-            f"  IF {root} IS NULL THEN\n    RETURN;\n  END IF;\n"
-            f"  FOR child, is_partition IN {_DESCENDANTS.format(root=root)} LOOP\n"
-            "    FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg\n"
-            "                WHERE tg.tgrelid = child AND NOT tg.tgisinternal\n"
-            "                  AND tg.tgparentid = 0\n"
-            f"                  AND pg_catalog.left(tg.tgname::pg_catalog.text, {len(prefix)})\n"
-            f"                      OPERATOR(pg_catalog.=) {lit(prefix)} LOOP\n"
-            "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);\n"
+            f"  IF {root} IS NOT NULL THEN\n"
+            f"    FOR rel, is_partition IN SELECT {root}, false UNION ALL\n"
+            f"        ({_DESCENDANTS.format(root=root)}) LOOP\n"
+            "      FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg\n"
+            "                  WHERE tg.tgrelid = rel AND NOT tg.tgisinternal\n"
+            "                    AND tg.tgparentid = 0\n"
+            f"                    AND pg_catalog.left(tg.tgname::pg_catalog.text, {len(prefix)})\n"
+            f"                        OPERATOR(pg_catalog.=) {lit(prefix)} LOOP\n"
+            "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);\n"
+            "      END LOOP;\n"
             "    END LOOP;\n"
-            "  END LOOP;\nEND\n"
+            "  END IF;\n"
+            "  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n"
+            "              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace\n"
+            "                AND p.pronargs = 0\n"
+            f"                AND pg_catalog.left(p.proname::pg_catalog.text, {len(fn_prefix)})\n"
+            f"                    OPERATOR(pg_catalog.=) {lit(fn_prefix)} LOOP\n"
+            "    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);\n"
+            "  END LOOP;\n"
+            "END\n"
         )
     ]
-    for tr in reversed(objs.triggers):
-        out.append(f"DROP TRIGGER IF EXISTS {quote_ident(tr.name)} ON {t.sql}")
-    for f in reversed(objs.functions):
-        out.append(f"DROP FUNCTION IF EXISTS {f.sql_name}()")
     if spec.scope is Scope.ROW:
         out.append(f"ALTER TABLE IF EXISTS {t.sql} DROP COLUMN IF EXISTS {n.col}")
     out.append(f"SELECT fencekit.drop_counters({n.lit_tag})")

@@ -89,8 +89,6 @@ def test_key_implies_key_scope_and_options_reach_the_script(cli: Cli) -> None:
         FenceSpec(TableName("public", "t"), scope=Scope.KEY, key=("k",)), lock_timeout="2s"
     )
     assert "SET LOCAL lock_timeout = '2s';" in out
-    tv = cli("sql", "protect", "t", "--template-version", str(sqlgen.TEMPLATE_VERSION)).out
-    assert tv == sqlgen.render_protect(FenceSpec(TableName("public", "t")))
 
 
 def test_output_is_stable_across_processes() -> None:

@@ -1,0 +1,55 @@
+-- Partitions and inheritance children created after protect. Protect covers the descendants a
+-- table has when it runs (fencekit.<tag>_cover()); a child created or attached later has no
+-- fencekit statement triggers (and, for an inheritance child, no row triggers) until protect is
+-- re-run, and `fencekit status` reports it. With auto-cover on, an event trigger covers it at
+-- once, in the transaction that creates it.
+
+CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  p record;
+  cover regprocedure;
+BEGIN
+  FOR p IN SELECT pr.tag, pr.schema_name, pr.table_name FROM fencekit.protected pr LOOP
+    cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
+    CONTINUE WHEN cover IS NULL
+      OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name, p.table_name)) IS NULL;
+    BEGIN
+      EXECUTE pg_catalog.format('SELECT %s', cover);
+    EXCEPTION WHEN insufficient_privilege THEN
+      -- Fail closed: a child that would be written unfenced is not created.
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: cannot put the triggers of protected table %I.%I '
+                                    'on its new partition or child: %s', p.schema_name,
+                                    p.table_name, SQLERRM),
+        HINT = 'Create it as the role that protected the table (a member of fencekit_admin), '
+               'or turn auto-cover off (fencekit auto-cover off) and re-run protect.';
+    END;
+  END LOOP;
+END
+$fn$;
+
+-- Turn auto-cover on or off. Event triggers need a superuser (or a managed service's
+-- equivalent role); anyone else gets fencekit's error saying so.
+CREATE OR REPLACE FUNCTION fencekit.set_auto_cover(enabled boolean) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF enabled AND NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger
+                              WHERE evtname = 'fencekit_auto_cover') THEN
+    CREATE EVENT TRIGGER fencekit_auto_cover ON ddl_command_end
+      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+      EXECUTE FUNCTION fencekit.cover_new_children();
+  ELSIF NOT enabled THEN
+    DROP EVENT TRIGGER IF EXISTS fencekit_auto_cover;
+  END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+  RAISE EXCEPTION USING ERRCODE = 'YF000',
+    MESSAGE = 'fencekit: auto-cover needs an event trigger, which only a superuser may create '
+              'or drop: ' || SQLERRM,
+    HINT = 'Run it as a superuser (or your provider''s equivalent role), or leave it off: '
+           're-run protect after creating a partition or child; fencekit status reports one '
+           'that is not covered.';
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION fencekit.set_auto_cover(boolean) FROM PUBLIC;
