@@ -180,3 +180,53 @@ def test_acquire_refuses_non_writers_before_locking(db: Conn, make_role) -> None
     holders = db.execute("SELECT resource, holder FROM fencekit.leases ORDER BY 1").fetchall()
     db.rollback()
     assert holders == [("billing:1", "legit-holder")]
+
+
+def test_fence_functions_cannot_be_attached_to_another_table(
+    db: Conn, make_role, findings: Findings
+) -> None:
+    """The key and table fences' trigger functions run as the role that ran protect: a role that
+    may create tables must not attach them to its own table to advance the victim's fences."""
+    _setup(db)
+    db.execute("CREATE TABLE dt (id int PRIMARY KEY, v text)")
+    protect(db, FenceSpec(TableName("public", "dt"), scope=Scope.TABLE))
+    db.execute("SELECT set_config('fencekit.token', %s, true)", (str(FENCE),))
+    db.execute("INSERT INTO dt VALUES (1, 'victim')")
+    db.commit()
+    tags = dict(db.execute("SELECT table_name, tag FROM fencekit.protected").fetchall())
+    db.rollback()
+    attach = {
+        "the key fence's AFTER INSERT function": (
+            "public.dv",
+            "AFTER INSERT",
+            "REFERENCING NEW TABLE AS fencekit_new FOR EACH STATEMENT",
+            f'fencekit."{tags["dv"]}_ins"()',
+        ),
+        "the table fence's statement function": (
+            "public.dt",
+            "BEFORE INSERT",
+            "FOR EACH STATEMENT",
+            f'fencekit."{tags["dt"]}_stmt"()',
+        ),
+    }
+    for who, (name, grants) in ROLES.items():
+        dsn = make_role(name, *grants, "CREATE ON SCHEMA public")
+        with psycopg.connect(dsn) as conn:
+            for i, (what, (resource, timing, level, fn)) in enumerate(attach.items()):
+                before = fences(db, resource)
+                db.rollback()
+                mine = f"mine_{name}_{i}"
+                got = outcome(
+                    conn,
+                    f"CREATE TABLE {mine} (id int, k int NOT NULL);"
+                    f"CREATE TRIGGER steal {timing} ON {mine} {level} EXECUTE FUNCTION {fn};"
+                    f"INSERT INTO {mine} VALUES (1, 1)",
+                    token=BIG,
+                )
+                conn.commit()  # an attack that went through is kept, as an attacker would
+                label = f"{who} attaching {what} to a table of its own"
+                findings.expect(label, got, "42501")
+                after = fences(db, resource)
+                db.rollback()
+                findings.check(label, after == before, f"{resource} fences {before} -> {after}")
+    findings.assert_clean()
