@@ -470,12 +470,52 @@ def table_drift(
     out += _function_drift(conn, objs.functions, reprotect)
     if pt.spec.scope is Scope.ROW:
         out += _column_drift(conn, oid, pt.spec)
+    if pt.spec.scope is Scope.KEY:
+        out += _key_type_drift(conn, oid, pt.spec)
     allow = frozenset(allow_triggers)
     out += _foreign_trigger_drift(conn, oid, t.sql, pt.spec, objs, allow)
     for desc in _descendants(conn, oid):
         out += _descendant_drift(conn, desc, objs, reprotect)
         out += _foreign_trigger_drift(conn, desc.oid, desc.sql, pt.spec, objs, allow, clones=False)
     return out
+
+
+def _key_type_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:
+    """A key column whose type changed since protect names its keys differently: the old
+    fences no longer guard the rows (1 becomes 1.00 when an integer key turns numeric(10,2))."""
+    import psycopg
+
+    obj = f"{spec.table.dotted} key ({', '.join(spec.key)})"
+    fix = (
+        "restore the column types; or move the fences to the new key text (UPDATE "
+        "fencekit.fences as a member of fencekit_admin); or unprotect and protect again "
+        "(the fences restart)"
+    )
+    try:
+        with conn.transaction():
+            row = conn.execute(
+                "SELECT p.key_families, fencekit.key_families(%s::pg_catalog.oid::pg_catalog."
+                "regclass, %s) FROM fencekit.protected p "
+                "WHERE p.schema_name = %s AND p.table_name = %s",
+                (oid, list(spec.key), spec.table.schema, spec.table.name),
+            ).fetchone()
+    except psycopg.Error as exc:
+        detail = exc.diag.message_primary or str(exc)
+        return [
+            Drift("key_type_changed", obj, f"a key column can no longer be a key: {detail}", fix)
+        ]
+    if row is None or row[0] is None or list(row[0]) == list(row[1]):
+        return []
+    return [
+        Drift(
+            "key_type_changed",
+            obj,
+            f"the key columns changed type since protect ({', '.join(row[0])} -> "
+            f"{', '.join(row[1])}): the fences are named by the old text of each key, so "
+            "stale writes to the new keys pass",
+            fix,
+        )
+    ]
 
 
 def _triggers_of(conn: Conn, oid: int) -> dict[str, tuple[str, str]]:

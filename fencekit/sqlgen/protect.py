@@ -186,9 +186,7 @@ def cover_function(objs: TableObjects, n: Names) -> Function:
     statement = [tr for tr in objs.triggers if tr.on_partitions]
     row = [tr for tr in objs.triggers if not tr.on_partitions]
     body = (
-        "\n"
-        + n.title("partition and child coverage")
-        + "DECLARE\n"
+        "\n" + n.title("partition and child coverage") + "DECLARE\n"
         "  old pg_catalog.name;\n"
         "  child pg_catalog.regclass;\n"
         "  is_partition pg_catalog.bool;\n"
@@ -264,17 +262,22 @@ def protect_statements(spec: FenceSpec, template_version: int | None = None) -> 
     out.append(_triggers_sql(objs, n))
     spec_json = json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)
     resource = n.resource if spec.scope is not Scope.ROW else "NULL"
+    families = "NULL"
+    if spec.scope is Scope.KEY:
+        keys = ", ".join(lit(k) for k in spec.key)
+        families = f"fencekit.key_families({lit(t.sql)}::pg_catalog.regclass, ARRAY[{keys}])"
     out.append(
         "INSERT INTO fencekit.protected AS p "
-        "(schema_name, table_name, tag, scope, resource, spec, template_version)\n"
+        "(schema_name, table_name, tag, scope, resource, spec, template_version, key_families)\n"
         f"VALUES ({lit(t.schema)}, {lit(t.name)}, {n.lit_tag}, "
-        f"{lit(spec.scope.value)}, {resource}, {lit(spec_json)}, {TEMPLATE_VERSION})\n"
+        f"{lit(spec.scope.value)}, {resource}, {lit(spec_json)}, {TEMPLATE_VERSION},\n"
+        f"        {families})\n"
         "ON CONFLICT (schema_name, table_name) DO UPDATE\n"
         "  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,\n"
         "      spec = excluded.spec, template_version = excluded.template_version,\n"
-        "      protected_at = pg_catalog.now()\n"
-        "  WHERE (p.spec, p.template_version)\n"
-        "        IS DISTINCT FROM (excluded.spec, excluded.template_version)"
+        "      key_families = excluded.key_families, protected_at = pg_catalog.now()\n"
+        "  WHERE (p.spec, p.template_version, p.key_families)\n"
+        "        IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families)"
     )
     return out
 

@@ -53,6 +53,10 @@ CREATE TABLE IF NOT EXISTS fencekit.protected (
   PRIMARY KEY (schema_name, table_name)
 );
 
+-- Key fences: the families of the key columns' types when the table was protected (see
+-- fencekit.key_families); NULL for other scopes.
+ALTER TABLE fencekit.protected ADD COLUMN IF NOT EXISTS key_families text[];
+
 -- Named resources and the issuer whose tokens they take: tokens of different issuers are never
 -- compared.
 CREATE TABLE IF NOT EXISTS fencekit.resources (

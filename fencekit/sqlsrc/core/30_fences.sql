@@ -168,9 +168,12 @@ BEGIN
     why := 'without a declared scale, equal numbers print differently (1.0 and 1.00)';
     instead := 'numeric(p,s), which stores every value with the same scale';
   ELSIF typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'time'::regtype,
-                'timestamp'::regtype, 'timestamptz'::regtype, 'bytea'::regtype)
-        OR t.typtype = 'e' THEN
+                'timestamp'::regtype, 'timestamptz'::regtype, 'bytea'::regtype) THEN
     RETURN pg_catalog.format_type(typ, NULL);
+  ELSIF t.typtype = 'e' THEN
+    why := 'an enum''s labels can be renamed (ALTER TYPE ... RENAME VALUE), which would '
+           'silently give every key of that value a new fence';
+    instead := 'text (with a CHECK constraint) or an integer code';
   ELSIF typ IN ('float4'::regtype, 'float8'::regtype) THEN
     why := 'floating-point values have no stable identity (0 = -0, rounding)';
     instead := 'numeric(p,s), bigint or text';
@@ -183,7 +186,7 @@ BEGIN
   ELSE
     why := 'fencekit cannot tell equal values apart from their text';
     instead := 'an integer type, numeric(p,s), text, varchar, char(n), uuid, boolean, date, '
-               'time, timestamp, timestamptz, bytea or an enum (a generated column works)';
+               'time, timestamp, timestamptz or bytea (a generated column works)';
   END IF;
   RAISE EXCEPTION USING ERRCODE = 'YF000',
     MESSAGE = pg_catalog.format('fencekit: key column %I of %s has type %s, which cannot be '
@@ -193,26 +196,53 @@ BEGIN
 END
 $fn$;
 
--- Protect-time check of a key fence's columns: each has a type with a stable identity, and a
--- named resource shared with other tables is keyed by columns of the same families.
+-- The families of a key's columns, in order (see key_family). The registry records them at
+-- protect time: a column whose type changes later (ALTER COLUMN ... TYPE) would name its keys
+-- differently, so status reports it and protect refuses to carry on silently.
+CREATE OR REPLACE FUNCTION fencekit.key_families(relid regclass, cols text[]) RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.array_agg(fencekit.key_family(relid, u.c) ORDER BY u.o)
+    FROM pg_catalog.unnest(cols) WITH ORDINALITY AS u(c, o)
+$fn$;
+
+-- Protect-time check of a key fence's columns: each has a type with a stable identity, its
+-- types are those it was protected with, and a named resource shared with other tables is
+-- keyed by columns of the same families.
 CREATE OR REPLACE FUNCTION fencekit.check_key_columns(relid regclass, cols text[], resource text)
 RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-  mine text[];
+  mine text[] := fencekit.key_families(relid, cols);
   theirs text[];
   other record;
   other_rel regclass;
 BEGIN
-  SELECT pg_catalog.array_agg(fencekit.key_family(relid, c) ORDER BY o) INTO mine
-    FROM pg_catalog.unnest(cols) WITH ORDINALITY AS u(c, o);
-  FOR other IN SELECT p.schema_name, p.table_name, p.spec FROM fencekit.protected p
-                WHERE p.resource = check_key_columns.resource AND p.scope = 'key' LOOP
+  FOR other IN SELECT p.schema_name, p.table_name, p.spec, p.key_families
+                 FROM fencekit.protected p
+                WHERE p.scope = 'key'
+                  AND (p.resource = check_key_columns.resource
+                       OR (p.schema_name, p.table_name)
+                          = (SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c
+                               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                              WHERE c.oid = relid)) LOOP
     other_rel := pg_catalog.to_regclass(pg_catalog.format('%I.%I', other.schema_name,
                                                           other.table_name));
-    CONTINUE WHEN other_rel IS NULL OR other_rel = relid;
-    SELECT pg_catalog.array_agg(fencekit.key_family(other_rel, c) ORDER BY o) INTO theirs
-      FROM pg_catalog.jsonb_array_elements_text(other.spec -> 'key') WITH ORDINALITY AS u(c, o);
+    IF other_rel = relid THEN
+      IF other.key_families IS NOT NULL AND other.key_families IS DISTINCT FROM mine
+         AND other.spec -> 'key' = pg_catalog.to_jsonb(cols) THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF000',
+          MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed type since it was '
+                                      'protected (%s, now %s): its fences are named by the old '
+                                      'text of each key', relid, other.key_families, mine),
+          HINT = 'Restore the column types, or move the fences to the new key text (UPDATE '
+                 'fencekit.fences as a fencekit_admin member), or unprotect and protect again '
+                 '(the fences restart).';
+      END IF;
+      CONTINUE;
+    END IF;
+    CONTINUE WHEN other_rel IS NULL;
+    theirs := fencekit.key_families(
+      other_rel, ARRAY(SELECT pg_catalog.jsonb_array_elements_text(other.spec -> 'key')));
     IF theirs IS DISTINCT FROM mine THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
         MESSAGE = pg_catalog.format('fencekit: %s shares resource %L with %s, but its key columns '
