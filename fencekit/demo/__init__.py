@@ -107,9 +107,9 @@ def _worker(
     endpoints: str | None = None,
 ) -> int:
     from fencekit.context import current_token
+    from fencekit.demo.issuers import make_issuer
     from fencekit.errors import FenceError
     from fencekit.leases import Lease
-    from fencekit.leases.demo_support import make_issuer
     from fencekit.psycopg import transaction as fenced_transaction
 
     def on_lost(_grant: Any, reason: str) -> None:
@@ -368,7 +368,7 @@ def _story(dsn: str, story: _Story, ttl: float) -> None:
             _wait_expired(dsn, 3 * ttl + 10)
             story.say("demo", f"A's lease (ttl {ttl:g}s) has expired by the database clock")
         else:
-            from fencekit.leases.demo_support import wait_released
+            from fencekit.demo.issuers import wait_released
 
             try:
                 wait_released(kind, endpoints, LEASE, "worker-A", 3 * ttl + 20)
@@ -432,8 +432,8 @@ def run_demo(
     """Run the story on ``dsn`` (a fresh database is created and dropped there) or on a
     throwaway embedded server. Returns what happened; ``result.ok`` says whether the outcome
     is the one expected for the mode. ``issuer``: where the leases come from (postgres, etcd,
-    zookeeper; see fencekit.leases.demo_support for how an external server is found)."""
-    from fencekit.leases.demo_support import IssuerNotReachable, check_reachable, endpoints_for
+    zookeeper; see fencekit.demo.issuers for how an external server is found)."""
+    from fencekit.demo.issuers import IssuerNotReachable, check_reachable, endpoints_for
 
     out = out or sys.stdout
     try:
@@ -476,7 +476,8 @@ def _check_dsn(dsn: str) -> str:
     return dsn
 
 
-def _worker_main(argv: list[str] | None = None) -> int:
+def worker_main(argv: list[str] | None = None) -> int:
+    """Entry point of a demo worker process (``python -m fencekit.demo``)."""
     p = argparse.ArgumentParser(prog="python -m fencekit.demo", description="demo worker")
     p.add_argument("--worker", required=True)
     p.add_argument("--dsn", required=True, type=_check_dsn)
@@ -488,7 +489,3 @@ def _worker_main(argv: list[str] | None = None) -> int:
     return _worker(
         args.worker, args.dsn, args.ttl, args.compute, args.issuer, args.issuer_endpoints
     )
-
-
-if __name__ == "__main__":
-    sys.exit(_worker_main())
