@@ -2,7 +2,8 @@
 
 Runs after alembic's own table comparison (last priority), so that it can
 
-- append ``create_fence`` after the ``create_table`` / ``add_column`` it depends on,
+- append ``create_fence`` after the ``create_table`` / ``add_column`` it depends on, and
+  ``alter_fence`` for a changed declaration or for objects an older template made,
 - put ``drop_fence`` first, before a ``drop_table`` of the same table,
 - put ``install_fencekit`` / ``upgrade_fencekit`` before everything,
 - remove any operation alembic proposed against objects fencekit owns (the fence column of a
@@ -10,8 +11,9 @@ Runs after alembic's own table comparison (last priority), so that it can
   :mod:`fencekit.alembic_plugin.filters` skip them earlier, this also covers an env.py without
   them and fence columns with custom names.
 
-The downgrade is alembic's reversal of that list, so it drops fences before tables and installs
-the core last.
+Each fence operation is made with its SQL frozen (see :mod:`fencekit.alembic_plugin.ops`). The
+downgrade is alembic's reversal of that list, so it drops fences before tables and installs the
+core last.
 """
 
 from __future__ import annotations
@@ -95,18 +97,22 @@ def compare_fences(
     last: list[MigrateOperation] = []
     for where, spec in sorted(declared.items()):
         if where not in existing:
-            last.append(CreateFenceOp(spec, sqlgen.TEMPLATE_VERSION))
+            last.append(CreateFenceOp.generate(spec))
             continue
-        old, old_version = existing[where]
-        # A fence written by an older template is not re-rendered on its own: the migration
-        # that created it replays that template, and re-rendering is a deliberate alter_fence.
+        old, old_template = existing[where]
         if old != spec:
-            last.append(AlterFenceOp(old, old_version, spec, sqlgen.TEMPLATE_VERSION))
-    for where, (old, old_version) in sorted(existing.items()):
+            # Its protect half renders the current template, so objects of an older one go too.
+            last.append(AlterFenceOp.generate(old, spec))
+        elif old_template < sqlgen.TEMPLATE_VERSION:
+            # Objects of an older template (fencekit was upgraded): re-protect them, so the
+            # upgrade of fencekit arrives as a migration that a reviewer sees and runs. A newer
+            # template than ours (an older fencekit autogenerating) is left alone.
+            last.append(AlterFenceOp.refresh(spec, old_template))
+    for where, (old, _) in sorted(existing.items()):
         # A protected table outside the metadata (filtered out, or protected by a DBA with the
         # CLI) keeps its fence unless alembic drops the table itself.
         if where not in declared and (where in known or where in dropped):
-            first.append(DropFenceOp(old, old_version))
+            first.append(DropFenceOp.generate(old))
 
     if declared:
         if installed.core_version is None:

@@ -1,16 +1,19 @@
 """Alembic operations for fences: ``op.create_fence``, ``op.alter_fence``, ``op.drop_fence``,
 ``op.install_fencekit`` and ``op.upgrade_fencekit``.
 
-Every operation is reversible (autogenerate writes its downgrade) and runs exactly the SQL of
-``fencekit.sqlgen``: no fence SQL is written here. Each records the template version it was
-generated with, as an explicit argument in the migration file, so an old migration replays the
-SQL it was written with after fencekit upgrades. Offline (``alembic upgrade --sql``) the same
-statements are printed for a DBA to review and run with psql.
+A fence operation carries its spec (for autogenerate's comparison and for reversal) and the
+SQL it runs, frozen into the migration file when autogenerate writes it: the exact statements
+``fencekit.sqlgen`` produced then. Upgrade and downgrade run those statements, so an old
+migration does what it did when it was written although fencekit renders only its current
+template; nothing is re-derived at run time. No fence SQL is written here: it all comes from
+``sqlgen``, frozen or (for an operation written by hand without ``sql=``) rendered when it
+runs. Offline (``alembic upgrade --sql``) the same statements are printed for a DBA to review
+and run with psql.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from alembic.operations import MigrateOperation, Operations
@@ -85,17 +88,6 @@ def run_sql(operations: Operations, statements: Iterable[str], title: str = "") 
         cursor.close()
 
 
-def _check_template_version(version: int) -> int:
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise TypeError(f"template_version must be an int, not {version!r}")
-    if not 1 <= version <= sqlgen.TEMPLATE_VERSION:
-        raise ValueError(
-            f"template_version={version} is not known to this fencekit (it knows 1 to "
-            f"{sqlgen.TEMPLATE_VERSION}): upgrade fencekit to run this migration"
-        )
-    return version
-
-
 # ---------------------------------------------------------------- core objects
 
 
@@ -166,20 +158,60 @@ class UpgradeCoreOp(MigrateOperation):
 # ---------------------------------------------------------------- fences
 
 
-class FenceOp(MigrateOperation):
-    """A fence operation on one table: its spec and the template version that renders it."""
+def _frozen(sql: Iterable[str] | None, argument: str = "sql") -> tuple[str, ...] | None:
+    """A migration's frozen statements as a tuple; None means "render at run time"."""
+    if sql is None:
+        return None
+    if isinstance(sql, (str, bytes)):
+        # A string is an iterable of characters: refuse it rather than run one per character.
+        raise TypeError(
+            f"{argument}= takes a sequence of SQL statements (a tuple of strings), not one "
+            "string: fencekit runs each statement as written and never splits a script"
+        )
+    statements = tuple(sql)
+    for statement in statements:
+        if not isinstance(statement, str):
+            raise TypeError(f"{argument}= holds {statement!r}, not an SQL statement string")
+    return statements
 
-    def __init__(self, spec: FenceSpec, template_version: int) -> None:
+
+class FenceOp(MigrateOperation):
+    """A fence operation on one table: its spec and the SQL it runs.
+
+    ``sql`` is frozen into the migration file when autogenerate writes it: upgrade runs those
+    statements, whatever fencekit's templates have become since. ``undo_sql`` is what the
+    reverse operation runs; it is kept on the object (autogenerate writes it into the reverse
+    operation in ``downgrade()``), not rendered twice. An operation written by hand without
+    ``sql`` renders the current template when it runs.
+    """
+
+    def __init__(
+        self,
+        spec: FenceSpec,
+        sql: Iterable[str] | None = None,
+        undo_sql: Iterable[str] | None = None,
+    ) -> None:
         self.spec = spec
-        self.template_version = template_version
+        self.sql = _frozen(sql)
+        self.undo_sql = _frozen(undo_sql, "undo_sql")
+
+    def statements(self) -> list[str]:
+        """What this operation runs: its frozen SQL, else the current template's."""
+        raise NotImplementedError
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.spec!r}, template_version={self.template_version})"
+        frozen = "current template" if self.sql is None else f"{len(self.sql)} frozen statements"
+        return f"{type(self).__name__}({self.spec!r}, {frozen})"
 
 
 @Operations.register_operation("create_fence")
 class CreateFenceOp(FenceOp):
-    """Protect a table: fence column (row fences), check function, then triggers."""
+    """Protect a table: fence column (row fences), check functions, then triggers."""
+
+    @classmethod
+    def generate(cls, spec: FenceSpec) -> CreateFenceOp:
+        """The operation autogenerate writes: protect and its undo, frozen now."""
+        return cls(spec, sqlgen.protect_statements(spec), sqlgen.unprotect_statements(spec))
 
     @classmethod
     def create_fence(
@@ -188,15 +220,21 @@ class CreateFenceOp(FenceOp):
         table_name: str,
         *,
         schema: str | None = None,
-        template_version: int,
+        sql: Sequence[str] | None = None,
         **options: Any,
     ) -> None:
-        """Protect ``schema.table_name`` with a fence; options as in ``FenceSpec``."""
-        spec = spec_from_options(table_name, schema, options)
-        operations.invoke(cls(spec, _check_template_version(template_version)))
+        """Protect ``schema.table_name`` with a fence; options as in ``FenceSpec``.
+
+        ``sql``: the statements to run, frozen when the migration was generated. Without it
+        the current template is rendered when the migration runs.
+        """
+        operations.invoke(cls(spec_from_options(table_name, schema, options), sql))
+
+    def statements(self) -> list[str]:
+        return list(self.sql) if self.sql is not None else sqlgen.protect_statements(self.spec)
 
     def reverse(self) -> DropFenceOp:
-        return DropFenceOp(self.spec, self.template_version)
+        return DropFenceOp(self.spec, self.undo_sql, self.sql)
 
     def to_diff_tuple(self) -> tuple[Any, ...]:
         return ("create_fence", self.spec.table.schema, self.spec.table.name, self.spec)
@@ -204,7 +242,12 @@ class CreateFenceOp(FenceOp):
 
 @Operations.register_operation("drop_fence")
 class DropFenceOp(FenceOp):
-    """Unprotect a table: triggers, then the check function, then the fence column."""
+    """Unprotect a table: triggers, functions, fence column, counters, registry row."""
+
+    @classmethod
+    def generate(cls, spec: FenceSpec) -> DropFenceOp:
+        """The operation autogenerate writes: unprotect and its undo, frozen now."""
+        return cls(spec, sqlgen.unprotect_statements(spec), sqlgen.protect_statements(spec))
 
     @classmethod
     def drop_fence(
@@ -213,15 +256,20 @@ class DropFenceOp(FenceOp):
         table_name: str,
         *,
         schema: str | None = None,
-        template_version: int,
+        sql: Sequence[str] | None = None,
         **options: Any,
     ) -> None:
-        """Remove the fence of ``schema.table_name``; the full spec makes it reversible."""
-        spec = spec_from_options(table_name, schema, options)
-        operations.invoke(cls(spec, _check_template_version(template_version)))
+        """Remove the fence of ``schema.table_name``; the full spec makes it reversible.
+
+        ``sql`` as for :meth:`CreateFenceOp.create_fence`.
+        """
+        operations.invoke(cls(spec_from_options(table_name, schema, options), sql))
+
+    def statements(self) -> list[str]:
+        return list(self.sql) if self.sql is not None else sqlgen.unprotect_statements(self.spec)
 
     def reverse(self) -> CreateFenceOp:
-        return CreateFenceOp(self.spec, self.template_version)
+        return CreateFenceOp(self.spec, self.undo_sql, self.sql)
 
     def to_diff_tuple(self) -> tuple[Any, ...]:
         return ("drop_fence", self.spec.table.schema, self.spec.table.name, self.spec)
@@ -229,21 +277,60 @@ class DropFenceOp(FenceOp):
 
 @Operations.register_operation("alter_fence")
 class AlterFenceOp(MigrateOperation):
-    """Change a table's fence (key, scope, policies) or re-render it with a newer template."""
+    """Change a table's fence (key, scope, policies), or re-protect it with a newer template.
+
+    ``note`` / ``undo_note``: a comment autogenerate writes above the operation and above its
+    reverse (why a same-spec alter is there, why its downgrade runs nothing).
+    """
 
     def __init__(
         self,
         old: FenceSpec,
-        old_template_version: int,
         new: FenceSpec,
-        template_version: int,
+        sql: Iterable[str] | None = None,
+        undo_sql: Iterable[str] | None = None,
+        *,
+        note: str | None = None,
+        undo_note: str | None = None,
     ) -> None:
         if old.table != new.table:
             raise SpecError(f"alter_fence cannot move a fence from {old.table} to {new.table}")
         self.old = old
-        self.old_template_version = old_template_version
         self.new = new
-        self.template_version = template_version
+        self.sql = _frozen(sql)
+        self.undo_sql = _frozen(undo_sql, "undo_sql")
+        self.note = note
+        self.undo_note = undo_note
+
+    @classmethod
+    def generate(cls, old: FenceSpec, new: FenceSpec) -> AlterFenceOp:
+        """The operation autogenerate writes for a changed declaration, both ways frozen now."""
+        return cls(old, new, alter_statements(old, new), alter_statements(new, old))
+
+    @classmethod
+    def refresh(cls, spec: FenceSpec, from_template: int) -> AlterFenceOp:
+        """Re-protect a table whose objects an older template made (same spec both sides).
+
+        Its downgrade runs nothing: this fencekit cannot render the older template (the
+        migration that installed those objects froze it), and the current objects enforce
+        the same spec. Unprotecting removes objects of any generation.
+        """
+        now = sqlgen.TEMPLATE_VERSION
+        return cls(
+            spec,
+            spec,
+            sqlgen.protect_statements(spec),
+            (),
+            note=(
+                f"fencekit: {spec.table.sql} has objects of fence template {from_template}: "
+                f"re-protect it with template {now} (same spec)"
+            ),
+            undo_note=(
+                f"fencekit: nothing to undo for {spec.table.sql}: it keeps fence template "
+                f"{now}'s objects (same spec), as fencekit no longer renders template "
+                f"{from_template}"
+            ),
+        )
 
     @classmethod
     def alter_fence(
@@ -253,32 +340,66 @@ class AlterFenceOp(MigrateOperation):
         *,
         schema: str | None = None,
         old: Mapping[str, Any],
-        old_template_version: int,
         new: Mapping[str, Any],
-        template_version: int,
+        sql: Sequence[str] | None = None,
     ) -> None:
-        """Replace the fence ``old`` of ``schema.table_name`` with ``new``."""
+        """Replace the fence ``old`` of ``schema.table_name`` with ``new``.
+
+        ``sql`` as for :meth:`CreateFenceOp.create_fence`; without it the statements of
+        :func:`alter_statements` are rendered when the migration runs.
+        """
         operations.invoke(
             cls(
                 spec_from_options(table_name, schema, old),
-                _check_template_version(old_template_version),
                 spec_from_options(table_name, schema, new),
-                _check_template_version(template_version),
+                sql,
             )
         )
 
+    def statements(self) -> list[str]:
+        return list(self.sql) if self.sql is not None else alter_statements(self.old, self.new)
+
     def reverse(self) -> AlterFenceOp:
-        return AlterFenceOp(self.new, self.template_version, self.old, self.old_template_version)
+        return AlterFenceOp(
+            self.new,
+            self.old,
+            self.undo_sql,
+            self.sql,
+            note=self.undo_note,
+            undo_note=self.note,
+        )
 
     def to_diff_tuple(self) -> tuple[Any, ...]:
         table = self.new.table
         return ("alter_fence", table.schema, table.name, self.old, self.new)
 
     def __repr__(self) -> str:
-        return (
-            f"AlterFenceOp({self.old!r} v{self.old_template_version} -> "
-            f"{self.new!r} v{self.template_version})"
-        )
+        frozen = "current template" if self.sql is None else f"{len(self.sql)} frozen statements"
+        return f"AlterFenceOp({self.old!r} -> {self.new!r}, {frozen})"
+
+
+def _shape(spec: FenceSpec) -> tuple[object, ...]:
+    """What protect creates besides function bodies: functions, triggers, column, resource."""
+    objs = sqlgen.table_objects(spec)
+    triggers = tuple(
+        (t.name, t.timing, t.level, t.when, t.referencing, t.on_partitions, t.function.name)
+        for t in objs.triggers
+    )
+    functions = tuple(f.name for f in objs.functions)
+    return (spec.scope, spec.key, spec.column, spec.resource, spec.issuer, functions, triggers)
+
+
+def alter_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
+    """The current template's SQL that turns fence ``old`` into fence ``new``.
+
+    When only the policies change (same functions, triggers, column and resource), re-running
+    protect is the alter: it replaces the function bodies and the registry row in place and
+    keeps every fence. Otherwise the old fence is unprotected and the new one protected, which
+    starts the table's fences afresh (a new key has no old fences).
+    """
+    if _shape(old) == _shape(new):
+        return sqlgen.protect_statements(new)
+    return [*sqlgen.unprotect_statements(old), *sqlgen.protect_statements(new)]
 
 
 # ---------------------------------------------------------------- implementations
@@ -302,13 +423,7 @@ def _install(operations: Operations, operation: InstallCoreOp) -> None:
 
 @Operations.implementation_for(UninstallCoreOp)
 def _uninstall(operations: Operations, operation: UninstallCoreOp) -> None:
-    uninstall: Callable[[], list[str]] | None = getattr(sqlgen, "uninstall_statements", None)
-    if uninstall is None:
-        raise NotImplementedError(
-            "this fencekit cannot generate the core uninstall yet; remove the "
-            "op.uninstall_fencekit(...) line to keep the core, or drop schema fencekit by hand"
-        )
-    run_sql(operations, uninstall(), "uninstall core")
+    run_sql(operations, sqlgen.uninstall_statements(), "uninstall core")
 
 
 @Operations.implementation_for(UpgradeCoreOp)
@@ -320,51 +435,28 @@ def _upgrade(operations: Operations, operation: UpgradeCoreOp) -> None:
     run_sql(operations, sqlgen.install_statements(), title)
 
 
+def _origin(sql: tuple[str, ...] | None) -> str:
+    if sql is None:
+        return f"rendered with the current template {sqlgen.TEMPLATE_VERSION}"
+    return "SQL frozen in the migration"
+
+
 @Operations.implementation_for(CreateFenceOp)
 def _create(operations: Operations, operation: CreateFenceOp) -> None:
-    spec, tv = operation.spec, operation.template_version
-    title = f"protect {spec.table.sql} ({spec.scope} fence, template {tv})"
-    run_sql(operations, sqlgen.protect_statements(spec, tv), title)
+    spec = operation.spec
+    title = f"protect {spec.table.sql} ({spec.scope} fence, {_origin(operation.sql)})"
+    run_sql(operations, operation.statements(), title)
 
 
 @Operations.implementation_for(DropFenceOp)
 def _drop(operations: Operations, operation: DropFenceOp) -> None:
-    spec, tv = operation.spec, operation.template_version
-    title = f"unprotect {spec.table.sql} ({spec.scope} fence, template {tv})"
-    run_sql(operations, sqlgen.unprotect_statements(spec, tv), title)
-
-
-def _shape(spec: FenceSpec, template_version: int) -> tuple[object, ...]:
-    """What protect creates besides function bodies: functions, triggers, column, resource."""
-    objs = sqlgen.table_objects(spec, template_version)
-    triggers = tuple(
-        (t.name, t.timing, t.level, t.when, t.referencing, t.on_partitions, t.function.name)
-        for t in objs.triggers
-    )
-    functions = tuple(f.name for f in objs.functions)
-    return (spec.scope, spec.key, spec.column, spec.resource, spec.issuer, functions, triggers)
-
-
-def alter_statements(operation: AlterFenceOp) -> list[str]:
-    """The generator's SQL for an alter.
-
-    When only the policies change (same template, same functions, triggers, column and
-    resource), re-running protect is the alter: it replaces the function bodies and the
-    registry row in place and keeps every fence. Otherwise the old fence is unprotected and the
-    new one protected, which starts the table's fences afresh (a new key has no old fences).
-    """
-    old, new = operation.old, operation.new
-    old_tv, new_tv = operation.old_template_version, operation.template_version
-    generated: Callable[..., list[str]] | None = getattr(sqlgen, "alter_statements", None)
-    if generated is not None:
-        return generated(old, new, old_template_version=old_tv, template_version=new_tv)
-    if old_tv == new_tv and _shape(old, old_tv) == _shape(new, new_tv):
-        return sqlgen.protect_statements(new, new_tv)
-    return [*sqlgen.unprotect_statements(old, old_tv), *sqlgen.protect_statements(new, new_tv)]
+    spec = operation.spec
+    title = f"unprotect {spec.table.sql} ({spec.scope} fence, {_origin(operation.sql)})"
+    run_sql(operations, operation.statements(), title)
 
 
 @Operations.implementation_for(AlterFenceOp)
 def _alter(operations: Operations, operation: AlterFenceOp) -> None:
-    new, tv = operation.new, operation.template_version
-    title = f"alter the fence of {new.table.sql} ({new.scope} fence, template {tv})"
-    run_sql(operations, alter_statements(operation), title)
+    new = operation.new
+    title = f"alter the fence of {new.table.sql} ({new.scope} fence, {_origin(operation.sql)})"
+    run_sql(operations, operation.statements(), title)

@@ -20,7 +20,9 @@ __all__ = ["Installed", "read_installed"]
 
 @dataclass(frozen=True)
 class Installed:
-    """What the database has: the core's version (None: not installed) and protected tables."""
+    """What the database has: the core's version (None: not installed) and protected tables,
+    each with its spec and the template that generated its objects (autogenerate re-protects
+    tables whose objects an older template made)."""
 
     core_version: int | None
     fences: dict[tuple[str, str], tuple[FenceSpec, int]]

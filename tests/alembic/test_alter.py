@@ -5,7 +5,6 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from fencekit import sqlgen
 from tests.alembic.conftest import Project
 from tests.alembic.test_roundtrip import registry, write
 
@@ -41,8 +40,13 @@ def test_changed_fence_autogenerates_alter_and_downgrade_restores(project: Proje
     upgrade, downgrade = text.split("def upgrade", 1)[1].split("def downgrade", 1)
     assert "op.alter_fence(" in upgrade
     assert "'key': ['account_id', 'region']" in upgrade.split("new=", 1)[1]
-    assert f"old_template_version={sqlgen.TEMPLATE_VERSION}" in upgrade
     assert "op.alter_fence(" in downgrade
+    # A new key starts afresh: both directions freeze unprotect, then protect.
+    for direction in (upgrade, downgrade):
+        sql = direction.split("sql=", 1)[1]
+        assert sql.index("DELETE FROM fencekit.protected") < sql.index(
+            "INSERT INTO fencekit.protected"
+        )
     assert "op.create_fence" not in text
     assert "op.drop_fence" not in text
 

@@ -28,6 +28,7 @@ from fencekit.alembic_plugin.ops import (
     spec_from_options,
     spec_options,
 )
+from fencekit.alembic_plugin.render import render_sql
 from fencekit.cli.alembic import register
 from fencekit.declare import INFO_KEY, declare_fence, declared_fence, declared_fences, fenced
 from fencekit.spec import FenceSpec, Scope, SpecError, TableName
@@ -45,27 +46,57 @@ def render(*ops: alembic_ops.MigrateOperation) -> str:
 # ---------------------------------------------------------------- operations
 
 
-def test_reverse_pairs() -> None:
-    create = CreateFenceOp(SPEC, 1)
+def test_reverse_pairs_swap_the_frozen_sql() -> None:
+    create = CreateFenceOp(SPEC, ["SELECT 'protect'"], ["SELECT 'unprotect'"])
     drop = create.reverse()
     assert isinstance(drop, DropFenceOp)
-    assert (drop.spec, drop.template_version) == (SPEC, 1)
+    assert (drop.spec, drop.sql, drop.undo_sql) == (SPEC, ("SELECT 'unprotect'",), create.sql)
     assert isinstance(drop.reverse(), CreateFenceOp)
+    assert drop.reverse().sql == create.sql
     assert isinstance(InstallCoreOp(2).reverse(), UninstallCoreOp)
     new = SPEC.with_changes(on_equal="reject")
-    back = AlterFenceOp(SPEC, 1, new, 2).reverse()
-    assert (back.old, back.old_template_version, back.new, back.template_version) == (
+    alter = AlterFenceOp(SPEC, new, ["SELECT 1"], ["SELECT 2"], note="up", undo_note="down")
+    back = alter.reverse()
+    assert (back.old, back.new, back.sql, back.undo_sql) == (
         new,
-        2,
         SPEC,
-        1,
+        ("SELECT 2",),
+        ("SELECT 1",),
     )
+    assert (back.note, back.undo_note) == ("down", "up")
     assert create.to_diff_tuple()[:3] == ("create_fence", "My Schema", "billing")
+
+
+def test_generated_ops_freeze_the_generator_output_both_ways() -> None:
+    create = CreateFenceOp.generate(SPEC)
+    assert create.sql == tuple(sqlgen.protect_statements(SPEC))
+    assert create.undo_sql == tuple(sqlgen.unprotect_statements(SPEC))
+    assert DropFenceOp.generate(SPEC).sql == create.undo_sql
+    new = SPEC.with_changes(key=("account_id", "region"))
+    alter = AlterFenceOp.generate(SPEC, new)
+    assert alter.sql == tuple(alter_statements(SPEC, new))
+    assert alter.undo_sql == tuple(alter_statements(new, SPEC))
+
+
+def test_ops_without_sql_render_the_current_template_when_run() -> None:
+    assert CreateFenceOp(SPEC).statements() == sqlgen.protect_statements(SPEC)
+    assert DropFenceOp(SPEC).statements() == sqlgen.unprotect_statements(SPEC)
+    new = SPEC.with_changes(on_missing="allow")
+    assert AlterFenceOp(SPEC, new).statements() == alter_statements(SPEC, new)
+    assert CreateFenceOp(SPEC, ["SELECT 1"]).statements() == ["SELECT 1"]
+    assert CreateFenceOp(SPEC, ()).statements() == []
+
+
+def test_sql_must_be_a_sequence_of_statements() -> None:
+    with pytest.raises(TypeError, match="sequence of SQL statements"):
+        CreateFenceOp(SPEC, "SELECT 1; SELECT 2")
+    with pytest.raises(TypeError, match="not an SQL statement"):
+        AlterFenceOp(SPEC, SPEC, [b"SELECT 1"])  # type: ignore[list-item]
 
 
 def test_alter_cannot_move_a_fence() -> None:
     with pytest.raises(SpecError, match="cannot move"):
-        AlterFenceOp(SPEC, 1, SPEC.with_changes(table=TableName("public", "other")), 1)
+        AlterFenceOp(SPEC, SPEC.with_changes(table=TableName("public", "other")))
 
 
 def test_spec_options_round_trip_and_reject_unknown() -> None:
@@ -76,20 +107,45 @@ def test_spec_options_round_trip_and_reject_unknown() -> None:
 
 
 def test_policy_alter_is_protect_and_key_alter_reprotects() -> None:
-    policy = AlterFenceOp(SPEC, 1, SPEC.with_changes(on_missing="allow"), 1)
-    assert alter_statements(policy) == sqlgen.protect_statements(policy.new, 1)
-    rekey = AlterFenceOp(SPEC, 1, SPEC.with_changes(key=("account_id", "region")), 1)
-    statements = alter_statements(rekey)
-    assert statements[: len(sqlgen.unprotect_statements(SPEC, 1))] == (
-        sqlgen.unprotect_statements(SPEC, 1)
-    )
+    policy = SPEC.with_changes(on_missing="allow")
+    assert alter_statements(SPEC, policy) == sqlgen.protect_statements(policy)
+    rekey = SPEC.with_changes(key=("account_id", "region"))
+    assert alter_statements(SPEC, rekey) == [
+        *sqlgen.unprotect_statements(SPEC),
+        *sqlgen.protect_statements(rekey),
+    ]
+
+
+def test_refresh_reprotects_and_its_downgrade_runs_nothing() -> None:
+    refresh = AlterFenceOp.refresh(SPEC, sqlgen.TEMPLATE_VERSION - 1)
+    assert (refresh.old, refresh.new) == (SPEC, SPEC)
+    assert refresh.sql == tuple(sqlgen.protect_statements(SPEC))
+    assert refresh.reverse().sql == ()
+    code = render(refresh, refresh.reverse())
+    assert '# fencekit: "My Schema".billing has objects of fence template ' in code
+    assert "sql=()," in code
 
 
 # ---------------------------------------------------------------- rendering
 
 
+def frozen_calls(code: str) -> list[tuple[str, dict[str, object]]]:
+    """Run rendered ``upgrade()`` against a recorder: (operation, keyword arguments)."""
+    calls: list[tuple[str, dict[str, object]]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> object:
+            return lambda *args, **kwargs: calls.append((name, kwargs))
+
+    namespace: dict[str, object] = {"op": Recorder()}
+    exec(code, namespace)
+    namespace["upgrade"]()  # type: ignore[operator]
+    return calls
+
+
 def test_rendered_create_is_explicit_and_valid_python() -> None:
-    code = render(CreateFenceOp(SPEC, 1))
+    op = CreateFenceOp.generate(SPEC)
+    code = render(op)
     for part in (
         "op.create_fence(",
         "'billing'",
@@ -98,25 +154,57 @@ def test_rendered_create_is_explicit_and_valid_python() -> None:
         "key=['account_id']",
         "on_missing='reject'",
         "on_equal='accept'",
-        "template_version=1",
+        "sql=(",
     ):
         assert part in code
+    assert "template_version=" not in code
+    ((name, kwargs),) = frozen_calls(code)
+    assert name == "create_fence"
+    assert kwargs["sql"] == op.sql  # exactly the frozen statements, through alembic's indent
+
+
+HOSTILE = [
+    "",
+    "it's",
+    'say "x"',
+    "both ' and \"",
+    "back\\slash\\",
+    "nul\x00 and \r\n and \u2028",
+    '"""',
+    "'''",
+    'end"',
+    "tab\t and trailing spaces   \n  indented\n",
+    "unicod\u00e9 \u2603",
+    "\n\n",
+]
+
+
+def test_render_sql_round_trips_any_statement() -> None:
+    assert eval(render_sql(HOSTILE)) == tuple(HOSTILE)
+    assert render_sql(()) == "()"
+    # Through alembic's renderer (which re-indents every line) and into a migration body.
+    op = CreateFenceOp(SPEC, HOSTILE)
+    ((_, kwargs), (drop, undo)) = frozen_calls(render(op, op.reverse()))
+    assert kwargs["sql"] == tuple(HOSTILE)
+    # A reverse without frozen SQL is frozen when written: the current unprotect.
+    assert (drop, undo["sql"]) == ("drop_fence", tuple(sqlgen.unprotect_statements(SPEC)))
+
+
+def test_rendered_sql_is_one_line_per_sql_line() -> None:
+    code = render(CreateFenceOp(SPEC, ["SELECT 1\nFROM t\nWHERE x = 'y'", "SELECT 2"]))
+    assert '            "SELECT 1\\n"\n            "FROM t\\n"\n' in code
+    assert """            "WHERE x = 'y'",\n""" in code
+    assert '            "SELECT 2",\n' in code
 
 
 def test_rendered_alter_and_core_ops() -> None:
-    code = render(InstallCoreOp(2), AlterFenceOp(SPEC, 1, SPEC.with_changes(on_equal="reject"), 1))
+    new = SPEC.with_changes(on_equal="reject")
+    code = render(InstallCoreOp(2), AlterFenceOp.generate(SPEC, new))
     assert "op.install_fencekit(\n        core_version=2,\n    )" in code
-    assert "old_template_version=1" in code
     assert "'on_equal': 'reject'" in code.split("new=", 1)[1]
-
-
-def test_template_version_is_checked() -> None:
-    from fencekit.alembic_plugin.ops import _check_template_version
-
-    with pytest.raises(ValueError, match="upgrade fencekit"):
-        _check_template_version(sqlgen.TEMPLATE_VERSION + 1)
-    with pytest.raises(TypeError):
-        _check_template_version("1")  # type: ignore[arg-type]
+    assert "old_template_version" not in code
+    calls = frozen_calls(code)
+    assert calls[1][1]["sql"] == tuple(sqlgen.protect_statements(new))
 
 
 # ---------------------------------------------------------------- declarations
