@@ -173,6 +173,7 @@ def test_migration_replays_its_frozen_sql_after_the_template_changes(project: Pr
         assert err.value.sqlstate == "YF001"
 
     # The upgraded fencekit proposes re-protecting both tables with its template.
+    assert project.alembic("check", check=False).returncode != 0
     refresh = project.autogenerate("fencekit upgrade")
     text = refresh.read_text()
     upgrade, downgrade = block(text, "upgrade"), block(text, "downgrade")
@@ -194,6 +195,7 @@ def test_migration_replays_its_frozen_sql_after_the_template_changes(project: Pr
     again = project.autogenerate("nothing")
     assert "op." not in block(again.read_text(), "upgrade")
     again.unlink()
+    project.alembic("check")
 
     # Downgrade: the refresh keeps the new objects, then the first migration's frozen
     # unprotect removes them (it drops fencekit's objects of any generation).
