@@ -23,17 +23,8 @@ from fencekit.sqlgen.text import do, dollar, lit
 __all__ = ["protect_statements", "table_objects", "trigger_stamp", "unprotect_statements"]
 
 
-def _check_version(template_version: int | None) -> None:
-    if template_version not in (None, TEMPLATE_VERSION):
-        raise ValueError(
-            f"fencekit renders only its current template ({TEMPLATE_VERSION}), not "
-            f"{template_version}: an older migration carries the SQL it installs"
-        )
-
-
-def table_objects(spec: FenceSpec, template_version: int | None = None) -> TableObjects:
+def table_objects(spec: FenceSpec) -> TableObjects:
     """The functions and triggers that protect ``spec.table``."""
-    _check_version(template_version)
     n = names_for(spec)
     functions, triggers = statement_objects(n)
     if spec.scope is Scope.ROW:
@@ -233,9 +224,9 @@ def _triggers_sql(objs: TableObjects, n: Names) -> str:
     return do(body)
 
 
-def protect_statements(spec: FenceSpec, template_version: int | None = None) -> list[str]:
+def protect_statements(spec: FenceSpec) -> list[str]:
     """Statements that protect a table, without transaction control; idempotent."""
-    objs = table_objects(spec, template_version)
+    objs = table_objects(spec)
     n = names_for(spec)
     t = spec.table
     out: list[str] = [_guard(spec)]
@@ -282,13 +273,12 @@ def protect_statements(spec: FenceSpec, template_version: int | None = None) -> 
     return out
 
 
-def unprotect_statements(spec: FenceSpec, template_version: int | None = None) -> list[str]:
+def unprotect_statements(spec: FenceSpec) -> list[str]:
     """The exact undo of :func:`protect_statements`, without transaction control.
 
     It drops every ``fencekit_<tag>_*`` trigger on the table and its descendants and every
     ``fencekit.<tag>_*`` trigger function, whichever generation made them.
     """
-    _check_version(template_version)
     n = names_for(spec)
     t = spec.table
     # to_regclass: unprotecting a table that was dropped still cleans up fencekit's side.

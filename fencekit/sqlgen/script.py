@@ -46,7 +46,6 @@ def render_install(*, lock_timeout: str = DEFAULT_LOCK_TIMEOUT) -> str:
 def render_protect(
     spec: FenceSpec,
     *,
-    template_version: int | None = None,
     lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
 ) -> str:
     """A reviewable psql script that protects one table, in one transaction."""
@@ -54,17 +53,16 @@ def render_protect(
         f"fencekit: protect {spec.table.sql} ({spec.scope} fence, template {TEMPLATE_VERSION})",
         f"spec: {json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)}",
     ]
-    return _script(title, protect_statements(spec, template_version), lock_timeout)
+    return _script(title, protect_statements(spec), lock_timeout)
 
 
 def render_unprotect(
     spec: FenceSpec,
     *,
-    template_version: int | None = None,
     lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
 ) -> str:
     """The exact undo of :func:`render_protect`, as a psql script."""
     title = [
         f"fencekit: unprotect {spec.table.sql} ({spec.scope} fence, template {TEMPLATE_VERSION})"
     ]
-    return _script(title, unprotect_statements(spec, template_version), lock_timeout)
+    return _script(title, unprotect_statements(spec), lock_timeout)
