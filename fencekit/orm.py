@@ -7,27 +7,40 @@ whichever transaction runs it: after commit and rollback, in savepoints (``begin
 ORM flushes and Core / bulk ``update()`` / ``delete()`` alike.
 
 How: the plugin puts :mod:`fencekit.psycopg`'s fenced cursor on the psycopg connections the
-target uses, so ``set_config`` travels in one pipeline with the statement it guards (no extra
-round trip), and a ``handle_error`` listener turns fence rejections into
-:class:`~fencekit.errors.FenceError`. The fenced cursor is a property of the pooled psycopg
-connection: once a connection has served an installed session, any code using it inside a
-``fencing()`` scope is fenced too. Outside a scope nothing is sent.
+target uses, so the token travels with the transaction's BEGIN or in one pipeline with the
+statement it guards (no extra round trip), and a ``handle_error`` listener turns fence rejections
+into :class:`~fencekit.errors.FenceError` instances that are also the
+:class:`sqlalchemy.exc.DBAPIError` SQLAlchemy would have raised. The fenced cursor is a property
+of the pooled psycopg connection: once a connection has served an installed session, any code
+using it inside a ``fencing()`` scope is fenced too. Outside a scope nothing is sent.
+
+When the cursor factory is put in place matters: SQLAlchemy 2 creates a statement's cursor
+*before* it autobegins the transaction (``Connection._execute_context``), so a ``begin``
+listener comes too late for the first statement of a commit-as-you-go or ``AUTOCOMMIT``
+connection that the pool has just opened. An installed engine therefore fences every psycopg
+connection its pool hands out (the pool's ``checkout`` event, whatever made the pool open it),
+and an installed ``Connection`` fences its psycopg connection before each statement
+(``before_execute``, which also covers the connection it reopens after an invalidation).
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
+import psycopg
 from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine, ExceptionContext
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 from fencekit import metrics
 from fencekit import psycopg as fk_psycopg
 from fencekit.context import current_token
-from fencekit.errors import translate
+from fencekit.errors import FenceError, translate
 
 __all__ = ["install", "uninstall"]
 
@@ -45,22 +58,110 @@ Target: TypeAlias = (
 )
 
 
-def _install_on(connection: Connection) -> None:
-    """Fence the psycopg connection under ``connection`` (cheap and idempotent)."""
-    driver = connection.connection.driver_connection
+def _fence_driver(driver: Any) -> None:
+    """Fence a pooled psycopg connection (cheap and idempotent)."""
     if fk_psycopg.is_tracked(driver):
-        return  # installed before: the common case, once per transaction
-    module = type(driver).__module__
-    if not module.startswith("psycopg"):
+        return  # installed before: the common case
+    if not isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
+        module = type(driver).__module__
         raise TypeError(
             f"fencekit.orm needs the psycopg (3) driver, got {type(driver).__name__} from "
             f"{module}: use a postgresql+psycopg:// URL"
         )
     # SQLAlchemy wraps driver errors itself; _on_error then translates them.
-    fk_psycopg.install(cast(Any, driver), translate_errors=False)
+    fk_psycopg.install(driver, translate_errors=False)
     # The engine's boundary listeners (_listen_engine) let the cursor send the token once per
     # transaction instead of once per statement.
     fk_psycopg.track_transactions(driver)
+
+
+def _install_on(connection: Connection) -> None:
+    """Fence the psycopg connection under ``connection`` (reconnecting it if invalidated)."""
+    _fence_driver(connection.connection.driver_connection)
+
+
+def _on_checkout(
+    dbapi_connection: Any, record: ConnectionPoolEntry, proxy: PoolProxiedConnection
+) -> None:
+    # Every connection the pool hands out, before anything can make a cursor on it: new ones
+    # (first use, growth, overflow, recycle, invalidation, dispose) and pooled ones alike.
+    _fence_driver(record.driver_connection)
+
+
+def _on_execute(
+    connection: Connection, clause: Any, multiparams: Any, params: Any, options: Any
+) -> tuple[Any, Any, Any]:
+    # Before the statement's cursor exists (SQLAlchemy creates it before autobegin).
+    _install_on(connection)
+    return clause, multiparams, params  # retval=True: no wrapper, see _has()
+
+
+# ---------------------------------------------------------------- rejections as DBAPIError
+
+
+class _SQLAlchemyRejection:
+    """Mixin of the errors :func:`_rejection` builds: a FenceError that is a DBAPIError too.
+
+    Both parents have a ``detail``: FenceError's (the rejection's DETAIL JSON, a dict) is kept;
+    the notes SQLAlchemy adds with ``add_detail`` (e.g. "raised as a result of Query-invoked
+    autoflush") go to ``sqlalchemy_details`` and are shown after the message.
+    """
+
+    sqlalchemy_details: list[str]
+    _fk_parents: tuple[type[FenceError], type[sa_exc.DBAPIError]]
+
+    def add_detail(self, msg: str) -> None:
+        self.sqlalchemy_details.append(msg)
+
+    def __str__(self) -> str:
+        text = FenceError.__str__(cast(FenceError, self))
+        return "\n".join([text, *(f"({d})" for d in self.sqlalchemy_details)])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The class is built at run time: pickle how to build it again, not its name.
+        state = dict(vars(self))
+        return _rebuild, (*self._fk_parents, cast(BaseException, self).args, state)
+
+
+# One class per (fence error, SQLAlchemy error) pair, so that `except` clauses see one type.
+_classes: dict[tuple[type[FenceError], type[sa_exc.DBAPIError]], type[FenceError]] = {}
+
+
+def _rejection_class(fence: type[FenceError], dbapi: type[sa_exc.DBAPIError]) -> type[FenceError]:
+    """The class that is both ``fence`` and ``dbapi``, named like ``fence``."""
+    cls = _classes.get((fence, dbapi))
+    if cls is None:
+        namespace = {
+            "__module__": fence.__module__,
+            "__qualname__": fence.__qualname__,
+            "__doc__": f"{fence.__doc__}\n\nRaised through SQLAlchemy: also a {dbapi.__name__}.",
+            "_fk_parents": (fence, dbapi),
+        }
+        built = type(fence.__name__, (_SQLAlchemyRejection, fence, dbapi), namespace)
+        cls = _classes.setdefault((fence, dbapi), cast("type[FenceError]", built))
+    return cls
+
+
+def _rebuild(
+    fence: type[FenceError],
+    dbapi: type[sa_exc.DBAPIError],
+    args: tuple[Any, ...],
+    state: dict[str, Any],
+) -> FenceError:
+    cls = _rejection_class(fence, dbapi)
+    error = cls.__new__(cls, *args)
+    vars(error).update(state)
+    return error
+
+
+def _rejection(error: FenceError, wrapped: sa_exc.DBAPIError) -> FenceError:
+    """``error`` as an instance of its class and of ``wrapped``'s: SQLAlchemy's attributes
+    (``statement``, ``params``, ``connection_invalidated``...) from ``wrapped``, fencekit's
+    (``table``, ``key``, ``token``, ``fence``, ``detail``...) from ``error``."""
+    state = {**vars(wrapped), **vars(error), "sqlalchemy_details": list(wrapped.detail)}
+    combined = _rebuild(type(error), type(wrapped), error.args, state)
+    combined.__cause__ = error.__cause__
+    return combined
 
 
 def _on_error(ctx: ExceptionContext) -> BaseException | None:
@@ -68,6 +169,9 @@ def _on_error(ctx: ExceptionContext) -> BaseException | None:
     if error is None:
         return None
     metrics.record_rejection(error)
+    wrapped = ctx.sqlalchemy_exception
+    if isinstance(wrapped, sa_exc.DBAPIError):
+        return _rejection(error, wrapped)
     return error
 
 
@@ -87,11 +191,17 @@ def _count_unfenced(
     parameters: Any,
     context: Any,
     executemany: bool,
-) -> None:
-    if current_token() is not None or context is None:
-        return
-    if not (context.isinsert or context.isupdate or context.isdelete):
-        return
+) -> tuple[str, Any]:
+    if current_token() is None and context is not None and _writes(context):
+        _count_unfenced_write(conn, context)
+    return statement, parameters  # retval=True: no wrapper, see _has()
+
+
+def _writes(context: Any) -> bool:
+    return bool(context.isinsert or context.isupdate or context.isdelete)
+
+
+def _count_unfenced_write(conn: Connection, context: Any) -> None:
     table = getattr(getattr(context.compiled, "statement", None), "table", None)
     name = getattr(table, "name", None)
     if name is not None:
@@ -107,7 +217,20 @@ def _boundary(conn: Connection, *args: Any) -> None:
         fk_psycopg.forget_transaction(dbapi)
 
 
-# Engines whose listeners are in place: event.contains() is too slow to ask at every begin.
+def _has(listeners: Iterable[Any], fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is among ``listeners``, one event's listener collection.
+
+    Not ``event.contains()``: SQLAlchemy's registry is keyed by the id() of the object passed to
+    ``listen()``, and listeners can outlive that object (an Engine's ``handle_error`` listeners
+    live on its dialect, which the ORM's compiled caches keep; ``dispose()`` copies the pool's
+    to the new pool), so a new engine at a reused address looked installed while it was not.
+    Listeners are compared as stored: ``before_*`` ones are registered with ``retval=True``,
+    which SQLAlchemy stores unwrapped.
+    """
+    return any(listener is fn for listener in listeners)
+
+
+# Engines whose listeners are in place: looking at the collections at every begin is slower.
 _listening: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -115,10 +238,11 @@ def _listen_engine(engine: Engine, *, check: bool = False) -> None:
     if engine in _listening and not check:
         return
     _listening.add(engine)
-    if not event.contains(engine, "handle_error", _on_error):
+    if not _has(engine.dialect.dispatch.handle_error, _on_error):
         event.listen(engine, "handle_error", _on_error)
-        event.listen(engine, "before_cursor_execute", _count_unfenced)
-    if not event.contains(engine, "begin", _boundary):
+    if not _has(engine.dispatch.before_cursor_execute, _count_unfenced):
+        event.listen(engine, "before_cursor_execute", _count_unfenced, retval=True)
+    if not _has(engine.dispatch.begin, _boundary):
         # Kept by uninstall(): connections already tracked rely on them.
         for name in ("begin", "commit", "rollback", "rollback_savepoint"):
             event.listen(engine, name, _boundary)
@@ -155,6 +279,24 @@ def _resolve(target: Target) -> Engine | Connection | Session | sessionmaker[Any
     return target
 
 
+def _listen_connection(target: Engine | Connection) -> None:
+    if not _has(target.dispatch.begin, _on_begin):
+        event.listen(target, "begin", _on_begin)
+    if not _has(target.dispatch.before_execute, _on_execute):
+        # Connections checked out before install(), and an installed Connection's psycopg
+        # connection after it reconnects, are fenced before their next statement's cursor.
+        event.listen(target, "before_execute", _on_execute, retval=True)
+
+
+# Session targets (instances, classes, a sessionmaker's class) listening for after_begin: their
+# events are class-level or per instance, so they are remembered here (see _has()).
+_sessions_listening: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _session_holder(target: Session | sessionmaker[Any] | type[Session]) -> Any:
+    return target.class_ if isinstance(target, sessionmaker) else target
+
+
 def install(target: Target) -> None:
     """Fence ``target``'s transactions with the current :func:`fencekit.fencing` token.
 
@@ -163,18 +305,21 @@ def install(target: Target) -> None:
     resolved = _resolve(target)
     if isinstance(resolved, Engine):
         _listen_engine(resolved, check=True)
-        if not event.contains(resolved, "begin", _on_begin):
-            event.listen(resolved, "begin", _on_begin)
+        if not _has(resolved.pool.dispatch.checkout, _on_checkout):
+            # Pool events on an Engine go to its pool; dispose() carries them to the new one.
+            event.listen(resolved, "checkout", _on_checkout)
+        _listen_connection(resolved)
     elif isinstance(resolved, Connection):
         _listen_engine(resolved.engine, check=True)
         if not resolved.closed and not resolved.invalidated:
             _install_on(resolved)
             fk_psycopg.forget_transaction(resolved.connection.driver_connection)
-        if not event.contains(resolved, "begin", _on_begin):
-            event.listen(resolved, "begin", _on_begin)
+        _listen_connection(resolved)
     elif isinstance(resolved, Session | sessionmaker) or issubclass(resolved, Session):
-        if not event.contains(resolved, "after_begin", _on_session_begin):
+        holder = _session_holder(resolved)
+        if holder not in _sessions_listening:
             event.listen(resolved, "after_begin", _on_session_begin)
+            _sessions_listening.add(holder)
     else:
         raise TypeError(f"cannot install fencekit on {type(target).__name__}")
 
@@ -184,7 +329,11 @@ def uninstall(target: Target) -> None:
     resolved = _resolve(target)
     if isinstance(resolved, Engine | Connection):
         _listening.discard(resolved if isinstance(resolved, Engine) else resolved.engine)
+    else:
+        _sessions_listening.discard(_session_holder(resolved))
     for name, fn in (
+        ("checkout", _on_checkout),
+        ("before_execute", _on_execute),
         ("begin", _on_begin),
         ("after_begin", _on_session_begin),
         ("handle_error", _on_error),
