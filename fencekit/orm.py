@@ -165,14 +165,34 @@ def _rejection(error: FenceError, wrapped: sa_exc.DBAPIError) -> FenceError:
 
 
 def _on_error(ctx: ExceptionContext) -> BaseException | None:
-    error = translate(ctx.original_exception)
+    original = ctx.original_exception
+    error = translate(original)
     if error is None:
         return None
-    metrics.record_rejection(error)
-    wrapped = ctx.sqlalchemy_exception
+    wrapped: BaseException | None = ctx.sqlalchemy_exception
+    if error is original:
+        # A connection fenced by fencekit.psycopg.install() itself raised (and counted) the
+        # FenceError: SQLAlchemy did not wrap it, so wrap its psycopg error as it would have.
+        wrapped = _wrap(ctx, error.orig)
+    else:
+        metrics.record_rejection(error)
     if isinstance(wrapped, sa_exc.DBAPIError):
         return _rejection(error, wrapped)
     return error
+
+
+def _wrap(ctx: ExceptionContext, driver_error: BaseException | None) -> BaseException | None:
+    dbapi = ctx.dialect.loaded_dbapi
+    if not isinstance(driver_error, dbapi.Error):
+        return None
+    return sa_exc.DBAPIError.instance(
+        ctx.statement,
+        ctx.parameters,
+        driver_error,
+        dbapi.Error,
+        hide_parameters=bool(ctx.engine and ctx.engine.hide_parameters),
+        dialect=ctx.dialect,
+    )
 
 
 def _on_begin(connection: Connection) -> None:

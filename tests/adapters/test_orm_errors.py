@@ -12,6 +12,7 @@ from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.orm import Session
 
 import fencekit.orm
+import fencekit.psycopg
 from fencekit.context import fencing
 from fencekit.errors import FenceError, MissingTokenError, StaleTokenError
 from tests.adapters.conftest import sa_url
@@ -157,3 +158,26 @@ async def test_async_either_except_clause_catches_it(billing: str, greenlet: Non
         assert isinstance(err, StaleTokenError)
         assert isinstance(err, sqlalchemy.exc.DBAPIError)
         assert (err.token, err.fence) == (33, 34)
+
+
+def test_connection_fenced_by_the_psycopg_adapter(
+    engine: Engine, billing: str, events: list
+) -> None:
+    """A pooled connection already in fencekit.psycopg's automatic mode raises FenceError
+    itself: it still comes out as a DBAPIError too, and is counted once."""
+
+    def connect() -> psycopg.Connection:
+        conn = psycopg.connect(billing)
+        fencekit.psycopg.install(conn)  # translates errors itself
+        return conn
+
+    own = create_engine("postgresql+psycopg://", creator=connect)
+    fencekit.orm.install(own)
+    try:
+        with pytest.raises(sqlalchemy.exc.DBAPIError) as info:
+            stale_write(own)
+    finally:
+        own.dispose()
+    assert isinstance(info.value, StaleTokenError)
+    assert info.value.statement == STALE_SQL
+    assert [(e.kind, e.reason) for e in events] == [("rejected", "stale")]
