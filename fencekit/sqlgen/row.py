@@ -11,16 +11,25 @@ from __future__ import annotations
 
 from fencekit.sqlgen.common import Names, validate_token
 from fencekit.sqlgen.objects import Function, Trigger
-from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, lit
+from fencekit.sqlgen.text import TOKEN, lit
 
-__all__ = ["FENCE_DEFAULT", "row_objects"]
+__all__ = ["DIGITS_ONLY", "FENCE_DEFAULT", "row_objects"]
 
-#: The fence column's default: the token when it is well formed and below 10^18, else NULL
-#: (the INSERT trigger then runs and judges the token). Never an error, never a name resolved
-#: through search_path (a default is parsed when protect runs, under the DBA's search_path).
-FENCE_DEFAULT = (
-    f"CASE WHEN {TOKEN} OPERATOR(pg_catalog.~) {TOKEN_FAST} THEN {TOKEN}::pg_catalog.int8 END"
+#: The token when it is nothing but 1 to 18 digits, else NULL. Cheaper than a regular
+#: expression (which cost a bulk UPDATE a third more when every row ran one) and never an error.
+#: Written only with parts that resolve nothing through search_path: the column default is
+#: parsed when protect runs, under the DBA's search_path, and the row triggers run under the
+#: writer's.
+DIGITS_ONLY = (
+    "pg_catalog.btrim({t}, '0123456789') OPERATOR(pg_catalog.=) '' "
+    "AND pg_catalog.length({t}) OPERATOR(pg_catalog.>) 0 "
+    "AND pg_catalog.length({t}) OPERATOR(pg_catalog.<) 19"
 )
+
+#: The fence column's default: the token as a bigint when it is all digits, else NULL (the
+#: INSERT trigger then runs and judges the token). A non-canonical spelling (``0005``) gets a
+#: value whose text differs from the token, so the trigger runs and refuses it.
+FENCE_DEFAULT = f"CASE WHEN {DIGITS_ONLY.format(t=TOKEN)} THEN {TOKEN}::pg_catalog.int8 END"
 
 
 def _declare(title: str) -> str:
@@ -44,14 +53,17 @@ def _accepts(n: Names) -> str:
 
 
 def _checked(n: Names, row: str, accept: str) -> str:
-    """The fast path: a well-formed token not lower than the fence (higher, under
-    on_equal=reject). A missing token compares as NULL and falls through; 0 stands for a row
-    that was never fenced (tokens are positive)."""
+    """The fast path: a canonical token (all digits, and the bigint it casts to prints as the
+    token itself, so no sign, space or leading zero) not lower than the fence (higher, under
+    on_equal=reject). Nothing in it can raise: anything else, a missing token included, falls
+    through to the slow path, which says what is wrong. A row never fenced compares as 1, so a
+    token must be positive."""
     return (
         # Parenthesised: PL/pgSQL ends an IF condition at the first THEN outside parentheses.
-        f"  IF (CASE WHEN raw OPERATOR(pg_catalog.~) {TOKEN_FAST}\n"
-        f"           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
-        f"COALESCE(OLD.{n.col}, 0)\n"
+        f"  IF (CASE WHEN NOT ({DIGITS_ONLY.format(t='raw')}) THEN false\n"
+        f"           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
+        f"COALESCE(OLD.{n.col}, 1)\n"
+        "           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw\n"
         "           ELSE false END) THEN\n"
         f"{accept}"
         "  END IF;\n"

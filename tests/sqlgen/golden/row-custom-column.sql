@@ -26,7 +26,7 @@ $do$;
 
 ALTER TABLE app.invoices ADD COLUMN IF NOT EXISTS "Fence Column" bigint;
 
-ALTER TABLE app.invoices ALTER COLUMN "Fence Column" SET DEFAULT CASE WHEN pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$' THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
+ALTER TABLE app.invoices ALTER COLUMN "Fence Column" SET DEFAULT CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.<) 19 THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
 
 COMMENT ON COLUMN app.invoices."Fence Column" IS 'fencekit: the fence of this row (highest token accepted); managed by fencekit';
 
@@ -116,8 +116,9 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
 BEGIN
-  IF (CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0)
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
+           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN
     NEW."Fence Column" := raw::pg_catalog.int8;
     RETURN NEW;
@@ -144,7 +145,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=ff27244cd4884698e4948c60949597d6fd29758331ae352a9959267c78dc7c6a; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=9513e98467cbaa06a6489d13d2aba8523c9f5f98212d1ff5e82ab1e67d9d47be; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -153,8 +154,9 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
 BEGIN
-  IF (CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0)
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
+           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN
     RETURN OLD;
   END IF;
@@ -178,7 +180,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=673716930b1e3142d4b68e58e3c4c75469d7182e115879dbf7f599aead28199c; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=85c83a28646c231f78250e8a2441f6e6395302fd6ed6843f8428c5255dfc76f3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

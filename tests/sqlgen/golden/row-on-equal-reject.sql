@@ -26,7 +26,7 @@ $do$;
 
 ALTER TABLE app.invoices ADD COLUMN IF NOT EXISTS fencekit_fence bigint;
 
-ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT CASE WHEN pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$' THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
+ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.<) 19 THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
 
 COMMENT ON COLUMN app.invoices.fencekit_fence IS 'fencekit: the fence of this row (highest token accepted); managed by fencekit';
 
@@ -116,8 +116,9 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
 BEGIN
-  IF (CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0)
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 1)
+           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
@@ -144,7 +145,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=3b9bb6be7bca8f844b86e9a83ba8f4b2d2a1cfeeace4c6514d8571571c08cbdb; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=55c091a5a1c6e14cf8233f635c686b791604384f7a5b3d7449bf3a3b5b2028e3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -153,8 +154,9 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
 BEGIN
-  IF (CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0)
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 1)
+           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN
     RETURN OLD;
   END IF;
@@ -178,7 +180,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=f719aa522993dd1d6313d72c1c8db7d4340b837e564aa06a6bda55222cbc93a6; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=462041649a6a24343abaaa96d6c4303888262d9bdda2097f6768b0314280ee5d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

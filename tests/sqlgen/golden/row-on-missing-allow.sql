@@ -26,7 +26,7 @@ $do$;
 
 ALTER TABLE app.invoices ADD COLUMN IF NOT EXISTS fencekit_fence bigint;
 
-ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT CASE WHEN pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$' THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
+ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.<) 19 THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
 
 COMMENT ON COLUMN app.invoices.fencekit_fence IS 'fencekit: the fence of this row (highest token accepted); managed by fencekit';
 
@@ -116,8 +116,9 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
 BEGIN
-  IF (CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0)
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
@@ -144,7 +145,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=f06199b0bcf54a24b7b2bccadb70e36a40e254ea9cae0d976328148046298ca4; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=369a6212fe85fe837e9a284b57eca77dbde5430be192a3d2d1c77948bf4368e0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -153,8 +154,9 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
 BEGIN
-  IF (CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0)
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN
     RETURN OLD;
   END IF;
@@ -178,7 +180,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=9d267432202e273fdb4191c4b2d01a505a2fdea29069def8da9f9d9ae9ab45b7; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=906b829e93bd59e238f93f4738656a2600de2dfa8588dd4c7bafffe82c35050d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

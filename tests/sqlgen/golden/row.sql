@@ -26,7 +26,7 @@ $do$;
 
 ALTER TABLE app.invoices ADD COLUMN IF NOT EXISTS fencekit_fence bigint;
 
-ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT CASE WHEN pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$' THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
+ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.<) 19 THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
 
 COMMENT ON COLUMN app.invoices.fencekit_fence IS 'fencekit: the fence of this row (highest token accepted); managed by fencekit';
 
@@ -116,8 +116,9 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
 BEGIN
-  IF (CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0)
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
@@ -144,7 +145,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=aafe6c99406a168cf3546d98dfb0729149e0ffaea7c411314c665aec7cb08f7b; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=f2b1d718ff4f1ed641d8431fa71fd5874ccfb4de0f2115171918840a6b5c0d4b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -153,8 +154,9 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
 BEGIN
-  IF (CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0)
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN
     RETURN OLD;
   END IF;
@@ -178,7 +180,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=d6f000c7be3474614bea5ef21f7de807e5c6c4b7ea0e2c5e3047ba0b76f250cb; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=379700f7373c9dfa4a6d79c40950314d19c6c2cd75ef860ca04492e60aa85d00; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
