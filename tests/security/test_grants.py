@@ -185,3 +185,45 @@ def test_dml_only_role_is_fenced_not_denied(
                 conn.rollback()  # keep the seed for the next path
     findings.check("the table after every attack", _state(db) == start, "it changed")
     findings.assert_clean()
+
+
+@pytest.mark.parametrize("scope", ["row", "key", "table"])
+def test_admin_member_owning_the_table_protects_it(db: Conn, make_role, scope: str) -> None:
+    """A member of fencekit_admin that owns the table (a migration role, not a superuser) can
+    protect it, and the fence then holds for an application role with DML only."""
+    from fencekit.sqlgen import protect_statements
+
+    owner_dsn = make_role("sec_migrator", "fencekit_admin")
+    app_dsn = make_role(
+        "sec_plain_app", "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public"
+    )
+    db.execute("CREATE TABLE owned (id int PRIMARY KEY, k int NOT NULL, v int)")
+    db.execute("ALTER TABLE owned OWNER TO sec_migrator")
+    db.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON owned TO sec_plain_app")
+    db.commit()
+    spec = FenceSpec(
+        TableName("public", "owned"),
+        scope=Scope(scope),
+        key=("k",) if scope == "key" else (),
+    )
+    with psycopg.connect(owner_dsn) as owner:
+        assert owner.execute(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone() == (False,)
+        for stmt in protect_statements(spec):
+            owner.execute(stmt.encode())
+        owner.commit()
+    with psycopg.connect(app_dsn) as app:
+        app.execute("SELECT set_config('fencekit.token', '20', true)")
+        app.execute("INSERT INTO owned VALUES (1, 1, 0)")
+        app.commit()
+        app.execute("SELECT set_config('fencekit.token', '10', true)")
+        with pytest.raises(psycopg.Error) as info:
+            app.execute("UPDATE owned SET v = 1 WHERE id = 1")
+        assert info.value.sqlstate == "YF001", info.value
+        app.rollback()
+        app.execute("SELECT set_config('fencekit.token', '21', true)")
+        app.execute("UPDATE owned SET v = 2 WHERE id = 1")
+        app.commit()
+    assert db.execute("SELECT v FROM owned").fetchone() == (2,)
+    db.rollback()
