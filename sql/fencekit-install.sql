@@ -166,24 +166,24 @@ END
 $fn$;
 
 -- Whether this transaction is writing ``relid`` (or holds a lock only a writer can take on it),
--- and ``relid`` is the table protected under ``tag`` or one of its partitions or children. The
--- SECURITY DEFINER entry points below act only for such callers: a definer function cannot see
--- who called it, but a role that may not write a table cannot hold RowExclusiveLock on it.
+-- and ``relid`` is the table protected under ``tag`` or one of its partitions or children: it
+-- has a trigger calling one of fencekit.<tag>_*'s functions, which nobody but their owner and
+-- fencekit_admin may attach (EXECUTE is revoked from PUBLIC), and which follow the table
+-- through a rename. The SECURITY DEFINER entry points below act only for such callers: a
+-- definer function cannot see who called it, but a role that may not write a table cannot
+-- hold RowExclusiveLock on it.
 CREATE OR REPLACE FUNCTION fencekit.writing(tag text, relid oid) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
-  WITH RECURSIVE up(oid) AS (
-    SELECT relid
-    UNION
-    SELECT i.inhparent FROM pg_catalog.pg_inherits i JOIN up ON i.inhrelid = up.oid)
   SELECT EXISTS (SELECT FROM pg_catalog.pg_locks l
                   WHERE l.locktype = 'relation' AND l.pid = pg_catalog.pg_backend_pid()
                     AND l.relation = relid AND l.granted
                     AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock',
                                    'AccessExclusiveLock'))
-     AND EXISTS (SELECT FROM fencekit.protected p JOIN up
-                   ON up.oid = pg_catalog.to_regclass(
-                                 pg_catalog.format('%I.%I', p.schema_name, p.table_name))
-                  WHERE p.tag = writing.tag)
+     AND EXISTS (SELECT FROM pg_catalog.pg_trigger t
+                   JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+                  WHERE t.tgrelid = relid
+                    AND p.pronamespace = 'fencekit'::regnamespace
+                    AND pg_catalog.left(p.proname, pg_catalog.length(tag) + 1) = tag || '_')
 $fn$;
 
 CREATE OR REPLACE FUNCTION fencekit.refuse_caller(tag text, relid oid, what text) RETURNS void

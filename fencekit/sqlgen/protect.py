@@ -70,10 +70,13 @@ def _create_function_sql(f: Function) -> list[str]:
         f"COMMENT ON FUNCTION {f.sql_name}() IS "
         + lit(stamp("function", f" sha256={f.body_hash}")),
     ]
-    if f.definer:
-        # Trigger functions cannot be called directly, and CREATE TRIGGER needs EXECUTE: with
-        # it revoked nobody but the owner can attach this function (and its rights) elsewhere.
-        out.append(f"REVOKE ALL ON FUNCTION {f.sql_name}() FROM PUBLIC")
+    # Trigger functions fire whatever EXECUTE says, cannot be called directly, and CREATE
+    # TRIGGER needs EXECUTE: with it kept from PUBLIC, nobody but the owner and fencekit_admin
+    # can attach a definer function (and its rights) to another table, and a trigger calling a
+    # fencekit.<tag>_* function marks a table as the one protected under <tag>
+    # (fencekit.writing relies on that).
+    out.append(f"REVOKE ALL ON FUNCTION {f.sql_name}() FROM PUBLIC")
+    out.append(f"GRANT EXECUTE ON FUNCTION {f.sql_name}() TO fencekit_admin")
     return out
 
 

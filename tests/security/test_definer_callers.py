@@ -230,3 +230,34 @@ def test_fence_functions_cannot_be_attached_to_another_table(
                 db.rollback()
                 findings.check(label, after == before, f"{resource} fences {before} -> {after}")
     findings.assert_clean()
+
+
+@pytest.mark.parametrize("scope", ["row", "key", "table"])
+def test_rejections_are_counted_after_a_rename(db, scope: str) -> None:
+    """fencekit.writing() recognises the table by fencekit's triggers on it, not by the name in
+    the registry: a renamed table's stale writes are still rejected and counted (YF001, not a
+    permission error)."""
+    from fencekit.sqlgen import protect_statements
+
+    db.execute("CREATE TABLE before_rename (id int PRIMARY KEY, k int NOT NULL, v int)")
+    spec = FenceSpec(
+        TableName("public", "before_rename"),
+        scope=Scope(scope),
+        key=("k",) if scope == "key" else (),
+    )
+    for stmt in protect_statements(spec):
+        db.execute(stmt.encode())
+    db.execute("SELECT set_config('fencekit.token', '20', true)")
+    db.execute("INSERT INTO before_rename VALUES (1, 1, 0)")
+    db.commit()
+    db.execute("ALTER TABLE before_rename RENAME TO after_rename")
+    db.commit()
+    db.execute("SELECT set_config('fencekit.token', '10', true)")
+    with pytest.raises(psycopg.Error) as info:
+        db.execute("UPDATE after_rename SET v = 1")
+    db.rollback()
+    assert info.value.sqlstate == "YF001", info.value
+    tag = db.execute("SELECT tag FROM fencekit.protected").fetchone()[0]
+    stale = db.execute("SELECT fencekit.counter_value(%s, 'stale')", (tag,)).fetchone()[0]
+    db.rollback()
+    assert stale == 1

@@ -88,6 +88,10 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=c95a8996e932729822705882bef983d378db7e0a1215a21b01cc8137c4314767; generated, do not edit';
 
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt() TO fencekit_admin;
+
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -144,6 +148,8 @@ $fn$;
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=5 sha256=9ed6437e66bb91eb7e380108dd19534884d896d245f1ac3c9f8c1159745cfa71; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_ins() TO fencekit_admin;
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -203,6 +209,8 @@ COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function tem
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
 
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_upd() TO fencekit_admin;
+
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -259,6 +267,8 @@ $fn$;
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=63fdc73e3621ad97c534646a56ed2953ea6269a93c2107eb7e84228a391ef095; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_del() TO fencekit_admin;
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -357,6 +367,10 @@ END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=78a17b58dfefd6d5b3b63198752d3a57934655a1f70e6f25f68d5af50e5ae9e5; generated, do not edit';
+
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
 DO $do$
 DECLARE

@@ -79,6 +79,10 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=46c802522d9782b6e07d3780830238c48a4308c821ccbb404675e6a7a04318f6; generated, do not edit';
 
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt() TO fencekit_admin;
+
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -135,6 +139,8 @@ $fn$;
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=5 sha256=2033cf88b5872395815116b33683dcf376fae4c8ab9513f62f86c10d8f3fcf10; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_ins() TO fencekit_admin;
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -194,6 +200,8 @@ COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function tem
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
 
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_upd() TO fencekit_admin;
+
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -250,6 +258,8 @@ $fn$;
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=95a41baf3b30c247935a8a48810a08d59f9adc4099212016c61291f48c708bc5; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_del() TO fencekit_admin;
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -348,6 +358,10 @@ END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=78a17b58dfefd6d5b3b63198752d3a57934655a1f70e6f25f68d5af50e5ae9e5; generated, do not edit';
+
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
 DO $do$
 DECLARE

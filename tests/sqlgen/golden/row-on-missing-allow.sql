@@ -83,6 +83,10 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=bcf68475a35dbaf1c2d7dd6c805c5dc201907054f5f83f2f8d2f15e4265c7bb3; generated, do not edit';
 
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt() TO fencekit_admin;
+
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
@@ -108,6 +112,10 @@ END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=5 sha256=3a350060a5db91134cfce24c39d2bf87bf180e7052f7acec64c3a36c8673e5a2; generated, do not edit';
+
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_ins() TO fencekit_admin;
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -147,6 +155,10 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=369a6212fe85fe837e9a284b57eca77dbde5430be192a3d2d1c77948bf4368e0; generated, do not edit';
 
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_upd() TO fencekit_admin;
+
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
@@ -181,6 +193,10 @@ END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=906b829e93bd59e238f93f4738656a2600de2dfa8588dd4c7bafffe82c35050d; generated, do not edit';
+
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_del() TO fencekit_admin;
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -277,6 +293,10 @@ END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=5011748cc7a34c9f10abd4bb724c8db318afbdf198dad5011e5d1ac4ecc8ef8f; generated, do not edit';
+
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
 DO $do$
 DECLARE

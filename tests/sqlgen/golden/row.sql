@@ -83,6 +83,10 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=2e2e088d4d0b4108ba4b19647456a757f9098b960b0d816d392fea3a423a89a8; generated, do not edit';
 
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt() TO fencekit_admin;
+
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
@@ -108,6 +112,10 @@ END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=5 sha256=5990efe7fdfc81bef869c0b9021ee5ac512c92ac9c320e43fe87bad0c029d36b; generated, do not edit';
+
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_ins() TO fencekit_admin;
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -147,6 +155,10 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=f2b1d718ff4f1ed641d8431fa71fd5874ccfb4de0f2115171918840a6b5c0d4b; generated, do not edit';
 
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_upd() TO fencekit_admin;
+
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
@@ -181,6 +193,10 @@ END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=379700f7373c9dfa4a6d79c40950314d19c6c2cd75ef860ca04492e60aa85d00; generated, do not edit';
+
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_del() TO fencekit_admin;
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -277,6 +293,10 @@ END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=5011748cc7a34c9f10abd4bb724c8db318afbdf198dad5011e5d1ac4ecc8ef8f; generated, do not edit';
+
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
 DO $do$
 DECLARE

@@ -83,6 +83,8 @@ COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function te
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt() TO fencekit_admin;
+
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
 AS $fn$
@@ -138,6 +140,10 @@ END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=311d07e724f459833d5e8d4f1b7446280be616fa2e42219677e03ba8d8d50a3b; generated, do not edit';
+
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
 DO $do$
 DECLARE
