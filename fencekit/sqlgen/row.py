@@ -1,7 +1,7 @@
 """Row fences: a fence column on each row, checked and advanced by BEFORE ROW triggers.
 
-The hot path of UPDATE and DELETE is one expression (a regular expression on the token and one
-comparison with the row's fence); INSERT takes the fence from the column default, evaluated in
+The hot path of UPDATE and DELETE is one expression (is the token canonical, and not lower than
+the row's fence); INSERT takes the fence from the column default, evaluated in
 C, and runs PL/pgSQL only when the row does not already carry the token. Everything else (no
 token, a malformed or a 19-digit token, a rejection, a bypass) goes through a slow path that
 validates the token it read itself: a statement can change the token after the statement check.
@@ -15,8 +15,8 @@ from fencekit.sqlgen.text import TOKEN, lit
 
 __all__ = ["DIGITS_ONLY", "FENCE_DEFAULT", "row_objects"]
 
-#: The token when it is nothing but 1 to 18 digits, else NULL. Cheaper than a regular
-#: expression (which cost a bulk UPDATE a third more when every row ran one) and never an error.
+#: True when ``{t}`` is nothing but 1 to 18 digits. Cheaper than a regular expression (which cost
+#: a bulk UPDATE a third more when every row ran one), and it cannot raise.
 #: Written only with parts that resolve nothing through search_path: the column default is
 #: parsed when protect runs, under the DBA's search_path, and the row triggers run under the
 #: writer's.
