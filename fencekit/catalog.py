@@ -360,6 +360,7 @@ def status(conn: Conn, allow_triggers: Collection[str] = ()) -> Status:
             )
         )
     core_drift += ownership_drift(conn)
+    core_drift += orphaned_fences(conn)
     tables = protected_tables(conn)
     for pt in tables:
         pt.drift = table_drift(conn, pt, allow_triggers)
@@ -443,6 +444,19 @@ def table_drift(
         (t.sql,),
     ).fetchone()
     if row is None:
+        renamed = renamed_to(conn, pt)
+        if renamed is not None:
+            return [
+                Drift(
+                    "table_renamed",
+                    t.dotted,
+                    f"table {t} was renamed to {renamed}: its triggers still check writes, but "
+                    "the registry, the objects' names and a default resource's name are the "
+                    "old ones",
+                    f"fencekit rename {shlex.quote(str(t))} {shlex.quote(str(renamed))} --dsn DSN "
+                    "(moves the protection to the new name in one transaction)",
+                )
+            ]
         moved = conn.execute(
             "SELECT tgrelid::pg_catalog.regclass::text FROM pg_catalog.pg_trigger "
             "WHERE tgname = %s LIMIT 1",
@@ -475,6 +489,43 @@ def table_drift(
         out += _descendant_drift(conn, desc, objs, reprotect)
         out += _foreign_trigger_drift(conn, desc.oid, desc.sql, pt.spec, objs, allow, clones=False)
     return out
+
+
+def renamed_to(conn: Conn, pt: ProtectedTable) -> TableName | None:
+    """The table now carrying the statement trigger of ``pt`` (registered under a name that no
+    longer exists): ``pt``'s table, renamed. The trigger's name comes from the registry's tag,
+    so a table protected by any template is found."""
+    row = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_catalog.pg_trigger g "
+        "JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE g.tgname = %s AND NOT c.relispartition AND NOT EXISTS "
+        "(SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid) LIMIT 1",
+        (f"fencekit_{pt.tag}_stmt",),
+    ).fetchone()
+    return TableName(row[0], row[1]) if row is not None else None
+
+
+def orphaned_fences(conn: Conn) -> list[Drift]:
+    """Key and table fences whose resource no protected table uses (an unprotect script that
+    did not remove them, a dropped table, a restore): they come back into force if a table is
+    protected with that resource again."""
+    rows = conn.execute(
+        "SELECT f.resource, pg_catalog.count(*), pg_catalog.max(f.fence) FROM fencekit.fences f "
+        "WHERE NOT EXISTS (SELECT FROM fencekit.protected p WHERE p.resource = f.resource) "
+        "GROUP BY f.resource ORDER BY f.resource"
+    ).fetchall()
+    return [
+        Drift(
+            "orphaned_fences",
+            str(resource),
+            f"{count} fence(s) of resource {resource!r} (highest {high}) belong to no protected "
+            "table; protecting a table with that resource would bring them back into force",
+            "as a member of fencekit_admin: DELETE FROM fencekit.fences WHERE resource = "
+            f"{quote_literal(str(resource))}",
+        )
+        for resource, count, high in rows
+    ]
 
 
 def _key_type_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:

@@ -108,7 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Every subcommand has its own help, e.g.: fencekit sql protect --help",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"fencekit {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"fencekit {__version__}",
+        help="show the version and exit; with --dsn DSN (and --json) also the fencekit core "
+        "installed in that database and the templates its protected tables use",
+    )
     parser.add_argument(
         "--debug", action="store_true", help="show the full traceback when a command fails"
     )
@@ -131,6 +137,8 @@ def _one_line(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the ``fencekit`` command; returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if "--version" in args_list and ("--dsn" in args_list or "--json" in args_list):
+        return _version(args_list)
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(args_list)
@@ -157,6 +165,36 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _version(args_list: list[str]) -> int:
+    """``fencekit --version --dsn DSN [--json]``: the package, the core installed in that
+    database and the templates its tables use (plain ``--version`` is argparse's)."""
+    import json
+
+    from fencekit.cli.core import format_version, version_report
+
+    p = _Parser(prog="fencekit --version", add_help=False)
+    p.add_argument("--version", action="store_true")
+    p.add_argument("--dsn")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--debug", action="store_true")
+    args = p.parse_args(args_list)
+    try:
+        report = version_report(args.dsn)
+    except UsageError as exc:
+        print(f"fencekit --version: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if args.debug or not _expected(exc):
+            raise
+        print(f"fencekit --version: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(format_version(report))
+    return 0
 
 
 def _expected(exc: Exception) -> bool:

@@ -1,4 +1,5 @@
-"""Core subcommands: install, sql install|protect|unprotect, protect, unprotect, status.
+"""Core subcommands: install, uninstall, sql install|protect|unprotect|rename|uninstall,
+protect, unprotect, rename, status.
 
 ``fencekit sql ...`` prints SQL and needs no database (``--from-ddl`` validates against schema
 files); ``install``, ``protect``, ``unprotect`` and ``status`` connect with ``--dsn`` (or
@@ -35,9 +36,11 @@ _TABLE_HELP = 'the table, written as SQL writes it: billing, public.billing, "My
 def register(subparsers: Any) -> None:
     """Add the core subcommands to ``fencekit``."""
     _install(subparsers)
+    _uninstall(subparsers)
     _sql(subparsers)
     _protect(subparsers)
     _unprotect(subparsers)
+    _rename(subparsers)
     _auto_cover(subparsers)
     _status(subparsers)
 
@@ -60,6 +63,7 @@ def _install(subparsers: Any) -> None:
     )
     _dsn_option(p)
     _lock_timeout_option(p)
+    _json_option(p)
     p.set_defaults(func=run_install, prog=p.prog)
 
 
@@ -125,6 +129,8 @@ def _sql(subparsers: Any) -> None:
     unprot.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
     _spec_options(unprot, from_ddl=True)
     unprot.set_defaults(func=run_sql_unprotect, prog=unprot.prog)
+    _sql_rename(commands)
+    _sql_uninstall(commands)
 
 
 def _protect(subparsers: Any) -> None:
@@ -144,6 +150,7 @@ def _protect(subparsers: Any) -> None:
     p.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
     _spec_options(p, from_ddl=False)
     _dsn_option(p)
+    _json_option(p)
     p.set_defaults(func=run_protect, prog=p.prog)
 
 
@@ -160,6 +167,7 @@ def _unprotect(subparsers: Any) -> None:
     p.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
     _lock_timeout_option(p)
     _dsn_option(p)
+    _json_option(p)
     p.set_defaults(func=run_unprotect, prog=p.prog)
 
 
@@ -217,8 +225,16 @@ def _status(subparsers: Any) -> None:
 def _dsn_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dsn",
-        help="PostgreSQL connection string, e.g. postgresql://user@host/db "
-        "(default: $FENCEKIT_DSN)",
+        help="PostgreSQL connection string, e.g. postgresql://user@host/db, or a SQLAlchemy URL "
+        "such as postgresql+psycopg://user@host/db (default: $FENCEKIT_DSN)",
+    )
+
+
+def _json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object on stdout instead of text (keys: docs/reference.md)",
     )
 
 
@@ -290,7 +306,34 @@ def _dsn(args: argparse.Namespace) -> str:
     dsn = args.dsn or os.environ.get("FENCEKIT_DSN")
     if not dsn:
         raise UsageError("--dsn is required (or set FENCEKIT_DSN)")
-    return str(dsn)
+    return libpq_dsn(str(dsn))
+
+
+_SQLALCHEMY_URL = re.compile(r"(?i)^(postgres(?:ql)?)(\+[a-z0-9_]+)?://")
+_OTHER_URL = re.compile(r"(?i)^([a-z][a-z0-9_]*)(\+[a-z0-9_]+)?://")
+
+
+def libpq_dsn(dsn: str) -> str:
+    """``dsn`` as libpq takes it: a SQLAlchemy URL (``postgresql+psycopg://...``, as alembic's
+    ``sqlalchemy.url`` holds it) loses its driver suffix; other databases are refused."""
+    if _SQLALCHEMY_URL.match(dsn):
+        return _SQLALCHEMY_URL.sub("postgresql://", dsn, count=1)
+    other = _OTHER_URL.match(dsn)
+    if other:
+        raise UsageError(
+            f"--dsn {other.group(0)}... is not a PostgreSQL URL; use postgresql://... "
+            "(or postgresql+psycopg://...)"
+        )
+    return dsn
+
+
+def _emit(args: argparse.Namespace, document: dict[str, Any], text: list[str]) -> None:
+    """Print ``document`` as JSON with --json, else the text lines."""
+    if getattr(args, "json", False):
+        print(json.dumps(document, indent=2, ensure_ascii=False, sort_keys=True))
+    else:
+        for line in text:
+            print(line)
 
 
 def _lock_timeout(args: argparse.Namespace) -> str:
@@ -415,13 +458,22 @@ def run_install(args: argparse.Namespace) -> int:
         _run_script(conn, script, lock_timeout)
         after = core_version(conn)
     if before is None:
-        print(f"installed fencekit core version {after}")
+        text = [f"installed fencekit core version {after}"]
     elif before == after:
-        print(f"fencekit core version {after} was already installed; re-applied (no changes)")
+        text = [f"fencekit core version {after} was already installed; re-applied (no changes)"]
     else:
-        print(f"upgraded fencekit core from version {before} to {after}")
-    for spec in outdated:
-        print(f"re-protected {spec.table} with template {sqlgen.TEMPLATE_VERSION}")
+        text = [f"upgraded fencekit core from version {before} to {after}"]
+    text += [
+        f"re-protected {spec.table} with template {sqlgen.TEMPLATE_VERSION}" for spec in outdated
+    ]
+    document = {
+        "action": "install",
+        "core_version_before": before,
+        "core_version": after,
+        "template_version": sqlgen.TEMPLATE_VERSION,
+        "reprotected": [spec.table.dotted for spec in outdated],
+    }
+    _emit(args, document, text)
     return 0
 
 
@@ -441,10 +493,30 @@ def run_protect(args: argparse.Namespace) -> int:
         notes = catalog.check_spec(conn, spec)
         script = sqlgen.render_protect(spec, lock_timeout=lock_timeout)
         _run_script(conn, script, lock_timeout)
-    print(f"protected {spec.table} ({catalog.describe(spec)}, template {sqlgen.TEMPLATE_VERSION})")
-    for note in notes:
-        _note(args, note)
+    document = {
+        "action": "protect",
+        **_table_keys(spec),
+        "template_version": sqlgen.TEMPLATE_VERSION,
+        "notes": notes,
+    }
+    text = [
+        f"protected {spec.table} ({catalog.describe(spec)}, template {sqlgen.TEMPLATE_VERSION})"
+    ]
+    _emit(args, document, text)
+    if not args.json:
+        for note in notes:
+            _note(args, note)
     return 0
+
+
+def _table_keys(spec: FenceSpec) -> dict[str, Any]:
+    """The keys every --json document about one table has."""
+    return {
+        "table": spec.table.dotted,
+        "schema": spec.table.schema,
+        "name": spec.table.name,
+        "spec": spec.to_dict(),
+    }
 
 
 def run_unprotect(args: argparse.Namespace) -> int:
@@ -467,7 +539,12 @@ def run_unprotect(args: argparse.Namespace) -> int:
             )
         script = sqlgen.render_unprotect(pt.spec, lock_timeout=lock_timeout)
         _run_script(conn, script, lock_timeout)
-    print(f"unprotected {pt.spec.table} (was: {catalog.describe(pt.spec)})")
+    document = {
+        "action": "unprotect",
+        **_table_keys(pt.spec),
+        "template_version": pt.template_version,
+    }
+    _emit(args, document, [f"unprotected {pt.spec.table} (was: {catalog.describe(pt.spec)})"])
     return 0
 
 
@@ -534,4 +611,242 @@ def format_status(st: Status) -> str:
             fix, *more = d.fix.splitlines()
             lines.append(f"      fix: {fix}")
             lines += [f"           {line}" for line in more]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------- rename
+
+
+def _rename(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "rename",
+        help="move a protection to its table's new name after ALTER TABLE ... RENAME",
+        formatter_class=_FMT,
+        description="After `ALTER TABLE OLD RENAME TO NEW` (or alembic's op.rename_table) the "
+        "table's triggers keep checking writes, but the registry still names OLD, the "
+        "triggers and functions are named after OLD and an unnamed key or table fence's "
+        "resource is OLD's name; `fencekit status` reports the table as renamed. This moves the "
+        "protection to NEW in one transaction (the table is never unchecked): registry row, "
+        "triggers and functions (named after NEW), rejection counters, and the fences of an "
+        "unnamed key or table fence. It refuses unless NEW carries OLD's triggers.",
+        epilog="example:\n  psql -c 'ALTER TABLE billing RENAME TO invoices'\n"
+        '  fencekit rename billing invoices --dsn "$DSN"',
+    )
+    p.add_argument("old", metavar="OLD", help="the name the table was protected under")
+    p.add_argument("new", metavar="NEW", help="its name now (same schema as OLD by default)")
+    _lock_timeout_option(p)
+    _dsn_option(p)
+    _json_option(p)
+    p.set_defaults(func=run_rename, prog=p.prog)
+
+
+def _sql_rename(commands: Any) -> None:
+    p = commands.add_parser(
+        "rename",
+        help="the script that moves a protection to a renamed table's new name",
+        formatter_class=_FMT,
+        description="Print the script `fencekit rename` runs: after `ALTER TABLE OLD RENAME TO "
+        "NEW`, move OLD's protection (registry row, triggers and functions, counters, an "
+        "unnamed key or table fence's fences) to NEW in one transaction. Pass the options OLD "
+        "was protected with (`fencekit status` shows them); the script refuses to run when "
+        "the registry holds another spec, naming the right command.",
+        epilog="example:\n  fencekit sql rename billing invoices --key account_id > rename.sql",
+    )
+    p.add_argument("table", metavar="OLD", help="the name the table was protected under")
+    p.add_argument("new", metavar="NEW", help="its name now (same schema as OLD by default)")
+    _spec_options(p, from_ddl=False)
+    p.set_defaults(func=run_sql_rename, prog=p.prog)
+
+
+def _new_name(old: TableName, text: str) -> TableName:
+    """NEW as written; unqualified, it stays in OLD's schema (RENAME keeps the schema)."""
+    try:
+        return TableName.parse(text, default_schema=old.schema)
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_sql_rename(args: argparse.Namespace) -> int:
+    old = _table(args.table)
+    spec = _spec(args, old)
+    new = _new_name(old, args.new)
+    if new == old:
+        raise UsageError(f"OLD and NEW are the same table ({old})")
+    sys.stdout.write(sqlgen.render_rename(spec, new, lock_timeout=_lock_timeout(args)))
+    return 0
+
+
+def run_rename(args: argparse.Namespace) -> int:
+    from fencekit import catalog
+
+    dsn, lock_timeout = _dsn(args), _lock_timeout(args)
+    old = _table(args.old)
+    with _connect(dsn) as conn:
+        catalog.require_core(conn)
+        found = catalog.resolve_table(conn, args.new)
+        if found is None:
+            raise catalog.CatalogError(
+                f"table {args.new} does not exist (search_path: {catalog.search_path(conn)}); "
+                f"rename the table first: ALTER TABLE {old} RENAME TO ..."
+            )
+        new = found[0]
+        # Unqualified OLD: the schema NEW is in (ALTER TABLE ... RENAME keeps the schema).
+        old = TableName.parse(args.old, default_schema=new.schema)
+        pt = catalog.registered(conn, old)
+        if pt is None:
+            raise catalog.CatalogError(
+                f"{old} is not protected (fencekit.protected has no row for it)"
+            )
+        if new == old:
+            raise catalog.CatalogError(f"{old} still exists under that name: nothing to rename")
+        script = sqlgen.render_rename(pt.spec, new, lock_timeout=lock_timeout)
+        _run_script(conn, script, lock_timeout)
+    spec = pt.spec.with_changes(table=new)
+    document = {
+        "action": "rename",
+        "old": _table_keys(pt.spec),
+        **_table_keys(spec),
+        "template_version": sqlgen.TEMPLATE_VERSION,
+    }
+    _emit(args, document, [f"renamed the protection of {old} to {new} ({catalog.describe(spec)})"])
+    return 0
+
+
+# ------------------------------------------------------------------------------- uninstall
+
+
+def _uninstall(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "uninstall",
+        help="remove fencekit from a database (refuses while tables are protected)",
+        formatter_class=_FMT,
+        description="Drop the schema fencekit: the registry, the fences, the counters, the "
+        "leases and every check function. Refuses while tables are protected (nothing is "
+        "changed) unless --unprotect-all: then each protected table is first unprotected "
+        "exactly as `fencekit unprotect` would (triggers dropped, a row fence's column "
+        "dropped with its fences), all in one transaction. The roles fencekit_admin and "
+        "fencekit_writer stay (roles belong to the whole server). If auto-cover is on, "
+        "removing its event trigger needs a superuser.",
+        epilog='examples:\n  fencekit uninstall --dsn "$DSN"\n'
+        '  fencekit uninstall --unprotect-all --dsn "$DSN"',
+    )
+    p.add_argument(
+        "--unprotect-all",
+        action="store_true",
+        help="unprotect every protected table first (their fences are lost)",
+    )
+    _lock_timeout_option(p)
+    _dsn_option(p)
+    _json_option(p)
+    p.set_defaults(func=run_uninstall, prog=p.prog)
+
+
+def _sql_uninstall(commands: Any) -> None:
+    p = commands.add_parser(
+        "uninstall",
+        help="the script that removes fencekit from a database",
+        formatter_class=_FMT,
+        description="Print the script `fencekit uninstall` runs. It refuses while tables are "
+        "protected, unless --unprotect-all: then it first removes, for every table in "
+        "fencekit.protected, its fencekit triggers (also on partitions and children) and a "
+        "row fence's column, with the fences they hold.",
+        epilog="example:\n  fencekit sql uninstall > uninstall.sql && "
+        "psql -v ON_ERROR_STOP=1 -f uninstall.sql",
+    )
+    p.add_argument(
+        "--unprotect-all",
+        action="store_true",
+        help="unprotect every protected table first (their fences are lost)",
+    )
+    _lock_timeout_option(p)
+    p.set_defaults(func=run_sql_uninstall, prog=p.prog)
+
+
+def run_sql_uninstall(args: argparse.Namespace) -> int:
+    script = sqlgen.render_uninstall(
+        unprotect_all=args.unprotect_all, lock_timeout=_lock_timeout(args)
+    )
+    sys.stdout.write(script)
+    return 0
+
+
+def run_uninstall(args: argparse.Namespace) -> int:
+    from fencekit import catalog
+
+    dsn, lock_timeout = _dsn(args), _lock_timeout(args)
+    with _connect(dsn) as conn:
+        before = catalog.core_version(conn)
+        if before is None:
+            _emit(
+                args,
+                {"action": "uninstall", "core_version_before": None, "unprotected": []},
+                ["fencekit is not installed in this database; nothing to remove"],
+            )
+            return 0
+        tables = catalog.protected_tables(conn)
+        if tables and not args.unprotect_all:
+            names = ", ".join(str(pt.spec.table) for pt in tables)
+            raise catalog.CatalogError(
+                f"{len(tables)} table(s) are still protected ({names}); nothing was removed. "
+                "Unprotect them (fencekit unprotect TABLE), or pass --unprotect-all to "
+                "unprotect them in the same transaction (their fences are lost)"
+            )
+        specs = [pt.spec for pt in tables]
+        script = sqlgen.render_uninstall(specs, lock_timeout=lock_timeout)
+        _run_script(conn, script, lock_timeout)
+    document = {
+        "action": "uninstall",
+        "core_version_before": before,
+        "unprotected": [spec.table.dotted for spec in specs],
+    }
+    text = [f"unprotected {spec.table}" for spec in specs]
+    text.append(
+        f"removed fencekit (core version {before}); roles fencekit_admin and fencekit_writer remain"
+    )
+    _emit(args, document, text)
+    return 0
+
+
+# ------------------------------------------------------------------------------- --version
+
+
+def version_report(dsn: str | None) -> dict[str, Any]:
+    """What ``fencekit --version`` reports: this package, and with a DSN the core installed in
+    that database and the templates its protected tables were generated by."""
+    from fencekit import __version__
+
+    report: dict[str, Any] = {
+        "package": __version__,
+        "core_version": sqlgen.CORE_VERSION,
+        "template_version": sqlgen.TEMPLATE_VERSION,
+    }
+    if dsn is None:
+        return report
+    from fencekit import catalog
+
+    with _connect(libpq_dsn(dsn)) as conn:
+        installed = catalog.core_version(conn)
+        templates: dict[str, int] = {}
+        if installed is not None:
+            for pt in catalog.protected_tables(conn):
+                key = str(pt.template_version)
+                templates[key] = templates.get(key, 0) + 1
+    report["database"] = {"core_version": installed, "templates": templates}
+    return report
+
+
+def format_version(report: dict[str, Any]) -> str:
+    lines = [
+        f"fencekit {report['package']} (core {report['core_version']}, table template "
+        f"{report['template_version']})"
+    ]
+    db = report.get("database")
+    if db is not None:
+        if db["core_version"] is None:
+            lines.append("database: fencekit is not installed")
+        else:
+            used = ", ".join(
+                f"template {t}: {n} table(s)" for t, n in sorted(db["templates"].items())
+            )
+            lines.append(f"database: core {db['core_version']}; " + (used or "no protected tables"))
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ all call it, so the SQL a DBA reviews is the SQL that runs. One module per scope
 - :mod:`.statement`: the statement check every protected table has;
 - :mod:`.row`, :mod:`.key`, :mod:`.table`: what each scope adds;
 - :mod:`.protect`: the per-table objects assembled into idempotent protect / unprotect DDL;
+- :mod:`.rename`: moving a protection to a table's new name;
 - :mod:`.core`: the core schema; :mod:`.script`: whole psql scripts;
 - :mod:`.objects`, :mod:`.common`, :mod:`.text`: the shared pieces (objects and their stamps,
   names, SQL text helpers).
@@ -21,10 +22,13 @@ from fencekit.sqlgen.protect import (
     trigger_stamp,
     unprotect_statements,
 )
+from fencekit.sqlgen.rename import rename_statements
 from fencekit.sqlgen.script import (
     DEFAULT_LOCK_TIMEOUT,
     render_install,
     render_protect,
+    render_rename,
+    render_uninstall,
     render_unprotect,
 )
 
@@ -37,8 +41,11 @@ __all__ = [
     "Trigger",
     "install_statements",
     "protect_statements",
+    "rename_statements",
     "render_install",
     "render_protect",
+    "render_rename",
+    "render_uninstall",
     "render_unprotect",
     "table_objects",
     "trigger_stamp",

@@ -40,22 +40,63 @@ def install_statements() -> list[str]:
     return chunks
 
 
-def uninstall_statements() -> list[str]:
-    """Remove the core schema, without transaction control. Refuses while tables are protected.
+def uninstall_statements(*, unprotect_all: bool = False) -> list[str]:
+    """Remove the core schema, without transaction control.
 
-    The roles ``fencekit_admin`` and ``fencekit_writer`` stay: roles belong to the whole server,
-    and other databases may use them.
+    Refuses (YF000) while tables are protected, unless ``unprotect_all``: then every table in
+    the registry first loses its ``fencekit_<tag>_*`` triggers (on its descendants too) and a
+    row fence its column, with the fences they hold. ``fencekit uninstall`` runs each table's
+    exact unprotect instead; this generic loop is for the script printed without a database.
+    The roles ``fencekit_admin`` and ``fencekit_writer`` stay: roles belong to the whole
+    server, and other databases may use them.
     """
-    return [
-        do(
+    if unprotect_all:
+        first = do(
+            "\nDECLARE\n"
+            "  p record;\n"
+            "  rel pg_catalog.regclass;\n"
+            "  old pg_catalog.name;\n"
+            "BEGIN\n"
+            "  IF pg_catalog.to_regclass('fencekit.protected') IS NULL THEN\n"
+            "    RETURN;\n"
+            "  END IF;\n"
+            "  FOR p IN SELECT r.tag, r.scope, r.spec ->> 'column' AS col,\n"
+            "                  pg_catalog.to_regclass(pg_catalog.format('%I.%I', r.schema_name,\n"
+            "                                                           r.table_name)) AS root\n"
+            "             FROM fencekit.protected r LOOP\n"
+            "    CONTINUE WHEN p.root IS NULL;\n"
+            "    FOR rel IN WITH RECURSIVE d(relid) AS (\n"
+            "                 SELECT p.root::pg_catalog.oid\n"
+            "                 UNION\n"
+            "                 SELECT i.inhrelid FROM pg_catalog.pg_inherits i\n"
+            "                   JOIN d ON i.inhparent = d.relid)\n"
+            "               SELECT d.relid::pg_catalog.regclass FROM d LOOP\n"
+            "      FOR old IN SELECT g.tgname FROM pg_catalog.pg_trigger g\n"
+            "                  WHERE g.tgrelid = rel AND NOT g.tgisinternal AND g.tgparentid = 0\n"
+            "                    AND pg_catalog.starts_with(g.tgname::pg_catalog.text,\n"
+            "                                               'fencekit_' || p.tag || '_')\n"
+            "      LOOP\n"
+            "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);\n"
+            "      END LOOP;\n"
+            "    END LOOP;\n"
+            "    IF p.scope = 'row' THEN\n"
+            "      EXECUTE pg_catalog.format('ALTER TABLE %s DROP COLUMN IF EXISTS %I', p.root,\n"
+            "                                p.col);\n"
+            "    END IF;\n"
+            "  END LOOP;\n"
+            "  DELETE FROM fencekit.protected;\n"
+            "END\n"
+        )
+    else:
+        first = do(
             "\nBEGIN\n"
             "  IF pg_catalog.to_regclass('fencekit.protected') IS NOT NULL\n"
             "     AND EXISTS (SELECT FROM fencekit.protected) THEN\n"
             "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-            "      MESSAGE = 'fencekit: tables are still protected; unprotect them first',\n"
-            "      HINT = 'SELECT schema_name, table_name FROM fencekit.protected; then fencekit "
-            "unprotect each.';\n"
+            "      MESSAGE = 'fencekit: tables are still protected; nothing was removed',\n"
+            "      HINT = 'fencekit uninstall --unprotect-all --dsn DSN unprotects them first '\n"
+            "        '(their fences are lost); or unprotect each: SELECT schema_name, '\n"
+            "        'table_name FROM fencekit.protected;';\n"
             "  END IF;\nEND\n"
-        ),
-        "DROP SCHEMA IF EXISTS fencekit CASCADE",
-    ]
+        )
+    return [first, "DROP SCHEMA IF EXISTS fencekit CASCADE"]

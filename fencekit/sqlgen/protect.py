@@ -12,7 +12,7 @@ import hashlib
 import json
 
 from fencekit.ident import quote_ident
-from fencekit.spec import FenceSpec, Scope
+from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope
 from fencekit.sqlgen.common import Names, names_for
 from fencekit.sqlgen.key import key_objects
 from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger, stamp
@@ -20,7 +20,17 @@ from fencekit.sqlgen.row import FENCE_DEFAULT, row_objects
 from fencekit.sqlgen.statement import statement_objects
 from fencekit.sqlgen.text import do, dollar, lit
 
-__all__ = ["protect_statements", "table_objects", "trigger_stamp", "unprotect_statements"]
+__all__ = [
+    "add_column_quietly",
+    "create_counters_quietly",
+    "drop_objects",
+    "protect_statements",
+    "shell_args_sql",
+    "table_objects",
+    "trigger_stamp",
+    "unprotect_guard",
+    "unprotect_statements",
+]
 
 
 def table_objects(spec: FenceSpec) -> TableObjects:
@@ -235,7 +245,7 @@ def protect_statements(spec: FenceSpec) -> list[str]:
     out: list[str] = [_guard(spec)]
     if spec.scope is Scope.ROW:
         # Nullable, and a default only new rows use: catalog-only changes, no table rewrite.
-        out.append(f"ALTER TABLE {t.sql} ADD COLUMN IF NOT EXISTS {n.col} bigint")
+        out.append(add_column_quietly(spec))
         out.append(f"ALTER TABLE {t.sql} ALTER COLUMN {n.col} SET DEFAULT {FENCE_DEFAULT}")
         out.append(
             f"COMMENT ON COLUMN {t.sql}.{n.col} IS "
@@ -250,7 +260,7 @@ def protect_statements(spec: FenceSpec) -> list[str]:
     if spec.resource is not None or spec.issuer is not None:
         issuer = lit(spec.issuer) if spec.issuer else "NULL"
         out.append(f"SELECT fencekit.bind_resource({n.resource}, {issuer})")
-    out.append(f"SELECT fencekit.create_counters({n.lit_tag})")
+    out.append(create_counters_quietly(n.tag))
     for f in objs.functions:
         out += _create_function_sql(f)
     out.append(_triggers_sql(objs, n))
@@ -279,41 +289,16 @@ def protect_statements(spec: FenceSpec) -> list[str]:
 def unprotect_statements(spec: FenceSpec) -> list[str]:
     """The exact undo of :func:`protect_statements`, without transaction control.
 
-    It drops every ``fencekit_<tag>_*`` trigger on the table and its descendants and every
+    It first checks that the registry holds exactly ``spec`` for the table (a script generated
+    with other options would strand fences or drop the wrong column), then drops every
+    ``fencekit_<tag>_*`` trigger on the table and its descendants and every
     ``fencekit.<tag>_*`` trigger function, whichever generation made them.
     """
     n = names_for(spec)
     t = spec.table
     # to_regclass: unprotecting a table that was dropped still cleans up fencekit's side.
     root = f"pg_catalog.to_regclass({lit(t.sql)})"
-    prefix = f"fencekit_{n.tag}_"
-    fn_prefix = f"{n.tag}_"
-    out: list[str] = [
-        do(
-            "\nDECLARE\n  rel pg_catalog.regclass;\n  is_partition pg_catalog.bool;\n"
-            "  old pg_catalog.name;\nBEGIN\n"
-            f"  IF {root} IS NOT NULL THEN\n"
-            f"    FOR rel, is_partition IN SELECT {root}, false UNION ALL\n"
-            f"        ({_DESCENDANTS.format(root=root)}) LOOP\n"
-            "      FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg\n"
-            "                  WHERE tg.tgrelid = rel AND NOT tg.tgisinternal\n"
-            "                    AND tg.tgparentid = 0\n"
-            f"                    AND pg_catalog.left(tg.tgname::pg_catalog.text, {len(prefix)})\n"
-            f"                        OPERATOR(pg_catalog.=) {lit(prefix)} LOOP\n"
-            "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);\n"
-            "      END LOOP;\n"
-            "    END LOOP;\n"
-            "  END IF;\n"
-            "  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n"
-            "              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace\n"
-            "                AND p.pronargs = 0\n"
-            f"                AND pg_catalog.left(p.proname::pg_catalog.text, {len(fn_prefix)})\n"
-            f"                    OPERATOR(pg_catalog.=) {lit(fn_prefix)} LOOP\n"
-            "    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);\n"
-            "  END LOOP;\n"
-            "END\n"
-        )
-    ]
+    out: list[str] = [unprotect_guard(spec), drop_objects(n.tag, root)]
     if spec.scope is Scope.ROW:
         out.append(f"ALTER TABLE IF EXISTS {t.sql} DROP COLUMN IF EXISTS {n.col}")
     out.append(f"SELECT fencekit.drop_counters({n.lit_tag})")
@@ -331,3 +316,136 @@ def unprotect_statements(spec: FenceSpec) -> list[str]:
             f"AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
         )
     return out
+
+
+def drop_objects(tag: str, root: str) -> str:
+    """A DO block dropping the ``fencekit_<tag>_*`` triggers on ``root`` (a SQL expression
+    yielding a regclass or NULL) and its descendants, then the ``fencekit.<tag>_*`` functions."""
+    prefix = f"fencekit_{tag}_"
+    fn_prefix = f"{tag}_"
+    return do(
+        "\nDECLARE\n  rel pg_catalog.regclass;\n  is_partition pg_catalog.bool;\n"
+        "  old pg_catalog.name;\nBEGIN\n"
+        f"  IF {root} IS NOT NULL THEN\n"
+        f"    FOR rel, is_partition IN SELECT {root}, false UNION ALL\n"
+        f"        ({_DESCENDANTS.format(root=root)}) LOOP\n"
+        "      FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg\n"
+        "                  WHERE tg.tgrelid = rel AND NOT tg.tgisinternal\n"
+        "                    AND tg.tgparentid = 0\n"
+        f"                    AND pg_catalog.left(tg.tgname::pg_catalog.text, {len(prefix)})\n"
+        f"                        OPERATOR(pg_catalog.=) {lit(prefix)} LOOP\n"
+        "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);\n"
+        "      END LOOP;\n"
+        "    END LOOP;\n"
+        "  END IF;\n"
+        "  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n"
+        "              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace\n"
+        "                AND p.pronargs = 0\n"
+        f"                AND pg_catalog.left(p.proname::pg_catalog.text, {len(fn_prefix)})\n"
+        f"                    OPERATOR(pg_catalog.=) {lit(fn_prefix)} LOOP\n"
+        "    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);\n"
+        "  END LOOP;\n"
+        "END\n"
+    )
+
+
+def add_column_quietly(spec: FenceSpec) -> str:
+    """Add a row fence's column unless it exists: ``ADD COLUMN IF NOT EXISTS`` would print a
+    NOTICE on every re-run, and a re-run of a protect script is meant to be quiet."""
+    t = spec.table
+    add = f"ALTER TABLE {t.sql} ADD COLUMN {names_for(spec).col} bigint"
+    return do(
+        "\nBEGIN\n"
+        "  IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a\n"
+        f"                 WHERE a.attrelid = {lit(t.sql)}::pg_catalog.regclass\n"
+        f"                   AND a.attname OPERATOR(pg_catalog.=) {lit(spec.column)}\n"
+        "                   AND a.attnum > 0 AND NOT a.attisdropped) THEN\n"
+        f"    EXECUTE {lit(add)};\n"
+        "  END IF;\nEND\n"
+    )
+
+
+def create_counters_quietly(tag: str) -> str:
+    """``fencekit.create_counters(tag)`` only while one of its sequences is missing: it uses
+    ``CREATE SEQUENCE IF NOT EXISTS``, which prints a NOTICE per existing sequence."""
+    return (
+        f"SELECT fencekit.create_counters({lit(tag)})\n"
+        " WHERE EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_reasons()\n"
+        "                 OPERATOR(pg_catalog.||) ARRAY['last_at', 'max_gap']) r\n"
+        "                WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I',\n"
+        f"                        {lit(tag + ':')} OPERATOR(pg_catalog.||) r)) IS NULL)"
+    )
+
+
+_SHELL_SAFE = "'^[A-Za-z0-9_@%+=:,./-]+$'"
+
+
+def _sh(expr: str) -> str:
+    """SQL: the text ``expr`` quoted for a POSIX shell, as :func:`shlex.quote` quotes it."""
+    return (
+        f"CASE WHEN {expr} OPERATOR(pg_catalog.~) {_SHELL_SAFE} THEN {expr}\n"
+        f"        ELSE '''' OPERATOR(pg_catalog.||) pg_catalog.replace({expr}, '''', "
+        "'''\"''\"''') OPERATOR(pg_catalog.||) '''' END"
+    )
+
+
+def shell_args_sql(spec_expr: str, table_expr: str) -> str:
+    """SQL: the command-line arguments that reproduce the spec ``spec_expr`` (jsonb) for the
+    table ``table_expr`` (text, as SQL writes it), shell-quoted: what ``catalog._cli_spec``
+    prints for the same spec (a test compares them)."""
+    s = spec_expr
+    cat = "OPERATOR(pg_catalog.||)"
+    eq = "OPERATOR(pg_catalog.=)"
+    ne = "OPERATOR(pg_catalog.<>)"
+    resource = f"({s} ->> 'resource')"
+    column = f"({s} ->> 'column')"
+    issuer = f"({s} ->> 'issuer')"
+    return (
+        f"pg_catalog.concat_ws(' ', {_sh(table_expr)},\n"
+        f"      CASE WHEN {s} ->> 'scope' {eq} 'table' THEN '--scope table' END,\n"
+        f"      (SELECT pg_catalog.string_agg('--key ' {cat} {_sh('k')}, ' ' ORDER BY o)\n"
+        f"         FROM pg_catalog.jsonb_array_elements_text({s} -> 'key')"
+        " WITH ORDINALITY AS e(k, o)),\n"
+        f"      '--resource ' {cat} {_sh(resource)},\n"
+        f"      CASE WHEN {s} ->> 'on_missing' {ne} 'reject'\n"
+        f"           THEN '--on-missing ' {cat} ({s} ->> 'on_missing') END,\n"
+        f"      CASE WHEN {s} ->> 'on_equal' {ne} 'accept'\n"
+        f"           THEN '--on-equal ' {cat} ({s} ->> 'on_equal') END,\n"
+        f"      CASE WHEN {s} ->> 'scope' {eq} 'row' AND {column} {ne} {lit(DEFAULT_COLUMN)}\n"
+        f"           THEN '--column ' {cat} {_sh(column)} END,\n"
+        f"      '--issuer ' {cat} {_sh(issuer)})"
+    )
+
+
+def unprotect_guard(spec: FenceSpec) -> str:
+    """A DO block refusing (YF000) unless the registry holds exactly ``spec`` for the table,
+    with a hint naming the command that generates the right script. For a table the registry
+    does not know it says so (a NOTICE): the script then only cleans leftovers."""
+    t = spec.table
+    wanted = json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)
+    # Registry rows written before an option existed take its default.
+    base = json.dumps(FenceSpec(t).to_dict(), sort_keys=True, ensure_ascii=False)
+    cli = shell_args_sql("have", "tbl")
+    return do(
+        "\nDECLARE\n"
+        "  have pg_catalog.jsonb;\n"
+        f"  tbl pg_catalog.text := {lit(t.sql)};\n"
+        "BEGIN\n"
+        f"  SELECT {lit(base)}::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have\n"
+        "    FROM fencekit.protected p\n"
+        f"   WHERE p.schema_name OPERATOR(pg_catalog.=) {lit(t.schema)}\n"
+        f"     AND p.table_name OPERATOR(pg_catalog.=) {lit(t.name)};\n"
+        "  IF NOT FOUND THEN\n"
+        "    RAISE NOTICE 'fencekit: % is not in fencekit.protected; removing leftover fencekit '\n"
+        "                 'objects only', tbl;\n"
+        f"  ELSIF have IS DISTINCT FROM {lit(wanted)}::pg_catalog.jsonb THEN\n"
+        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
+        "      MESSAGE = pg_catalog.format('fencekit: this script unprotects %s with spec %s, '\n"
+        "        'but fencekit.protected holds %s; nothing was changed', tbl,\n"
+        f"        {lit(wanted)}, have::pg_catalog.text),\n"
+        "      HINT = 'Generate the script for what is there: fencekit sql unprotect '\n"
+        f"        OPERATOR(pg_catalog.||) {cli}\n"
+        "        OPERATOR(pg_catalog.||) ' (or run fencekit unprotect TABLE --dsn DSN, which '\n"
+        "        'reads the spec from the registry)';\n"
+        "  END IF;\nEND\n"
+    )

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import json
 
-from fencekit.spec import FenceSpec
-from fencekit.sqlgen.core import CORE_VERSION, install_statements
+from fencekit.spec import FenceSpec, TableName
+from fencekit.sqlgen.core import CORE_VERSION, install_statements, uninstall_statements
 from fencekit.sqlgen.objects import TEMPLATE_VERSION
 from fencekit.sqlgen.protect import protect_statements, unprotect_statements
+from fencekit.sqlgen.rename import rename_statements
 from fencekit.sqlgen.text import comment, lit
 
-__all__ = ["DEFAULT_LOCK_TIMEOUT", "render_install", "render_protect", "render_unprotect"]
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "render_install",
+    "render_protect",
+    "render_rename",
+    "render_uninstall",
+    "render_unprotect",
+]
 
 #: No DDL here waits long for its lock: adding a fence must not queue every writer behind it.
 DEFAULT_LOCK_TIMEOUT = "5s"
@@ -66,3 +74,33 @@ def render_unprotect(
         f"fencekit: unprotect {spec.table.sql} ({spec.scope} fence, template {TEMPLATE_VERSION})"
     ]
     return _script(title, unprotect_statements(spec), lock_timeout)
+
+
+def render_rename(
+    spec: FenceSpec,
+    new_table: TableName,
+    *,
+    lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
+) -> str:
+    """Move ``spec``'s protection to ``new_table`` (the table, renamed), as a psql script."""
+    title = [
+        f"fencekit: {spec.table.sql} was renamed to {new_table.sql}: move its protection "
+        f"({spec.scope} fence, template {TEMPLATE_VERSION})"
+    ]
+    return _script(title, rename_statements(spec, new_table), lock_timeout)
+
+
+def render_uninstall(
+    specs: list[FenceSpec] | None = None,
+    *,
+    unprotect_all: bool = False,
+    lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
+) -> str:
+    """Remove fencekit from a database, as a psql script: the exact unprotect of each of
+    ``specs`` first (when given), then the core (which refuses while tables are protected,
+    unless ``unprotect_all``)."""
+    statements: list[str] = []
+    for spec in specs or []:
+        statements += unprotect_statements(spec)
+    statements += uninstall_statements(unprotect_all=unprotect_all)
+    return _script(["fencekit: uninstall (remove the fencekit schema)"], statements, lock_timeout)

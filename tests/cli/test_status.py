@@ -185,8 +185,11 @@ def test_renamed_table_is_drift(cli: Cli, dsn: str, protected: FenceSpec) -> Non
     code, doc = _status(cli, dsn)
     assert code == 1
     (d,) = doc["tables"][0]["drift"]
-    assert d["kind"] == "table_missing"
-    assert "now on billing_summary_old (renamed?)" in d["message"]
+    assert d["kind"] == "table_renamed"
+    assert "was renamed to public.billing_summary_old" in d["message"]
+    assert d["fix"].startswith(
+        "fencekit rename public.billing_summary public.billing_summary_old --dsn DSN"
+    )
 
 
 def test_partition_attached_after_protect_is_drift(cli: Cli, dsn: str) -> None:
