@@ -114,8 +114,8 @@ def _move_fences(old: FenceSpec, new: FenceSpec) -> list[str]:
         f"SELECT {dst}, o.key, o.fence, o.writer_xact, o.updated_at FROM fencekit.fences o\n"
         f" WHERE o.resource = {src}\n"
         "ON CONFLICT (resource, key) DO UPDATE\n"
-        "  SET fence = pg_catalog.greatest(f.fence, excluded.fence),\n"
-        "      updated_at = pg_catalog.greatest(f.updated_at, excluded.updated_at)",
+        "  SET fence = GREATEST(f.fence, excluded.fence),\n"
+        "      updated_at = GREATEST(f.updated_at, excluded.updated_at)",
         f"DELETE FROM fencekit.fences WHERE resource = {src}",
     ]
     if old.issuer is not None:

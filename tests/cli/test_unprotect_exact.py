@@ -15,8 +15,8 @@ import pytest
 
 from fencekit import sqlgen
 from fencekit.catalog import _cli_spec
-from fencekit.sqlgen.protect import shell_args_sql
 from fencekit.spec import FenceSpec, Scope, TableName
+from fencekit.sqlgen.protect import shell_args_sql
 
 from .conftest import Cli
 
@@ -110,9 +110,7 @@ def test_unprotect_of_an_unknown_table_cleans_leftovers_and_says_so(
     assert "is not in fencekit.protected; removing leftover fencekit objects only" in done.stderr
 
 
-def test_a_shared_named_resource_keeps_its_fences_until_its_last_table(
-    cli: Cli, dsn: str
-) -> None:
+def test_a_shared_named_resource_keeps_its_fences_until_its_last_table(cli: Cli, dsn: str) -> None:
     _run(
         dsn,
         "CREATE TABLE a (account_id int NOT NULL, v int)",
