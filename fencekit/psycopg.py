@@ -1,12 +1,22 @@
 """psycopg 3 adapter (sync and async): carry the fencing token into each transaction.
 
-The token always travels transaction-locally, ``set_config('fencekit.token', $1, true)`` with a
-bound parameter, so a pooled connection or a transaction-mode pgbouncer never hands it to the next
-client. It costs no extra round trip: the fenced cursors send ``set_config`` in one pipeline
-(psycopg's pipeline mode) with the statement it guards, flushed together and answered together.
-The same statement sets ``fencekit.issuer`` to the scope's issuer (``fencing(token, issuer=...)``,
-set by a ``Lease``), or to ``''`` for an untagged token: a resource bound to another issuer
-rejects the write (YF007).
+The token always travels transaction-locally (``SET LOCAL``, or ``set_config(..., true)``), so a
+pooled connection or a transaction-mode pgbouncer never hands it to the next client; with it goes
+``fencekit.issuer``, the scope's issuer (``fencing(token, issuer=...)``, set by a ``Lease``) or
+``''`` for an untagged token: a resource bound to another issuer rejects the write (YF007).
+
+How it travels, without a round trip of its own:
+
+- **In the BEGIN.** Where psycopg is about to open a transaction (``conn.transaction()`` on an
+  idle connection, or the implicit BEGIN before the first statement of a connection not in
+  autocommit mode), fencekit sends ``BEGIN; SET LOCAL fencekit.token = ...; SET LOCAL
+  fencekit.issuer = ...`` as that round trip's one simple query. This needs psycopg internals,
+  all in :mod:`fencekit._psycopg_internals`, checked at import.
+- **In a pipeline with the statement** (the public path). Where no BEGIN is coming (autocommit,
+  a transaction already open, pipeline mode), or when that import-time check failed, the fenced
+  cursor sends ``SELECT set_config(...)`` in one psycopg pipeline with the statement it guards,
+  flushed and answered together. A statement that may hold several (a ``Composed``, or text with
+  ``;`` and no parameters) cannot share a pipeline: the token goes one statement before it.
 
 - :func:`transaction` / :func:`async_transaction`: a transaction block fenced with a token.
 - :func:`set_token` / :func:`async_set_token`: fence the transaction already open (one statement).
@@ -31,11 +41,11 @@ from types import TracebackType
 from typing import Any, cast
 
 import psycopg
-from psycopg import errors as pg_errors
-from psycopg import generators, sql
-from psycopg.abc import Params, PQGen, Query
-from psycopg.pq import ExecStatus, PipelineStatus, TransactionStatus
+from psycopg import sql
+from psycopg.abc import Params, Query
+from psycopg.pq import PipelineStatus, TransactionStatus
 
+from fencekit import _psycopg_internals as _internals
 from fencekit import metrics
 from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import TokenNotSetError, translate, validate_token
@@ -150,6 +160,8 @@ def _wanted(conn: Any) -> tuple[bool, tuple[str, str]]:
 # "BEGIN; SET LOCAL fencekit.token = ..." in that round trip instead, as one simple query: the token
 # costs no round trip, no pipeline and no extra protocol message. The token is a validated int
 # and the issuer a quoted literal, so the query is built client-side like psycopg's own BEGIN.
+# Sending it takes psycopg internals, kept in fencekit._psycopg_internals; when its import-time
+# check fails (_internals.AVAILABLE is False) every transaction takes the pipeline path.
 
 
 def _set_token_sql(conn: Any, value: tuple[str, str]) -> bytes:
@@ -181,33 +193,23 @@ def _begin_sql(conn: Any) -> bytes:
     return b" ".join(parts)
 
 
-def _begin_gen(conn: Any, begin: bytes, value: tuple[str, str]) -> PQGen[None]:
-    """Send ``begin`` and the token in one simple query; raise what the server raised."""
-    conn.pgconn.send_query(begin + b"; " + _set_token_sql(conn, value))
-    results = yield from generators.execute(conn.pgconn)
-    for result in results:
-        if result.status == ExecStatus.FATAL_ERROR:
-            raise pg_errors.error_from_result(result, encoding=conn.info.encoding)
-
-
 def _idle_outside_pipeline(conn: Any) -> bool:
     pgconn = conn.pgconn
     return bool(pgconn.transaction_status == _IDLE and pgconn.pipeline_status == PipelineStatus.OFF)
 
 
 def _opens_with_begin(conn: Any) -> bool:
-    """True when psycopg is about to send a BEGIN of its own before the next statement."""
-    return not conn.autocommit and _idle_outside_pipeline(conn)
+    """True when psycopg is about to send a BEGIN of its own before the next statement, and
+    fencekit can send it instead, with the token (see :mod:`fencekit._psycopg_internals`)."""
+    return _internals.AVAILABLE and not conn.autocommit and _idle_outside_pipeline(conn)
 
 
 def _begin_with_token(conn: Any, value: tuple[str, str]) -> None:
-    with conn.lock:
-        conn.wait(_begin_gen(conn, _begin_sql(conn), value))
+    _internals.begin(conn, _begin_sql(conn) + b"; " + _set_token_sql(conn, value))
 
 
 async def _async_begin_with_token(conn: Any, value: tuple[str, str]) -> None:
-    async with conn.lock:
-        await conn.wait(_begin_gen(conn, _begin_sql(conn), value))
+    await _internals.async_begin(conn, _begin_sql(conn) + b"; " + _set_token_sql(conn, value))
 
 
 def _setter(conn: Any) -> Any:
@@ -392,7 +394,8 @@ def install(
 
     Replaces ``conn.cursor_factory`` with its fenced variant (idempotent), and makes
     ``conn.transaction()`` opened inside a scope send the token with its BEGIN (no extra
-    statement, no pipeline). Server-side (named) cursors are not covered. Usable as
+    statement, no pipeline; without the BEGIN path, see the module docstring, the token rides
+    the block's first statement). Server-side (named) cursors are not covered. Usable as
     ``psycopg_pool.ConnectionPool(configure=install)``.
     """
     state = _state(conn)
@@ -448,30 +451,6 @@ def _fenced_factory(conn: Any) -> Iterator[None]:
         conn.cursor_factory = factory
 
 
-# psycopg's Transaction sends BEGIN from _enter_gen; the subclasses below send it with the
-# token. They use psycopg internals (checked here; read in psycopg 3.1, 3.2 and 3.3): without
-# them fencekit falls back to carrying the token with the block's first statement.
-_TX_HOOKS = all(
-    hasattr(psycopg.Transaction, name) for name in ("_push_savepoint", "_get_enter_commands")
-)
-
-
-def _token_enter_gen(tx: Any, value: tuple[str, str]) -> PQGen[None]:
-    """psycopg's ``_enter_gen``, with the token in the BEGIN's round trip."""
-    if hasattr(tx, "Status"):  # psycopg 3.3: __enter__ checked that the block is new
-        tx.status = tx.Status.ACTIVE
-    else:  # psycopg 3.1-3.2
-        if tx._entered:
-            raise TypeError("transaction blocks can be used only once")
-        tx._entered = True
-    tx._push_savepoint()
-    for i, command in enumerate(tx._get_enter_commands()):
-        if i == 0 and tx._outer_transaction:
-            yield from _begin_gen(tx._conn, command, value)
-        else:
-            yield from tx._conn._exec_command(command)
-
-
 # A fenced block is one object, the transaction itself, rather than context managers nested
 # around psycopg's: each generator-based layer measurably slowed a one-row transaction (its
 # code runs with cold caches between two round trips), and psycopg's own conn.transaction()
@@ -482,6 +461,7 @@ def _token_tx(cls: Any, conn: Any, value: tuple[str, str], *args: Any) -> Any:
     """A ``cls`` block on ``conn`` whose BEGIN carries ``value``; see :class:`_TokenBlock`."""
     tx = cls(conn, *args)
     tx._fk_value = value
+    tx._fk_tail = _set_token_sql(conn, value)  # what BeginHook appends to the BEGIN
     tx._fk_scope = None
     tx._fk_translate = False
     tx._fk_factory = None
@@ -497,17 +477,14 @@ class _TokenBlock:
     cursors, and raise fence rejections as :class:`~fencekit.errors.FenceError`.
     """
 
-    _conn: Any
+    connection: Any
     _fk_value: tuple[str, str]
     _fk_scope: fencing | None
     _fk_translate: bool
     _fk_factory: Any
 
-    def _enter_gen(self) -> PQGen[None]:
-        return _token_enter_gen(self, self._fk_value)
-
     def _fk_enter(self) -> None:
-        conn = self._conn
+        conn = self.connection
         if not _begins_with_token(conn):
             # Something began a transaction (or a pipeline) since the block was made: its
             # BEGIN, which was to carry the token, will not be sent.
@@ -524,7 +501,7 @@ class _TokenBlock:
                 conn.cursor_factory = fenced_cursor_class(factory)
 
     def _fk_exit(self) -> None:
-        conn = self._conn
+        conn = self.connection
         state = _state(conn)
         state.pinned = None
         state.dirty = False
@@ -553,7 +530,7 @@ class _TokenBlock:
         return suppressed
 
 
-class _TokenTransaction(_TokenBlock, psycopg.Transaction):
+class _TokenTransaction(_TokenBlock, _internals.BeginHook, psycopg.Transaction):
     def __enter__(self) -> _TokenTransaction:
         self._fk_enter()
         try:
@@ -576,7 +553,7 @@ class _TokenTransaction(_TokenBlock, psycopg.Transaction):
         return self._fk_exited(suppressed, exc_val)
 
 
-class _AsyncTokenTransaction(_TokenBlock, psycopg.AsyncTransaction):
+class _AsyncTokenTransaction(_TokenBlock, _internals.BeginHook, psycopg.AsyncTransaction):
     async def __aenter__(self) -> _AsyncTokenTransaction:
         self._fk_enter()
         try:
@@ -621,7 +598,7 @@ def _wrap_transaction(conn: Any) -> None:
 
 def _begins_with_token(conn: Any) -> bool:
     """True when a transaction block opened now can send the token with its BEGIN."""
-    return _TX_HOOKS and _idle_outside_pipeline(conn)
+    return _internals.AVAILABLE and _idle_outside_pipeline(conn)
 
 
 def _block(
@@ -658,10 +635,10 @@ def transaction(
 
     The token is validated before anything is sent; the block is also a :func:`fencing` scope.
     Statements must run on cursors made inside the block (or ``conn.execute``). The token rides
-    the block's BEGIN: no extra round trip. Nested inside an open transaction (a savepoint), it
-    rides the block's first statement, and the outer transaction's token is restored on exit
-    (one statement). ``issuer`` tags the token with its issuer (default: the scope's, when
-    ``token`` is None).
+    the block's BEGIN (or, without the BEGIN path, its first statement): no extra round trip.
+    Nested inside an open transaction (a savepoint), it rides the block's first statement, and
+    the outer transaction's token is restored on exit (one statement). ``issuer`` tags the
+    token with its issuer (default: the scope's, when ``token`` is None).
     """
     block: AbstractContextManager[psycopg.Transaction] = _block(
         _TokenTransaction, _nested_transaction, conn, token, issuer, savepoint_name, force_rollback
