@@ -30,15 +30,18 @@ from fencekit.alembic_plugin.ops import (
     CreateFenceOp,
     DropFenceOp,
     InstallCoreOp,
+    RenameFenceOp,
     UpgradeCoreOp,
 )
 from fencekit.alembic_plugin.registry import Installed, read_installed
 from fencekit.declare import INFO_KEY, declared_fences
+from fencekit.ident import object_tag
 from fencekit.spec import FenceSpec, Scope, TableName
 
 if TYPE_CHECKING:
     from alembic.autogenerate.api import AutogenContext
     from alembic.operations.ops import MigrateOperation, UpgradeOps
+    from sqlalchemy.engine import Connection
 
 __all__ = ["OWNED_PREFIX", "compare_fences"]
 
@@ -95,7 +98,17 @@ def compare_fences(
 
     first: list[MigrateOperation] = []
     last: list[MigrateOperation] = []
+    renamed = _renamed(connection, existing, set(declared) - set(existing))
     for where, spec in sorted(declared.items()):
+        if where in renamed:
+            # The table was renamed (op.rename_table): move its fence rather than protect it
+            # a second time under the new name, then change the fence if the declaration did.
+            old = existing.pop(renamed[where])[0]
+            rename = RenameFenceOp.generate(old, spec.table)
+            last.append(rename)
+            if rename.renamed != spec:
+                last.append(AlterFenceOp.generate(rename.renamed, spec))
+            continue
         if where not in existing:
             last.append(CreateFenceOp.generate(spec))
             continue
@@ -122,6 +135,34 @@ def compare_fences(
 
     upgrade_ops.ops[:0] = first
     upgrade_ops.ops.extend(last)
+
+
+def _renamed(
+    connection: Connection,
+    existing: dict[tuple[str, str], tuple[FenceSpec, int]],
+    wanted: set[tuple[str, str]],
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """Declared-but-unprotected tables that are a protected table renamed: the registry's table
+    no longer exists and its statement trigger (named after the registry's tag) is on the
+    declared table. Maps the new name to the old one."""
+    out: dict[tuple[str, str], tuple[str, str]] = {}
+    if not wanted:
+        return out
+    for (schema, name), _ in existing.items():
+        row = connection.exec_driver_sql(
+            "SELECT n.nspname, c.relname FROM pg_catalog.pg_trigger g "
+            "JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE g.tgname = %(trigger)s AND NOT c.relispartition "
+            "AND pg_catalog.to_regclass(%(old)s) IS NULL LIMIT 1",
+            {
+                "trigger": f"fencekit_{object_tag(schema, name)}_stmt",
+                "old": TableName(schema, name).sql,
+            },
+        ).first()
+        if row is not None and (row[0], row[1]) in wanted:
+            out[(row[0], row[1])] = (schema, name)
+    return out
 
 
 def _strip_declarations(upgrade_ops: UpgradeOps) -> None:

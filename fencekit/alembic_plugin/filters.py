@@ -20,9 +20,11 @@ from typing import Any
 
 from fencekit.spec import DEFAULT_COLUMN
 
-__all__ = ["CORE_SCHEMA", "include_name", "include_object"]
+__all__ = ["CORE_SCHEMA", "FENCE_COLUMN_COMMENT", "include_name", "include_object"]
 
 CORE_SCHEMA = "fencekit"
+#: How the comment protect puts on a row fence's column begins (fencekit.sqlgen.protect).
+FENCE_COLUMN_COMMENT = "fencekit: the fence of this row"
 _OWNED_PREFIX = "fencekit"
 
 
@@ -44,5 +46,8 @@ def include_object(
     if not reflected or compare_to is not None or name is None:
         return True  # declared in the metadata: the application owns it
     if type_ == "column":
-        return name != DEFAULT_COLUMN
+        # A fence column with a custom name (column=...) is recognised by the comment protect
+        # gives every fence column: without this alembic logs "Detected removed column".
+        comment = str(getattr(obj, "comment", None) or "")
+        return name != DEFAULT_COLUMN and not comment.startswith(FENCE_COLUMN_COMMENT)
     return not name.startswith(_OWNED_PREFIX)

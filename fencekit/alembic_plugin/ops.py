@@ -19,7 +19,8 @@ from typing import Any
 from alembic.operations import MigrateOperation, Operations
 
 from fencekit import sqlgen
-from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, SpecError
+from fencekit.ident import quote_ident
+from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, SpecError, TableName
 
 __all__ = [
     "AlterFenceOp",
@@ -27,6 +28,7 @@ __all__ = [
     "DropFenceOp",
     "FenceOp",
     "InstallCoreOp",
+    "RenameFenceOp",
     "UninstallCoreOp",
     "UpgradeCoreOp",
     "alter_statements",
@@ -459,4 +461,94 @@ def _drop(operations: Operations, operation: DropFenceOp) -> None:
 def _alter(operations: Operations, operation: AlterFenceOp) -> None:
     new = operation.new
     title = f"alter the fence of {new.table.sql} ({new.scope} fence, {_origin(operation.sql)})"
+    run_sql(operations, operation.statements(), title)
+
+
+# ---------------------------------------------------------------- rename (issue 13)
+
+
+@Operations.register_operation("rename_fence")
+class RenameFenceOp(MigrateOperation):
+    """Move a table's fence to its new name after ``op.rename_table``: registry row, triggers
+    and functions (named after the new name), counters, and an unnamed key or table fence's
+    fences. Without it the registry keeps the old name and a ``create_fence`` for the new name
+    would put a second set of triggers on the table.
+
+    ``spec`` is the fence as protected under the old name. Run it after the table is renamed.
+    Written by hand without ``sql``, its reverse expects the table renamed back first; the
+    operation autogenerate writes carries a reverse that does not (see :meth:`generate`).
+    """
+
+    def __init__(
+        self,
+        spec: FenceSpec,
+        new_table: TableName,
+        sql: Iterable[str] | None = None,
+        undo_sql: Iterable[str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.new_table = new_table
+        self.sql = _frozen(sql)
+        self.undo_sql = _frozen(undo_sql, "undo_sql")
+
+    @property
+    def renamed(self) -> FenceSpec:
+        """The spec under the new name."""
+        return self.spec.with_changes(table=self.new_table)
+
+    @classmethod
+    def generate(cls, spec: FenceSpec, new_table: TableName) -> RenameFenceOp:
+        """The operation autogenerate writes: the rename and its reverse, frozen now.
+
+        Autogenerate proposes it after the table was renamed by an earlier migration, whose
+        downgrade renames the table back after this one's: so the reverse puts the fence back
+        under the old name while the table keeps the new one (renaming the table to the old
+        name for the move, then back), which is exactly the state the earlier migration left.
+        """
+        renamed = spec.with_changes(table=new_table)
+        to_old = f"ALTER TABLE {new_table.sql} RENAME TO {quote_ident(spec.table.name)}"
+        to_new = f"ALTER TABLE {spec.table.sql} RENAME TO {quote_ident(new_table.name)}"
+        back = [to_old, *sqlgen.rename_statements(renamed, spec.table), to_new]
+        if spec.table.schema != new_table.schema:
+            back = sqlgen.rename_statements(renamed, spec.table)  # SET SCHEMA: by hand
+        return cls(spec, new_table, sqlgen.rename_statements(spec, new_table), back)
+
+    @classmethod
+    def rename_fence(
+        cls,
+        operations: Operations,
+        old_table_name: str,
+        new_table_name: str,
+        *,
+        schema: str | None = None,
+        sql: Sequence[str] | None = None,
+        **options: Any,
+    ) -> None:
+        """Move the fence of ``schema.old_table_name`` (options: its spec, as in
+        ``create_fence``) to ``schema.new_table_name``, the same table renamed."""
+        spec = spec_from_options(old_table_name, schema, options)
+        operations.invoke(cls(spec, TableName(spec.table.schema, new_table_name), sql))
+
+    def statements(self) -> list[str]:
+        if self.sql is not None:
+            return list(self.sql)
+        return sqlgen.rename_statements(self.spec, self.new_table)
+
+    def reverse(self) -> RenameFenceOp:
+        return RenameFenceOp(self.renamed, self.spec.table, self.undo_sql, self.sql)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("rename_fence", self.spec.table.schema, self.spec.table.name, self.new_table.name)
+
+    def __repr__(self) -> str:
+        frozen = "current template" if self.sql is None else f"{len(self.sql)} frozen statements"
+        return f"RenameFenceOp({self.spec!r} -> {self.new_table}, {frozen})"
+
+
+@Operations.implementation_for(RenameFenceOp)
+def _rename(operations: Operations, operation: RenameFenceOp) -> None:
+    title = (
+        f"move the fence of {operation.spec.table.sql} to {operation.new_table.sql} "
+        f"({operation.spec.scope} fence, {_origin(operation.sql)})"
+    )
     run_sql(operations, operation.statements(), title)

@@ -25,6 +25,7 @@ from fencekit.alembic_plugin.ops import (
     DropFenceOp,
     FenceOp,
     InstallCoreOp,
+    RenameFenceOp,
     UninstallCoreOp,
     UpgradeCoreOp,
     spec_options,
@@ -135,3 +136,14 @@ def _render_uninstall(autogen_context: AutogenContext, op: UninstallCoreOp) -> s
 def _render_upgrade(autogen_context: AutogenContext, op: UpgradeCoreOp) -> str:
     kwargs = {"from_version": op.from_version, "to_version": op.to_version}
     return _call(autogen_context, "upgrade_fencekit", [], kwargs)
+
+
+@renderers.dispatch_for(RenameFenceOp)
+def _render_rename(autogen_context: AutogenContext, op: RenameFenceOp) -> str:
+    args = [repr(op.spec.table.name), repr(op.new_table.name)]
+    kwargs = {"schema": op.spec.table.schema, **spec_options(op.spec)}
+    note = (
+        f"{op.spec.table} was renamed to {op.new_table}: its fence follows it (registry, "
+        "triggers, counters, fences)"
+    )
+    return _call(autogen_context, "rename_fence", args, kwargs, op.statements(), note)
