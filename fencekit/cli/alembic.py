@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,16 +65,30 @@ def run_init(args: argparse.Namespace) -> int:
     ini = Path(args.config)
     existed = ini.exists()
     config = _Config(str(ini))
+    out = io.StringIO()
     try:
-        command.init(config, args.directory, template=TEMPLATE_NAME)
+        with contextlib.redirect_stdout(out):
+            command.init(config, args.directory, template=TEMPLATE_NAME)
     except CommandError as exc:
+        sys.stdout.write(out.getvalue())
         print(f"fencekit alembic init: {exc}", file=sys.stderr)
         return 1
+    # alembic's own "Please edit ... before proceeding" would ask for what is set below.
+    sys.stdout.write(
+        "".join(
+            line
+            for line in out.getvalue().splitlines(keepends=True)
+            if not line.startswith("Please edit")
+        )
+    )
+    given = {"target_metadata": args.metadata, "sqlalchemy.url": args.url}
     if not existed:
-        _set_options(ini, {"target_metadata": args.metadata, "sqlalchemy.url": args.url})
+        _set_options(ini, given)
+    unset = [key for key, value in given.items() if existed or not value]
+    todo = f"set {' and '.join(unset)} in {ini}, " if unset else ""
     print(
-        f"Next: set target_metadata and sqlalchemy.url in {ini}, declare fences on your tables "
-        "(fencekit.declare), then run: alembic revision --autogenerate -m 'fences'"
+        f"Next: {todo}declare fences on your tables (fencekit.declare), then run: "
+        "alembic revision --autogenerate -m 'fences'"
     )
     return 0
 
