@@ -164,45 +164,138 @@ def _bulk(
     ]
 
 
+# The least a key fence can cost in its design (an AFTER STATEMENT trigger reading the keys the
+# statement wrote from its transition tables, one fence row per key): each floor adds one step,
+# hand-written, with no checks at all, so a key fence's ratio can be read against them.
+_KEY_FLOOR_FUNCTIONS = f"""
+CREATE FUNCTION {SCHEMA}.after_noop() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RETURN NULL; END $$;
+CREATE FUNCTION {SCHEMA}.after_keys() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE keys text[];
+BEGIN
+  SELECT array_agg(k.account_id::text) INTO keys
+    FROM (SELECT account_id FROM fencekit_new UNION SELECT account_id FROM fencekit_old) AS k;
+  RETURN NULL;
+END $$;
+CREATE TABLE {SCHEMA}.floor_fences (key text PRIMARY KEY, fence bigint NOT NULL);
+CREATE FUNCTION {SCHEMA}.after_upsert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO {SCHEMA}.floor_fences AS f (key, fence)
+  SELECT DISTINCT k.account_id::text, current_setting('fencekit.token')::bigint
+    FROM (SELECT account_id FROM fencekit_new UNION SELECT account_id FROM fencekit_old) AS k
+  ON CONFLICT (key) DO UPDATE SET fence = excluded.fence WHERE f.fence < excluded.fence;
+  RETURN NULL;
+END $$;
+"""
+_KEY_FLOORS = (
+    ("key floor: an empty AFTER STATEMENT trigger with transition tables", "after_noop"),
+    ("key floor: + reading the statement's keys", "after_keys"),
+    ("key floor: + one upsert of their fences (no checks)", "after_upsert"),
+)
+
+
 def _single_row(
-    conn: psycopg.Connection[Any], transactions: int, rounds: int, progress: Callable[[str], None]
-) -> dict[str, Any]:
-    plain = _make_table(conn, "single_plain", "billing", 1000, 100, None)
-    row = _make_table(
-        conn, "single_row", "billing", 1000, 100, FenceSpec(TableName(SCHEMA, "single_row"))
-    )
-    seconds: dict[str, list[float]] = {"plain": [], "row": []}
+    conn: psycopg.Connection[Any],
+    transactions: int,
+    rounds: int,
+    progress: Callable[[str], None],
+    *,
+    synchronous_commit: bool = True,
+) -> list[dict[str, Any]]:
+    """One-row transactions (set token, UPDATE one row, COMMIT) on a row fence, a key fence and
+    the key fence's floors, each against the same plain table, interleaved in small batches."""
+    suffix = "" if synchronous_commit else "_async"
+    plain = _make_table(conn, f"single_plain{suffix}", "billing", 1000, 100, None)
+    tables: list[tuple[str, str, str]] = [
+        (
+            "row fence",
+            _make_table(
+                conn,
+                f"single_row{suffix}",
+                "billing",
+                1000,
+                100,
+                FenceSpec(TableName(SCHEMA, f"single_row{suffix}")),
+            ),
+            ">= 0.95x",
+        ),
+        (
+            "key fence (account_id)",
+            _make_table(
+                conn,
+                f"single_key{suffix}",
+                "billing",
+                1000,
+                100,
+                FenceSpec(
+                    TableName(SCHEMA, f"single_key{suffix}"), scope=Scope.KEY, key=("account_id",)
+                ),
+            ),
+            ">= 0.85x" if synchronous_commit else ">= 0.77x",
+        ),
+    ]
+    if conn.execute(
+        "SELECT to_regprocedure(%s) IS NULL", [f"{SCHEMA}.after_noop()"]
+    ).fetchone() == (True,):
+        conn.execute(_KEY_FLOOR_FUNCTIONS)
+    for i, (label, function) in enumerate(_KEY_FLOORS):
+        t = _make_table(conn, f"single_floor{i}{suffix}", "billing", 1000, 100, None)
+        conn.execute(
+            f"CREATE TRIGGER t AFTER UPDATE ON {t} REFERENCING OLD TABLE AS fencekit_old "
+            f"NEW TABLE AS fencekit_new FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.{function}()"
+        )
+        tables.append((label, t, "-"))
+    names = ["plain", *(label for label, _, _ in tables)]
+    table_of = {"plain": plain, **{label: t for label, t, _ in tables}}
+    seconds: dict[str, list[float]] = {name: [] for name in names}
     token = 10_000
     batch = 25
-    for r in range(rounds):
-        progress(f"single-row transactions: round {r + 1}/{rounds}")
-        token += 1
-        spent = {"plain": 0.0, "row": 0.0}
-        # Alternate small batches so that both sides see the same machine load.
-        for b in range(transactions // batch):
-            order = (("plain", plain), ("row", row)) if b % 2 else (("row", row), ("plain", plain))
-            for name, t in order:
-                stmt = f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s"
-                start = time.perf_counter()
-                for i in range(batch):
-                    # Same shape on both sides: set the token, update one row, commit.
-                    with conn.transaction():
-                        conn.execute("SELECT set_config('fencekit.token', %s, true)", [str(token)])
-                        conn.execute(stmt, [(b * batch + i) % 1000 + 1])
-                spent[name] += time.perf_counter() - start
-        for name in spent:
-            seconds[name].append(spent[name])
-    # Throughput ratio = fenced rate / plain rate = plain time / fenced time, per round.
-    ratios = [p / f for p, f in zip(seconds["plain"], seconds["row"], strict=True)]
+    conn.execute(f"SET synchronous_commit = {'on' if synchronous_commit else 'off'}")
+    try:
+        for r in range(rounds):
+            progress(
+                f"single-row transactions{'' if synchronous_commit else ' (sync off)'}: "
+                f"round {r + 1}/{rounds}"
+            )
+            token += 1
+            spent = dict.fromkeys(names, 0.0)
+            # Rotate small batches so that every table sees the same machine load.
+            for b in range(transactions // batch):
+                for name in names[b % len(names) :] + names[: b % len(names)]:
+                    stmt = (
+                        f"UPDATE {table_of[name]} SET total = total + 1, updated_at = now() "
+                        "WHERE id = %s"
+                    )
+                    start = time.perf_counter()
+                    for i in range(batch):
+                        # Same shape everywhere: set the token, update one row, commit.
+                        with conn.transaction():
+                            conn.execute(
+                                "SELECT set_config('fencekit.token', %s, true)", [str(token)]
+                            )
+                            conn.execute(stmt, [(b * batch + i) % 1000 + 1])
+                    spent[name] += time.perf_counter() - start
+            for name in names:
+                seconds[name].append(spent[name])
+    finally:
+        conn.execute("RESET synchronous_commit")
     n = (transactions // batch) * batch
-    return {
-        "name": "row fence, single-row transactions (set token, UPDATE, COMMIT)",
-        "baseline": n / statistics.median(seconds["plain"]),
-        "fenced": n / statistics.median(seconds["row"]),
-        "ratio": statistics.median(ratios),
-        "unit": "tx/s",
-        "target": ">= 0.95x",
-    }
+    mode = "" if synchronous_commit else ", synchronous_commit off"
+    out = []
+    for label, _, target in tables:
+        # Throughput ratio = fenced rate / plain rate = plain time / fenced time, per round.
+        ratios = [p / f for p, f in zip(seconds["plain"], seconds[label], strict=True)]
+        out.append(
+            {
+                "name": f"{label}, single-row transactions (set token, UPDATE, COMMIT{mode})",
+                "baseline": n / statistics.median(seconds["plain"]),
+                "fenced": n / statistics.median(seconds[label]),
+                "ratio": statistics.median(ratios),
+                "unit": "tx/s",
+                "target": target,
+            }
+        )
+    return out
 
 
 # Where the time of a row fence goes: each variant adds one thing to the one before it, all on
@@ -272,6 +365,8 @@ def run(
     with psycopg.connect(dsn, autocommit=True) as conn, _bench_schema(conn):
         results = _bulk(conn, "billing", rows, rounds, progress)
         results += _bulk(conn, "narrow", rows, rounds, progress)
-        results.append(_single_row(conn, 300 if quick else 2000, rounds, progress))
+        single = 300 if quick else 2000
+        results += _single_row(conn, single, rounds, progress)
+        results += _single_row(conn, single, rounds, progress, synchronous_commit=False)
         results += _anatomy(conn, rows, rounds, progress)
     return results
