@@ -1,4 +1,4 @@
-"""psycopg 3 adapter against the real triggers: tokens ride the statement, never leak."""
+"""psycopg 3 adapter against the real triggers: tokens ride BEGIN or the statement, never leak."""
 
 from __future__ import annotations
 
