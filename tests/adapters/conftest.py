@@ -31,11 +31,14 @@ def protect(dsn: str, ddl: str, table: str, scope: str = "row", key: tuple[str, 
 
 @pytest.fixture
 def billing(dsn: str) -> str:
-    """``billing_summary`` (row fence), seeded with account 42; returns the dsn."""
+    """``billing_summary`` as getting-started.md creates and protects it (key fence on
+    account_id), seeded with account 42; returns the dsn."""
     protect(
         dsn,
-        "CREATE TABLE billing_summary (account_id int PRIMARY KEY, summary text NOT NULL)",
+        "CREATE TABLE billing_summary (account_id bigint PRIMARY KEY, summary text NOT NULL)",
         "billing_summary",
+        "key",
+        ("account_id",),
     )
     with psycopg.connect(dsn) as conn:
         conn.execute("SELECT set_config('fencekit.token', '1', true)")

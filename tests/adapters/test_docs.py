@@ -1,7 +1,8 @@
 """The ```python blocks of the adapter docs pages run, in order, against a fresh database.
 
 Each page runs in one namespace seeded with ``dsn`` (libpq conninfo) and ``url`` (SQLAlchemy)
-of a database where ``billing_summary`` is protected (row fence) and holds account 42.
+of a database where ``billing_summary`` is protected as getting-started.md does it (key
+fence on account_id) and holds account 42.
 Blocks in other languages (```text, ```bash) are prose only.
 """
 

@@ -71,7 +71,7 @@ def test_translate_real_stale_rejection(billing: str) -> None:
     assert err.table == "public.billing_summary"
     assert err.key == {"account_id": "42"}
     assert (err.token, err.fence) == (33, 34)
-    assert err.column == "fencekit_fence"
+    assert err.column == "account_id"  # a key fence names its first key column
     assert err.orig is exc
     assert err.__cause__ is exc
     assert "33" in str(err)
