@@ -26,6 +26,7 @@ __all__ = [
     "CatalogError",
     "Drift",
     "ProtectedTable",
+    "Repairs",
     "Status",
     "check_spec",
     "core_version",
@@ -97,6 +98,8 @@ class ProtectedTable:
     rejections: dict[str, int] = field(default_factory=dict)
     last_rejected_at: datetime | None = None
     max_token_gap: int | None = None
+    #: Worst lateness of a rejected token, seconds (key and table fences; fencekit.lateness).
+    max_lateness_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +114,26 @@ class ProtectedTable:
             "rejections": dict(self.rejections),
             "last_rejected_at": _iso(self.last_rejected_at),
             "max_token_gap": self.max_token_gap,
+            "max_lateness_seconds": self.max_lateness_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class Repairs:
+    """Fence repairs recorded in fencekit.repairs (``fencekit fence set``)."""
+
+    count: int
+    lowered: int
+    last_at: datetime | None = None
+    #: The last repair in one line; None when this role may not read the audit rows.
+    last: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "lowered": self.lowered,
+            "last_at": _iso(self.last_at),
+            "last": self.last,
         }
 
 
@@ -122,6 +145,7 @@ class Status:
     drift: list[Drift] = field(default_factory=list)
     # Server settings that weaken the lease tokens' guarantee; warnings, not drift.
     warnings: list[str] = field(default_factory=list)
+    repairs: Repairs | None = None
 
     @property
     def has_drift(self) -> bool:
@@ -138,6 +162,7 @@ class Status:
             "drift": self.has_drift,
             "core_drift": [d.to_dict() for d in self.drift],
             "warnings": list(self.warnings),
+            "repairs": self.repairs.to_dict() if self.repairs is not None else None,
             "tables": [t.to_dict() for t in self.tables],
         }
 
@@ -365,7 +390,10 @@ def status(conn: Conn, allow_triggers: Collection[str] = ()) -> Status:
     for pt in tables:
         pt.drift = table_drift(conn, pt, allow_triggers)
     _add_rejections(conn, tables)
-    return Status(version, tables, core_drift, durability_warnings(conn))
+    _add_lateness(conn, tables)
+    return Status(
+        version, tables, core_drift, durability_warnings(conn), repairs=recent_repairs(conn)
+    )
 
 
 def durability_warnings(conn: Conn) -> list[str]:
@@ -1134,3 +1162,44 @@ def _add_rejections(conn: Conn, tables: list[ProtectedTable]) -> None:
         pt.rejections[reason] = int(count or 0)
         pt.last_rejected_at = last_at
         pt.max_token_gap = int(gap) if gap is not None else None
+
+
+def _add_lateness(conn: Conn, tables: list[ProtectedTable]) -> None:
+    if conn.execute("SELECT pg_catalog.to_regclass('fencekit.lateness')").fetchone() == (None,):
+        return  # core older than the lateness gauge; status reports core_outdated
+    by_name = {(pt.spec.table.schema, pt.spec.table.name): pt for pt in tables}
+    for schema, name, late in conn.execute(
+        "SELECT schema_name, table_name, max_lateness_seconds FROM fencekit.lateness"
+    ).fetchall():
+        pt = by_name.get((schema, name))
+        if pt is not None and late is not None:
+            pt.max_lateness_seconds = float(late)
+
+
+def recent_repairs(conn: Conn) -> Repairs | None:
+    """How many fence repairs fencekit.repairs holds, and the last one (its audit row is
+    readable by fencekit_admin only: others get the counts)."""
+    if conn.execute("SELECT pg_catalog.to_regclass('fencekit.repairs')").fetchone() == (None,):
+        return None
+    count, lowered, last_at = conn.execute(
+        "SELECT COALESCE(pg_catalog.sum(repairs), 0), COALESCE(pg_catalog.sum(lowered), 0), "
+        "pg_catalog.max(last_repaired_at) FROM fencekit.repair_counts"
+    ).fetchone() or (0, 0, None)
+    last = None
+    readable = conn.execute(
+        "SELECT pg_catalog.has_table_privilege('fencekit.repairs', 'SELECT')"
+    ).fetchone()
+    if count and readable and readable[0]:
+        row = conn.execute(
+            "SELECT repaired_at, repaired_by, schema_name, table_name, scope, resource, key, "
+            "old_fence, new_fence, reason FROM fencekit.repairs ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        if row is not None:
+            at, who, schema, name, scope, resource, key, old, new, reason = row
+            where = f"{schema}.{name}" if name is not None else f"resource {resource}"
+            what = "" if scope == "table" else f" key {key}"
+            last = (
+                f"{_iso(at)} by {who}: {where}{what} fence {old if old is not None else 'none'}"
+                f" -> {new}" + (f" ({reason})" if reason else "")
+            )
+    return Repairs(int(count), int(lowered), last_at, last)

@@ -601,6 +601,9 @@ def format_status(st: Status) -> str:
     problems = [("fencekit", d) for d in st.drift] + [
         (str(t.spec.table), d) for t in st.tables for d in t.drift
     ]
+    from fencekit.cli.fences import status_lines
+
+    lines += status_lines(st)  # worst lateness, fence repairs
     if st.warnings:
         lines += ["", "Warnings (server durability, see docs/leases.md):"]
         lines += [f"  {w}" for w in st.warnings]

@@ -7,14 +7,20 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
                'issuer_mismatch', 'usage', 'unfenced', 'bypassed']
 $fn$;
 
--- Per-table counters: one sequence per reason, plus the last rejection time (epoch ms) and
--- the largest token gap seen. Called by the generated protect script.
+-- Every per-table sequence: a counter per reason and three gauges, the last rejection time
+-- (epoch ms), the largest token gap and the worst lateness (ms, see fencekit.reject) seen.
+CREATE OR REPLACE FUNCTION fencekit.counter_names() RETURNS text[]
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT fencekit.counter_reasons() || ARRAY['last_at', 'max_gap', 'max_late_ms']
+$fn$;
+
+-- Per-table counters (fencekit.counter_names). Called by the generated protect script.
 CREATE OR REPLACE FUNCTION fencekit.create_counters(tag text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   r text;
 BEGIN
-  FOREACH r IN ARRAY fencekit.counter_reasons() || ARRAY['last_at', 'max_gap'] LOOP
+  FOREACH r IN ARRAY fencekit.counter_names() LOOP
     EXECUTE pg_catalog.format('CREATE SEQUENCE IF NOT EXISTS fencekit.%I',
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
@@ -28,7 +34,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   r text;
 BEGIN
-  FOREACH r IN ARRAY fencekit.counter_reasons() || ARRAY['last_at', 'max_gap'] LOOP
+  FOREACH r IN ARRAY fencekit.counter_names() LOOP
     EXECUTE pg_catalog.format('DROP SEQUENCE IF EXISTS fencekit.%I', tag || ':' || r);
   END LOOP;
 END
@@ -105,6 +111,25 @@ BEGIN
 END
 $fn$;
 
+-- Keep the worst lateness (ms) seen for a table in its max_late_ms gauge, a sequence like the
+-- counters so that it survives the rollback of the rejected write. Not atomic with the read:
+-- two concurrent rejections may keep the smaller value. Called by fencekit.reject only.
+CREATE OR REPLACE FUNCTION fencekit.record_lateness(tag text, late_ms bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  seq regclass := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':max_late_ms'));
+  cur bigint;
+BEGIN
+  IF seq IS NULL OR late_ms IS NULL OR late_ms < 1 THEN
+    RETURN;  -- a sequence cannot hold 0; a table protected before core 4 has no gauge yet
+  END IF;
+  cur := fencekit.counter_value(tag, 'max_late_ms');
+  IF cur IS NULL OR late_ms > cur THEN
+    PERFORM pg_catalog.setval(seq, late_ms);
+  END IF;
+END
+$fn$;
+
 -- The primary key values of a row, for messages: {"col": "value", ...}, or NULL without a key.
 CREATE OR REPLACE FUNCTION fencekit.row_key(relid oid, row_data jsonb) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
@@ -127,9 +152,23 @@ DECLARE
   code text;
   msg text;
   hint text;
+  late_ms bigint;
 BEGIN
   IF NOT fencekit.writing(tag, relid) THEN
     PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.reject');
+  END IF;
+  -- Lateness of a stale or reused token on a key or table fence: the time since the fence last
+  -- advanced (updated_at: the start of the transaction that raised it to its current value,
+  -- which is at or above this token). Row fences keep no time per row: NULL.
+  IF reason IN ('stale', 'reused') AND resource IS NOT NULL THEN
+    SELECT pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()
+                                                          - f.updated_at) * 1000)::bigint
+      INTO late_ms
+      FROM fencekit.fences f
+     WHERE f.resource = reject.resource
+       AND f.key = COALESCE((SELECT e.value FROM pg_catalog.jsonb_each_text(reject.key) e
+                              LIMIT 1), '');
+    late_ms := GREATEST(late_ms, 0);
   END IF;
   SELECT n.nspname, c.relname INTO sch, tbl
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -137,6 +176,9 @@ BEGIN
   what := pg_catalog.format('%I.%I', sch, tbl)
           || CASE WHEN key IS NULL THEN '' ELSE ' key ' || key::text END;
   PERFORM fencekit.count_event(tag, relid, reason, fence - token);
+  IF late_ms IS NOT NULL THEN
+    PERFORM fencekit.record_lateness(tag, late_ms);
+  END IF;
   CASE reason
   WHEN 'stale' THEN
     code := 'YF001';
@@ -182,7 +224,8 @@ BEGIN
     MESSAGE = msg,
     DETAIL = pg_catalog.json_build_object(
       'reason', reason, 'table', pg_catalog.format('%s.%s', sch, tbl), 'key', key,
-      'resource', resource, 'token', token, 'fence', fence)::text,
+      'resource', resource, 'token', token, 'fence', fence,
+      'late_ms', late_ms)::text,
     HINT = COALESCE(hint, ''),
     SCHEMA = COALESCE(sch, ''),
     TABLE = COALESCE(tbl, ''),
@@ -205,8 +248,8 @@ REVOKE ALL ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(te
 -- A member of fencekit_admin who owns a table may protect it: the script creates its counters.
 GRANT EXECUTE ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(text)
   TO fencekit_admin;
-REVOKE ALL ON FUNCTION fencekit.writing(text, oid), fencekit.refuse_caller(text, oid, text)
-  FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit.writing(text, oid), fencekit.refuse_caller(text, oid, text),
+  fencekit.record_lateness(text, bigint) FROM PUBLIC;
 -- Writers need no grant: the triggers run as the writer and call these, which act only for a
 -- transaction writing the table they name (fencekit.writing).
 GRANT EXECUTE ON FUNCTION fencekit.count_event(text, oid, text, bigint) TO PUBLIC;
