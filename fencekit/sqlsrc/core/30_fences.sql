@@ -16,13 +16,18 @@ BEGIN
     bad_reason := 'null_key';
     RETURN;
   END IF;
+  -- A key without a fence starts at the resource's floor when it has one (35_floors.sql: set
+  -- by fencekit move), so a token below it is stale there; a key with a fence is compared
+  -- with the token alone.
   INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-  SELECT DISTINCT advance_fences.resource, k, token, me
+  SELECT DISTINCT advance_fences.resource, k,
+         GREATEST(token, (SELECT fl.floor FROM fencekit.floors fl
+                           WHERE fl.resource = advance_fences.resource)), me
     FROM pg_catalog.unnest(keys) AS k
    ORDER BY 2
   ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-     SET fence = excluded.fence, writer_xact = excluded.writer_xact, updated_at = pg_catalog.now()
-   WHERE f.fence < excluded.fence;
+     SET fence = token, writer_xact = excluded.writer_xact, updated_at = pg_catalog.now()
+   WHERE f.fence < token;
   SELECT f.key, f.fence, CASE WHEN f.fence > token THEN 'stale' ELSE 'reused' END
     INTO bad_key, bad_fence, bad_reason
     FROM fencekit.fences f
