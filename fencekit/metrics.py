@@ -9,6 +9,11 @@ plugin knows the target table; raw psycopg does not, so it counts rejections onl
 - prometheus-client and OpenTelemetry, after :func:`enable_prometheus` /
   :func:`enable_opentelemetry` (their packages are imported only then).
 
+A rejected token on a key or table fence also carries its *lateness* (``MetricEvent.lateness``,
+seconds): how long before the rejection the fence had last advanced, from the rejection's
+DETAIL (``late_ms``). It tells a paused writer (lateness near the lease TTL or above) from a
+race (milliseconds). Row fences keep no time per row: ``None``.
+
 These count what *this process* saw. The database's ``fencekit.rejections`` view counts every
 rejection from every client (psql, other services) and survives the rolled-back transaction;
 the two agree for this process's rejections, and the view is the one to alert on.
@@ -30,6 +35,7 @@ __all__ = [
     "counts",
     "enable_opentelemetry",
     "enable_prometheus",
+    "lateness_of",
     "record_rejection",
     "record_unfenced",
     "remove_listener",
@@ -48,6 +54,9 @@ class MetricEvent:
     reason: str
     sqlstate: str | None = None
     error: FenceError | None = None
+    #: Seconds since the fence last advanced (stale or reused token on a key or table fence),
+    #: else None. What it says about the writer: docs/errors-and-metrics.md, "Lateness".
+    lateness: float | None = None
 
 
 Listener = Callable[[MetricEvent], None]
@@ -86,9 +95,24 @@ def _emit(event: MetricEvent) -> None:
             continue
 
 
+def lateness_of(error: FenceError) -> float | None:
+    """The rejection's lateness in seconds (``late_ms`` in its DETAIL), or None."""
+    late = error.detail.get("late_ms")
+    if isinstance(late, bool) or not isinstance(late, (int, float)):
+        return None
+    return float(late) / 1000.0
+
+
 def record_rejection(error: FenceError) -> None:
     _emit(
-        MetricEvent("rejected", error.table or _UNKNOWN_TABLE, error.reason, error.sqlstate, error)
+        MetricEvent(
+            "rejected",
+            error.table or _UNKNOWN_TABLE,
+            error.reason,
+            error.sqlstate,
+            error,
+            lateness_of(error),
+        )
     )
 
 
@@ -113,8 +137,9 @@ def reset() -> None:
 def enable_prometheus(registry: Any = None, *, prefix: str = "fencekit_client") -> Listener:
     """Export counters through prometheus-client (extra ``pg-fencekit[prometheus]``).
 
-    ``<prefix>_rejected_writes_total{table,reason}`` and ``<prefix>_unfenced_writes_total{table}``
-    in ``registry`` (default: prometheus-client's global one). Returns the listener.
+    ``<prefix>_rejected_writes_total{table,reason}``, ``<prefix>_unfenced_writes_total{table}``
+    and the histogram ``<prefix>_rejection_lateness_seconds{table}`` (rejections that carry a
+    lateness) in ``registry`` (default: prometheus-client's global one). Returns the listener.
     """
     try:
         import prometheus_client
@@ -135,10 +160,19 @@ def enable_prometheus(registry: Any = None, *, prefix: str = "fencekit_client") 
         ["table"],
         **kwargs,
     )
+    lateness = prometheus_client.Histogram(
+        f"{prefix}_rejection_lateness_seconds",
+        "Seconds since the fence had last advanced when it rejected this process's token",
+        ["table"],
+        buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600),
+        **kwargs,
+    )
 
     def listener(event: MetricEvent) -> None:
         if event.kind == "rejected":
             rejected.labels(table=event.table, reason=event.reason).inc()
+            if event.lateness is not None:
+                lateness.labels(table=event.table).observe(event.lateness)
         else:
             unfenced.labels(table=event.table).inc()
 
@@ -150,7 +184,9 @@ def enable_opentelemetry(meter: Any = None, *, prefix: str = "fencekit.client") 
     """Export counters through the OpenTelemetry metrics API (extra ``pg-fencekit[otel]``).
 
     ``<prefix>.rejected_writes`` and ``<prefix>.unfenced_writes`` with attributes ``table`` and
-    ``reason``, on ``meter`` (default: ``metrics.get_meter("fencekit")``). Returns the listener.
+    ``reason``, and the histogram ``<prefix>.rejection_lateness`` (seconds, attribute
+    ``table``), on ``meter`` (default: ``metrics.get_meter("fencekit")``). Returns the
+    listener.
     """
     try:
         from opentelemetry import metrics as otel_metrics
@@ -165,10 +201,17 @@ def enable_opentelemetry(meter: Any = None, *, prefix: str = "fencekit.client") 
     unfenced = meter.create_counter(
         f"{prefix}.unfenced_writes", unit="1", description="writes sent without a fencing token"
     )
+    lateness = meter.create_histogram(
+        f"{prefix}.rejection_lateness",
+        unit="s",
+        description="seconds since the fence had last advanced when it rejected a token",
+    )
 
     def listener(event: MetricEvent) -> None:
         counter = rejected if event.kind == "rejected" else unfenced
         counter.add(1, {"table": event.table, "reason": event.reason})
+        if event.lateness is not None:
+            lateness.record(event.lateness, {"table": event.table})
 
     add_listener(listener)
     return listener

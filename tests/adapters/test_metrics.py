@@ -44,6 +44,7 @@ class RecordingMeter:
 
     def __init__(self) -> None:
         self.added: list[tuple[str, int, dict[str, Any]]] = []
+        self.recorded: list[tuple[str, float, dict[str, Any]]] = []  # histograms (lateness)
 
     def create_counter(self, name: str, **_: Any) -> Any:
         meter = self
@@ -53,6 +54,15 @@ class RecordingMeter:
                 meter.added.append((name, amount, attributes))
 
         return Counter()
+
+    def create_histogram(self, name: str, **_: Any) -> Any:
+        meter = self
+
+        class Histogram:
+            def record(self, amount: float, attributes: dict[str, Any]) -> None:
+                meter.recorded.append((name, amount, attributes))
+
+        return Histogram()
 
 
 def test_opentelemetry_backend(billing: str) -> None:

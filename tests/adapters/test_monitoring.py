@@ -211,3 +211,79 @@ def test_cli_prints_the_shipped_files(capsys: pytest.CaptureFixture[str]) -> Non
         assert main(["monitoring", sub]) == 0
         assert capsys.readouterr().out == read(name)
     assert main(["monitoring", "nope"]) == 2
+
+
+def test_client_metrics_carry_the_lateness(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stale token on a key fence: the adapter's metric event and prometheus histogram get
+    the lateness the database put in the DETAIL; a row fence's rejection has none."""
+    from prometheus_client import CollectorRegistry
+
+    import fencekit.psycopg as fkpg
+    from fencekit import metrics
+    from fencekit.context import fencing
+    from fencekit.errors import StaleTokenError
+
+    _run(
+        dsn,
+        "CREATE TABLE payments (id serial PRIMARY KEY, account_id int NOT NULL)",
+        "CREATE TABLE accounts (id int PRIMARY KEY)",
+    )
+    assert main(["protect", "payments", "--key", "account_id", "--dsn", dsn]) == 0
+    assert main(["protect", "accounts", "--dsn", dsn]) == 0
+    capsys.readouterr()
+    _run(dsn, "INSERT INTO payments (account_id) VALUES (1)", token=34)
+    _run(dsn, "INSERT INTO accounts VALUES (1)", token=34)
+    _run(dsn, "UPDATE fencekit.fences SET updated_at = now() - interval '45 seconds'")
+    registry = CollectorRegistry()
+    listener = metrics.enable_prometheus(registry)
+    events: list[metrics.MetricEvent] = []
+    remove = metrics.add_listener(events.append)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            fkpg.install(conn)
+            with fencing(33), pytest.raises(StaleTokenError):
+                conn.execute("INSERT INTO payments (account_id) VALUES (1)")
+            with fencing(33), pytest.raises(StaleTokenError):
+                conn.execute("UPDATE accounts SET id = 1")
+    finally:
+        remove()
+        metrics.remove_listener(listener)
+    key_event, row_event = events
+    assert key_event.lateness is not None
+    assert 45 <= key_event.lateness < 60
+    assert row_event.lateness is None
+    count = registry.get_sample_value(
+        "fencekit_client_rejection_lateness_seconds_count", {"table": "public.payments"}
+    )
+    assert count == 1
+    total = registry.get_sample_value(
+        "fencekit_client_rejection_lateness_seconds_sum", {"table": "public.payments"}
+    )
+    assert total is not None
+    assert 45 <= total < 60
+
+
+def test_opentelemetry_lateness_histogram(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from fencekit import metrics
+    from fencekit.errors import translate
+
+    from .test_metrics import RecordingMeter
+
+    _run(dsn, "CREATE TABLE report (v int)")
+    assert main(["protect", "report", "--scope", "table", "--dsn", dsn]) == 0
+    capsys.readouterr()
+    _run(dsn, "INSERT INTO report VALUES (1)", token=9)
+    _run(dsn, "UPDATE fencekit.fences SET updated_at = now() - interval '5 seconds'")
+    meter = RecordingMeter()
+    listener = metrics.enable_opentelemetry(meter)
+    try:
+        with pytest.raises(psycopg.Error) as info:
+            _run(dsn, "INSERT INTO report VALUES (2)", token=8)
+        error = translate(info.value)
+        assert error is not None
+        metrics.record_rejection(error)
+    finally:
+        metrics.remove_listener(listener)
+    ((name, seconds, attrs),) = meter.recorded
+    assert (name, attrs) == ("fencekit.client.rejection_lateness", {"table": "public.report"})
+    assert 5 <= seconds < 20
