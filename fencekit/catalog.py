@@ -330,11 +330,19 @@ def check_spec(conn: Conn, spec: FenceSpec) -> list[str]:
             "(`fencekit status` reports partitions without them)"
         )
     current = registered(conn, t)
-    if current is not None and current.spec != spec:
+    if current is not None and sqlgen.is_move(current.spec, spec):
+        # Policies change in place (protect re-runs keep the fences); another scope, key,
+        # resource or fence column is a move, which carries the fences in one transaction.
         raise CatalogError(
-            f"{t} is already protected with another spec "
-            f"({describe(current.spec)}); changing a spec in place is not supported: "
-            f"run `fencekit unprotect {t}` first (a row fence's column and fences are dropped)"
+            f"{t} is protected with another scope, key, resource or fence column "
+            f"({describe(current.spec)}): move it in one transaction, its fences carried, "
+            f"with `fencekit move {_cli_spec(spec)}` (review the script first: "
+            f"`fencekit sql move {_cli_spec(spec)} --dsn DSN`)"
+        )
+    if current is not None and current.spec != spec:
+        notes.append(
+            f"{t} was protected with {describe(current.spec)}: its policies change in place, "
+            "its fences are kept"
         )
     return notes
 

@@ -7,6 +7,7 @@ all call it, so the SQL a DBA reviews is the SQL that runs. One module per scope
 - :mod:`.row`, :mod:`.key`, :mod:`.table`: what each scope adds;
 - :mod:`.protect`: the per-table objects assembled into idempotent protect / unprotect DDL;
 - :mod:`.rename`: moving a protection to a table's new name;
+- :mod:`.move`: moving a table to another spec (scope, key, resource, fence column);
 - :mod:`.core`: the core schema; :mod:`.script`: whole psql scripts;
 - :mod:`.objects`, :mod:`.common`, :mod:`.text`: the shared pieces (objects and their stamps,
   names, SQL text helpers).
@@ -15,6 +16,7 @@ See docs/dev/architecture.md for the data flow.
 """
 
 from fencekit.sqlgen.core import CORE_VERSION, install_statements, uninstall_statements
+from fencekit.sqlgen.move import is_move, move_statements, render_move
 from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger
 from fencekit.sqlgen.protect import (
     protect_statements,
@@ -40,9 +42,12 @@ __all__ = [
     "TableObjects",
     "Trigger",
     "install_statements",
+    "is_move",
+    "move_statements",
     "protect_statements",
     "rename_statements",
     "render_install",
+    "render_move",
     "render_protect",
     "render_rename",
     "render_uninstall",

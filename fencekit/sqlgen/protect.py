@@ -94,7 +94,8 @@ def _guard(spec: FenceSpec) -> str:
     """Refuse fencekit's own tables, and a structural change over an existing protection.
 
     Policies (on_missing, on_equal, lease_bound, issuer) change by re-running protect; another
-    scope, key, resource or fence column would strand fences and columns.
+    scope, key, resource or fence column would strand fences and columns: that is a move
+    (:mod:`fencekit.sqlgen.move`), whose script removes the registry row before it protects.
     """
     t = spec.table
     d = spec.to_dict()
@@ -120,8 +121,9 @@ def _guard(spec: FenceSpec) -> str:
         f"                   IS DISTINCT FROM ({wanted})) THEN\n"
         "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
         f"      MESSAGE = {lit(message)},\n"
-        "      HINT = 'Unprotect it first (fencekit unprotect, or an alembic alter_fence), then "
-        "protect it again; policies alone can change by re-running protect.';\n"
+        "      HINT = 'Move it in one transaction, fences carried: fencekit move TABLE "
+        "<new options> --dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone "
+        "change by re-running protect.';\n"
         "  END IF;\nEND\n"
     )
 

@@ -19,7 +19,7 @@ BEGIN
                    IS DISTINCT FROM ('"row"'::pg_catalog.jsonb, '[]'::pg_catalog.jsonb, 'null'::pg_catalog.jsonb, '"fencekit_fence"'::pg_catalog.jsonb)) THEN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = 'fencekit: app.invoices is already protected with another scope, key, resource or fence column',
-      HINT = 'Unprotect it first (fencekit unprotect, or an alembic alter_fence), then protect it again; policies alone can change by re-running protect.';
+      HINT = 'Move it in one transaction, fences carried: fencekit move TABLE <new options> --dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone change by re-running protect.';
   END IF;
 END
 $do$;
