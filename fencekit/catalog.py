@@ -261,8 +261,10 @@ def search_path(conn: Conn) -> str:
     return str(row[0]) if row else ""
 
 
-def check_spec(conn: Conn, spec: FenceSpec) -> list[str]:
+def check_spec(conn: Conn, spec: FenceSpec, *, moving: bool = False) -> list[str]:
     """Validate ``spec`` against the live catalog; return notes for the user.
+
+    A table protected with another structure is refused unless ``moving`` (``fencekit move``).
 
     Raises :class:`CatalogError`: the table does not exist or is not a table, is a partition,
     a key column is missing or nullable, or the fence column exists with another type.
@@ -330,7 +332,7 @@ def check_spec(conn: Conn, spec: FenceSpec) -> list[str]:
             "(`fencekit status` reports partitions without them)"
         )
     current = registered(conn, t)
-    if current is not None and sqlgen.is_move(current.spec, spec):
+    if current is not None and not moving and sqlgen.is_move(current.spec, spec):
         # Policies change in place (protect re-runs keep the fences); another scope, key,
         # resource or fence column is a move, which carries the fences in one transaction.
         raise CatalogError(

@@ -124,7 +124,25 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         f"        OPERATOR(pg_catalog.||) {target}\n"
         "        OPERATOR(pg_catalog.||) ' --dsn DSN (it reads the current spec from the "
         "registry)';\n"
-        "  END IF;\nEND\n"
+        "  END IF;\n" + _column_free(old, new) + "END\n"
+    )
+
+
+def _column_free(old: FenceSpec, new: FenceSpec) -> str:
+    """A move to a row fence fills the fence column: refuse one that holds the table's data."""
+    if new.scope is not Scope.ROW or old.scope is Scope.ROW:
+        return ""
+    t = new.table
+    message = f"fencekit: {t.sql} already has a column {new.column}; nothing was moved"
+    return (
+        "  IF EXISTS (SELECT FROM pg_catalog.pg_attribute a\n"
+        f"             WHERE a.attrelid = {lit(t.sql)}::pg_catalog.regclass\n"
+        f"               AND a.attname OPERATOR(pg_catalog.=) {lit(new.column)}\n"
+        "               AND a.attnum > 0 AND NOT a.attisdropped) THEN\n"
+        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
+        f"      MESSAGE = {lit(message)},\n"
+        "      HINT = 'The move fills the fence column; name a new one (--column NAME).';\n"
+        "  END IF;\n"
     )
 
 

@@ -344,3 +344,14 @@ def test_a_move_on_a_partitioned_table_covers_the_partitions(db: Conn) -> None:
     run_script(db, sqlgen.render_move(old, new))
     reject(db, STALE, 19, "UPDATE pt_us SET id = 3")  # through the partition itself
     write(db, 10, "UPDATE pt SET id = 4 WHERE region = 'eu'")
+
+
+def test_a_move_to_a_row_fence_refuses_a_column_that_exists(acct: Conn) -> None:
+    old = protect(acct, "acct", "key", key=("region",))
+    write(acct, 10, "INSERT INTO acct VALUES (1, 'eu', 1, 'a')")
+    with pytest.raises(psycopg.Error) as err:
+        move(acct, old, spec("row", column="grp"))
+    assert err.value.sqlstate == USAGE
+    assert "already has a column grp" in str(err.value)
+    assert one(acct, "SELECT grp FROM acct") == 1
+    assert registered(acct)["scope"] == "key"

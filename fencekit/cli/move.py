@@ -1,0 +1,199 @@
+"""``fencekit move`` and ``fencekit sql move``: change a protected table's spec in one
+transaction, its fences carried over (see :mod:`fencekit.sqlgen.move`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any
+
+from fencekit import sqlgen
+from fencekit.cli import UsageError
+from fencekit.cli.core import (
+    _FMT,
+    _TABLE_HELP,
+    _connect,
+    _dsn,
+    _dsn_option,
+    _emit,
+    _json_option,
+    _lock_timeout,
+    _note,
+    _run_script,
+    _spec,
+    _spec_options,
+    _table,
+    _table_keys,
+)
+from fencekit.spec import FenceSpec, TableName
+
+__all__ = ["register"]
+
+_CARRIED = (
+    "Fences are carried conservatively: no row or key ends up below a token the old spec "
+    "accepted for it (row -> key: a key takes the highest fence of its rows; key or row -> "
+    "table: the highest fence; key or table -> row: each row its key's fence, or the table "
+    "fence; table -> key: every key starts at the table fence; other key columns: a new key "
+    "takes the highest fence of the old keys it covers). Policies alone (--on-missing, "
+    "--on-equal, --issuer) change in place, as re-running protect does. See docs/dba-guide.md, "
+    '"Change a protection".'
+)
+
+
+def register(subparsers: Any) -> None:
+    """Add ``fencekit move`` and ``fencekit sql move``."""
+    p = subparsers.add_parser(
+        "move",
+        help="change a protected table's scope, key, resource or fence column, fences kept",
+        formatter_class=_FMT,
+        description="Move TABLE from the spec it is protected with (read from fencekit.protected) "
+        "to the spec the options describe, in one transaction: it locks the table (and the "
+        "tables sharing its resource) against writers, removes the old triggers, carries the "
+        "fences over, creates the new triggers and commits. The table is never unprotected: a "
+        "writer waits for the move (or gives up on its lock_timeout), then meets the new "
+        "fence.\n\nThe options describe the new spec in full, as for `fencekit protect`: an "
+        "option left out takes its default.\n\n" + _CARRIED,
+        epilog="examples:\n"
+        '  fencekit move billing_summary --key account_id --dsn "$DSN"\n'
+        '  fencekit move invoices --key account_id --resource billing --dsn "$DSN"\n'
+        '  fencekit move ledger --scope table --dsn "$DSN"',
+    )
+    p.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
+    _spec_options(p, from_ddl=False)
+    _dsn_option(p)
+    _json_option(p)
+    p.set_defaults(func=run_move, prog=p.prog)
+    _register_sql(subparsers)
+
+
+def _register_sql(subparsers: Any) -> None:
+    """``fencekit sql move``, under the ``sql`` command that the core group made."""
+    sql = subparsers.choices.get("sql")
+    if sql is None:
+        return
+    commands = next(
+        a
+        for a in sql._actions
+        if isinstance(a, argparse._SubParsersAction)  # noqa: SLF001
+    )
+    p = commands.add_parser(
+        "move",
+        help="the script that moves a table to another spec, fences kept",
+        formatter_class=_FMT,
+        description="Print the script `fencekit move` runs, for review and psql. The spec the "
+        "table is protected with now comes from the database (--dsn: read-only) or from "
+        "--from, written as the options of `fencekit sql protect` (`fencekit status` shows "
+        "them). The script refuses to run, changing nothing, when the registry holds another "
+        "spec.\n\n" + _CARRIED,
+        epilog="examples:\n"
+        '  fencekit sql move billing_summary --key account_id --dsn "$DSN" > move.sql\n'
+        "  fencekit sql move billing_summary --key account_id --from='' > move.sql"
+        "   # now a row fence\n"
+        "  fencekit sql move ledger --scope table --from='--key account_id' > move.sql\n"
+        "  psql -v ON_ERROR_STOP=1 -f move.sql",
+    )
+    p.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
+    _spec_options(p, from_ddl=False)
+    p.add_argument(
+        "--from",
+        dest="from_options",
+        metavar="OPTIONS",
+        help="the options TABLE is protected with now, as one shell word: --from='' for a "
+        "default row fence, --from='--key account_id', --from='--scope table --resource "
+        "billing' (instead of --dsn)",
+    )
+    _dsn_option(p)
+    p.set_defaults(func=run_sql_move, prog=p.prog)
+
+
+def _old_from_options(table: TableName, text: str) -> FenceSpec:
+    """The old spec from ``--from``: protect's options, parsed by protect's own parser."""
+    parser = argparse.ArgumentParser(prog="fencekit sql move --from", add_help=False)
+    _spec_options(parser, from_ddl=False)
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--from {text!r}: {exc}") from None
+    try:
+        parsed, extra = parser.parse_known_args(words)
+    except SystemExit:
+        raise UsageError(f"--from {text!r} is not a set of protect options") from None
+    if extra:
+        raise UsageError(f"--from: unrecognized options {' '.join(extra)}")
+    return _spec(parsed, table)
+
+
+def _current(conn: Any, text: str) -> FenceSpec:
+    from fencekit import catalog
+
+    catalog.require_core(conn)
+    found = catalog.resolve_table(conn, text)
+    if found is None:
+        raise catalog.CatalogError(
+            f"table {text} does not exist (search_path: {catalog.search_path(conn)})"
+        )
+    pt = catalog.registered(conn, found[0])
+    if pt is None:
+        raise catalog.CatalogError(
+            f"{found[0]} is not protected: protect it (fencekit protect) instead of moving it"
+        )
+    return pt.spec
+
+
+def run_sql_move(args: argparse.Namespace) -> int:
+    table = _table(args.table)
+    _spec(args, table)  # usage errors first
+    lock_timeout = _lock_timeout(args)
+    if (args.from_options is None) == (args.dsn is None):
+        raise UsageError("give the current spec with --from OPTIONS or read it with --dsn DSN")
+    if args.from_options is not None:
+        old = _old_from_options(table, args.from_options)
+    else:
+        with _connect(_dsn(args)) as conn:
+            old = _current(conn, args.table)
+    new = _spec(args, old.table)
+    if old == new:
+        raise UsageError(f"{old.table} is protected with exactly these options: nothing to move")
+    sys.stdout.write(sqlgen.render_move(old, new, lock_timeout=lock_timeout))
+    return 0
+
+
+def run_move(args: argparse.Namespace) -> int:
+    from fencekit import catalog
+
+    dsn, lock_timeout = _dsn(args), _lock_timeout(args)
+    _spec(args, _table(args.table))
+    with _connect(dsn) as conn:
+        old = _current(conn, args.table)
+        new = _spec(args, old.table)
+        moved = sqlgen.is_move(old, new)
+        notes = [] if old == new else catalog.check_spec(conn, new, moving=True)
+        if old != new:
+            _run_script(conn, sqlgen.render_move(old, new, lock_timeout=lock_timeout), lock_timeout)
+    document = {
+        "action": "move",
+        **_table_keys(new),
+        "from": old.to_dict(),
+        "moved": moved,
+        "changed": old != new,
+        "template_version": sqlgen.TEMPLATE_VERSION,
+        "notes": notes,
+    }
+    if old == new:
+        text = [f"{new.table} is already protected with {catalog.describe(new)}: nothing to do"]
+    elif moved:
+        text = [
+            f"moved {new.table} from {catalog.describe(old)} to {catalog.describe(new)}, "
+            "fences carried over"
+        ]
+    else:
+        text = [
+            f"changed the policies of {new.table} in place ({catalog.describe(new)}), fences kept"
+        ]
+    _emit(args, document, text)
+    if not args.json:
+        for note in notes:
+            if "policies change in place" not in note:
+                _note(args, note)
+    return 0
