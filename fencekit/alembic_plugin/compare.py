@@ -3,7 +3,8 @@
 Runs after alembic's own table comparison (last priority), so that it can
 
 - append ``create_fence`` after the ``create_table`` / ``add_column`` it depends on, and
-  ``alter_fence`` for a changed declaration or for objects an older template made,
+  ``alter_fence`` for changed policies or for objects an older template made, and
+  ``move_fence`` for another scope, key, resource or fence column (fences carried),
 - put ``drop_fence`` first, before a ``drop_table`` of the same table,
 - put ``install_fencekit`` / ``upgrade_fencekit`` before everything,
 - remove any operation alembic proposed against objects fencekit owns (the fence column of a
@@ -30,6 +31,7 @@ from fencekit.alembic_plugin.ops import (
     CreateFenceOp,
     DropFenceOp,
     InstallCoreOp,
+    MoveFenceOp,
     RenameFenceOp,
     UpgradeCoreOp,
 )
@@ -107,7 +109,7 @@ def compare_fences(
             rename = RenameFenceOp.generate(old, spec.table)
             last.append(rename)
             if rename.renamed != spec:
-                last.append(AlterFenceOp.generate(rename.renamed, spec))
+                last.append(_change(rename.renamed, spec))
             continue
         if where not in existing:
             last.append(CreateFenceOp.generate(spec))
@@ -115,7 +117,7 @@ def compare_fences(
         old, old_template = existing[where]
         if old != spec:
             # Its protect half renders the current template, so objects of an older one go too.
-            last.append(AlterFenceOp.generate(old, spec))
+            last.append(_change(old, spec))
         elif old_template < sqlgen.TEMPLATE_VERSION:
             # Objects of an older template (fencekit was upgraded): re-protect them, so the
             # upgrade of fencekit arrives as a migration that a reviewer sees and runs. A newer
@@ -135,6 +137,15 @@ def compare_fences(
 
     upgrade_ops.ops[:0] = first
     upgrade_ops.ops.extend(last)
+
+
+def _change(old: FenceSpec, new: FenceSpec) -> MigrateOperation:
+    """A changed declaration: policies change in place (``alter_fence``: protect re-run);
+    another scope, key, resource or fence column is one ``move_fence`` that carries the
+    fences, never a drop and a create."""
+    if sqlgen.is_move(old, new):
+        return MoveFenceOp.generate(old, new)
+    return AlterFenceOp.generate(old, new)
 
 
 def _renamed(

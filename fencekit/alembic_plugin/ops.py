@@ -28,6 +28,7 @@ __all__ = [
     "DropFenceOp",
     "FenceOp",
     "InstallCoreOp",
+    "MoveFenceOp",
     "RenameFenceOp",
     "UninstallCoreOp",
     "UpgradeCoreOp",
@@ -396,12 +397,14 @@ def alter_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
 
     When only the policies change (same functions, triggers, column and resource), re-running
     protect is the alter: it replaces the function bodies and the registry row in place and
-    keeps every fence. Otherwise the old fence is unprotected and the new one protected, which
-    starts the table's fences afresh (a new key has no old fences).
+    keeps every fence. Otherwise the table moves to the new spec in one transaction, its
+    fences carried over (:func:`fencekit.sqlgen.move_statements`; autogenerate writes that as
+    ``op.move_fence``).
     """
     if _shape(old) == _shape(new):
         return sqlgen.protect_statements(new)
-    return [*sqlgen.unprotect_statements(old), *sqlgen.protect_statements(new)]
+    # Another scope, key, resource or fence column: a move, fences carried (never unprotected).
+    return sqlgen.move_statements(old, new)
 
 
 # ---------------------------------------------------------------- implementations
@@ -550,5 +553,84 @@ def _rename(operations: Operations, operation: RenameFenceOp) -> None:
     title = (
         f"move the fence of {operation.spec.table.sql} to {operation.new_table.sql} "
         f"({operation.spec.scope} fence, {_origin(operation.sql)})"
+    )
+    run_sql(operations, operation.statements(), title)
+
+
+# ---------------------------------------------------------------- move (issue 13, item 1)
+
+
+@Operations.register_operation("move_fence")
+class MoveFenceOp(MigrateOperation):
+    """Move a table to a fence of another scope, key, resource or fence column in one
+    transaction, its fences carried over conservatively (see :mod:`fencekit.sqlgen.move`):
+    never unprotected in between, and no row or key ends up below a token the old fence
+    accepted. ``old`` must be what the registry holds; the SQL refuses otherwise."""
+
+    def __init__(
+        self,
+        old: FenceSpec,
+        new: FenceSpec,
+        sql: Iterable[str] | None = None,
+        undo_sql: Iterable[str] | None = None,
+    ) -> None:
+        if old.table != new.table:
+            raise SpecError(f"move_fence keeps the table ({old.table} -> {new.table})")
+        self.old = old
+        self.new = new
+        self.sql = _frozen(sql)
+        self.undo_sql = _frozen(undo_sql, "undo_sql")
+
+    @classmethod
+    def generate(cls, old: FenceSpec, new: FenceSpec) -> MoveFenceOp:
+        """The operation autogenerate writes: the move and its way back, frozen now."""
+        return cls(old, new, sqlgen.move_statements(old, new), sqlgen.move_statements(new, old))
+
+    @classmethod
+    def move_fence(
+        cls,
+        operations: Operations,
+        table_name: str,
+        *,
+        schema: str | None = None,
+        old: Mapping[str, Any],
+        new: Mapping[str, Any],
+        sql: Sequence[str] | None = None,
+    ) -> None:
+        """Move the fence of ``schema.table_name`` from spec ``old`` to spec ``new``.
+
+        ``sql`` as for :meth:`CreateFenceOp.create_fence`.
+        """
+        operations.invoke(
+            cls(
+                spec_from_options(table_name, schema, old),
+                spec_from_options(table_name, schema, new),
+                sql,
+            )
+        )
+
+    def statements(self) -> list[str]:
+        if self.sql is not None:
+            return list(self.sql)
+        return sqlgen.move_statements(self.old, self.new)
+
+    def reverse(self) -> MoveFenceOp:
+        return MoveFenceOp(self.new, self.old, self.undo_sql, self.sql)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        table = self.new.table
+        return ("move_fence", table.schema, table.name, self.old, self.new)
+
+    def __repr__(self) -> str:
+        frozen = "current template" if self.sql is None else f"{len(self.sql)} frozen statements"
+        return f"MoveFenceOp({self.old!r} -> {self.new!r}, {frozen})"
+
+
+@Operations.implementation_for(MoveFenceOp)
+def _move(operations: Operations, operation: MoveFenceOp) -> None:
+    old, new = operation.old, operation.new
+    title = (
+        f"move the fence of {new.table.sql} ({old.scope} -> {new.scope} fence, fences "
+        f"carried, {_origin(operation.sql)})"
     )
     run_sql(operations, operation.statements(), title)

@@ -25,6 +25,7 @@ from fencekit.alembic_plugin.ops import (
     DropFenceOp,
     FenceOp,
     InstallCoreOp,
+    MoveFenceOp,
     RenameFenceOp,
     UninstallCoreOp,
     UpgradeCoreOp,
@@ -147,3 +148,19 @@ def _render_rename(autogen_context: AutogenContext, op: RenameFenceOp) -> str:
         "triggers, counters, fences)"
     )
     return _call(autogen_context, "rename_fence", args, kwargs, op.statements(), note)
+
+
+@renderers.dispatch_for(MoveFenceOp)
+def _render_move(autogen_context: AutogenContext, op: MoveFenceOp) -> str:
+    kwargs: dict[str, Any] = {
+        "schema": op.new.table.schema,
+        "old": spec_options(op.old),
+        "new": spec_options(op.new),
+    }
+    note = (
+        f"{op.new.table}: {op.old.scope} fence -> {op.new.scope} fence in one transaction, "
+        "fences carried over (never unprotected in between)"
+    )
+    return _call(
+        autogen_context, "move_fence", [repr(op.new.table.name)], kwargs, op.statements(), note
+    )

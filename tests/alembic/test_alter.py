@@ -38,15 +38,13 @@ def test_changed_fence_autogenerates_alter_and_downgrade_restores(project: Proje
     project.write_models(AFTER)
     text = project.autogenerate("alter fence").read_text()
     upgrade, downgrade = text.split("def upgrade", 1)[1].split("def downgrade", 1)
-    assert "op.alter_fence(" in upgrade
+    # Another key is a move (issue 13, item 1): one operation each way, fences carried.
+    assert "op.move_fence(" in upgrade
     assert "'key': ['account_id', 'region']" in upgrade.split("new=", 1)[1]
-    assert "op.alter_fence(" in downgrade
-    # A new key starts afresh: both directions freeze unprotect, then protect.
+    assert "op.move_fence(" in downgrade
     for direction in (upgrade, downgrade):
         sql = direction.split("sql=", 1)[1]
-        assert sql.index("DELETE FROM fencekit.protected") < sql.index(
-            "INSERT INTO fencekit.protected"
-        )
+        assert sql.index("LOCK TABLE") < sql.index("INSERT INTO fencekit.protected")
     assert "op.create_fence" not in text
     assert "op.drop_fence" not in text
 
