@@ -4,6 +4,7 @@ transaction, its fences carried over (see :mod:`fencekit.sqlgen.move`)."""
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from typing import Any
@@ -145,11 +146,18 @@ def run_sql_move(args: argparse.Namespace) -> int:
     table = _table(args.table)
     _spec(args, table)  # usage errors first
     lock_timeout = _lock_timeout(args)
-    if (args.from_options is None) == (args.dsn is None):
-        raise UsageError("give the current spec with --from OPTIONS or read it with --dsn DSN")
+    if args.from_options is not None and args.dsn is not None:
+        raise UsageError(
+            "give the current spec with --from OPTIONS or read it with --dsn, not both"
+        )
     if args.from_options is not None:
         old = _old_from_options(table, args.from_options)
     else:
+        if not (args.dsn or os.environ.get("FENCEKIT_DSN")):
+            raise UsageError(
+                "give the current spec with --from OPTIONS, or read it from the database with "
+                "--dsn DSN (or FENCEKIT_DSN)"
+            )
         with _connect(_dsn(args)) as conn:
             old = _current(conn, args.table)
     new = _spec(args, old.table)

@@ -122,7 +122,8 @@ def test_sql_move_from_options_runs_with_psql(cli: Cli, billing: str, tmp_path: 
     assert _one(dsn, "SELECT spec ->> 'scope' FROM fencekit.protected") == "key"
 
 
-def test_sql_move_usage_errors(cli: Cli) -> None:
+def test_sql_move_usage_errors(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FENCEKIT_DSN", raising=False)
     r = cli("sql", "move", "billing", "--key", "account_id")
     assert r.code == 2
     assert "--from" in r.err
