@@ -84,8 +84,12 @@ $fn$;
 -- Every repair through fencekit.set_fence / set_resource_fence, in the transaction that made it
 -- (a repair rolled back leaves no row: it changed nothing). Members of fencekit_admin may read
 -- and add rows, not change or delete them; a superuser or the installing role still can.
+-- The ids come from a sequence of their own, not an identity column: a sequence owned by a
+-- table cannot change owner on its own, which restores by another role and the ownership fix
+-- that status prints need.
+CREATE SEQUENCE IF NOT EXISTS fencekit.repair_ids;
 CREATE TABLE IF NOT EXISTS fencekit.repairs (
-  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id           bigint NOT NULL DEFAULT pg_catalog.nextval('fencekit.repair_ids') PRIMARY KEY,
   repaired_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
   repaired_by  text NOT NULL,  -- fencekit.session_role(): who asked, never a definer's role
   schema_name  text,           -- NULL for set_resource_fence on a resource no table uses
@@ -100,6 +104,8 @@ CREATE TABLE IF NOT EXISTS fencekit.repairs (
 );
 REVOKE ALL ON fencekit.repairs FROM PUBLIC;
 GRANT SELECT, INSERT ON fencekit.repairs TO fencekit_admin;
+REVOKE ALL ON SEQUENCE fencekit.repair_ids FROM PUBLIC;
+GRANT USAGE ON SEQUENCE fencekit.repair_ids TO fencekit_admin;
 
 CREATE OR REPLACE FUNCTION fencekit.repair_refused(what text, hint text, code text DEFAULT 'YF000')
 RETURNS void
