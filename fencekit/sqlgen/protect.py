@@ -372,8 +372,7 @@ def create_counters_quietly(tag: str) -> str:
     ``CREATE SEQUENCE IF NOT EXISTS``, which prints a NOTICE per existing sequence."""
     return (
         f"SELECT fencekit.create_counters({lit(tag)})\n"
-        " WHERE EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_reasons()\n"
-        "                 OPERATOR(pg_catalog.||) ARRAY['last_at', 'max_gap']) r\n"
+        " WHERE EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_names()) r\n"
         "                WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I',\n"
         f"                        {lit(tag + ':')} OPERATOR(pg_catalog.||) r)) IS NULL)"
     )

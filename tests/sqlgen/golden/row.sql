@@ -40,8 +40,7 @@ ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT CASE WHEN pg_ca
 COMMENT ON COLUMN app.invoices.fencekit_fence IS 'fencekit: the fence of this row (highest token accepted); managed by fencekit';
 
 SELECT fencekit.create_counters('invoices_883e1d3584')
- WHERE EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_reasons()
-                 OPERATOR(pg_catalog.||) ARRAY['last_at', 'max_gap']) r
+ WHERE EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_names()) r
                 WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I',
                         'invoices_883e1d3584:' OPERATOR(pg_catalog.||) r)) IS NULL);
 
