@@ -106,14 +106,12 @@ def test_spec_options_round_trip_and_reject_unknown() -> None:
     assert spec_from_options("t", None, {}).table == TableName("public", "t")
 
 
-def test_policy_alter_is_protect_and_key_alter_reprotects() -> None:
+def test_policy_alter_is_protect_and_key_alter_moves() -> None:
     policy = SPEC.with_changes(on_missing="allow")
     assert alter_statements(SPEC, policy) == sqlgen.protect_statements(policy)
     rekey = SPEC.with_changes(key=("account_id", "region"))
-    assert alter_statements(SPEC, rekey) == [
-        *sqlgen.unprotect_statements(SPEC),
-        *sqlgen.protect_statements(rekey),
-    ]
+    # Another key is a move, fences carried, never unprotect + protect (issue 13, item 1).
+    assert alter_statements(SPEC, rekey) == sqlgen.move_statements(SPEC, rekey)
 
 
 def test_refresh_reprotects_and_its_downgrade_runs_nothing() -> None:

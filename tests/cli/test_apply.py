@@ -192,8 +192,10 @@ def test_changing_a_spec_in_place_is_refused(cli: Cli, dsn: str) -> None:
     assert cli("protect", "billing_summary", "--dsn", dsn).code == 0
     r = cli("protect", "billing_summary", "--key", "account_id", "--dsn", dsn)
     assert r.code == 1
-    assert "already protected with another spec (row fence" in r.err
-    assert "fencekit unprotect public.billing_summary" in r.err
+    assert "protected with another scope, key, resource or fence column (row fence" in r.err
+    # A structural change is a move, fences carried; never unprotect (issue 13, item 1).
+    assert "fencekit move public.billing_summary --key account_id" in r.err
+    assert "unprotect" not in r.err
 
 
 def test_unprotect_of_an_unprotected_table_fails_clearly(cli: Cli, dsn: str) -> None:
