@@ -312,6 +312,7 @@ def unprotect_statements(spec: FenceSpec) -> list[str]:
         # A named resource shared with other tables keeps its fences.
         unused = f"NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
         out.append(f"DELETE FROM fencekit.fences WHERE resource = {n.resource} AND {unused}")
+        out.append(f"DELETE FROM fencekit.floors WHERE resource = {n.resource} AND {unused}")
     if spec.resource is not None or spec.issuer is not None:
         out.append(
             f"DELETE FROM fencekit.resources WHERE resource = {n.resource} "

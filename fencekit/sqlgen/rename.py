@@ -116,6 +116,12 @@ def _move_fences(old: FenceSpec, new: FenceSpec) -> list[str]:
         "  SET fence = GREATEST(f.fence, excluded.fence),\n"
         "      updated_at = GREATEST(f.updated_at, excluded.updated_at)",
         f"DELETE FROM fencekit.fences WHERE resource = {src}",
+        # A floor (left by fencekit move) goes along: without it a new key would start below it.
+        "INSERT INTO fencekit.floors AS fl (resource, floor, set_at, reason)\n"
+        f"SELECT {dst}, o.floor, o.set_at, o.reason FROM fencekit.floors o\n"
+        f" WHERE o.resource = {src}\n"
+        "ON CONFLICT (resource) DO UPDATE SET floor = GREATEST(fl.floor, excluded.floor)",
+        f"DELETE FROM fencekit.floors WHERE resource = {src}",
     ]
     if old.issuer is not None:
         out.append(f"DELETE FROM fencekit.resources WHERE resource = {src}")

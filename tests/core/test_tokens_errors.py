@@ -96,7 +96,7 @@ def _assert_error_shape(
     # serialization failure (retryable) or an integrity error.
     assert type(err) is psycopg.DatabaseError, type(err)
     d = detail(err)
-    assert set(d) == {"reason", "table", "key", "resource", "token", "fence"}
+    assert set(d) == {"reason", "table", "key", "resource", "token", "fence", "late_ms"}
     assert d["reason"] == reason
     assert d["table"] == f"public.{table}"
     assert err.diag.schema_name == "public"

@@ -564,6 +564,8 @@ DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoi
 
 DELETE FROM fencekit.fences WHERE resource = 'billing' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'billing');
 
+DELETE FROM fencekit.floors WHERE resource = 'billing' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'billing');
+
 DELETE FROM fencekit.resources WHERE resource = 'billing' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'billing');
 
 COMMIT;

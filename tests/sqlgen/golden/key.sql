@@ -555,4 +555,6 @@ DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoi
 
 DELETE FROM fencekit.fences WHERE resource = 'app.invoices' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
 
+DELETE FROM fencekit.floors WHERE resource = 'app.invoices' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
+
 COMMIT;
