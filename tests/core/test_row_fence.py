@@ -376,5 +376,3 @@ def test_missing_token_policy(db: Conn) -> None:
     assert rejection_count(db, "lax", "unfenced") == 3  # counted once per statement
     # A stale token is still refused where a missing one is allowed.
     reject(db, STALE, 4, "UPDATE lax SET v = 'stale' WHERE id = 1")
-
-

@@ -230,9 +230,7 @@ def test_application_role_cannot_forge_rejection_counters(attacker, victim) -> N
     # count_event and reject act only for a transaction writing the table under that tag: not
     # for one that writes nothing, nor for one writing another protected table.
     tag = _tags(victim)["acct"]
-    query = (
-        "SELECT count FROM fencekit.rejections WHERE table_name = 'acct' AND reason = 'stale'"
-    )
+    query = "SELECT count FROM fencekit.rejections WHERE table_name = 'acct' AND reason = 'stale'"
     before = victim.execute(query).fetchone()
     victim.rollback()
     forgeries = [
