@@ -256,6 +256,23 @@ def resolve_table(conn: Conn, text: str) -> tuple[TableName, str] | None:
     return TableName(row[0], row[1]), row[2]
 
 
+def existing_table(conn: Conn, text: str) -> TableName:
+    """``text`` resolved as SQL would, or a CatalogError naming the search_path."""
+    found = resolve_table(conn, text)
+    if found is None:
+        raise CatalogError(f"table {text} does not exist (search_path: {search_path(conn)})")
+    return found[0]
+
+
+def protected_table(conn: Conn, text: str, hint: str) -> ProtectedTable:
+    """The registry entry of the table ``text`` names, or a CatalogError ending in ``hint``."""
+    table = existing_table(conn, text)
+    pt = registered(conn, table)
+    if pt is None:
+        raise CatalogError(f"{table} is not protected: {hint}")
+    return pt
+
+
 def search_path(conn: Conn) -> str:
     row = conn.execute("SELECT pg_catalog.current_setting('search_path')").fetchone()
     return str(row[0]) if row else ""

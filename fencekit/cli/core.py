@@ -484,12 +484,7 @@ def run_protect(args: argparse.Namespace) -> int:
     _spec(args, _table(args.table))  # usage errors before connecting
     with _connect(dsn) as conn:
         catalog.require_core(conn)
-        found = catalog.resolve_table(conn, args.table)
-        if found is None:
-            raise catalog.CatalogError(
-                f"table {args.table} does not exist (search_path: {catalog.search_path(conn)})"
-            )
-        spec = _spec(args, found[0])
+        spec = _spec(args, catalog.existing_table(conn, args.table))
         notes = catalog.check_spec(conn, spec)
         script = sqlgen.render_protect(spec, lock_timeout=lock_timeout)
         _run_script(conn, script, lock_timeout)
@@ -527,16 +522,7 @@ def run_unprotect(args: argparse.Namespace) -> int:
     with _connect(dsn) as conn:
         if catalog.core_version(conn) is None:
             catalog.require_core(conn)
-        found = catalog.resolve_table(conn, args.table)
-        if found is None:
-            raise catalog.CatalogError(
-                f"table {args.table} does not exist (search_path: {catalog.search_path(conn)})"
-            )
-        pt = catalog.registered(conn, found[0])
-        if pt is None:
-            raise catalog.CatalogError(
-                f"{found[0]} is not protected (fencekit.protected has no row for it)"
-            )
+        pt = catalog.protected_table(conn, args.table, "fencekit.protected has no row for it")
         script = sqlgen.render_unprotect(pt.spec, lock_timeout=lock_timeout)
         _run_script(conn, script, lock_timeout)
     document = {

@@ -130,16 +130,7 @@ def _protected(conn: psycopg.Connection[Any], text: str) -> ProtectedTable:
 
     catalog.require_core(conn)
     _table(text)  # a malformed name is a usage error
-    found = catalog.resolve_table(conn, text)
-    if found is None:
-        raise catalog.CatalogError(
-            f"table {text} does not exist (search_path: {catalog.search_path(conn)})"
-        )
-    pt = catalog.registered(conn, found[0])
-    if pt is None:
-        raise catalog.CatalogError(
-            f"{found[0]} is not protected by fencekit (fencekit status lists the protected tables)"
-        )
+    pt = catalog.protected_table(conn, text, "fencekit status lists the protected tables")
     return pt
 
 

@@ -129,16 +129,7 @@ def _current(conn: Any, text: str) -> FenceSpec:
     from fencekit import catalog
 
     catalog.require_core(conn)
-    found = catalog.resolve_table(conn, text)
-    if found is None:
-        raise catalog.CatalogError(
-            f"table {text} does not exist (search_path: {catalog.search_path(conn)})"
-        )
-    pt = catalog.registered(conn, found[0])
-    if pt is None:
-        raise catalog.CatalogError(
-            f"{found[0]} is not protected: protect it (fencekit protect) instead of moving it"
-        )
+    pt = catalog.protected_table(conn, text, "protect it (fencekit protect) instead of moving it")
     return pt.spec
 
 
