@@ -302,11 +302,16 @@ def _fences_text(doc: dict[str, Any]) -> list[str]:
     def late(v: float | None) -> str:
         return "none seen" if v is None else f"{v:.3f} s"
 
+    def bounds() -> str:
+        if doc["min"] is None:
+            return "none yet"
+        return f"lowest {doc['min']}, highest {doc['max']}"
+
     lines = [f"{doc['table']}: {doc['scope']} fence"]
     if doc["scope"] == "row":
         lines.append(
             f"  column {doc['column']}: {doc['rows']} row(s), {doc['fenced_rows']} with a fence, "
-            f"{doc['unfenced_rows']} without; lowest {doc['min']}, highest {doc['max']}"
+            f"{doc['unfenced_rows']} without; {bounds()}"
         )
         lines.append("  lateness: not kept for row fences (no time per row)")
         if doc["top"]:
@@ -316,8 +321,8 @@ def _fences_text(doc: dict[str, Any]) -> list[str]:
             lines.append(f"  row {_key_text(doc['row']['key'])}: fence {doc['row']['fence']}")
         return lines
     lines.append(
-        f"  resource {doc['resource']}: {doc['fences']} fence(s); lowest {doc['min']}, highest "
-        f"{doc['max']}; last advanced {doc['last_advanced_at'] or 'never'}"
+        f"  resource {doc['resource']}: {doc['fences']} fence(s); {bounds()}; "
+        f"last advanced {doc['last_advanced_at'] or 'never'}"
     )
     lines.append(f"  worst lateness of a rejected token: {late(doc['max_lateness_seconds'])}")
     if doc["top"] and doc["scope"] == "key":
