@@ -261,3 +261,43 @@ def test_rejections_are_counted_after_a_rename(db, scope: str) -> None:
     stale = db.execute("SELECT fencekit.counter_value(%s, 'stale')", (tag,)).fetchone()[0]
     db.rollback()
     assert stale == 1
+
+
+def test_a_writer_cannot_borrow_fencekits_triggers_to_count_for_another_table(
+    db, make_role
+) -> None:
+    """fencekit.writing() accepts a table that carries a trigger calling fencekit.<tag>_*. A
+    writer that owns a table of its own must not be able to attach the victim's trigger
+    functions to it (EXECUTE is kept from PUBLIC) and then count rejections for the victim."""
+    from fencekit.sqlgen import protect_statements, table_objects
+
+    db.execute("CREATE TABLE victim (id int PRIMARY KEY, v int)")
+    spec = FenceSpec(TableName("public", "victim"))
+    for stmt in protect_statements(spec):
+        db.execute(stmt.encode())
+    db.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+    db.commit()
+    objs = table_objects(spec)
+    dsn = make_role("sec_borrower", "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public")
+    with psycopg.connect(dsn) as attacker:
+        attacker.execute("CREATE TABLE mine (id int PRIMARY KEY, fencekit_fence bigint)")
+        attacker.commit()
+        for f in objs.functions:
+            if f.returns != "trigger":
+                continue
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                attacker.execute(
+                    f"CREATE TRIGGER borrowed BEFORE UPDATE ON mine FOR EACH ROW "
+                    f"EXECUTE FUNCTION {f.sql_name}()"
+                )
+            attacker.rollback()
+        attacker.execute("LOCK TABLE mine IN ROW EXCLUSIVE MODE")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            attacker.execute(
+                "SELECT fencekit.count_event(%s, 'public.mine'::regclass, 'stale', 1000)",
+                (objs.tag,),
+            )
+        attacker.rollback()
+    stale = db.execute("SELECT fencekit.counter_value(%s, 'stale')", (objs.tag,)).fetchone()[0]
+    db.rollback()
+    assert stale in (None, 0)
