@@ -547,16 +547,16 @@ def table_drift(
 
 
 def renamed_to(conn: Conn, pt: ProtectedTable) -> TableName | None:
-    """The table now carrying the statement trigger of ``pt`` (registered under a name that no
-    longer exists): ``pt``'s table, renamed. The trigger's name comes from the registry's tag,
-    so a table protected by any template is found."""
+    """The table now carrying the TRUNCATE trigger of ``pt`` (every scope has one; registered
+    under a name that no longer exists): ``pt``'s table, renamed. The trigger's name comes
+    from the registry's tag, so a table protected by any template is found."""
     row = conn.execute(
         "SELECT n.nspname, c.relname FROM pg_catalog.pg_trigger g "
         "JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid "
         "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
         "WHERE g.tgname = %s AND NOT c.relispartition AND NOT EXISTS "
         "(SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid) LIMIT 1",
-        (f"fencekit_{pt.tag}_stmt",),
+        (f"fencekit_{pt.tag}_trunc",),
     ).fetchone()
     return TableName(row[0], row[1]) if row is not None else None
 
@@ -849,9 +849,11 @@ class _Trig:
         return [name for bit, name in _TG_EVENTS if self.tgtype & bit]
 
     def order(self) -> tuple[int, bytes]:
-        """Firing order among BEFORE triggers of one event: every statement trigger before any
-        row trigger, and within a level by name in byte order (as PostgreSQL sorts them)."""
-        return (1 if self.row else 0, self.name.encode())
+        """Firing order among the triggers of one event: BEFORE statement, BEFORE row, AFTER
+        row, AFTER statement, and within each by name in byte order (as PostgreSQL sorts
+        them)."""
+        phase = (1 if self.row else 0) if self.before else (2 if self.row else 3)
+        return (phase, self.name.encode())
 
 
 def _relation_triggers(conn: Conn, oid: int) -> list[_Trig]:
@@ -880,11 +882,13 @@ def _foreign_trigger_drift(
 ) -> list[Drift]:
     """Triggers that are not fencekit's and can get around its checks on one relation.
 
-    fencekit's first check of a statement reads the token once; a BEFORE trigger that fires
-    ahead of it can set fencekit.token (set_config) or, at row level, change the row first. On
-    a row-fenced table any BEFORE ROW INSERT/UPDATE trigger can also overwrite the fence column
-    after fencekit's trigger set it. ``clones=False`` skips a partition's clones of its parent's
-    triggers (reported on the parent).
+    fencekit's first check of a statement reads the token once; a trigger that fires ahead of
+    it can set fencekit.token (set_config) or, at row level, change the row first. That first
+    check is the statement check, except on key-fenced tables, whose INSERT, UPDATE and DELETE
+    are judged by AFTER STATEMENT triggers: every BEFORE trigger and AFTER ROW trigger fires
+    ahead of them. On a row-fenced table any BEFORE ROW INSERT/UPDATE trigger can also
+    overwrite the fence column after fencekit's trigger set it. ``clones=False`` skips a
+    partition's clones of its parent's triggers (reported on the parent).
     """
     ours = {tr.name for tr in objs.triggers}
     trigs = _relation_triggers(conn, oid)
@@ -895,7 +899,7 @@ def _foreign_trigger_drift(
         )
 
     # Disabled triggers never fire; ENABLE REPLICA ones only where fencekit's do not.
-    firing = [t for t in trigs if t.before and t.enabled not in ("D", "R")]
+    firing = [t for t in trigs if t.enabled not in ("D", "R")]
     first: dict[str, _Trig] = {}
     for event in ("INSERT", "UPDATE", "DELETE", "TRUNCATE"):
         checks = [t for t in firing if is_fencekit(t) and event in t.events()]
@@ -908,7 +912,10 @@ def _foreign_trigger_drift(
             continue
         ahead = [e for e in t.events() if e in first and t.order() < first[e].order()]
         rewrites = (
-            spec.scope is Scope.ROW and t.row and bool({"INSERT", "UPDATE"} & set(t.events()))
+            spec.scope is Scope.ROW
+            and t.row
+            and t.before
+            and bool({"INSERT", "UPDATE"} & set(t.events()))
         )
         if not ahead and not rewrites:
             continue
@@ -919,23 +926,31 @@ def _foreign_trigger_drift(
             passed = sorted({first[e].name for e in ahead})
             can = "set fencekit.token (set_config), so the statement is judged by a token its "
             can += "writer never presented"
-            if t.row:
+            if t.row and spec.scope is not Scope.KEY:
                 can += ", or change the row before fencekit checks it"
             if rewrites:
                 can += f", and overwrite NEW.{column}, the row's fence"
             # PostgreSQL truncates names to 63 bytes.
             renamed = quote_ident(("zz_" + t.name).encode()[:63].decode(errors="ignore"))
+            # A new name helps only a trigger that fires in the same phase as fencekit's check.
+            movable = all(t.order()[0] == first[e].order()[0] for e in ahead)
+            move = (
+                ", let it fire after fencekit's checks: ALTER TRIGGER "
+                f"{quote_ident(t.name)} ON {rel_sql} RENAME TO {renamed}; once reviewed, "
+                if movable
+                else " (it fires ahead of fencekit's check whatever its name); once reviewed, "
+            )
             out.append(
                 Drift(
                     "foreign_trigger_first",
                     obj,
-                    f"BEFORE {level} trigger {t.name} (function {t.function}) fires on "
+                    f"{'BEFORE' if t.before else 'AFTER'} {level} trigger {t.name} "
+                    f"(function {t.function}) fires on "
                     f"{' '.join(ahead)} ahead of fencekit's {', '.join(passed)}: it can {can}",
                     f"review {t.function}; if it has no business with fencekit.token"
                     + (f" or NEW.{column}" if rewrites else "")
-                    + ", let it fire after fencekit's checks: ALTER TRIGGER "
-                    f"{quote_ident(t.name)} ON {rel_sql} RENAME TO {renamed}; once reviewed, "
-                    f"silence it: {silence}",
+                    + move
+                    + f"silence it: {silence}",
                 )
             )
         else:

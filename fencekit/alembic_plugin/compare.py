@@ -154,7 +154,7 @@ def _renamed(
     wanted: set[tuple[str, str]],
 ) -> dict[tuple[str, str], tuple[str, str]]:
     """Declared-but-unprotected tables that are a protected table renamed: the registry's table
-    no longer exists and its statement trigger (named after the registry's tag) is on the
+    no longer exists and its TRUNCATE trigger (named after the registry's tag) is on the
     declared table. Maps the new name to the old one."""
     out: dict[tuple[str, str], tuple[str, str]] = {}
     if not wanted:
@@ -167,7 +167,7 @@ def _renamed(
             "WHERE g.tgname = %(trigger)s AND NOT c.relispartition "
             "AND pg_catalog.to_regclass(%(old)s) IS NULL LIMIT 1",
             {
-                "trigger": f"fencekit_{object_tag(schema, name)}_stmt",
+                "trigger": f"fencekit_{object_tag(schema, name)}_trunc",
                 "old": TableName(schema, name).sql,
             },
         ).first()

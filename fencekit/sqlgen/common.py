@@ -10,7 +10,14 @@ from fencekit.spec import FenceSpec
 from fencekit.sqlgen.objects import Function
 from fencekit.sqlgen.text import comment, lit
 
-__all__ = ["PINNED_SEARCH_PATH", "Names", "definer_function", "names_for", "validate_token"]
+__all__ = [
+    "PINNED_SEARCH_PATH",
+    "Names",
+    "definer_function",
+    "issuer_check",
+    "names_for",
+    "validate_token",
+]
 
 #: What SECURITY DEFINER functions run under (DESIGN.md, principle 8).
 PINNED_SEARCH_PATH = ("search_path", "pg_catalog, pg_temp")
@@ -80,4 +87,19 @@ def validate_token(n: Names, var: str = "raw", indent: str = "  ") -> str:
         "NULL, NULL,\n"
         f"{i}                          NULL, {var});\n"
         f"{i}END IF;\n"
+    )
+
+
+def issuer_check(n: Names) -> str:
+    """PL/pgSQL: reject a token the adapter marked as another issuer's (``tok`` is set)."""
+    if n.spec.issuer is None:
+        return ""
+    return (
+        "  IF pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.<>) ''\n"
+        "     AND pg_catalog.current_setting('fencekit.issuer', true) "
+        f"OPERATOR(pg_catalog.<>) {lit(n.spec.issuer)} THEN\n"
+        f"    PERFORM fencekit.reject('issuer_mismatch', {n.lit_tag}, TG_RELID, TG_NAME, NULL, "
+        f"{n.resource}, NULL, tok,\n"
+        f"                            NULL, {lit(n.spec.issuer)});\n"
+        "  END IF;\n"
     )

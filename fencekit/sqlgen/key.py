@@ -1,8 +1,17 @@
 """Key fences: rows that share key values share one fence in ``fencekit.fences``.
 
 Set-based, once per statement: an AFTER STATEMENT trigger reads the distinct keys the statement
-wrote from its transition tables and checks and advances their fences in one upsert. The
-functions run as the role that ran protect (they write ``fencekit.fences``, which writers may
+wrote from its transition tables and judges them in one query. A key whose fence already holds
+the token (the holder writing again, the common case) is share-locked (``FOR SHARE``) and
+passes: writers under the same token never wait for each other, while an advance to a higher
+token (an exclusive row lock) waits until they commit, so no write under a lower token commits
+after a higher token advanced the fence. Only keys that need advancing, or look stale, go to
+``fencekit.advance_fences``, which advances, locks and judges them.
+
+There is no statement check before INSERT, UPDATE or DELETE (only before TRUNCATE): everything
+is judged here, once, by the token read at the end of the statement.
+
+The functions run as the role that ran protect (they write ``fencekit.fences``, which writers may
 not) with pinned settings: a key's identity is its text under TimeZone=UTC, ISO dates and hex
 bytea, so two sessions with other settings always name the same key the same way. Protect
 refuses key types whose equal values can print differently (``fencekit.check_key_columns``).
@@ -11,7 +20,7 @@ refuses key types whose equal values can print differently (``fencekit.check_key
 from __future__ import annotations
 
 from fencekit.ident import quote_ident
-from fencekit.sqlgen.common import Names, definer_function, validate_token
+from fencekit.sqlgen.common import Names, definer_function, issuer_check, validate_token
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.text import TOKEN, comment, lit
 
@@ -40,7 +49,7 @@ def _lease_check(n: Names, label: str) -> str:
     if not n.spec.lease_bound:
         return ""
     return (
-        f"  SELECT * INTO lb FROM fencekit.lease_mismatch({n.resource}, keys, tok);\n"
+        f"  SELECT * INTO lb FROM fencekit.lease_mismatch({n.resource}, s.keys, tok);\n"
         "  IF lb.bad_key IS NOT NULL\n"
         f"     AND NOT fencekit.bypass_allowed({n.lit_tag}, TG_RELID, TG_NAME) THEN\n"
         f"    PERFORM fencekit.reject('lease_mismatch', {n.lit_tag}, TG_RELID, TG_NAME, "
@@ -52,38 +61,94 @@ def _lease_check(n: Names, label: str) -> str:
     )
 
 
+def _judge_keys(n: Names, sources: list[str]) -> str:
+    """One query: the statement's distinct keys, whether every one's fence already holds the
+    token and, only then, those fences share-locked in key order. Every lock a key fence takes
+    is taken in key order (advance_fences does the rest in one pass): locking some keys here
+    and others there would break that order, and two writers could deadlock."""
+    spec = n.spec
+    cols = ", ".join(quote_ident(c) for c in spec.key)
+    union = "\n                      UNION ALL ".join(f"SELECT {cols} FROM {s}" for s in sources)
+    mine = ""
+    if spec.on_equal == "reject":
+        # The token's own fence passes only for the transaction that set it.
+        mine = (
+            "\n                     AND f.writer_xact OPERATOR(pg_catalog.=) "
+            "pg_catalog.pg_current_xact_id()"
+        )
+    fence = (
+        f"f.resource OPERATOR(pg_catalog.=) {n.resource}\n"
+        "                     AND f.key OPERATOR(pg_catalog.=) k.key\n"
+        f"                     AND f.fence OPERATOR(pg_catalog.=) tok{mine}"
+    )
+    return (
+        "  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.\n"
+        "  WITH k AS MATERIALIZED (\n"
+        f"         SELECT DISTINCT {key_expression(spec.key, 'x')} AS key\n"
+        f"           FROM ({union}) AS x\n"
+        "          ORDER BY 1),\n"
+        "       j AS (\n"
+        "         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,\n"
+        "                pg_catalog.array_agg(k.key) AS keys,\n"
+        "                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo\n"
+        "           FROM k LEFT JOIN LATERAL (\n"
+        "                  SELECT true AS hit FROM fencekit.fences f\n"
+        f"                   WHERE {fence} OFFSET 0) AS h ON true),\n"
+        "       l AS (\n"
+        "         SELECT FROM k, LATERAL (\n"
+        "                  SELECT FROM fencekit.fences f\n"
+        f"                   WHERE {fence}\n"
+        "                   FOR SHARE) AS h\n"
+        "          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)\n"
+        "  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked\n"
+        "    INTO s FROM j;\n"
+    )
+
+
 def _body(n: Names, sources: list[str]) -> str:
     spec = n.spec
     key_cols = ", ".join(quote_ident(c) for c in spec.key)
     label = spec.key[0] if len(spec.key) == 1 else f"({', '.join(spec.key)})"
-    union = "\n         UNION ".join(f"SELECT {key_cols} FROM {s}" for s in sources)
     first = lit(spec.key[0])
+    lease = _lease_check(n, label)
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}") + "DECLARE\n"
         f"  raw pg_catalog.text := {TOKEN};  -- read once: the statement is judged by this value\n"
         "  tok pg_catalog.int8;\n"
-        "  keys pg_catalog.text[];\n"
+        "  s pg_catalog.record;\n"
         "  bad pg_catalog.record;\n"
         "  lb pg_catalog.record;\n"
         "BEGIN\n"
+        "  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+        "OPERATOR(pg_catalog.<>) '' THEN\n"
+        "    -- A bypass asked for by a session that may not is refused, even if unneeded.\n"
+        f"    PERFORM fencekit.bypass_allowed({n.lit_tag}, TG_RELID, TG_NAME);\n"
+        "  END IF;\n"
         "  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN\n"
-        "    -- No token, even if the statement check saw one: bypass, allow, or YF003.\n"
+        "    -- No token: bypass, allow, or YF003.\n"
         f"    PERFORM fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow});\n"
         "    RETURN NULL;\n"
-        "  END IF;\n" + validate_token(n) + "  tok := raw::pg_catalog.int8;\n"
-        f"  SELECT pg_catalog.array_agg({key_expression(spec.key, 'k')}) INTO keys\n"
-        f"    FROM ({union}) AS k;\n"
-        "  IF keys IS NULL THEN\n"
-        "    RETURN NULL;\n"
-        "  END IF;\n" + _lease_check(n, label) + "  SELECT * INTO bad\n"
-        f"    FROM fencekit.advance_fences({n.resource}, keys, tok, {lit(spec.on_equal)});\n"
-        "  IF bad.bad_reason IS NULL THEN\n"
-        "    RETURN NULL;\n"
         "  END IF;\n"
-        "  IF bad.bad_reason OPERATOR(pg_catalog.=) 'null_key' THEN\n"
+        + validate_token(n)
+        + "  tok := raw::pg_catalog.int8;\n"
+        + issuer_check(n)
+        + _judge_keys(n, sources)
+        + "  IF s.keys IS NULL THEN\n"
+        "    RETURN NULL;  -- no rows written\n"
+        "  END IF;\n"
+        "  IF s.null_key THEN\n"
         f"    PERFORM fencekit.reject('usage', {n.lit_tag}, TG_RELID, TG_NAME, {first},\n"
         f"      {n.resource}, NULL, tok, NULL, "
         "'a key column of a key fence is NULL; key columns must be NOT NULL');\n"
+        "  END IF;\n"
+        + lease
+        + "  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN\n"
+        "    RETURN NULL;  -- every key's fence holds the token, and is share-locked\n"
+        "  END IF;\n"
+        "  SELECT * INTO bad\n"
+        f"    FROM fencekit.advance_fences({n.resource}, s.keys, tok, {lit(spec.on_equal)});\n"
+        "  IF bad.bad_reason IS NULL THEN\n"
+        "    RETURN NULL;\n"
         "  END IF;\n"
         f"  IF fencekit.bypass_allowed({n.lit_tag}, TG_RELID, TG_NAME) THEN\n"
         f"    PERFORM fencekit.count_event({n.lit_tag}, TG_RELID, 'bypassed');\n"

@@ -29,7 +29,8 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
     on = names_for(old)
     wanted = json.dumps(old.to_dict(), sort_keys=True, ensure_ascii=False)
     base = json.dumps(FenceSpec(o).to_dict(), sort_keys=True, ensure_ascii=False)
-    stmt_trigger = lit(on.trigger("stmt"))
+    # Every scope has a TRUNCATE trigger (key fences have no other statement trigger).
+    stmt_trigger = lit(on.trigger("trunc"))
     unknown = lit(f"fencekit: {o.sql} is not in fencekit.protected; nothing to rename")
     return do(
         "\nDECLARE\n"

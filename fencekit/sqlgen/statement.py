@@ -1,16 +1,16 @@
-"""The statement check, every scope's first trigger: once per statement, before any row.
+"""The statement check: once per statement, before any row (key fences: before TRUNCATE only).
 
 It refuses what is wrong whatever the rows: a malformed token, a bypass asked for by a role that
 may not, a token from another issuer, TRUNCATE under a token lower than the fence, a missing
-token under ``on_missing = reject``. Row and key fences judge each write again on their own (a
+token under ``on_missing = reject``. Row fences judge each write again on their own (a
 statement can change the token after this ran); a table fence is judged here, once, because
-the whole table is its resource.
+the whole table is its resource; a key fence is judged after the statement (key.py).
 """
 
 from __future__ import annotations
 
 from fencekit.spec import Scope
-from fencekit.sqlgen.common import Names, definer_function, validate_token
+from fencekit.sqlgen.common import Names, definer_function, issuer_check, validate_token
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.table import table_fence
 from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, lit
@@ -20,8 +20,9 @@ __all__ = ["statement_objects"]
 
 def _fast_path(n: Names) -> str:
     """One expression that ends the common case: a well-formed token, no bypass, the right
-    issuer. Table fences never take it: every statement advances their fence."""
-    if n.spec.scope is Scope.TABLE:
+    issuer. Table fences never take it: every statement advances their fence; nor key fences,
+    whose statement check runs for TRUNCATE only."""
+    if n.spec.scope is not Scope.ROW:
         return ""
     issuer = ""
     if n.spec.issuer is not None:
@@ -38,20 +39,6 @@ def _fast_path(n: Names) -> str:
         f"{issuer}\n"
         "     AND TG_OP OPERATOR(pg_catalog.<>) 'TRUNCATE' THEN\n"
         "    RETURN NULL;\n"
-        "  END IF;\n"
-    )
-
-
-def _issuer_check(n: Names) -> str:
-    if n.spec.issuer is None:
-        return ""
-    return (
-        "  IF pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.<>) ''\n"
-        "     AND pg_catalog.current_setting('fencekit.issuer', true) "
-        f"OPERATOR(pg_catalog.<>) {lit(n.spec.issuer)} THEN\n"
-        f"    PERFORM fencekit.reject('issuer_mismatch', {n.lit_tag}, TG_RELID, TG_NAME, NULL, "
-        f"{n.resource}, NULL, tok,\n"
-        f"                            NULL, {lit(n.spec.issuer)});\n"
         "  END IF;\n"
     )
 
@@ -112,7 +99,7 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         + validate_token(n, indent="    ")
         + "    tok := raw::pg_catalog.int8;\n"
         "  END IF;\n"
-        + _issuer_check(n)
+        + issuer_check(n)
         + _missing(n)
         + _truncate(n)
         + table_fence(n)
@@ -124,7 +111,12 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         stmt = definer_function(n.function, "stmt", body, ())
     else:
         stmt = n.function("stmt", "\n" + body)
+    truncate = Trigger(n.trigger("trunc"), "BEFORE TRUNCATE", "STATEMENT", stmt)
+    if scope is Scope.KEY:
+        # A key fence judges every INSERT, UPDATE and DELETE after the statement, by the
+        # token it reads then (key.py); a check before it would add a call and judge nothing.
+        return [stmt], [truncate]
     return [stmt], [
         Trigger(n.trigger("stmt"), "BEFORE INSERT OR UPDATE OR DELETE", "STATEMENT", stmt),
-        Trigger(n.trigger("trunc"), "BEFORE TRUNCATE", "STATEMENT", stmt),
+        truncate,
     ]

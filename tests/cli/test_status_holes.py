@@ -117,14 +117,18 @@ def ledger(cli: Cli, dsn: str) -> FenceSpec:
 def test_clean_protected_database_is_ok(
     cli: Cli, dsn: str, accounts: FenceSpec, ledger: FenceSpec
 ) -> None:
-    # Triggers of the application's own that cannot touch a check: an AFTER trigger that sorts
-    # first, and a BEFORE statement trigger that sorts after fencekit's.
+    # Triggers of the application's own that cannot touch a check: on the row-fenced table an
+    # AFTER trigger that sorts first and a BEFORE statement trigger that sorts after fencekit's;
+    # on the key-fenced table (judged by AFTER STATEMENT triggers) an AFTER STATEMENT trigger
+    # that sorts after fencekit's.
     _sql(
         dsn,
         "CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$",
         "CREATE TRIGGER aaa_audit AFTER INSERT OR UPDATE ON accounts "
         "FOR EACH ROW EXECUTE FUNCTION audit()",
-        "CREATE TRIGGER zz_audit BEFORE INSERT ON ledger "
+        "CREATE TRIGGER zz_audit BEFORE INSERT ON accounts "
+        "FOR EACH STATEMENT EXECUTE FUNCTION audit()",
+        "CREATE TRIGGER zz_audit AFTER INSERT ON ledger "
         "FOR EACH STATEMENT EXECUTE FUNCTION audit()",
     )
     _record_owner(dsn)
@@ -264,7 +268,7 @@ def test_without_a_recorded_owner_an_unprivileged_schema_owner_is_reported(
 
 
 def test_foreign_before_trigger_that_sorts_first_is_reported(
-    cli: Cli, dsn: str, ledger: FenceSpec
+    cli: Cli, dsn: str, accounts: FenceSpec
 ) -> None:
     # A trigger named to fire before fencekit's statement check, handing every statement a
     # token: the check then accepts writes that carry none.
@@ -272,23 +276,57 @@ def test_foreign_before_trigger_that_sorts_first_is_reported(
         dsn,
         "CREATE FUNCTION default_token() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
         "PERFORM set_config('fencekit.token', '999999', true); RETURN NULL; END$$",
-        "CREATE TRIGGER aaa_default_token BEFORE INSERT OR UPDATE ON ledger "
+        "CREATE TRIGGER aaa_default_token BEFORE INSERT OR UPDATE ON accounts "
         "FOR EACH STATEMENT EXECUTE FUNCTION default_token()",
-        "INSERT INTO ledger VALUES (1, 42)",  # no token, yet accepted: that is the hole
+        "UPDATE accounts SET balance = balance",  # no token, yet accepted: that is the hole
     )
     code, doc = _status(cli, dsn)
     assert code == 1
-    (d,) = _table_drift(doc, "public.ledger")
+    (d,) = _table_drift(doc, "public.accounts")
     assert d["kind"] == "foreign_trigger_first"
-    assert d["object"] == "public.ledger: trigger aaa_default_token"
-    assert "fires on INSERT UPDATE ahead of fencekit's " + _triggers(ledger)["stmt"] in d["message"]
+    assert d["object"] == "public.accounts: trigger aaa_default_token"
+    assert (
+        "fires on INSERT UPDATE ahead of fencekit's " + _triggers(accounts)["stmt"]
+        in (d["message"])
+    )
     assert "set fencekit.token (set_config)" in d["message"]
     assert "--allow-trigger aaa_default_token" in d["fix"]
 
     # Reviewed and accepted by the DBA: silenced.
     assert _status(cli, dsn, "--allow-trigger", "aaa_default_token")[0] == 0
     # Or renamed as the fix says, so that fencekit's check reads the writer's own token first.
-    _sql(dsn, "ALTER TRIGGER aaa_default_token ON ledger RENAME TO zz_aaa_default_token")
+    assert "RENAME TO zz_aaa_default_token" in d["fix"]
+    _sql(dsn, "ALTER TRIGGER aaa_default_token ON accounts RENAME TO zz_aaa_default_token")
+    assert _status(cli, dsn)[0] == 0
+    with psycopg.connect(dsn) as conn, pytest.raises(psycopg.DatabaseError) as err:
+        conn.execute("UPDATE accounts SET balance = balance")
+    assert err.value.sqlstate == "YF003"
+
+
+def test_any_foreign_trigger_fires_ahead_of_a_key_fences_check(
+    cli: Cli, dsn: str, ledger: FenceSpec
+) -> None:
+    # A key fence judges INSERT, UPDATE and DELETE after the statement: every BEFORE trigger
+    # and AFTER ROW trigger fires ahead of it, whatever its name, and can hand it a token.
+    _sql(
+        dsn,
+        "CREATE FUNCTION default_token() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+        "PERFORM set_config('fencekit.token', '999999', true); RETURN NULL; END$$",
+        "CREATE TRIGGER zz_default_token AFTER INSERT ON ledger "
+        "FOR EACH ROW EXECUTE FUNCTION default_token()",
+        "INSERT INTO ledger VALUES (1, 42)",  # no token, yet accepted: that is the hole
+    )
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = _table_drift(doc, "public.ledger")
+    assert d["kind"] == "foreign_trigger_first"
+    assert d["object"] == "public.ledger: trigger zz_default_token"
+    assert "AFTER row trigger zz_default_token" in d["message"]
+    assert "ahead of fencekit's " + _triggers(ledger)["ins"] in d["message"]
+    assert "whatever its name" in d["fix"]
+    assert "RENAME" not in d["fix"]
+    assert _status(cli, dsn, "--allow-trigger", "zz_default_token")[0] == 0
+    _sql(dsn, "DROP TRIGGER zz_default_token ON ledger")
     assert _status(cli, dsn)[0] == 0
     with psycopg.connect(dsn) as conn, pytest.raises(psycopg.DatabaseError) as err:
         conn.execute("INSERT INTO ledger VALUES (2, 42)")

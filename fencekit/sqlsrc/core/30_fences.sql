@@ -1,9 +1,17 @@
 -- Key and table fences: advancing the high-water mark and checking writes against it.
 
--- Raise the fence of each key to the token, in one atomic upsert whose condition is the
--- comparison, so two concurrent transactions can never leave a fence below an accepted token.
--- Rows are locked in key order (no deadlocks between multi-key writers) and stay locked until
--- commit, so a lower token cannot commit after a higher one on the same key.
+-- Judge a write of some keys under a token, and raise their fences to it: the locking protocol
+-- of key and table fences. It keeps the fence contract (no write under a lower token commits
+-- after a higher token advanced the fence) without making writers of one token wait for each
+-- other:
+--   * a key whose fence already reached the token is share-locked (FOR SHARE) and judged; any
+--     number of writers under the same token hold that lock side by side;
+--   * the other keys are raised by an upsert whose condition is the comparison; it takes the
+--     row's exclusive lock, so it waits for every share holder (writers under the old token) to
+--     commit, and later writers under the old token wait for it and then see the new fence.
+-- Every lock is taken in key order, in one pass, so writers never deadlock on fences.
+-- Key fences' triggers pass the common case themselves, inline (fencekit/sqlgen/key.py: every
+-- key already at the token), and call this for the rest; table fences call it with ARRAY[''].
 -- Returns the first offending key (highest fence first), or NULLs when every key accepts.
 CREATE OR REPLACE FUNCTION fencekit.advance_fences(
   resource text, keys text[], token bigint, on_equal text,
@@ -11,6 +19,11 @@ CREATE OR REPLACE FUNCTION fencekit.advance_fences(
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   me xid8 := pg_catalog.pg_current_xact_id();
+  start_at bigint;
+  sorted text[];
+  raise_keys text[];
+  held integer;
+  k text;
 BEGIN
   IF pg_catalog.array_position(keys, NULL) IS NOT NULL THEN
     bad_reason := 'null_key';
@@ -19,22 +32,56 @@ BEGIN
   -- A key without a fence starts at the resource's floor when it has one (35_floors.sql: set
   -- by fencekit move), so a token below it is stale there; a key with a fence is compared
   -- with the token alone.
-  INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-  SELECT DISTINCT advance_fences.resource, k,
-         GREATEST(token, (SELECT fl.floor FROM fencekit.floors fl
-                           WHERE fl.resource = advance_fences.resource)), me
-    FROM pg_catalog.unnest(keys) AS k
-   ORDER BY 2
-  ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-     SET fence = token, writer_xact = excluded.writer_xact, updated_at = pg_catalog.now()
-   WHERE f.fence < token;
+  SELECT fl.floor INTO start_at FROM fencekit.floors fl WHERE fl.resource = advance_fences.resource;
+  sorted := ARRAY(SELECT DISTINCT u.key FROM pg_catalog.unnest(keys) AS u(key) ORDER BY 1);
+  -- Which keys to raise, as far as this statement's snapshot shows (OFFSET 0: one index
+  -- lookup per key, however many fences the resource has).
+  SELECT pg_catalog.array_agg(u.key ORDER BY u.o) FILTER (WHERE h.fence IS NULL),
+         pg_catalog.count(h.fence)
+    INTO raise_keys, held
+    FROM pg_catalog.unnest(sorted) WITH ORDINALITY AS u(key, o)
+    LEFT JOIN LATERAL (SELECT f.fence FROM fencekit.fences f
+                        WHERE f.resource = advance_fences.resource AND f.key = u.key
+                          AND f.fence >= token OFFSET 0) AS h ON true;
+  IF held = 0 THEN
+    -- Nothing reached the token yet (a new token, the common case here): one upsert.
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    SELECT advance_fences.resource, u.key, GREATEST(token, start_at), me
+      FROM pg_catalog.unnest(sorted) WITH ORDINALITY AS u(key, o)
+     ORDER BY u.o
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = token, writer_xact = excluded.writer_xact, updated_at = pg_catalog.now()
+     WHERE f.fence < token;
+  ELSIF raise_keys IS NULL THEN
+    PERFORM FROM pg_catalog.unnest(sorted) WITH ORDINALITY AS u(key, o),
+            LATERAL (SELECT FROM fencekit.fences f
+                      WHERE f.resource = advance_fences.resource AND f.key = u.key
+                      FOR SHARE) AS l;
+  ELSE
+    -- Some keys to share, some to raise: one key at a time, in key order.
+    FOREACH k IN ARRAY sorted LOOP
+      IF k = ANY (raise_keys) THEN
+        INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+        VALUES (advance_fences.resource, k, GREATEST(token, start_at), me)
+        ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+           SET fence = token, writer_xact = excluded.writer_xact, updated_at = pg_catalog.now()
+         WHERE f.fence < token;
+      ELSE
+        PERFORM FROM fencekit.fences f
+         WHERE f.resource = advance_fences.resource AND f.key = k
+           FOR SHARE;
+      END IF;
+    END LOOP;
+  END IF;
+  -- Every key's fence is locked now (shared or exclusive): what it holds cannot change.
   SELECT f.key, f.fence, CASE WHEN f.fence > token THEN 'stale' ELSE 'reused' END
     INTO bad_key, bad_fence, bad_reason
-    FROM fencekit.fences f
-   WHERE f.resource = advance_fences.resource
-     AND f.key = ANY (keys)
-     AND (f.fence > token
-          OR (on_equal = 'reject' AND f.fence = token AND f.writer_xact IS DISTINCT FROM me))
+    FROM pg_catalog.unnest(sorted) AS u(key)
+    JOIN LATERAL (SELECT f.key, f.fence, f.writer_xact FROM fencekit.fences f
+                   WHERE f.resource = advance_fences.resource AND f.key = u.key OFFSET 0) AS f
+      ON true
+   WHERE f.fence > token
+      OR (on_equal = 'reject' AND f.fence = token AND f.writer_xact IS DISTINCT FROM me)
    ORDER BY f.fence DESC
    LIMIT 1;
 END

@@ -314,6 +314,7 @@ SELECT p.schema_name, p.table_name, p.scope, p.template_version,
        CASE WHEN rel IS NULL THEN 0 ELSE
          (SELECT pg_catalog.count(*) FROM pg_catalog.unnest(
             CASE p.scope WHEN 'table' THEN ARRAY['stmt', 'trunc']
+                         WHEN 'key' THEN ARRAY['trunc', 'ins', 'upd', 'del']
                          ELSE ARRAY['stmt', 'trunc', 'ins', 'upd', 'del'] END) s(suffix)
            WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                               WHERE t.tgrelid = rel

@@ -45,13 +45,6 @@ DECLARE
   bad pg_catalog.record;
   lb pg_catalog.record;
 BEGIN
-  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-     AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-          OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-     AND TG_OP OPERATOR(pg_catalog.<>) 'TRUNCATE' THEN
-    RETURN NULL;
-  END IF;
   raw := pg_catalog.current_setting('fencekit.token', true);  -- read once: everything below judges this value
   byp := false;
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
@@ -89,7 +82,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=c95a8996e932729822705882bef983d378db7e0a1215a21b01cc8137c4314767; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=dd4b75293082c2d09bbc23050cdc87b54b970ab0622e5da672aa1b15f0e5fa20; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
@@ -109,12 +102,16 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once: the statement is judged by this value
   tok pg_catalog.int8;
-  keys pg_catalog.text[];
+  s pg_catalog.record;
   bad pg_catalog.record;
   lb pg_catalog.record;
 BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
+    -- A bypass asked for by a session that may not is refused, even if unneeded.
+    PERFORM fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
+  END IF;
   IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    -- No token, even if the statement check saw one: bypass, allow, or YF003.
+    -- No token: bypass, allow, or YF003.
     PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
     RETURN NULL;
   END IF;
@@ -124,19 +121,49 @@ BEGIN
                             NULL, raw);
   END IF;
   tok := raw::pg_catalog.int8;
-  SELECT pg_catalog.array_agg(ROW(k.tenant_id::pg_catalog.text, k.account_id::pg_catalog.text)::pg_catalog.text) INTO keys
-    FROM (SELECT tenant_id, account_id FROM fencekit_new) AS k;
-  IF keys IS NULL THEN
-    RETURN NULL;
+  IF pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.<>) ''
+     AND pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.<>) 'etcd' THEN
+    PERFORM fencekit.reject('issuer_mismatch', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, 'billing', NULL, tok,
+                            NULL, 'etcd');
   END IF;
-  SELECT * INTO bad
-    FROM fencekit.advance_fences('billing', keys, tok, 'accept');
-  IF bad.bad_reason IS NULL THEN
-    RETURN NULL;
+  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.
+  WITH k AS MATERIALIZED (
+         SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text AS key
+           FROM (SELECT tenant_id, account_id FROM fencekit_new) AS x
+          ORDER BY 1),
+       j AS (
+         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,
+                pg_catalog.array_agg(k.key) AS keys,
+                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
+           FROM k LEFT JOIN LATERAL (
+                  SELECT true AS hit FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok OFFSET 0) AS h ON true),
+       l AS (
+         SELECT FROM k, LATERAL (
+                  SELECT FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok
+                   FOR SHARE) AS h
+          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)
+  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked
+    INTO s FROM j;
+  IF s.keys IS NULL THEN
+    RETURN NULL;  -- no rows written
   END IF;
-  IF bad.bad_reason OPERATOR(pg_catalog.=) 'null_key' THEN
+  IF s.null_key THEN
     PERFORM fencekit.reject('usage', 'invoices_883e1d3584', TG_RELID, TG_NAME, 'tenant_id',
       'billing', NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
+  END IF;
+  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN
+    RETURN NULL;  -- every key's fence holds the token, and is share-locked
+  END IF;
+  SELECT * INTO bad
+    FROM fencekit.advance_fences('billing', s.keys, tok, 'accept');
+  IF bad.bad_reason IS NULL THEN
+    RETURN NULL;
   END IF;
   IF fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
     PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
@@ -148,7 +175,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=5 sha256=9ed6437e66bb91eb7e380108dd19534884d896d245f1ac3c9f8c1159745cfa71; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=5 sha256=07740edaa75d8c1a77e850fce1c71c3047782a9f2963fe177ab7ff383e6b3697; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
 
@@ -168,12 +195,16 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once: the statement is judged by this value
   tok pg_catalog.int8;
-  keys pg_catalog.text[];
+  s pg_catalog.record;
   bad pg_catalog.record;
   lb pg_catalog.record;
 BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
+    -- A bypass asked for by a session that may not is refused, even if unneeded.
+    PERFORM fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
+  END IF;
   IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    -- No token, even if the statement check saw one: bypass, allow, or YF003.
+    -- No token: bypass, allow, or YF003.
     PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
     RETURN NULL;
   END IF;
@@ -183,20 +214,50 @@ BEGIN
                             NULL, raw);
   END IF;
   tok := raw::pg_catalog.int8;
-  SELECT pg_catalog.array_agg(ROW(k.tenant_id::pg_catalog.text, k.account_id::pg_catalog.text)::pg_catalog.text) INTO keys
-    FROM (SELECT tenant_id, account_id FROM fencekit_new
-         UNION SELECT tenant_id, account_id FROM fencekit_old) AS k;
-  IF keys IS NULL THEN
-    RETURN NULL;
+  IF pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.<>) ''
+     AND pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.<>) 'etcd' THEN
+    PERFORM fencekit.reject('issuer_mismatch', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, 'billing', NULL, tok,
+                            NULL, 'etcd');
   END IF;
-  SELECT * INTO bad
-    FROM fencekit.advance_fences('billing', keys, tok, 'accept');
-  IF bad.bad_reason IS NULL THEN
-    RETURN NULL;
+  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.
+  WITH k AS MATERIALIZED (
+         SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text AS key
+           FROM (SELECT tenant_id, account_id FROM fencekit_new
+                      UNION ALL SELECT tenant_id, account_id FROM fencekit_old) AS x
+          ORDER BY 1),
+       j AS (
+         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,
+                pg_catalog.array_agg(k.key) AS keys,
+                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
+           FROM k LEFT JOIN LATERAL (
+                  SELECT true AS hit FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok OFFSET 0) AS h ON true),
+       l AS (
+         SELECT FROM k, LATERAL (
+                  SELECT FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok
+                   FOR SHARE) AS h
+          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)
+  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked
+    INTO s FROM j;
+  IF s.keys IS NULL THEN
+    RETURN NULL;  -- no rows written
   END IF;
-  IF bad.bad_reason OPERATOR(pg_catalog.=) 'null_key' THEN
+  IF s.null_key THEN
     PERFORM fencekit.reject('usage', 'invoices_883e1d3584', TG_RELID, TG_NAME, 'tenant_id',
       'billing', NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
+  END IF;
+  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN
+    RETURN NULL;  -- every key's fence holds the token, and is share-locked
+  END IF;
+  SELECT * INTO bad
+    FROM fencekit.advance_fences('billing', s.keys, tok, 'accept');
+  IF bad.bad_reason IS NULL THEN
+    RETURN NULL;
   END IF;
   IF fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
     PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
@@ -208,7 +269,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=8fd2f7f056191a13efc11ff23bfaba68aa17fc324446d8c27860a03d4acaddba; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=80729796e8f0e3de5d30ef974dfaae6ace8994a3a02e5f5be3bba7375f1dca77; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
 
@@ -228,12 +289,16 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once: the statement is judged by this value
   tok pg_catalog.int8;
-  keys pg_catalog.text[];
+  s pg_catalog.record;
   bad pg_catalog.record;
   lb pg_catalog.record;
 BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
+    -- A bypass asked for by a session that may not is refused, even if unneeded.
+    PERFORM fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
+  END IF;
   IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    -- No token, even if the statement check saw one: bypass, allow, or YF003.
+    -- No token: bypass, allow, or YF003.
     PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
     RETURN NULL;
   END IF;
@@ -243,19 +308,49 @@ BEGIN
                             NULL, raw);
   END IF;
   tok := raw::pg_catalog.int8;
-  SELECT pg_catalog.array_agg(ROW(k.tenant_id::pg_catalog.text, k.account_id::pg_catalog.text)::pg_catalog.text) INTO keys
-    FROM (SELECT tenant_id, account_id FROM fencekit_old) AS k;
-  IF keys IS NULL THEN
-    RETURN NULL;
+  IF pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.<>) ''
+     AND pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.<>) 'etcd' THEN
+    PERFORM fencekit.reject('issuer_mismatch', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, 'billing', NULL, tok,
+                            NULL, 'etcd');
   END IF;
-  SELECT * INTO bad
-    FROM fencekit.advance_fences('billing', keys, tok, 'accept');
-  IF bad.bad_reason IS NULL THEN
-    RETURN NULL;
+  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.
+  WITH k AS MATERIALIZED (
+         SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text AS key
+           FROM (SELECT tenant_id, account_id FROM fencekit_old) AS x
+          ORDER BY 1),
+       j AS (
+         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,
+                pg_catalog.array_agg(k.key) AS keys,
+                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
+           FROM k LEFT JOIN LATERAL (
+                  SELECT true AS hit FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok OFFSET 0) AS h ON true),
+       l AS (
+         SELECT FROM k, LATERAL (
+                  SELECT FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok
+                   FOR SHARE) AS h
+          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)
+  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked
+    INTO s FROM j;
+  IF s.keys IS NULL THEN
+    RETURN NULL;  -- no rows written
   END IF;
-  IF bad.bad_reason OPERATOR(pg_catalog.=) 'null_key' THEN
+  IF s.null_key THEN
     PERFORM fencekit.reject('usage', 'invoices_883e1d3584', TG_RELID, TG_NAME, 'tenant_id',
       'billing', NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
+  END IF;
+  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN
+    RETURN NULL;  -- every key's fence holds the token, and is share-locked
+  END IF;
+  SELECT * INTO bad
+    FROM fencekit.advance_fences('billing', s.keys, tok, 'accept');
+  IF bad.bad_reason IS NULL THEN
+    RETURN NULL;
   END IF;
   IF fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
     PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
@@ -267,7 +362,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=63fdc73e3621ad97c534646a56ed2953ea6269a93c2107eb7e84228a391ef095; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=3c5ece6e5a783d25c9f7bba41529e5e5a9aaafce684eabb008806e5d6b7233a0; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
 
@@ -292,22 +387,9 @@ BEGIN
                 WHERE t.tgrelid = child AND NOT t.tgisinternal AND t.tgparentid = 0
                   AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                       OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                  AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+                  AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
     END LOOP;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_stmt', child, 'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit');
-    END IF;
     IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
@@ -369,7 +451,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=78a17b58dfefd6d5b3b63198752d3a57934655a1f70e6f25f68d5af50e5ae9e5; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=793d635add0a806a213586c5e5bfc479f53d2592c1cc1d11f37e23820a153098; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
@@ -383,22 +465,9 @@ BEGIN
               WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND NOT t.tgisinternal AND t.tgparentid = 0
                 AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                     OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+                AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
   END LOOP;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit');
-  END IF;
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM

@@ -43,11 +43,6 @@ DECLARE
   bad pg_catalog.record;
   lb pg_catalog.record;
 BEGIN
-  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-     AND TG_OP OPERATOR(pg_catalog.<>) 'TRUNCATE' THEN
-    RETURN NULL;
-  END IF;
   raw := pg_catalog.current_setting('fencekit.token', true);  -- read once: everything below judges this value
   byp := false;
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
@@ -80,7 +75,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=4d5d828cb8ba44999bdd4095aa229af5d0ad59f7c15813c2e31d5f06bc16eb82; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=80e13549dde848c99964b98f5129babe16c3566429762db0f029965307aece40; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
@@ -100,12 +95,16 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once: the statement is judged by this value
   tok pg_catalog.int8;
-  keys pg_catalog.text[];
+  s pg_catalog.record;
   bad pg_catalog.record;
   lb pg_catalog.record;
 BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
+    -- A bypass asked for by a session that may not is refused, even if unneeded.
+    PERFORM fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
+  END IF;
   IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    -- No token, even if the statement check saw one: bypass, allow, or YF003.
+    -- No token: bypass, allow, or YF003.
     PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
     RETURN NULL;
   END IF;
@@ -115,19 +114,44 @@ BEGIN
                             NULL, raw);
   END IF;
   tok := raw::pg_catalog.int8;
-  SELECT pg_catalog.array_agg(k.account_id::pg_catalog.text) INTO keys
-    FROM (SELECT account_id FROM fencekit_new) AS k;
-  IF keys IS NULL THEN
-    RETURN NULL;
+  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.
+  WITH k AS MATERIALIZED (
+         SELECT DISTINCT x.account_id::pg_catalog.text AS key
+           FROM (SELECT account_id FROM fencekit_new) AS x
+          ORDER BY 1),
+       j AS (
+         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,
+                pg_catalog.array_agg(k.key) AS keys,
+                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
+           FROM k LEFT JOIN LATERAL (
+                  SELECT true AS hit FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok OFFSET 0) AS h ON true),
+       l AS (
+         SELECT FROM k, LATERAL (
+                  SELECT FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok
+                   FOR SHARE) AS h
+          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)
+  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked
+    INTO s FROM j;
+  IF s.keys IS NULL THEN
+    RETURN NULL;  -- no rows written
   END IF;
-  SELECT * INTO bad
-    FROM fencekit.advance_fences('app.invoices', keys, tok, 'accept');
-  IF bad.bad_reason IS NULL THEN
-    RETURN NULL;
-  END IF;
-  IF bad.bad_reason OPERATOR(pg_catalog.=) 'null_key' THEN
+  IF s.null_key THEN
     PERFORM fencekit.reject('usage', 'invoices_883e1d3584', TG_RELID, TG_NAME, 'account_id',
       'app.invoices', NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
+  END IF;
+  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN
+    RETURN NULL;  -- every key's fence holds the token, and is share-locked
+  END IF;
+  SELECT * INTO bad
+    FROM fencekit.advance_fences('app.invoices', s.keys, tok, 'accept');
+  IF bad.bad_reason IS NULL THEN
+    RETURN NULL;
   END IF;
   IF fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
     PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
@@ -139,7 +163,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=5 sha256=7a40f92a38e8398da3165ce0342e1e0c2e1a6966e31635b27a60ca71f5bf4831; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=5 sha256=4143e065ddfb7d5a509cf23cca7de1282f8aa82acdefdfec94faed76fb3cff99; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
 
@@ -159,12 +183,16 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once: the statement is judged by this value
   tok pg_catalog.int8;
-  keys pg_catalog.text[];
+  s pg_catalog.record;
   bad pg_catalog.record;
   lb pg_catalog.record;
 BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
+    -- A bypass asked for by a session that may not is refused, even if unneeded.
+    PERFORM fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
+  END IF;
   IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    -- No token, even if the statement check saw one: bypass, allow, or YF003.
+    -- No token: bypass, allow, or YF003.
     PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
     RETURN NULL;
   END IF;
@@ -174,20 +202,45 @@ BEGIN
                             NULL, raw);
   END IF;
   tok := raw::pg_catalog.int8;
-  SELECT pg_catalog.array_agg(k.account_id::pg_catalog.text) INTO keys
-    FROM (SELECT account_id FROM fencekit_new
-         UNION SELECT account_id FROM fencekit_old) AS k;
-  IF keys IS NULL THEN
-    RETURN NULL;
+  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.
+  WITH k AS MATERIALIZED (
+         SELECT DISTINCT x.account_id::pg_catalog.text AS key
+           FROM (SELECT account_id FROM fencekit_new
+                      UNION ALL SELECT account_id FROM fencekit_old) AS x
+          ORDER BY 1),
+       j AS (
+         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,
+                pg_catalog.array_agg(k.key) AS keys,
+                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
+           FROM k LEFT JOIN LATERAL (
+                  SELECT true AS hit FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok OFFSET 0) AS h ON true),
+       l AS (
+         SELECT FROM k, LATERAL (
+                  SELECT FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok
+                   FOR SHARE) AS h
+          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)
+  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked
+    INTO s FROM j;
+  IF s.keys IS NULL THEN
+    RETURN NULL;  -- no rows written
   END IF;
-  SELECT * INTO bad
-    FROM fencekit.advance_fences('app.invoices', keys, tok, 'accept');
-  IF bad.bad_reason IS NULL THEN
-    RETURN NULL;
-  END IF;
-  IF bad.bad_reason OPERATOR(pg_catalog.=) 'null_key' THEN
+  IF s.null_key THEN
     PERFORM fencekit.reject('usage', 'invoices_883e1d3584', TG_RELID, TG_NAME, 'account_id',
       'app.invoices', NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
+  END IF;
+  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN
+    RETURN NULL;  -- every key's fence holds the token, and is share-locked
+  END IF;
+  SELECT * INTO bad
+    FROM fencekit.advance_fences('app.invoices', s.keys, tok, 'accept');
+  IF bad.bad_reason IS NULL THEN
+    RETURN NULL;
   END IF;
   IF fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
     PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
@@ -199,7 +252,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=66aed75fcbede274171f55bb6a6898363462102e6370765295bede2ca0d0275c; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=5 sha256=3aab70075e92a69e4850ba59b059d7719a17ed96bd870a8d0a085849249b014b; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
 
@@ -219,12 +272,16 @@ AS $fn$
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once: the statement is judged by this value
   tok pg_catalog.int8;
-  keys pg_catalog.text[];
+  s pg_catalog.record;
   bad pg_catalog.record;
   lb pg_catalog.record;
 BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
+    -- A bypass asked for by a session that may not is refused, even if unneeded.
+    PERFORM fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
+  END IF;
   IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    -- No token, even if the statement check saw one: bypass, allow, or YF003.
+    -- No token: bypass, allow, or YF003.
     PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
     RETURN NULL;
   END IF;
@@ -234,19 +291,44 @@ BEGIN
                             NULL, raw);
   END IF;
   tok := raw::pg_catalog.int8;
-  SELECT pg_catalog.array_agg(k.account_id::pg_catalog.text) INTO keys
-    FROM (SELECT account_id FROM fencekit_old) AS k;
-  IF keys IS NULL THEN
-    RETURN NULL;
+  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.
+  WITH k AS MATERIALIZED (
+         SELECT DISTINCT x.account_id::pg_catalog.text AS key
+           FROM (SELECT account_id FROM fencekit_old) AS x
+          ORDER BY 1),
+       j AS (
+         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,
+                pg_catalog.array_agg(k.key) AS keys,
+                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
+           FROM k LEFT JOIN LATERAL (
+                  SELECT true AS hit FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok OFFSET 0) AS h ON true),
+       l AS (
+         SELECT FROM k, LATERAL (
+                  SELECT FROM fencekit.fences f
+                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                     AND f.key OPERATOR(pg_catalog.=) k.key
+                     AND f.fence OPERATOR(pg_catalog.=) tok
+                   FOR SHARE) AS h
+          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)
+  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked
+    INTO s FROM j;
+  IF s.keys IS NULL THEN
+    RETURN NULL;  -- no rows written
   END IF;
-  SELECT * INTO bad
-    FROM fencekit.advance_fences('app.invoices', keys, tok, 'accept');
-  IF bad.bad_reason IS NULL THEN
-    RETURN NULL;
-  END IF;
-  IF bad.bad_reason OPERATOR(pg_catalog.=) 'null_key' THEN
+  IF s.null_key THEN
     PERFORM fencekit.reject('usage', 'invoices_883e1d3584', TG_RELID, TG_NAME, 'account_id',
       'app.invoices', NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
+  END IF;
+  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN
+    RETURN NULL;  -- every key's fence holds the token, and is share-locked
+  END IF;
+  SELECT * INTO bad
+    FROM fencekit.advance_fences('app.invoices', s.keys, tok, 'accept');
+  IF bad.bad_reason IS NULL THEN
+    RETURN NULL;
   END IF;
   IF fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
     PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
@@ -258,7 +340,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=4a5f70fac656dcb124313d12a241ca2ee6449da24b2cf24e2f33c01135a57906; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=5 sha256=2b53d5b33f3b4d012246b93ff1b922824256ddbac0fae777d6c5e49eeeda2c11; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
 
@@ -283,22 +365,9 @@ BEGIN
                 WHERE t.tgrelid = child AND NOT t.tgisinternal AND t.tgparentid = 0
                   AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                       OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                  AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+                  AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
     END LOOP;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_stmt', child, 'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit');
-    END IF;
     IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
@@ -360,7 +429,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=78a17b58dfefd6d5b3b63198752d3a57934655a1f70e6f25f68d5af50e5ae9e5; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=793d635add0a806a213586c5e5bfc479f53d2592c1cc1d11f37e23820a153098; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
@@ -374,22 +443,9 @@ BEGIN
               WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND NOT t.tgisinternal AND t.tgparentid = 0
                 AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                     OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+                AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
   END LOOP;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit');
-  END IF;
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
