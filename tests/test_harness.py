@@ -8,6 +8,8 @@ import psycopg
 import pytest
 
 from fencekit.embedded import EmbeddedServer, start_embedded
+from tests import pg_binaries
+from tests.conftest import RELEASE_TARGETS
 
 # The fresh-database tests run twice in order: the second run must not see the first one's table.
 _FRESHNESS_TABLE = "harness_leftover"
@@ -45,6 +47,10 @@ def test_server_versions(pg_target: str, target_server: EmbeddedServer) -> None:
     major = target_server.server_version_num // 10000
     if pg_target == "debian15":
         assert major == 15
+        assert target_server.host == "127.0.0.1"
+    elif pg_target in RELEASE_TARGETS:
+        assert major == RELEASE_TARGETS[pg_target]
+        assert target_server.server_version == pg_binaries.RELEASES[major]
         assert target_server.host == "127.0.0.1"
     else:
         assert major >= 13

@@ -25,6 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy.engine import URL
 
 from fencekit.cli.alembic import run_init
+from tests import pg_binaries
 
 PGSERVER_BIN = Path(__import__("pgserver").__file__).parent / "pginstall" / "bin"
 
@@ -46,7 +47,11 @@ def sqlalchemy_url(dsn: str) -> str:
 def client_bin(name: str, server_version_num: int) -> str:
     """pg_dump / psql of the server's own major version (pg_dump refuses newer servers)."""
     major = server_version_num // 10000
-    for candidate in (PGSERVER_BIN / name, Path(f"/usr/lib/postgresql/{major}/bin/{name}")):
+    release = pg_binaries.cached_bindir(major) if major in pg_binaries.RELEASES else None
+    candidates = [PGSERVER_BIN / name, Path(f"/usr/lib/postgresql/{major}/bin/{name}")]
+    if release is not None:  # the version matrix's servers (tests/pg_binaries.py)
+        candidates.append(release / name)
+    for candidate in candidates:
         if candidate.exists():
             out = subprocess.run(
                 [str(candidate), "--version"], capture_output=True, text=True, check=True
