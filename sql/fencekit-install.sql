@@ -816,12 +816,62 @@ CREATE TABLE IF NOT EXISTS fencekit.leases (
 ALTER TABLE fencekit.leases ADD COLUMN IF NOT EXISTS acquired_by name;
 
 -- Tokens are also unique across resources on this server: a grant takes the larger of the
--- resource's last token + 1 and the next value of this sequence. The sequence is only a salt
--- (a crash may skip values, an async failover may rewind it): the per-resource order comes from
--- the row above, as durable as any commit. Uniqueness is what lets a lease-bound fence refuse a
--- token granted for another resource.
+-- resource's last token + 1 and the epoch's base plus the next value of this sequence. The
+-- sequence is only a salt (a crash may skip values, an async failover may rewind it): the
+-- per-resource order comes from the row above, as durable as any commit, and the order across a
+-- promotion from the epoch below. Uniqueness is what lets a lease-bound fence refuse a token
+-- granted for another resource.
 CREATE SEQUENCE IF NOT EXISTS fencekit.lease_token_seq;
 REVOKE ALL ON SEQUENCE fencekit.lease_token_seq FROM PUBLIC;
+
+-- ------------------------------------------------------------------ epochs (failover)
+--
+-- An asynchronous standby promoted after a failover may not have received the newest grants:
+-- its copy of fencekit.leases (and of the sequence) is older than what holders were told. Had
+-- tokens come from that copy alone, the new primary would grant again a token a zombie of the
+-- old primary still holds. So a token carries an EPOCH in its high bits: the timeline of this
+-- server's WAL, which every promotion raises (PostgreSQL picks a timeline above every one it
+-- knows of) and which a crash restart without promotion keeps (a restart loses no committed
+-- grant). Token = epoch * 2^40 + n, n < 2^40: every token granted after a promotion is above
+-- every token granted before it, including grants the standby never received.
+--
+-- The timeline is read from the name of the WAL file being written now: it is live at once,
+-- unlike pg_control_checkpoint().timeline_id, which lags a promotion until the end-of-recovery
+-- checkpoint. Both functions are executable by PUBLIC on PostgreSQL 13 to 18.
+--
+-- Tokens granted before this scheme (small numbers) stay valid and below every new one, so an
+-- upgrade of the core rejects no current holder: renew compares the row's token, and fences
+-- only ever rise.
+CREATE OR REPLACE FUNCTION fencekit.lease_epoch() RETURNS bigint
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(
+               pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8)
+           )::pg_catalog.bit(32)::pg_catalog.int8
+$fn$;
+
+COMMENT ON FUNCTION fencekit.lease_epoch() IS
+    'fencekit: the epoch of new lease tokens (this server''s WAL timeline); '
+    'token >> 40 is the epoch a token was granted in.';
+
+-- The lowest token of the current epoch plus a fresh salt from the sequence.
+CREATE OR REPLACE FUNCTION fencekit._lease_next_token() RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    epoch bigint := fencekit.lease_epoch();
+    salt  bigint := pg_catalog.nextval('fencekit.lease_token_seq');
+BEGIN
+    -- 2^23 timelines of 2^40 tokens fill a bigint exactly.
+    IF epoch OPERATOR(pg_catalog.>=) 8388608 OR salt OPERATOR(pg_catalog.>=) 1099511627776 THEN
+        RAISE EXCEPTION 'fencekit lease: tokens exhausted (timeline %, sequence %)', epoch, salt
+            USING ERRCODE = '22003';
+    END IF;
+    RETURN epoch OPERATOR(pg_catalog.*) 1099511627776 OPERATOR(pg_catalog.+) salt;
+END;
+$fn$;
 
 COMMENT ON TABLE fencekit.leases IS
     'fencekit leases: one row per resource with its last issued fencing token. '
@@ -955,7 +1005,7 @@ BEGIN
     t_now := pg_catalog.clock_timestamp();
     INSERT INTO fencekit.leases AS l
            (resource, holder, token, acquired_at, renewed_at, expires_at, acquired_by)
-    VALUES (acquire.resource, acquire.holder, pg_catalog.nextval('fencekit.lease_token_seq'),
+    VALUES (acquire.resource, acquire.holder, fencekit._lease_next_token(),
             t_now, t_now,
             t_now OPERATOR(pg_catalog.+) acquire.ttl, session_user)
     ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
@@ -982,8 +1032,7 @@ BEGIN
         RAISE EXCEPTION 'fencekit lease on "%": tokens exhausted', acquire.resource
             USING ERRCODE = '22003';
     END IF;
-    t_next := GREATEST(cur.token OPERATOR(pg_catalog.+) 1,
-                       pg_catalog.nextval('fencekit.lease_token_seq'));
+    t_next := GREATEST(cur.token OPERATOR(pg_catalog.+) 1, fencekit._lease_next_token());
 
     UPDATE fencekit.leases AS l
        SET holder = acquire.holder, token = t_next, acquired_at = t_now, renewed_at = t_now,
@@ -1115,6 +1164,8 @@ COMMENT ON VIEW fencekit.leases_current IS
 -- fencekit.leases.
 REVOKE ALL ON FUNCTION fencekit._lease_check_args(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencekit._lease_durable_commit() FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit._lease_next_token() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.lease_epoch() TO PUBLIC;
 REVOKE ALL ON FUNCTION fencekit._lease_require_writer(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.acquire(text, text, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.renew(text, text, bigint, interval) TO PUBLIC;
@@ -1523,6 +1574,118 @@ GRANT EXECUTE ON FUNCTION fencekit.repair_refused(text, text, text),
 GRANT EXECUTE ON FUNCTION fencekit.key_text(regclass, text[]),
   fencekit.set_resource_fence(text, text, bigint, boolean, text),
   fencekit.set_fence(regclass, text[], bigint, boolean, text) TO PUBLIC;
+
+-- 75_claim.sql
+-- Claiming a resource at grant: the new holder raises the fence to its token before it does
+-- anything else, so every older token is stale there from that moment on, not only from the
+-- new holder's first write.
+--
+-- A key or table fence rejects a token lower than the highest one it has ACCEPTED. Between a
+-- new grant and the new holder's first write the fence still holds the previous holder's
+-- token, so that previous holder (paused, partitioned, or a zombie of a primary that failed
+-- over and lost the newest fence advances) can still write. Lease-bound fences close the gap
+-- by themselves (the token must be the live lease's); the others close it with a claim.
+--
+-- fencekit.claim(tbl, key_values, token [, issuer]) advances the fence of one key of a
+-- key-fenced table (key values in key-column order, as fencekit.key_text reads them), or of a
+-- table fence (key_values '{}'), exactly as a write under that token would: one atomic upsert
+-- through fencekit.advance_fences, floors honoured. It needs no more than a write does: the
+-- session's role must hold INSERT, UPDATE or DELETE on the table (judged by the SESSION's role,
+-- like the bypass: this function is SECURITY DEFINER). A token lower than the fence is refused
+-- with YF001 like a stale write (the claimant's lease is already superseded); a token tagged
+-- with another issuer than the resource's with YF007. Returns the fence before the claim (NULL:
+-- none yet). Row fences have a fence per row: a row is claimed by writing it.
+
+CREATE OR REPLACE FUNCTION fencekit.claim(
+    tbl regclass, key_values text[], token bigint, issuer text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    p record;
+    r text := pg_catalog.current_setting('role');
+    k text;
+    old bigint;
+    bound text;
+    bad record;
+BEGIN
+    IF r IS NULL OR r OPERATOR(pg_catalog.=) 'none' THEN
+        r := session_user;
+    END IF;
+    IF claim.token IS NULL OR claim.token OPERATOR(pg_catalog.<=) 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF004',
+            MESSAGE = pg_catalog.format('fencekit.claim on %s: token must be a positive bigint, '
+                                        'got %s', claim.tbl, COALESCE(claim.token::text, 'NULL'));
+    END IF;
+    SELECT pr.* INTO p FROM fencekit.protected pr
+     WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name))
+           OPERATOR(pg_catalog.=) claim.tbl;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF000',
+            MESSAGE = pg_catalog.format('fencekit.claim: %s is not protected', claim.tbl),
+            HINT = 'fencekit status lists the protected tables.';
+    END IF;
+    IF NOT pg_catalog.has_table_privilege(r::pg_catalog.name, claim.tbl, 'INSERT, UPDATE, DELETE')
+    THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = pg_catalog.format('fencekit.claim on %s: role %I may not write this table',
+                                        claim.tbl, r),
+            HINT = 'A claim does what a write would: it needs INSERT, UPDATE or DELETE on the table.';
+    END IF;
+    IF p.scope OPERATOR(pg_catalog.=) 'row' THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF000',
+            MESSAGE = pg_catalog.format('fencekit.claim: %s has a row fence, one fence per row',
+                                        claim.tbl),
+            HINT = 'Claim a row by writing it under the token (e.g. UPDATE ... SET col = col '
+                   'WHERE <primary key>), or protect the table with a key fence.';
+    ELSIF p.scope OPERATOR(pg_catalog.=) 'table' THEN
+        IF pg_catalog.cardinality(COALESCE(claim.key_values, '{}')) OPERATOR(pg_catalog.<>) 0 THEN
+            RAISE EXCEPTION USING ERRCODE = 'YF000',
+                MESSAGE = pg_catalog.format('fencekit.claim: %s has a table fence: it takes no '
+                                            'key values', claim.tbl);
+        END IF;
+        k := '';
+    ELSE
+        k := fencekit.key_text(claim.tbl, claim.key_values);
+    END IF;
+    SELECT rs.issuer INTO bound FROM fencekit.resources rs
+     WHERE rs.resource OPERATOR(pg_catalog.=) p.resource;
+    IF bound IS NOT NULL AND COALESCE(claim.issuer, '') OPERATOR(pg_catalog.<>) ''
+       AND claim.issuer OPERATOR(pg_catalog.<>) bound THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF007',
+            MESSAGE = pg_catalog.format('fencekit.claim on %s: resource %L takes tokens from '
+                                        'issuer %L, not %L', claim.tbl, p.resource, bound,
+                                        claim.issuer),
+            DETAIL = pg_catalog.json_build_object(
+                'reason', 'issuer_mismatch', 'table', claim.tbl::text, 'resource', p.resource,
+                'token', claim.token, 'issuer', claim.issuer, 'expected_issuer', bound)::text;
+    END IF;
+    old := fencekit.current_fence(p.resource, k);
+    SELECT * INTO bad FROM fencekit.advance_fences(p.resource, ARRAY[k], claim.token, 'accept');
+    IF bad.bad_reason OPERATOR(pg_catalog.=) 'stale' THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF001',
+            MESSAGE = pg_catalog.format('fencekit.claim on %s: token %s is lower than the fence %s '
+                                        'of resource %L key %L', claim.tbl, claim.token,
+                                        bad.bad_fence, p.resource, k),
+            DETAIL = pg_catalog.json_build_object(
+                'reason', 'stale', 'table', claim.tbl::text, 'resource', p.resource,
+                'key', k, 'token', claim.token, 'fence', bad.bad_fence)::text,
+            HINT = 'A newer holder has claimed or written this resource: the lease is superseded.';
+    ELSIF bad.bad_reason IS NOT NULL AND bad.bad_reason OPERATOR(pg_catalog.<>) 'reused' THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF000',
+            MESSAGE = pg_catalog.format('fencekit.claim on %s: %s', claim.tbl, bad.bad_reason);
+    END IF;
+    RETURN old;
+END;
+$fn$;
+
+COMMENT ON FUNCTION fencekit.claim(regclass, text[], bigint, text) IS
+    'fencekit: raise a key or table fence to a new lease''s token at grant (older tokens are '
+    'stale from then on); needs write privilege on the table.';
+
+REVOKE ALL ON FUNCTION fencekit.claim(regclass, text[], bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.claim(regclass, text[], bigint, text) TO PUBLIC;
 
 INSERT INTO fencekit.meta (key, value) VALUES ('core_version', '3')
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -48,6 +48,9 @@ def _refused(exc: FenceError) -> str:
     return "renewal refused: " + str(exc).replace("\n", "; ")
 
 
+_REFUSED = "renewal refused: the lease expired or another holder took it"
+
+
 class _Unset(enum.Enum):
     UNSET = 0
 
@@ -188,6 +191,13 @@ class Lease(_LeaseBase):
         self._thread: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
 
+    def _refusal(self, grant: Grant) -> str:
+        """The loss reason of a refused renewal; the issuer's own when it knows more (the
+        built-in issuer names a failover: docs/ha.md)."""
+        explain = getattr(self.issuer, "refusal_reason", None)
+        reason = explain(grant) if callable(explain) else None
+        return reason or _REFUSED
+
     def try_acquire(self) -> bool:
         """One attempt; True when granted (and renewal started)."""
         if self._state is not None and not self._state.released:
@@ -268,7 +278,7 @@ class Lease(_LeaseBase):
             if self._stop.is_set():
                 return
             if not ok:
-                state.mark_lost("renewal refused: the lease expired or another holder took it")
+                state.mark_lost(self._refusal(state.grant))
                 return
             state.alive_at(sent)
             backoff.reset()
@@ -309,6 +319,18 @@ class Lease(_LeaseBase):
     def wait_lost(self, timeout: float | None = None) -> bool:
         """Block until the lease is lost (True) or ``timeout`` passes (False)."""
         return self.lost_event.wait(timeout)
+
+    def claim(self, conn: Any, table: str, *key: object) -> int | None:
+        """Raise ``table``'s fence (of key ``key``; none for a table fence) to this lease's
+        token now, so that every older token is stale there before the first write: what a
+        new holder does at grant (docs/leases.md#claim-at-grant). Runs ``fencekit.claim`` on
+        ``conn`` (psycopg); returns the fence before the claim. Raises ``StaleTokenError``
+        when a newer token already holds the resource, ``LeaseLostError`` when lost."""
+        from fencekit.leases.claim import claim
+
+        self.check()
+        grant = self.grant
+        return claim(conn, table, key, grant.token, grant.issuer)
 
     def __enter__(self) -> Lease:
         if self._state is None or self._state.released:
@@ -371,6 +393,13 @@ class AsyncLease(_LeaseBase):
         if inspect.iscoroutinefunction(fn):
             return await fn(*args)
         return await asyncio.to_thread(fn, *args)
+
+    async def _refusal(self, grant: Grant) -> str:
+        explain = getattr(self.issuer, "refusal_reason", None)
+        if not callable(explain):
+            return _REFUSED
+        reason = await explain(grant) if inspect.iscoroutinefunction(explain) else explain(grant)
+        return str(reason) if reason else _REFUSED
 
     async def try_acquire(self) -> bool:
         if self._state is not None and not self._state.released:
@@ -445,7 +474,7 @@ class AsyncLease(_LeaseBase):
                 delay = backoff.next_delay(state.remaining())
                 continue
             if not ok:  # (release() cancels this task: no released check needed)
-                state.mark_lost("renewal refused: the lease expired or another holder took it")
+                state.mark_lost(await self._refusal(state.grant))
                 return
             state.alive_at(sent)
             backoff.reset()
@@ -480,6 +509,14 @@ class AsyncLease(_LeaseBase):
             await self._call("release", state.grant)
         except Exception as exc:
             log.warning("lease %s: release failed (it will expire): %s", self.resource, exc)
+
+    async def claim(self, conn: Any, table: str, *key: object) -> int | None:
+        """Async twin of :meth:`Lease.claim` (psycopg ``AsyncConnection``)."""
+        from fencekit.leases.claim import async_claim
+
+        self.check()
+        grant = self.grant
+        return await async_claim(conn, table, key, grant.token, grant.issuer)
 
     async def wait_lost(self, timeout: float | None = None) -> bool:
         try:

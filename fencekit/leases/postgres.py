@@ -39,6 +39,19 @@ __all__ = ["AsyncPostgresIssuer", "PostgresIssuer"]
 _ACQUIRE = "SELECT fencekit.acquire(%s, %s, %s)"
 _RENEW = "SELECT fencekit.renew(%s, %s, %s, %s)"
 _RELEASE = "SELECT fencekit.release(%s, %s, %s)"
+_EPOCH = "SELECT fencekit.lease_epoch()"
+EPOCH_BITS = 40
+
+
+def _failover_reason(grant: Grant, epoch_now: int) -> str | None:
+    granted_in = grant.token >> EPOCH_BITS
+    if granted_in == 0 or epoch_now <= granted_in:
+        return None  # a token of an older core, or no promotion since the grant
+    return (
+        f"renewal refused after a failover: the grant was made on timeline {granted_in}, the "
+        f"primary now writes timeline {epoch_now} and no longer has this grant live (lost "
+        "with the newest commits of an asynchronous standby, expired or taken over meanwhile)"
+    )
 
 
 def _connect_kwargs(timeout: float, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -131,6 +144,23 @@ class PostgresIssuer:
         """Release and say whether this grant was still the resource's (False: not ours)."""
         return bool(self._scalar(_RELEASE, (grant.resource, grant.holder, grant.token)))
 
+    def epoch(self) -> int:
+        """The epoch new tokens get on the server this issuer talks to now (its timeline)."""
+        return int(self._scalar(_EPOCH, ()))
+
+    def refusal_reason(self, grant: Grant) -> str | None:
+        """Why ``renew`` refused ``grant``, when a failover explains it (see docs/ha.md).
+
+        A token's high bits are the epoch (timeline) it was granted in: a refusal by a server
+        on a later timeline means a promotion happened since; whether the new primary lost the
+        grant or another holder took it, the lease is gone. None when no failover is seen.
+        """
+        try:
+            now = self.epoch()
+        except Exception:  # best effort: the refusal itself stands
+            return None
+        return _failover_reason(grant, now)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -209,6 +239,17 @@ class AsyncPostgresIssuer:
 
     async def release_checked(self, grant: Grant) -> bool:
         return bool(await self._scalar(_RELEASE, (grant.resource, grant.holder, grant.token)))
+
+    async def epoch(self) -> int:
+        return int(await self._scalar(_EPOCH, ()))
+
+    async def refusal_reason(self, grant: Grant) -> str | None:
+        """See :meth:`PostgresIssuer.refusal_reason`."""
+        try:
+            now = await self.epoch()
+        except Exception:
+            return None
+        return _failover_reason(grant, now)
 
     async def close(self) -> None:
         async with self._lock:

@@ -132,7 +132,7 @@ def test_paused_renewal_reports_loss_and_successor_gets_next_token(issuer, other
     assert issuer.renew(lease.grant) is False
     with pytest.raises(LeaseLostError):
         lease.renew()
-    assert lost == [(1, lease.lost_reason)]  # the callback ran exactly once
+    assert lost == [(first, lease.lost_reason)]  # the callback ran exactly once
     lease.release()  # a lost lease is not given back: the successor keeps it
     assert successor.held
     successor.check()

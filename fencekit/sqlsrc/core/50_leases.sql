@@ -33,12 +33,62 @@ CREATE TABLE IF NOT EXISTS fencekit.leases (
 ALTER TABLE fencekit.leases ADD COLUMN IF NOT EXISTS acquired_by name;
 
 -- Tokens are also unique across resources on this server: a grant takes the larger of the
--- resource's last token + 1 and the next value of this sequence. The sequence is only a salt
--- (a crash may skip values, an async failover may rewind it): the per-resource order comes from
--- the row above, as durable as any commit. Uniqueness is what lets a lease-bound fence refuse a
--- token granted for another resource.
+-- resource's last token + 1 and the epoch's base plus the next value of this sequence. The
+-- sequence is only a salt (a crash may skip values, an async failover may rewind it): the
+-- per-resource order comes from the row above, as durable as any commit, and the order across a
+-- promotion from the epoch below. Uniqueness is what lets a lease-bound fence refuse a token
+-- granted for another resource.
 CREATE SEQUENCE IF NOT EXISTS fencekit.lease_token_seq;
 REVOKE ALL ON SEQUENCE fencekit.lease_token_seq FROM PUBLIC;
+
+-- ------------------------------------------------------------------ epochs (failover)
+--
+-- An asynchronous standby promoted after a failover may not have received the newest grants:
+-- its copy of fencekit.leases (and of the sequence) is older than what holders were told. Had
+-- tokens come from that copy alone, the new primary would grant again a token a zombie of the
+-- old primary still holds. So a token carries an EPOCH in its high bits: the timeline of this
+-- server's WAL, which every promotion raises (PostgreSQL picks a timeline above every one it
+-- knows of) and which a crash restart without promotion keeps (a restart loses no committed
+-- grant). Token = epoch * 2^40 + n, n < 2^40: every token granted after a promotion is above
+-- every token granted before it, including grants the standby never received.
+--
+-- The timeline is read from the name of the WAL file being written now: it is live at once,
+-- unlike pg_control_checkpoint().timeline_id, which lags a promotion until the end-of-recovery
+-- checkpoint. Both functions are executable by PUBLIC on PostgreSQL 13 to 18.
+--
+-- Tokens granted before this scheme (small numbers) stay valid and below every new one, so an
+-- upgrade of the core rejects no current holder: renew compares the row's token, and fences
+-- only ever rise.
+CREATE OR REPLACE FUNCTION fencekit.lease_epoch() RETURNS bigint
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(
+               pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8)
+           )::pg_catalog.bit(32)::pg_catalog.int8
+$fn$;
+
+COMMENT ON FUNCTION fencekit.lease_epoch() IS
+    'fencekit: the epoch of new lease tokens (this server''s WAL timeline); '
+    'token >> 40 is the epoch a token was granted in.';
+
+-- The lowest token of the current epoch plus a fresh salt from the sequence.
+CREATE OR REPLACE FUNCTION fencekit._lease_next_token() RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    epoch bigint := fencekit.lease_epoch();
+    salt  bigint := pg_catalog.nextval('fencekit.lease_token_seq');
+BEGIN
+    -- 2^23 timelines of 2^40 tokens fill a bigint exactly.
+    IF epoch OPERATOR(pg_catalog.>=) 8388608 OR salt OPERATOR(pg_catalog.>=) 1099511627776 THEN
+        RAISE EXCEPTION 'fencekit lease: tokens exhausted (timeline %, sequence %)', epoch, salt
+            USING ERRCODE = '22003';
+    END IF;
+    RETURN epoch OPERATOR(pg_catalog.*) 1099511627776 OPERATOR(pg_catalog.+) salt;
+END;
+$fn$;
 
 COMMENT ON TABLE fencekit.leases IS
     'fencekit leases: one row per resource with its last issued fencing token. '
@@ -172,7 +222,7 @@ BEGIN
     t_now := pg_catalog.clock_timestamp();
     INSERT INTO fencekit.leases AS l
            (resource, holder, token, acquired_at, renewed_at, expires_at, acquired_by)
-    VALUES (acquire.resource, acquire.holder, pg_catalog.nextval('fencekit.lease_token_seq'),
+    VALUES (acquire.resource, acquire.holder, fencekit._lease_next_token(),
             t_now, t_now,
             t_now OPERATOR(pg_catalog.+) acquire.ttl, session_user)
     ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
@@ -199,8 +249,7 @@ BEGIN
         RAISE EXCEPTION 'fencekit lease on "%": tokens exhausted', acquire.resource
             USING ERRCODE = '22003';
     END IF;
-    t_next := GREATEST(cur.token OPERATOR(pg_catalog.+) 1,
-                       pg_catalog.nextval('fencekit.lease_token_seq'));
+    t_next := GREATEST(cur.token OPERATOR(pg_catalog.+) 1, fencekit._lease_next_token());
 
     UPDATE fencekit.leases AS l
        SET holder = acquire.holder, token = t_next, acquired_at = t_now, renewed_at = t_now,
@@ -332,6 +381,8 @@ COMMENT ON VIEW fencekit.leases_current IS
 -- fencekit.leases.
 REVOKE ALL ON FUNCTION fencekit._lease_check_args(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencekit._lease_durable_commit() FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit._lease_next_token() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.lease_epoch() TO PUBLIC;
 REVOKE ALL ON FUNCTION fencekit._lease_require_writer(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.acquire(text, text, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.renew(text, text, bigint, interval) TO PUBLIC;
