@@ -1,0 +1,252 @@
+"""Fences under what changed between PostgreSQL majors: MERGE (15), MERGE ... RETURNING and
+WHEN NOT MATCHED BY SOURCE (17), RETURNING OLD/NEW (18), generated columns (stored since 12,
+virtual in 18) next to the fence, and GRANT SET ON PARAMETER (15).
+
+Every test here is in the version matrix (tests/conftest.py): it runs on each major from 14 to
+18; ``pg_since(n)`` leaves out the majors that lack the feature (they are not skips: the syntax
+does not exist there).
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from tests.core.helpers import (
+    BYPASS_REFUSED,
+    MISSING,
+    STALE,
+    Conn,
+    detail,
+    key_fence,
+    make_app_role,
+    one,
+    protect,
+    reject,
+    rows,
+    write,
+)
+
+SCOPES = ("row", "key", "table")
+
+
+def _protected(db: Conn, scope: str, table: str = "m") -> Conn:
+    """Table ``m`` (id, k, v) fenced by ``scope`` (key fences on k), rows 1..3 written at 10."""
+    db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, k int NOT NULL, v text)")
+    kw = {"key": ("k",)} if scope == "key" else {}
+    protect(db, table, scope, **kw)
+    write(db, 10, f"INSERT INTO {table} VALUES (1, 1, 'a'), (2, 1, 'b'), (3, 2, 'c')")
+    return db
+
+
+def _fence_of(db: Conn, scope: str, row_id: int, k: int) -> int | None:
+    if scope == "row":
+        return one(db, "SELECT fencekit_fence FROM m WHERE id = %s", (row_id,))  # type: ignore[no-any-return]
+    if scope == "key":
+        return key_fence(db, "public.m", str(k))
+    return key_fence(db, "public.m")
+
+
+# ---------------------------------------------------------------- MERGE (15) and its RETURNING (17)
+
+_MERGE = """MERGE INTO m USING (VALUES (1, 'merged'), (9, 'new')) AS s(id, v) ON m.id = s.id
+            WHEN MATCHED THEN UPDATE SET v = s.v
+            WHEN NOT MATCHED THEN INSERT (id, k, v) VALUES (s.id, 1, s.v)"""
+
+
+@pytest.mark.pg_since(15)
+@pytest.mark.parametrize("scope", SCOPES)
+def test_merge_is_fenced_on_every_scope(db: Conn, scope: str) -> None:
+    _protected(db, scope)
+    err = reject(db, STALE, 9, _MERGE)
+    assert detail(err)["fence"] == 10
+    reject(db, MISSING, None, _MERGE)
+    assert rows(db, "SELECT id, v FROM m ORDER BY id") == [(1, "a"), (2, "b"), (3, "c")]
+    assert write(db, 11, _MERGE) == 2
+    assert rows(db, "SELECT id, v FROM m ORDER BY id") == [
+        (1, "merged"),
+        (2, "b"),
+        (3, "c"),
+        (9, "new"),
+    ]
+    assert _fence_of(db, scope, 1, 1) == 11
+    # A MERGE that only deletes is a write too.
+    reject(
+        db,
+        STALE,
+        10,
+        "MERGE INTO m USING (VALUES (9)) s(id) ON m.id = s.id WHEN MATCHED THEN DELETE",
+    )
+    assert (
+        write(
+            db, 11, "MERGE INTO m USING (VALUES (9)) s(id) ON m.id = s.id WHEN MATCHED THEN DELETE"
+        )
+        == 1
+    )
+
+
+@pytest.mark.pg_since(17)
+@pytest.mark.parametrize("scope", SCOPES)
+def test_merge_returning_returns_nothing_from_a_rejected_merge(db: Conn, scope: str) -> None:
+    _protected(db, scope)
+    stmt = _MERGE + " RETURNING merge_action(), m.id, m.v"
+    reject(db, STALE, 9, stmt)
+    db.rollback()
+    db.execute("SELECT set_config('fencekit.token', '12', true)")
+    got = sorted(db.execute(stmt).fetchall())
+    db.commit()
+    assert got == [("INSERT", 9, "new"), ("UPDATE", 1, "merged")]
+    if scope == "row":
+        # The fence column is set before the row is stored: RETURNING sees the new fence.
+        db.execute("SELECT set_config('fencekit.token', '13', true)")
+        back = db.execute(_MERGE + " RETURNING m.id, m.fencekit_fence").fetchall()
+        db.commit()
+        assert sorted(back) == [(1, 13), (9, 13)]
+    assert _fence_of(db, scope, 1, 1) in (12, 13)
+
+
+@pytest.mark.pg_since(17)
+@pytest.mark.parametrize("scope", SCOPES)
+def test_merge_not_matched_by_source_deletes_are_fenced(db: Conn, scope: str) -> None:
+    _protected(db, scope)
+    # Rows that are not in the source are deleted: rows 2 and 3 (keys 1 and 2).
+    stmt = """MERGE INTO m USING (VALUES (1)) AS s(id) ON m.id = s.id
+              WHEN NOT MATCHED BY SOURCE THEN DELETE"""
+    write(db, 20, "UPDATE m SET v = 'later' WHERE id = 3")  # row 3 / key 2 / the table at 20
+    reject(db, STALE, 15, stmt)
+    assert one(db, "SELECT count(*) FROM m") == 3
+    assert write(db, 20, stmt) == 2
+    assert rows(db, "SELECT id FROM m") == [(1,)]
+
+
+@pytest.mark.pg_since(17)
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize(
+    ("switched_to", "late_check"), [("5", STALE), ("", MISSING), ("x", "YF004")]
+)
+def test_token_switched_in_merge_returning(
+    db: Conn, scope: str, switched_to: str, late_check: str
+) -> None:
+    """One statement, one token, with MERGE's RETURNING (17): the statement starts under a
+    fresh token and RETURNING switches it. A key fence judges at the end of the statement, so it
+    sees the switch and rejects with what it read; a row fence (each row before it is written)
+    and a table fence (once, at the start) judged the fresh token, so the write lands under it.
+    Never does a write land under the stale, cleared or malformed token."""
+    _protected(db, scope)
+    stmt = (
+        "MERGE INTO m USING (VALUES (1)) s(id) ON m.id = s.id "
+        "WHEN MATCHED THEN UPDATE SET v = 'switched' "
+        f"RETURNING set_config('fencekit.token', '{switched_to}', true)"
+    )
+    if scope == "key":
+        reject(db, late_check, 12, stmt)
+        assert rows(db, "SELECT v FROM m WHERE id = 1") == [("a",)]
+        assert _fence_of(db, scope, 1, 1) == 10
+    else:
+        assert write(db, 12, stmt) == 1
+        assert rows(db, "SELECT v FROM m WHERE id = 1") == [("switched",)]
+        assert _fence_of(db, scope, 1, 1) == 12
+
+
+# ---------------------------------------------------------------- RETURNING OLD/NEW (18)
+
+
+@pytest.mark.pg_since(18)
+@pytest.mark.parametrize("scope", SCOPES)
+def test_returning_old_and_new(db: Conn, scope: str) -> None:
+    _protected(db, scope)
+    reject(db, STALE, 9, "UPDATE m SET v = 'x' WHERE id = 1 RETURNING old.v, new.v")
+    db.execute("SELECT set_config('fencekit.token', '12', true)")
+    got = db.execute("UPDATE m SET v = 'x' WHERE id = 1 RETURNING old.v, new.v").fetchall()
+    db.commit()
+    assert got == [("a", "x")]
+    upsert = (
+        "INSERT INTO m VALUES (1, 1, 'up') ON CONFLICT (id) DO UPDATE SET v = excluded.v "
+        "RETURNING old.v, new.v"
+    )
+    reject(db, STALE, 11, upsert)
+    db.execute("SELECT set_config('fencekit.token', '12', true)")
+    assert db.execute(upsert).fetchall() == [("x", "up")]
+    db.commit()
+    db.execute("SELECT set_config('fencekit.token', '12', true)")
+    gone = db.execute("DELETE FROM m WHERE id = 3 RETURNING old.v, new.v").fetchall()
+    db.commit()
+    assert gone == [("c", None)]
+    if scope == "row":
+        # OLD is the row as stored (its fence), NEW as written (the fence the token set).
+        db.execute("SELECT set_config('fencekit.token', '14', true)")
+        fences = db.execute(
+            "UPDATE m SET v = 'y' WHERE id = 1 RETURNING old.fencekit_fence, new.fencekit_fence"
+        ).fetchall()
+        db.commit()
+        assert fences == [(12, 14)]
+
+
+# ---------------------------------------------------------------- generated columns
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_stored_generated_column_next_to_the_fence(db: Conn, scope: str) -> None:
+    db.execute(
+        "CREATE TABLE g (id int PRIMARY KEY, k int NOT NULL, v text, "
+        "v_len int GENERATED ALWAYS AS (length(v)) STORED)"
+    )
+    protect(db, "g", scope, **({"key": ("k",)} if scope == "key" else {}))
+    write(db, 10, "INSERT INTO g (id, k, v) VALUES (1, 1, 'abc')")
+    reject(db, STALE, 9, "UPDATE g SET v = 'abcdef' WHERE id = 1")
+    write(db, 11, "UPDATE g SET v = 'abcdef' WHERE id = 1")
+    assert rows(db, "SELECT v_len FROM g") == [(6,)]
+
+
+def test_stored_generated_column_as_the_key(db: Conn) -> None:
+    """A key fence reads its keys from the transition tables, which hold the stored value."""
+    db.execute(
+        "CREATE TABLE acct (id int PRIMARY KEY, region text NOT NULL, n int NOT NULL, "
+        "shard int GENERATED ALWAYS AS (n % 4) STORED)"
+    )
+    protect(db, "acct", "key", key=("shard",))
+    write(db, 10, "INSERT INTO acct (id, region, n) VALUES (1, 'eu', 5), (2, 'us', 9)")
+    assert key_fence(db, "public.acct", "1") == 10  # 5 % 4 = 9 % 4 = 1
+    reject(db, STALE, 9, "UPDATE acct SET region = 'x' WHERE id = 2")
+    write(db, 12, "UPDATE acct SET n = 6 WHERE id = 2")  # moves the row to shard 2
+    assert key_fence(db, "public.acct", "1") == 12
+    assert key_fence(db, "public.acct", "2") == 12
+    reject(db, STALE, 11, "DELETE FROM acct WHERE id = 1")
+
+
+@pytest.mark.pg_since(18)
+@pytest.mark.parametrize("scope", SCOPES)
+def test_virtual_generated_column_next_to_the_fence(db: Conn, scope: str) -> None:
+    db.execute(
+        "CREATE TABLE g (id int PRIMARY KEY, k int NOT NULL, v text, "
+        "v_len int GENERATED ALWAYS AS (length(v)) VIRTUAL)"
+    )
+    protect(db, "g", scope, **({"key": ("k",)} if scope == "key" else {}))
+    write(db, 10, "INSERT INTO g (id, k, v) VALUES (1, 1, 'abc')")
+    reject(db, STALE, 9, "UPDATE g SET v = 'abcdef' WHERE id = 1")
+    write(db, 11, "UPDATE g SET v = 'abcdef' WHERE id = 1")
+    assert rows(db, "SELECT v_len FROM g") == [(6,)]
+    reject(db, STALE, 10, "DELETE FROM g")
+
+
+# ---------------------------------------------------------------- GRANT SET ON PARAMETER (15)
+
+
+@pytest.mark.pg_since(15)
+def test_grant_set_on_the_bypass_setting_lends_no_bypass(db: Conn, make_role) -> None:
+    """Since 15 a superuser can GRANT SET on any setting, and a role can carry a default for a
+    custom one. Neither makes a non-member of fencekit_admin able to bypass: the bypass is
+    judged by the session's roles, not by who may set the setting."""
+    _protected(db, "row")
+    db.execute("GRANT SET ON PARAMETER fencekit.bypass TO PUBLIC")
+    db.commit()
+    app_dsn = make_app_role(make_role, "mx_grant_set_app")
+    db.execute("ALTER ROLE mx_grant_set_app SET fencekit.bypass = 'on'")
+    db.commit()
+    with psycopg.connect(app_dsn) as app:
+        assert one(app, "SELECT current_setting('fencekit.bypass')") == "on"
+        reject(app, BYPASS_REFUSED, None, "UPDATE m SET v = 'bypassed' WHERE id = 1", bypass=True)
+        reject(app, BYPASS_REFUSED, 9, "UPDATE m SET v = 'bypassed' WHERE id = 1")
+        app.execute("SET fencekit.bypass = 'on'")  # session-wide, as GRANT SET allows
+        reject(app, BYPASS_REFUSED, 9, "UPDATE m SET v = 'bypassed' WHERE id = 1")
+    assert rows(db, "SELECT v FROM m WHERE id = 1") == [("a",)]
