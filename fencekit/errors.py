@@ -17,6 +17,7 @@ __all__ = [
     "BIGINT_MAX",
     "SQLSTATES",
     "BypassRefusedError",
+    "CommitOutcomeUnknownError",
     "FenceError",
     "FenceUsageError",
     "InvalidTokenError",
@@ -27,6 +28,7 @@ __all__ = [
     "ReusedTokenError",
     "StaleTokenError",
     "TokenNotSetError",
+    "commit_outcome_unknown",
     "translate",
     "validate_token",
 ]
@@ -178,6 +180,56 @@ SQLSTATES: dict[str, type[FenceError]] = {
         IssuerMismatchError,
     )
 }
+
+
+class CommitOutcomeUnknownError(Exception):
+    """The connection was lost while a fenced transaction's COMMIT was in flight.
+
+    Not a rejection (no SQLSTATE, not a :class:`FenceError`) and not a success: the server may
+    have committed before it went away (a primary killed after its WAL flush, a failover) or
+    not. ``token``/``issuer`` are the token the transaction ran under; ``orig`` is the driver
+    error. Find out before acting: read back what the transaction wrote, on the new primary.
+    Retrying under the same token is safe only if the transaction is idempotent (an upsert of
+    the same values, a write guarded by a unique key); otherwise it may apply twice. See
+    docs/ha.md#a-commit-in-flight-at-a-failover.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        token: int | None = None,
+        issuer: str | None = None,
+        orig: BaseException | None = None,
+    ) -> None:
+        message = message or (
+            "the connection was lost while COMMIT was in flight: the transaction may or may not "
+            f"have committed (token {token}); read back before retrying"
+        )
+        super().__init__(message)
+        self.token = token
+        self.issuer = issuer
+        self.orig = orig
+
+
+def commit_outcome_unknown(
+    exc: BaseException, token: int | None = None, issuer: str | None = None
+) -> CommitOutcomeUnknownError | None:
+    """The outcome-unknown error for ``exc`` raised by a COMMIT, or None when ``exc`` says
+    what happened (a server error with a SQLSTATE: the transaction was rolled back).
+
+    A lost connection has no SQLSTATE (psycopg), or one of class 08 (connection exception) or
+    57P (the server shutting down or crashing under the client).
+    """
+    driver = _driver_error(exc) or getattr(exc, "orig", None) or exc
+    sqlstate = getattr(driver, "sqlstate", None)
+    lost = sqlstate is None or sqlstate.startswith(("08", "57P"))
+    operational = any(c.__name__ == "OperationalError" for c in type(driver).__mro__)
+    if not (lost and operational):
+        return None
+    error = CommitOutcomeUnknownError(token=token, issuer=issuer, orig=driver)
+    error.__cause__ = exc
+    return error
 
 
 class InvalidTokenError(ValueError):

@@ -39,8 +39,8 @@ from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 from fencekit import metrics
 from fencekit import psycopg as fk_psycopg
-from fencekit.context import current_token
-from fencekit.errors import FenceError, translate
+from fencekit.context import current_issuer, current_token
+from fencekit.errors import CommitOutcomeUnknownError, FenceError, commit_outcome_unknown, translate
 
 __all__ = ["install", "uninstall"]
 
@@ -164,8 +164,52 @@ def _rejection(error: FenceError, wrapped: sa_exc.DBAPIError) -> FenceError:
     return combined
 
 
+_COMMITTING = "fencekit_committing"
+_unknown_classes: dict[type[sa_exc.DBAPIError], type[CommitOutcomeUnknownError]] = {}
+
+
+def _on_commit(conn: Connection) -> None:
+    """Before COMMIT: remember the scope's token, so that a connection lost during the COMMIT
+    is reported as an outcome unknown under it (docs/ha.md)."""
+    token = current_token()
+    if token is not None:
+        conn.info[_COMMITTING] = (token, current_issuer())
+
+
+def _on_begin_clear(conn: Connection) -> None:
+    conn.info.pop(_COMMITTING, None)
+
+
+def _outcome_unknown(ctx: ExceptionContext) -> BaseException | None:
+    """A fenced COMMIT that lost its connection: CommitOutcomeUnknownError, also the
+    DBAPIError SQLAlchemy would have raised (its ``except`` clauses keep working)."""
+    conn = ctx.connection
+    pending = conn.info.pop(_COMMITTING, None) if conn is not None else None
+    if pending is None or ctx.execution_context is not None:
+        return None
+    unknown = commit_outcome_unknown(ctx.original_exception, *pending)
+    wrapped = ctx.sqlalchemy_exception
+    if unknown is None or not isinstance(wrapped, sa_exc.DBAPIError):
+        return unknown
+    cls = _unknown_classes.get(type(wrapped))
+    if cls is None:
+        cls = type(
+            "CommitOutcomeUnknownError",
+            (CommitOutcomeUnknownError, type(wrapped)),
+            {"__module__": CommitOutcomeUnknownError.__module__},
+        )
+        _unknown_classes[type(wrapped)] = cls
+    combined = cls.__new__(cls, *unknown.args)
+    vars(combined).update({**vars(wrapped), **vars(unknown)})
+    combined.__cause__ = ctx.original_exception
+    return combined
+
+
 def _on_error(ctx: ExceptionContext) -> BaseException | None:
     original = ctx.original_exception
+    unknown = _outcome_unknown(ctx)
+    if unknown is not None:
+        return unknown
     error = translate(original)
     if error is None:
         return None
@@ -262,6 +306,9 @@ def _listen_engine(engine: Engine, *, check: bool = False) -> None:
         event.listen(engine, "handle_error", _on_error)
     if not _has(engine.dispatch.before_cursor_execute, _count_unfenced):
         event.listen(engine, "before_cursor_execute", _count_unfenced, retval=True)
+    if not _has(engine.dispatch.commit, _on_commit):
+        event.listen(engine, "commit", _on_commit)
+        event.listen(engine, "begin", _on_begin_clear)
     if not _has(engine.dispatch.begin, _boundary):
         # Kept by uninstall(): connections already tracked rely on them.
         for name in ("begin", "commit", "rollback", "rollback_savepoint"):

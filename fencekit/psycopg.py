@@ -48,7 +48,7 @@ from psycopg.pq import PipelineStatus, TransactionStatus
 from fencekit import _psycopg_internals as _internals
 from fencekit import metrics
 from fencekit.context import current_issuer, current_token, fencing
-from fencekit.errors import TokenNotSetError, translate, validate_token
+from fencekit.errors import TokenNotSetError, commit_outcome_unknown, translate, validate_token
 
 __all__ = [
     "AsyncFencedCursor",
@@ -523,6 +523,17 @@ class _TokenBlock:
         self._fk_exit()
         self._fk_raise(exc)
 
+    def _fk_commit_failed(self, exc: BaseException) -> None:
+        """COMMIT raised: a lost connection leaves the outcome unknown (a failover, a crash);
+        say so with its own error rather than as a plain OperationalError (docs/ha.md)."""
+        self._fk_failed(exc)
+        if getattr(self, "force_rollback", False):
+            return  # it was a ROLLBACK: nothing was committed
+        token, issuer = self._fk_value
+        unknown = commit_outcome_unknown(exc, int(token), issuer or None)
+        if unknown is not None:
+            raise unknown from exc
+
     def _fk_exited(self, suppressed: bool, exc_val: BaseException | None) -> bool:
         self._fk_exit()
         if not suppressed:
@@ -548,7 +559,10 @@ class _TokenTransaction(_TokenBlock, _internals.BeginHook, psycopg.Transaction):
         try:
             suppressed = bool(super().__exit__(exc_type, exc_val, exc_tb))
         except BaseException as exc:
-            self._fk_failed(exc)
+            if exc_val is None:
+                self._fk_commit_failed(exc)
+            else:
+                self._fk_failed(exc)
             raise
         return self._fk_exited(suppressed, exc_val)
 
@@ -571,7 +585,10 @@ class _AsyncTokenTransaction(_TokenBlock, _internals.BeginHook, psycopg.AsyncTra
         try:
             suppressed = bool(await super().__aexit__(exc_type, exc_val, exc_tb))
         except BaseException as exc:
-            self._fk_failed(exc)
+            if exc_val is None:
+                self._fk_commit_failed(exc)
+            else:
+                self._fk_failed(exc)
             raise
         return self._fk_exited(suppressed, exc_val)
 
