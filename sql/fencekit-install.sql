@@ -77,6 +77,49 @@ GRANT SELECT ON fencekit.meta, fencekit.protected, fencekit.resources TO PUBLIC;
 GRANT ALL ON fencekit.meta, fencekit.fences, fencekit.protected, fencekit.resources TO fencekit_admin;
 GRANT USAGE, CREATE ON SCHEMA fencekit TO fencekit_admin;
 
+-- 05_postgres_version.sql
+-- The PostgreSQL majors this fencekit is tested on: each runs the fence contract in fencekit's
+-- test matrix (docs/testing.md). Install refuses any other major, whose MERGE, transition
+-- tables, generated columns or privileges may behave differently, unless the session asks for
+-- it: SET fencekit.allow_untested_postgres = on (`fencekit install --allow-untested-postgres`).
+-- The install script runs in one transaction, so a refusal leaves nothing behind.
+CREATE OR REPLACE FUNCTION fencekit.tested_postgres() RETURNS int4range
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.int4range(14, 18, '[]')
+$fn$;
+
+CREATE OR REPLACE FUNCTION fencekit.check_postgres_version(tested int4range) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  major integer := pg_catalog.current_setting('server_version_num')::integer / 10000;
+  shown text := pg_catalog.format('%s to %s', pg_catalog.lower(tested),
+                                  pg_catalog.upper(tested) - 1);
+  override text := pg_catalog.lower(coalesce(
+    pg_catalog.current_setting('fencekit.allow_untested_postgres', true), ''));
+BEGIN
+  IF major <@ tested THEN
+    RETURN;
+  END IF;
+  IF override IN ('on', 'true', 'yes', '1') THEN
+    RAISE WARNING USING MESSAGE = pg_catalog.format(
+      'fencekit: installing on PostgreSQL %s, which this fencekit is not tested on (tested: '
+      'PostgreSQL %s), because fencekit.allow_untested_postgres is on',
+      pg_catalog.current_setting('server_version'), shown);
+    RETURN;
+  END IF;
+  RAISE EXCEPTION USING ERRCODE = 'YF000',
+    MESSAGE = pg_catalog.format('fencekit: PostgreSQL %s is not tested with this fencekit '
+                                '(tested: PostgreSQL %s)',
+                                pg_catalog.current_setting('server_version'), shown),
+    DETAIL = 'fencekit''s triggers lean on behaviour that changes between major versions '
+             '(MERGE, transition tables, generated columns, privileges on settings).',
+    HINT = 'To install anyway: fencekit install --allow-untested-postgres, or run '
+           '"SET fencekit.allow_untested_postgres = on" before the install script in psql.';
+END
+$fn$;
+
+SELECT fencekit.check_postgres_version(fencekit.tested_postgres());
+
 -- 10_tokens.sql
 -- Validating the token and judging the bypass switch. Generated triggers test the common case
 -- inline (one regular expression); these run on the slow paths only.
@@ -572,17 +615,28 @@ DECLARE
   typ oid;
   typmod integer;
   coll oid;
+  generated "char";
   shown text;
   t record;
   why text;
   instead text;
 BEGIN
-  SELECT a.atttypid, a.atttypmod, a.attcollation INTO typ, typmod, coll
+  SELECT a.atttypid, a.atttypmod, a.attcollation, a.attgenerated INTO typ, typmod, coll, generated
     FROM pg_catalog.pg_attribute a
    WHERE a.attrelid = relid AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = pg_catalog.format('fencekit: %s has no column %I to use as a key', relid, col);
+  END IF;
+  -- PostgreSQL 18: a virtual generated column has no value in the transition tables that a key
+  -- fence reads its keys from (NULL, or an internal error), so it cannot name a key.
+  IF generated = 'v' THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: key column %I of %s is a virtual generated column, '
+                                  'which a key fence cannot read its keys from', col, relid),
+      HINT = 'Make it GENERATED ALWAYS AS (...) STORED, or key the fence on the columns it is '
+             'computed from.',
+      COLUMN = col;
   END IF;
   shown := pg_catalog.format_type(typ, typmod);
   -- A domain's identity is its base type's.

@@ -63,6 +63,12 @@ def _install(subparsers: Any) -> None:
     )
     _dsn_option(p)
     _lock_timeout_option(p)
+    p.add_argument(
+        "--allow-untested-postgres",
+        action="store_true",
+        help="install even on a PostgreSQL major version this fencekit is not tested on "
+        "(tested: 14 to 18); without it, install refuses such a server and changes nothing",
+    )
     _json_option(p)
     p.set_defaults(func=run_install, prog=p.prog)
 
@@ -450,8 +456,14 @@ def run_install(args: argparse.Namespace) -> int:
         statements = sqlgen.install_statements()
         for spec in outdated:
             statements += sqlgen.protect_statements(spec)
+        # fencekit.check_postgres_version (core) reads this setting.
+        untested = (
+            "SET LOCAL fencekit.allow_untested_postgres = on;\n"
+            if getattr(args, "allow_untested_postgres", False)
+            else ""
+        )
         script = (
-            f"BEGIN;\nSET LOCAL lock_timeout = {quote_literal(lock_timeout)};\n"
+            f"BEGIN;\nSET LOCAL lock_timeout = {quote_literal(lock_timeout)};\n{untested}"
             + ";\n".join(s.rstrip().rstrip(";") for s in statements)
             + ";\nCOMMIT;\n"
         )

@@ -182,17 +182,28 @@ DECLARE
   typ oid;
   typmod integer;
   coll oid;
+  generated "char";
   shown text;
   t record;
   why text;
   instead text;
 BEGIN
-  SELECT a.atttypid, a.atttypmod, a.attcollation INTO typ, typmod, coll
+  SELECT a.atttypid, a.atttypmod, a.attcollation, a.attgenerated INTO typ, typmod, coll, generated
     FROM pg_catalog.pg_attribute a
    WHERE a.attrelid = relid AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = pg_catalog.format('fencekit: %s has no column %I to use as a key', relid, col);
+  END IF;
+  -- PostgreSQL 18: a virtual generated column has no value in the transition tables that a key
+  -- fence reads its keys from (NULL, or an internal error), so it cannot name a key.
+  IF generated = 'v' THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: key column %I of %s is a virtual generated column, '
+                                  'which a key fence cannot read its keys from', col, relid),
+      HINT = 'Make it GENERATED ALWAYS AS (...) STORED, or key the fence on the columns it is '
+             'computed from.',
+      COLUMN = col;
   END IF;
   shown := pg_catalog.format_type(typ, typmod);
   -- A domain's identity is its base type's.
