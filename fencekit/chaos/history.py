@@ -15,22 +15,85 @@ Event kinds (``type``):
 - ``ok`` / ``fail`` / ``info``: its outcome: acknowledged (with the per-resource ``seq`` the
   server assigned), rejected / not applied (with the reason), or unknown (connection lost
   during commit)
-- ``pause`` / ``resume`` / ``kill`` / ``spawn`` / ``crash`` / ``restart`` / ``bouncer``: the
-  nemesis
+- ``renew`` / ``release`` / ``lost``: a holder's lease renewed (with ``t0``, when the request
+  was sent), released, or reported lost by the issuer
+- ``pause`` / ``resume`` / ``kill`` / ``spawn`` / ``crash`` / ``restart`` / ``bouncer`` /
+  ``clock`` / ``net`` / ``node``: the nemesis
+- ``run``: written once by the run: scope, issuer, whether the register was fenced
+- ``committed`` / ``register``: the database's final state, appended after the run (every row
+  of ``chaos_log``, and each register's value and write count), so that a saved history is
+  checkable alone (``fencekit chaos check HISTORY``)
+
+Times (``t``, ``t0``) come from the machine's true real-time clock (:func:`true_time`), read
+with a direct system call: a process whose clock libfaketime steps, skews or freezes still
+records when things really happened.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
+import platform
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["Event", "HistoryWriter", "merge", "read_events", "write_merged"]
+__all__ = [
+    "Event",
+    "HistoryError",
+    "HistoryWriter",
+    "load_history",
+    "merge",
+    "read_events",
+    "true_time",
+    "write_merged",
+]
+
+
+class HistoryError(ValueError):
+    """A history cannot be read or checked (the message says where and why)."""
+
 
 Event = dict[str, Any]
+
+# clock_gettime's system call number: libfaketime replaces the C library's clock_gettime, not
+# the kernel's, so the system call reads the true clock even in a process under libfaketime.
+_SYS_CLOCK_GETTIME = {"x86_64": 228, "aarch64": 113}.get(platform.machine())
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _true_clock() -> Callable[[], float] | None:
+    if _SYS_CLOCK_GETTIME is None or os.name != "posix":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    except OSError:
+        return None
+    ts = _Timespec()
+
+    def read() -> float:
+        if libc.syscall(_SYS_CLOCK_GETTIME, 0, ctypes.byref(ts)) != 0:  # 0: CLOCK_REALTIME
+            return time.time()
+        return float(ts.tv_sec) + float(ts.tv_nsec) / 1e9
+
+    return read
+
+
+_TRUE_CLOCK = _true_clock()
+
+
+def true_time() -> float:
+    """Seconds since the epoch by the kernel's clock, whatever libfaketime makes time.time()
+    answer in this process (falls back to time.time() where the system call is unknown)."""
+    if _TRUE_CLOCK is None:
+        return time.time()
+    return float(_TRUE_CLOCK())
 
 
 class HistoryWriter:
@@ -44,7 +107,7 @@ class HistoryWriter:
 
     def append(self, type_: str, **data: Any) -> Event:
         self._n += 1
-        event: Event = {"t": time.time(), "p": self.process, "n": self._n, "type": type_, **data}
+        event: Event = {"t": true_time(), "p": self.process, "n": self._n, "type": type_, **data}
         self._fh.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
@@ -55,14 +118,16 @@ class HistoryWriter:
 
 
 def read_events(path: Path) -> list[Event]:
-    """The events of one file; a torn last line (a process killed mid-write) is dropped."""
+    """The events of one file; a torn line (a process killed mid-write) is dropped."""
     events: list[Event] = []
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(event, dict):
+                events.append(event)
     return events
 
 
@@ -77,3 +142,50 @@ def write_merged(events: list[Event], path: Path) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         for e in events:
             fh.write(json.dumps(e, separators=(",", ":"), default=str) + "\n")
+
+
+_REQUIRED = {
+    "acquire": ("resource", "token"),
+    "invoke": ("id", "resource"),
+    "ok": ("id",),
+    "fail": ("id",),
+    "info": ("id",),
+    "committed": ("resource", "seq", "value", "observed", "id"),
+    "register": ("resource", "value", "count"),
+}
+
+
+def load_history(path: Path) -> list[Event]:
+    """A saved history, strictly: every line one JSON object with ``t`` and ``type`` and the
+    fields its type needs. Only a torn last line (a writer killed mid-line) is forgiven."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise HistoryError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise HistoryError(f"{path} is not UTF-8 text (a history is JSON lines)") from exc
+    lines = text.splitlines()
+    events: list[Event] = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            if no == len(lines) and not text.endswith("\n"):
+                break  # torn last line
+            raise HistoryError(f"{path}:{no}: not a JSON object: {exc}") from exc
+        if not isinstance(event, dict):
+            raise HistoryError(f"{path}:{no}: not a JSON object")
+        kind = event.get("type")
+        if not isinstance(kind, str) or not isinstance(event.get("t"), int | float):
+            raise HistoryError(f"{path}:{no}: an event needs a string 'type' and a number 't'")
+        missing = [k for k in _REQUIRED.get(kind, ()) if k not in event]
+        if missing:
+            raise HistoryError(f"{path}:{no}: a {kind!r} event needs {', '.join(missing)}")
+        event.setdefault("p", "?")
+        event.setdefault("n", no)
+        events.append(event)
+    if not events:
+        raise HistoryError(f"{path}: no events (a history is JSON lines, one event a line)")
+    return events

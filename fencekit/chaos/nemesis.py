@@ -10,7 +10,16 @@ It owns the worker processes. One action at a time, at seeded random intervals:
 - ``crash``: ``pg_ctl stop -m immediate``, then, with pgbouncer, restart pgbouncer while the
   server is down, then start the server again (recovery from the WAL).
 
-A short run still gets at least one kill and, when crashes are possible, one crash.
+- ``clock`` (with clock faults on): step a faked clock (the workers' or the PostgreSQL
+  server's: :mod:`fencekit.chaos.clocks`) forward or back, run it fast or slow, or freeze the
+  workers' clock, for 1 to 3 s, then put it right.
+- ``net`` (with network faults on): SIGSTOP pgbouncer for 1.5 to 2.5 s: every connection hangs,
+  commits in flight included, so their writers do not know whether they landed.
+- ``node`` (with an etcd or ZooKeeper cluster): SIGKILL the cluster's leader and restart it
+  1 to 2 s later, or SIGSTOP a member for 1 to 2.5 s.
+
+A short run still gets at least one kill and, when crashes are possible, one crash; each
+enabled extra fault happens at least once.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from typing import Any
 
 import psycopg
 
+from fencekit.chaos.clocks import FakeClock
+from fencekit.chaos.clusters import Cluster
 from fencekit.chaos.history import HistoryWriter
 from fencekit.chaos.server import Bouncer, ControlledServer
 
@@ -48,6 +59,9 @@ class Nemesis:
         server: ControlledServer | None,
         bouncer: Bouncer | None,
         progress: Callable[[str], None],
+        clocks: dict[str, FakeClock] | None = None,
+        net_faults: bool = False,
+        cluster: Cluster | None = None,
     ) -> None:
         self.rng = rng
         self.ttl = ttl
@@ -62,6 +76,13 @@ class Nemesis:
         self.paused: dict[str, float] = {}  # name -> resume at (monotonic)
         self.generation: dict[str, int] = {}
         self._conn: psycopg.Connection[Any] | None = None
+        self.clocks = clocks or {}
+        self.net_faults = net_faults and bouncer is not None
+        self.cluster = cluster
+        # Faults to undo: (at, monotonic; what). One of each kind at a time.
+        self.pending: dict[str, tuple[float, Callable[[], None]]] = {}
+        worker_clock = self.clocks.get("workers")
+        self.worker_env = {**os.environ, **(worker_clock.env() if worker_clock else {})}
 
     # ------------------------------------------------------------ workers
 
@@ -72,8 +93,9 @@ class Nemesis:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115  # the child owns it
         try:
             self.procs[name] = subprocess.Popen(
-                self.command(name), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+                self.command(name), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env=self.worker_env,
+            )  # fmt: skip
         finally:
             log.close()
         if gen > 1:
@@ -104,8 +126,76 @@ class Nemesis:
             self.paused[name] = time.monotonic() + seconds
             self.history.append("pause", worker=name, seconds=round(seconds, 3))
 
+    # ------------------------------------------------------------ clocks, network, cluster
+
+    def clock(self) -> None:
+        free = [t for t in self.clocks if f"clock:{t}" not in self.pending]
+        if not free:
+            return
+        target = self.rng.choice(sorted(free))
+        fake = self.clocks[target]
+        # A frozen server clock stalls every lease; freezing is for the workers' clocks.
+        kind, spec = fake.random_fault(self.rng, self.ttl, freeze=target == "workers")
+        self.history.append("clock", target=target, fault=kind, spec=spec)
+
+        def undo() -> None:
+            fake.reset()
+            self.history.append("clock", target=target, fault=None, spec="+0")
+
+        self.pending[f"clock:{target}"] = (time.monotonic() + self.rng.uniform(1.0, 3.0), undo)
+
+    def net(self) -> None:
+        if not self.net_faults or "net" in self.pending or self.bouncer is None:
+            return
+        bouncer = self.bouncer
+        if not bouncer.pause():
+            return
+        self.history.append("net", fault="pgbouncer paused (SIGSTOP)")
+
+        def undo() -> None:
+            bouncer.resume()
+            self.history.append("net", fault=None, action="pgbouncer resumed (SIGCONT)")
+
+        self.pending["net"] = (time.monotonic() + self.rng.uniform(1.5, 2.5), undo)
+
+    def node(self) -> None:
+        cluster = self.cluster
+        if cluster is None or "node" in self.pending:
+            return
+        if self.rng.random() < 0.5:
+            leader = cluster.leader()
+            if leader is None:
+                return
+            leader.kill()
+            self.history.append("node", fault="leader killed (SIGKILL)", node=leader.name)
+
+            def undo() -> None:
+                try:
+                    cluster.restart(leader, timeout=30)
+                except Exception as exc:  # the run goes on with two members
+                    self.progress(f"nemesis: {leader.name} did not come back: {exc}")
+                self.history.append("node", fault=None, action="restarted", node=leader.name)
+
+            self.pending["node"] = (time.monotonic() + self.rng.uniform(1.0, 2.0), undo)
+            return
+        member = self.rng.choice([n for n in cluster.nodes if n.running])
+        member.signal(signal.SIGSTOP)
+        member.paused = True
+        self.history.append("node", fault="member paused (SIGSTOP)", node=member.name)
+
+        def resume() -> None:
+            member.signal(signal.SIGCONT)
+            member.paused = False
+            self.history.append("node", fault=None, action="resumed", node=member.name)
+
+        self.pending["node"] = (time.monotonic() + self.rng.uniform(1.0, 2.5), resume)
+
     def resume_due(self, *, all_: bool = False) -> None:
         now = time.monotonic()
+        for key, (at, undo) in list(self.pending.items()):
+            if all_ or at <= now:
+                del self.pending[key]
+                undo()
         for name, at in list(self.paused.items()):
             if all_ or at <= now:
                 with contextlib.suppress(ProcessLookupError):
@@ -132,6 +222,8 @@ class Nemesis:
         if self.server is None:
             return
         self.progress("nemesis: crash-restarting PostgreSQL (immediate shutdown)")
+        if "net" in self.pending:  # a paused pgbouncer cannot be restarted: resume it first
+            self.pending.pop("net")[1]()
         self.server.crash()
         self.history.append("crash")
         if self._conn is not None:
@@ -158,6 +250,8 @@ class Nemesis:
         crash_gap = max(3.0, seconds / 4)
         last_crash = t0 - crash_gap / 2
         crashes = kills = 0
+        extra = {"clock": bool(self.clocks), "net": self.net_faults, "node": bool(self.cluster)}
+        done: set[str] = set()
         step = 0
         while time.monotonic() < end and step < 100_000:
             step += 1
@@ -169,11 +263,19 @@ class Nemesis:
             # No crash in the last seconds: the run must also show writes after recovery.
             can_crash = self.server is not None and now - last_crash >= crash_gap and end - now > 3
             weights = [5.0, 1.0, 1.0 if can_crash else 0.0, 2.0]
-            action = self.rng.choices(["pause", "kill", "crash", "none"], weights)[0]
+            weights += [1.5 if extra[k] else 0.0 for k in ("clock", "net", "node")]
+            kinds = ["pause", "kill", "crash", "none", "clock", "net", "node"]
+            action = self.rng.choices(kinds, weights)[0]
+            owed = [k for k, on in extra.items() if on and k not in done]
             if can_crash and crashes == 0 and now - t0 > seconds * 0.45:
                 action = "crash"  # a short run still proves recovery
             elif kills == 0 and now - t0 > seconds * 0.6:
                 action = "kill"
+            elif owed and now - t0 > seconds * (0.2 + 0.12 * len(done)):
+                action = owed[0]  # every enabled fault at least once
+            if action in extra:
+                done.add(action)
+                getattr(self, action)()
             if action == "pause":
                 self.pause()
             elif action == "kill":

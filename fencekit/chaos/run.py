@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import secrets
 import shutil
@@ -18,15 +19,26 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from fencekit.chaos.checker import LogRow, Report, check, format_report
+from fencekit.chaos.checker import (
+    GAP,
+    GAP_CLOSES,
+    SCOPES,
+    LogRow,
+    Report,
+    check,
+    final_state_events,
+    format_report,
+)
+from fencekit.chaos.clocks import FakeClock, find_libfaketime
+from fencekit.chaos.clusters import Cluster, start_cluster
 from fencekit.chaos.history import HistoryWriter, merge, write_merged
 from fencekit.chaos.nemesis import Nemesis
 from fencekit.chaos.server import Bouncer, ControlledServer, find_bindir
 from fencekit.chaos.worker import LEASE_PREFIX
 
-__all__ = ["SCOPES", "ChaosConfig", "ChaosResult", "ChaosSetupError", "run_chaos"]
+__all__ = ["ISSUERS", "SCOPES", "ChaosConfig", "ChaosResult", "ChaosSetupError", "run_chaos"]
 
-SCOPES = ("key", "row", "lease-bound")
+ISSUERS = ("postgres", "etcd", "zookeeper")
 
 _SCHEMA = """
 CREATE TABLE chaos_register (
@@ -59,10 +71,32 @@ class ChaosConfig:
     history: Path | None = None
     ttl: float = 0.5
     crashes: bool = True
+    #: where leases come from: fencekit's PostgreSQL issuer, or a three-node etcd cluster /
+    #: ZooKeeper ensemble that the run starts on loopback (leader killed, members paused)
+    issuer: str = "postgres"
+    #: libfaketime steps, skews and freezes the workers' clocks and the server's
+    clock_faults: bool = False
+    #: pgbouncer paused (SIGSTOP) with commits in flight: indeterminate writes (implies pgbouncer)
+    net_faults: bool = False
+    #: write a self-contained HTML timeline of the run here
+    report: Path | None = None
+    #: tests only: ``module:function(worker_args) -> Issuer`` replaces the issuer in workers
+    issuer_factory: str | None = None
+    #: a write whose COMMIT gets no answer for this long is abandoned as indeterminate
+    commit_timeout: float = 1.0
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
+        if self.issuer not in ISSUERS:
+            raise ValueError(f"issuer must be one of {', '.join(ISSUERS)}, not {self.issuer!r}")
+        if self.scope == "lease-bound" and self.issuer != "postgres":
+            raise ValueError(
+                "--scope lease-bound checks the live lease in fencekit.leases: it needs "
+                "the postgres issuer (etcd and ZooKeeper leases are not in the database)"
+            )
+        if self.net_faults:
+            self.pgbouncer = True
         if not (1 <= self.workers <= 32 and 1 <= self.resources <= 1000):
             raise ValueError("workers must be 1..32 and resources 1..1000")
         if not (1 <= self.duration <= 24 * 3600):
@@ -89,7 +123,7 @@ class ChaosResult:
     def ok(self) -> bool:
         """The outcome expected for the mode: no violation fenced, some without fencing."""
         bad = len(self.report.violations)
-        return bad == 0 if self.config.fence else bad > 0
+        return bad == 0 if self.config.fence and not self.config.issuer_factory else bad > 0
 
 
 @dataclass
@@ -102,7 +136,12 @@ class _Target:
     controlled: ControlledServer | None = None
 
 
-def _target(cfg: ChaosConfig, stack: contextlib.ExitStack, say: Callable[[str], None]) -> _Target:
+def _target(
+    cfg: ChaosConfig,
+    stack: contextlib.ExitStack,
+    say: Callable[[str], None],
+    clock: FakeClock | None = None,
+) -> _Target:
     if cfg.dsn:
         p = conninfo_to_dict(cfg.dsn)
         return _Target(
@@ -115,6 +154,8 @@ def _target(cfg: ChaosConfig, stack: contextlib.ExitStack, say: Callable[[str], 
     bindir = find_bindir() if cfg.crashes else None
     if bindir is not None:
         server = ControlledServer(bindir)
+        if clock is not None:
+            server.env = clock.env()  # every server process reads the faked clock
         stack.callback(server.stop)
         say(f"starting a throwaway PostgreSQL {server.version} (durable commits)...")
         server.init()
@@ -272,7 +313,26 @@ def run_chaos(
     resources = [f"r{i}" for i in range(cfg.resources)]
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
-        target = _target(cfg, stack, say)
+        clocks: dict[str, FakeClock] = {}
+        if cfg.clock_faults:
+            library = find_libfaketime()
+            if library is None:
+                raise ChaosSetupError(
+                    "--clock-faults needs libfaketime: apt-get install faketime "
+                    "(or set FENCEKIT_LIBFAKETIME)"
+                )
+            for name in ("workers", "server"):
+                clocks[name] = FakeClock(name, library)
+                stack.callback(clocks[name].close)
+        cluster: Cluster | None = None
+        if cfg.issuer != "postgres":
+            say(f"starting a three-node {cfg.issuer} cluster on loopback...")
+            cluster = start_cluster(cfg.issuer)
+            stack.callback(cluster.stop)
+        target = _target(cfg, stack, say, clocks.get("server"))
+        if "server" in clocks and target.controlled is None:
+            clocks.pop("server").close()
+            notes.append("clock faults on the workers only: the run does not start this server")
         role = stack.enter_context(_worker_role(target.admin_dsn))
         dsn = stack.enter_context(_database(target.admin_dsn))
         _setup(dsn, cfg, resources, role.name)
@@ -301,13 +361,30 @@ def run_chaos(
             return [
                 sys.executable, "-m", "fencekit.chaos.worker", "--name", name,
                 "--dsn", worker_dsn, "--resources", ",".join(resources),
-                "--ttl", str(cfg.ttl), "--until", repr(until), "--seed", str(cfg.seed),
+                "--ttl", str(lease_ttl), "--until", repr(until), "--seed", str(cfg.seed),
                 "--history", str(workdir / f"{name}.jsonl"),
+                "--issuer", cfg.issuer, "--endpoints", cluster.endpoints if cluster else "",
+                "--issuer-factory", cfg.issuer_factory or "",
+                "--commit-timeout", str(cfg.commit_timeout),
             ]  # fmt: skip
 
+        nemesis_log.append(
+            "run", scope=cfg.scope, issuer=cfg.issuer, fence=cfg.fence, seed=cfg.seed,
+            workers=cfg.workers, resources=cfg.resources, ttl=cfg.ttl,
+            issuer_factory=cfg.issuer_factory, clock_faults=sorted(clocks),
+            net_faults=cfg.net_faults, crashes=target.controlled is not None and cfg.crashes,
+        )  # fmt: skip
+
+        # etcd grants whole seconds, at least 2 (its minimum TTL here); a ZooKeeper session of
+        # under 2 s expires during every election on a small machine. Pauses must outlast them.
+        lease_ttl = cfg.ttl
+        if cfg.issuer == "etcd":
+            lease_ttl = max(2.0, float(math.ceil(cfg.ttl)))
+        elif cfg.issuer == "zookeeper":
+            lease_ttl = max(2.0, cfg.ttl)
         nemesis = Nemesis(
             rng=random.Random(cfg.seed),
-            ttl=cfg.ttl,
+            ttl=lease_ttl,
             command=command,
             workdir=workdir,
             history=nemesis_log,
@@ -315,6 +392,9 @@ def run_chaos(
             server=target.controlled,
             bouncer=bouncer,
             progress=say,
+            clocks=clocks,
+            net_faults=cfg.net_faults,
+            cluster=cluster,
         )
         stack.callback(nemesis.close)
         mode = "fenced" if cfg.fence else "NOT fenced"
@@ -325,10 +405,14 @@ def run_chaos(
             target.controlled.start()
         _wait_quiet(dsn, 15)
         log, register = _final_state(dsn)
-        events = merge(sorted(workdir.glob("*.jsonl")))
+        events = merge(sorted(workdir.glob("*.jsonl"))) + final_state_events(log, register)
         if cfg.history is not None:
             write_merged(events, cfg.history)
-        report = check(events, log, register, lease_bound=cfg.scope == "lease-bound")
+        report = check(events)
+        if cfg.report is not None:
+            from fencekit.chaos.report import write_html
+
+            write_html(events, report, cfg.report, title=_header_line(cfg))
     result = ChaosResult(
         cfg, report, target.kind, time.monotonic() - started, notes, worker_role=role.name
     )
@@ -340,13 +424,22 @@ def run_chaos(
     return result
 
 
-def _header(res: ChaosResult) -> str:
-    c = res.config
+def _header_line(c: ChaosConfig) -> str:
     fence = f"{c.scope} fence" if c.fence else "NO fence (--no-fence)"
-    bouncer = ", through pgbouncer (transaction mode)" if c.pgbouncer else ""
+    issuer = c.issuer + (f" wrapped by {c.issuer_factory}" if c.issuer_factory else "")
+    faults = [f for f, on in (("clocks", c.clock_faults), ("network", c.net_faults)) if on]
+    extra = f", faults also on {' and '.join(faults)}" if faults else ""
     return (
         f"fencekit chaos: {c.duration:g}s, seed {c.seed}, {c.workers} workers, {c.resources} "
-        f"resources, lease ttl {c.ttl:g}s, {fence}\n"
+        f"resources, lease ttl {c.ttl:g}s, {fence}, issuer {issuer}{extra}"
+    )
+
+
+def _header(res: ChaosResult) -> str:
+    c = res.config
+    bouncer = ", through pgbouncer (transaction mode)" if c.pgbouncer else ""
+    return (
+        f"{_header_line(c)}\n"
         f"server: {res.server}{bouncer}; took {res.seconds:.1f}s\n"
         f"workers: role {res.worker_role} (not a superuser: DML on the chaos tables and "
         "fencekit_writer; dropped after the run)\n"
@@ -355,16 +448,31 @@ def _header(res: ChaosResult) -> str:
 
 def _verdict(res: ChaosResult) -> str:
     r = res.report
+    gap = ""
+    if r.scope != "lease-bound" and r.gap_lost_updates:
+        gap = (
+            f"\n{GAP}: {r.gap_lost_updates} lost update(s) that fencing alone cannot prevent "
+            f"in {r.scope} scope: {GAP_CLOSES}."
+        )
+    if res.config.issuer_factory:
+        if res.ok:
+            return f"\nAs expected with a broken issuer: {_kinds(r)}.{gap}"
+        return f"\nUNEXPECTED: the broken issuer passed the checker.{gap}"
     if res.config.fence:
         if res.ok:
             return (
                 f"\nOK: no violation; {r.stale_rejected} of {r.stale_attempted} stale writes "
-                f"rejected, {r.crashes} crashes survived."
+                f"rejected, {r.crashes} crashes survived.{gap}"
             )
-        return f"\nFAILED: {len(r.violations)} violation(s) with fencing on."
+        return f"\nFAILED: {_kinds(r)} with fencing on.{gap}"
     if res.ok:
         return (
             f"\nAs expected without fencing: {len(r.violations)} violation(s), "
             f"{r.lost_updates} lost update(s). Run without --no-fence to see them rejected."
         )
     return "\nUNEXPECTED: no violation without fencing (run longer, or with more pauses)."
+
+
+def _kinds(r: Report) -> str:
+    kinds = ", ".join(f"{k} x{n}" for k, n in sorted(r.by_kind.items()))
+    return f"{len(r.violations)} violation(s): {kinds}"

@@ -96,6 +96,8 @@ class ControlledServer:
         self.datadir = self.tmp / "data"
         self.log = self.tmp / "server.log"
         self.running = False
+        #: extra environment of the server's processes (libfaketime: a faked server clock)
+        self.env: dict[str, str] = {}
 
     @property
     def version(self) -> str:
@@ -106,8 +108,9 @@ class ControlledServer:
 
     def _run(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*_prefix(self._os_user), *args], capture_output=True, text=True, timeout=timeout
-        )
+            [*_prefix(self._os_user), *args], capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, **self.env},
+        )  # fmt: skip
 
     def init(self) -> None:
         self.datadir.mkdir()
@@ -251,7 +254,22 @@ class Bouncer:
         if wait_dsn is not None:
             wait_connectable(wait_dsn, 20, "pgbouncer")
 
+    def pause(self) -> bool:
+        """SIGSTOP pgbouncer (its whole process group: runuser and pgbouncer): every
+        connection through it hangs, commits in flight included. False when not running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+        return True
+
+    def resume(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
+        self.resume()
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return

@@ -10,14 +10,24 @@ row lock makes that sequence the commit order, and the client learns it from ``R
 
 A small share of writes is sent with no token at all (a code path someone forgot to fence):
 fenced tables must reject those too.
+
+Issuers: ``--issuer postgres`` (fencekit's own), ``etcd`` or ``zookeeper`` (``--endpoints``), or
+``--issuer-factory module:function`` (a function of the run's arguments returning an issuer:
+the tests' deliberately broken issuers). A write whose COMMIT gets no answer within
+``--commit-timeout`` (the pooler or a proxy is paused) is abandoned: its socket is shut down
+and its outcome recorded as indeterminate (``info``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
+import os
 import random
+import socket
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -26,11 +36,11 @@ from typing import Any
 import psycopg
 
 from fencekit import psycopg as fk_psycopg
-from fencekit.chaos.history import HistoryWriter
+from fencekit.chaos.history import HistoryWriter, true_time
 from fencekit.errors import FenceError, translate
-from fencekit.leases import Grant, IssuerUnavailable, PostgresIssuer
+from fencekit.leases import Grant, Issuer, IssuerError, PostgresIssuer
 
-__all__ = ["LEASE_PREFIX", "main"]
+__all__ = ["LEASE_PREFIX", "main", "make_issuer"]
 
 LEASE_PREFIX = "chaos"  # lease of resource r: "chaos:r" (contracts: <resource>:<key text>)
 
@@ -55,6 +65,50 @@ _CONNECT: dict[str, Any] = {
 }
 
 
+def make_issuer(args: argparse.Namespace) -> Issuer:
+    """The issuer the worker takes its leases from (``args``: the worker's arguments)."""
+    if args.issuer_factory:
+        module, _, name = args.issuer_factory.partition(":")
+        factory = getattr(importlib.import_module(module), name)
+        issuer: Issuer = factory(args)
+        return issuer
+    if args.issuer == "etcd":
+        from fencekit.leases.etcd import EtcdIssuer
+
+        return EtcdIssuer(args.endpoints, request_timeout=1.0, retry_deadline=2.0)
+    if args.issuer == "zookeeper":
+        from fencekit.leases.zookeeper import ZooKeeperIssuer
+
+        return ZooKeeperIssuer(
+            args.endpoints, session_timeout=args.ttl, connect_timeout=5.0, op_timeout=2.0
+        )
+    return PostgresIssuer(args.dsn, timeout=2, prepare_threshold=None)
+
+
+class _Watchdog:
+    """Shuts a connection's socket down when a call outlives ``seconds`` (a hung pooler):
+    the blocked call then fails at once instead of waiting for the network to come back."""
+
+    def __init__(self, conn: psycopg.Connection[Any], seconds: float) -> None:
+        self.fired = False
+        self._timer = threading.Timer(seconds, self._fire, args=(conn.fileno(),))
+        self._timer.daemon = True
+
+    def _fire(self, fd: int) -> None:
+        self.fired = True
+        with contextlib.suppress(OSError):
+            sock = socket.socket(fileno=os.dup(fd))
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+
 class _Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         self.name: str = args.name
@@ -64,8 +118,9 @@ class _Worker:
         self.unfenced_rate: float = args.unfenced_rate
         self.resources: list[str] = args.resources.split(",")
         self.rng = random.Random(f"{args.seed}:{self.name}")
+        self.commit_timeout: float = args.commit_timeout
         self.history = HistoryWriter(Path(args.history), self.name)
-        self.issuer = PostgresIssuer(self.dsn, timeout=2, prepare_threshold=None)
+        self.issuer = make_issuer(args)
         self.conn: psycopg.Connection[Any] | None = None
         self.writes = 0
         self.session_recorded = False
@@ -100,35 +155,44 @@ class _Worker:
 
     def run(self) -> None:
         rounds = 0
-        while time.time() < self.until and rounds < 100_000:
+        # The deadline is read on the true clock: libfaketime may step this process' clock.
+        while true_time() < self.until and rounds < 100_000:
             rounds += 1
             resource = self.rng.choice(self.resources)
             holder = f"{self.name}#{uuid.uuid4().hex[:8]}"  # one holder per grant
+            t0 = true_time()
             try:
                 grant = self.issuer.try_acquire(f"{LEASE_PREFIX}:{resource}", holder, self.ttl)
-            except (IssuerUnavailable, psycopg.Error):
+            except (IssuerError, psycopg.Error):
                 time.sleep(0.1)
                 continue
             if grant is None:
                 time.sleep(self.rng.uniform(0.005, 0.03))
                 continue
-            self.history.append("acquire", resource=resource, token=grant.token, holder=holder)
+            self.history.append(
+                "acquire", resource=resource, token=grant.token, holder=holder,
+                t0=t0, ttl=grant.ttl, issuer=grant.issuer,
+            )  # fmt: skip
             self.hold(resource, grant)
 
     def hold(self, resource: str, grant: Grant) -> None:
         for _ in range(self.rng.randint(1, 4)):
-            if time.time() >= self.until or self.write(resource, grant.token) != "ok":
+            if true_time() >= self.until or self.write(resource, grant.token) != "ok":
                 return
+            t0 = true_time()
             try:
                 if not self.issuer.renew(grant):
+                    self.history.append("lost", resource=resource, holder=grant.holder, t0=t0)
                     return
-            except (IssuerUnavailable, psycopg.Error):
+            except (IssuerError, psycopg.Error):
                 return
-        try:
-            if self.rng.random() < 0.8:  # else abandon it: a holder that went away
+            self.history.append("renew", resource=resource, holder=grant.holder, t0=t0)
+        if self.rng.random() < 0.8:  # else abandon it: a holder that went away
+            t0 = true_time()
+            # Recorded before it is sent: from here on the lease may be gone.
+            self.history.append("release", resource=resource, holder=grant.holder, t0=t0)
+            with contextlib.suppress(IssuerError, psycopg.Error):
                 self.issuer.release(grant)
-        except (IssuerUnavailable, psycopg.Error):
-            pass
 
     def write(self, resource: str, token: int) -> str:
         conn = self.connection()
@@ -156,7 +220,7 @@ class _Worker:
         phase = "send"
         try:
             block = fk_psycopg.transaction(conn, token) if fenced else conn.transaction()
-            with block:
+            with _Watchdog(conn, self.commit_timeout), block:
                 got = conn.execute(_UPDATE, (value, resource)).fetchone()
                 assert got is not None
                 seq = int(got[0])
@@ -210,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", required=True)
     p.add_argument("--history", required=True)
     p.add_argument("--unfenced-rate", type=float, default=0.02)
+    p.add_argument("--issuer", choices=("postgres", "etcd", "zookeeper"), default="postgres")
+    p.add_argument("--endpoints", default="", help="etcd endpoints / ZooKeeper hosts")
+    p.add_argument("--issuer-factory", default="", help="module:function(args) -> issuer")
+    p.add_argument("--commit-timeout", type=float, default=1.0)
     worker = _Worker(p.parse_args(argv))
     try:
         worker.run()
