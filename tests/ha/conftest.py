@@ -1,10 +1,10 @@
 """A real HA cluster for the failover tests: two PostgreSQL 15 nodes under Patroni with etcd.
 
-One cluster per test module (bootstrapping takes about 10 s here); each test gets a database of
-its own on it with fencekit's core installed, and leaves the cluster with a primary and a
-streaming standby (a test that fails over rejoins the killed node). Patroni comes from the
-virtualenv ``scripts/_patroni.sh`` builds (``./scripts/test`` builds it); without it the tests
-skip, and fail under CI=true.
+One cluster for the package (one per xdist worker; bootstrapping takes about 10 s here). Each
+test gets a database of its own on it with fencekit's core installed; the next test's setup
+rejoins a node a failover killed and turns replication back to asynchronous. Patroni comes from
+the virtualenv ``scripts/_patroni.sh`` builds (``./scripts/test`` builds it); without it the
+tests skip, and fail under CI=true.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 _names = itertools.count()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[PatroniCluster]:
     try:
         patroni_binary()

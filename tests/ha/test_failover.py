@@ -110,35 +110,6 @@ def test_async_failover_never_reissues_a_token_the_zombie_holds(
         zombie_issuer.close()
 
 
-def test_sync_failover_keeps_every_acknowledged_grant_and_write(
-    cluster: PatroniCluster, ha_db: str
-) -> None:
-    dsn = cluster.dsn_for(ha_db)
-    _protect(dsn)
-    cluster.set_synchronous(True)
-    issuer = PostgresIssuer(dsn, timeout=2)
-    lease = Lease(issuer, "billing:42", ttl=30, holder="A")
-    try:
-        lease.acquire(wait=0)
-        _write(dsn, "billing_summary", 1, lease.token)
-        _, _, took = cluster.failover()
-        assert took < 10
-        # The new primary knows the grant: the holder renews there and keeps writing.
-        lease.renew()
-        assert lease.held
-        _write(dsn, "billing_summary", 2, lease.token)
-        assert _total(dsn, "billing_summary") == 2
-        with PostgresIssuer(dsn) as other:
-            assert other.try_acquire("billing:42", "B", 30) is None  # still A's
-            c = other.try_acquire("billing:43", "C", 30)
-            assert c is not None
-            assert c.token > lease.token
-            assert c.token >> 40 == cluster.timeline()
-    finally:
-        lease.release()
-        issuer.close()
-
-
 def _wait_syncrep(cluster: PatroniCluster, db: str, timeout: float = 10) -> None:
     """Until a backend of the primary waits for the synchronous standby (its COMMIT is in
     flight: flushed locally, not yet acknowledged)."""
@@ -154,13 +125,14 @@ def _wait_syncrep(cluster: PatroniCluster, db: str, timeout: float = 10) -> None
     raise AssertionError("no COMMIT waited for the synchronous standby")
 
 
-def test_a_commit_in_flight_at_a_failover_ends_outcome_unknown(
+def test_sync_failover_keeps_acknowledged_work_and_a_commit_in_flight_is_outcome_unknown(
     cluster: PatroniCluster, ha_db: str
 ) -> None:
-    """psycopg and SQLAlchemy: a fenced COMMIT cut off by the failover raises
-    CommitOutcomeUnknownError, not a stale-write error and not a success; the documented
-    recovery (read back on the new primary, retry the idempotent write under the same token)
-    works."""
+    """Synchronous replication: every grant and write acknowledged before the failover is on
+    the new primary; the holder renews there and keeps writing. A fenced COMMIT cut off by the
+    failover (psycopg and SQLAlchemy) raises CommitOutcomeUnknownError, not a stale-write error
+    and not a success; the documented recovery (read back on the new primary, retry the
+    idempotent write under the same token) works. (One failover for both: each costs a rejoin.)"""
     from sqlalchemy import create_engine, text
     from sqlalchemy.exc import OperationalError
 
@@ -170,9 +142,11 @@ def test_a_commit_in_flight_at_a_failover_ends_outcome_unknown(
     dsn = cluster.dsn_for(ha_db)
     _protect(dsn)
     cluster.set_synchronous(True)
-    with PostgresIssuer(dsn) as issuer:
-        grant = issuer.try_acquire("billing:42", "A", 60)
-        assert grant is not None
+    issuer = PostgresIssuer(dsn, timeout=2)
+    lease = Lease(issuer, "billing:42", ttl=60, holder="A").acquire(wait=0)
+    grant = lease.grant
+    with psycopg.connect(dsn, autocommit=True) as conn, transaction(conn, grant.token):
+        conn.execute("INSERT INTO billing_summary VALUES (1, 1)")  # acknowledged before
     # A multi-host libpq DSN: SQLAlchemy's URL has one host, so psycopg connects by itself.
     engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
     install(engine)
@@ -203,6 +177,17 @@ def test_a_commit_in_flight_at_a_failover_ends_outcome_unknown(
         for w in workers:
             w.join(30)
     try:
+        # Nothing acknowledged is lost: the grant (renewed on the new primary) and the write.
+        lease.renew()
+        assert lease.held
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT total FROM billing_summary WHERE account_id = 1").fetchone()
+        with PostgresIssuer(dsn) as other:
+            assert other.try_acquire("billing:42", "B", 30) is None  # still A's
+            c = other.try_acquire("billing:43", "C", 30)
+            assert c is not None
+            assert c.token > grant.token
+            assert c.token >> 40 == cluster.timeline()
         raw_error, orm_error = outcomes["psycopg"], outcomes["orm"]
         assert isinstance(raw_error, CommitOutcomeUnknownError), repr(raw_error)
         assert raw_error.token == grant.token
@@ -216,3 +201,5 @@ def test_a_commit_in_flight_at_a_failover_ends_outcome_unknown(
         assert _total(dsn, "billing_summary") == 1
     finally:
         engine.dispose()
+        lease.release()
+        issuer.close()
