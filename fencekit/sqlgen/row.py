@@ -118,15 +118,31 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         + validate_token(n)
         + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
     )
-    # A row that already carries the token as its fence (the column default put it there) needs
-    # nothing: the WHEN clause, evaluated in C, skips it. It can only be skipped when the fence's
-    # text equals the token's, which makes the token a canonical positive bigint; NULL fires.
+    # A row that already carries the token as its fence needs nothing: the WHEN clause,
+    # evaluated in C, skips the trigger. An INSERT's row gets it from the column default; an
+    # UPDATE's from a cooperating statement (SET fence = token, as the adapters write it), or
+    # because the row's fence already is the token. A row is skipped only when its new fence's
+    # text equals the token's, which makes the token a canonical positive bigint, and (UPDATE)
+    # the token is not lower than the row's old fence (higher, under on_equal=reject). The
+    # condition is wrapped in IS NOT TRUE: a NULL anywhere (no token, no fence) fires.
     carries_token = (
-        f"(NEW.{col} OPERATOR(pg_catalog.>) 0 "
-        f"AND NEW.{col}::pg_catalog.text OPERATOR(pg_catalog.=) {TOKEN}) IS NOT TRUE"
+        f"NEW.{col} OPERATOR(pg_catalog.>) 0 "
+        f"AND NEW.{col}::pg_catalog.text OPERATOR(pg_catalog.=) {TOKEN}"
+    )
+    raises = (
+        f"NEW.{col} OPERATOR(pg_catalog.{_accepts(n)}) "
+        f"COALESCE(OLD.{col}, {'0' if n.spec.on_equal == 'reject' else '1'})"
     )
     return [ins, upd, dele], [
-        Trigger(n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=carries_token),
-        Trigger(n.trigger("upd"), "BEFORE UPDATE", "ROW", upd),
+        Trigger(
+            n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=f"({carries_token}) IS NOT TRUE"
+        ),
+        Trigger(
+            n.trigger("upd"),
+            "BEFORE UPDATE",
+            "ROW",
+            upd,
+            when=f"({raises} AND {carries_token}) IS NOT TRUE",
+        ),
         Trigger(n.trigger("del"), "BEFORE DELETE", "ROW", dele),
     ]

@@ -158,17 +158,18 @@ def test_changed_function_body_is_drift(cli: Cli, dsn: str, protected: FenceSpec
 def test_altered_and_dropped_fence_column_is_drift(
     cli: Cli, dsn: str, protected: FenceSpec
 ) -> None:
-    # The INSERT trigger's WHEN clause depends on the fence column: PostgreSQL itself refuses
-    # to change its type or drop it while the table is protected.
+    # The INSERT and UPDATE triggers' WHEN clauses depend on the fence column: PostgreSQL
+    # itself refuses to change its type or drop it while the table is protected.
     with pytest.raises(psycopg.errors.FeatureNotSupported):
         _sql(dsn, "ALTER TABLE billing_summary ALTER COLUMN fencekit_fence TYPE integer")
     with pytest.raises(psycopg.errors.DependentObjectsStillExist):
         _sql(dsn, "ALTER TABLE billing_summary DROP COLUMN fencekit_fence")
-    # Once that trigger is dropped, the type can change: status says so.
-    ins = _trigger(protected, "_ins")
+    # Once those triggers are dropped, the type can change: status says so.
+    ins, upd = _trigger(protected, "_ins"), _trigger(protected, "_upd")
     _sql(
         dsn,
         f"DROP TRIGGER {ins} ON billing_summary",
+        f"DROP TRIGGER {upd} ON billing_summary",
         "ALTER TABLE billing_summary ALTER COLUMN fencekit_fence TYPE integer",
     )
     code, doc = _status(cli, dsn)

@@ -276,15 +276,16 @@ BEGIN
       IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                  AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                     'fencekit trigger template=5 sha256=ae402c209be1656097ea4f8f9729d9ecce2d0572822468897a752d9383b72998; generated, do not edit') THEN
+                     'fencekit trigger template=5 sha256=4828bb03120d1dc295a15235ed318214b51cf50485d4a4b0092bbc215df57417; generated, do not edit') THEN
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
+      WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1) AND NEW."Fence Column" OPERATOR(pg_catalog.>) 0 AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', child);
-        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', child, 'fencekit trigger template=5 sha256=ae402c209be1656097ea4f8f9729d9ecce2d0572822468897a752d9383b72998; generated, do not edit');
+        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', child, 'fencekit trigger template=5 sha256=4828bb03120d1dc295a15235ed318214b51cf50485d4a4b0092bbc215df57417; generated, do not edit');
       END IF;
       IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                  AND t.tgname = 'fencekit_invoices_883e1d3584_del'
@@ -304,7 +305,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=cbf394b9bdf7558ef90ca940c989d9723930469b061e53074952c7fc294177cb; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=26b46fa4af92ebacb2dde24d9023f0524e699f898452faf7c0ff830f1e237eee; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
@@ -364,15 +365,16 @@ BEGIN
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=5 sha256=ae402c209be1656097ea4f8f9729d9ecce2d0572822468897a752d9383b72998; generated, do not edit') THEN
+                 'fencekit trigger template=5 sha256=4828bb03120d1dc295a15235ed318214b51cf50485d4a4b0092bbc215df57417; generated, do not edit') THEN
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
+      WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1) AND NEW."Fence Column" OPERATOR(pg_catalog.>) 0 AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=ae402c209be1656097ea4f8f9729d9ecce2d0572822468897a752d9383b72998; generated, do not edit');
+    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=4828bb03120d1dc295a15235ed318214b51cf50485d4a4b0092bbc215df57417; generated, do not edit');
   END IF;
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_del'

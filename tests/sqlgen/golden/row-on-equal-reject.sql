@@ -276,15 +276,16 @@ BEGIN
       IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                  AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                     'fencekit trigger template=5 sha256=ae402c209be1656097ea4f8f9729d9ecce2d0572822468897a752d9383b72998; generated, do not edit') THEN
+                     'fencekit trigger template=5 sha256=f5d641f8fe5de5e2a9c633c3465f212481c6d30c3eda24a807edd165c7a802d7; generated, do not edit') THEN
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
+      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', child);
-        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', child, 'fencekit trigger template=5 sha256=ae402c209be1656097ea4f8f9729d9ecce2d0572822468897a752d9383b72998; generated, do not edit');
+        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', child, 'fencekit trigger template=5 sha256=f5d641f8fe5de5e2a9c633c3465f212481c6d30c3eda24a807edd165c7a802d7; generated, do not edit');
       END IF;
       IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                  AND t.tgname = 'fencekit_invoices_883e1d3584_del'
@@ -304,7 +305,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=5011748cc7a34c9f10abd4bb724c8db318afbdf198dad5011e5d1ac4ecc8ef8f; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=90f1dcd7f558b3435fd47d6765739ace7f5ce54d7467ba13ad39b501dfe70c60; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
@@ -364,15 +365,16 @@ BEGIN
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=5 sha256=ae402c209be1656097ea4f8f9729d9ecce2d0572822468897a752d9383b72998; generated, do not edit') THEN
+                 'fencekit trigger template=5 sha256=f5d641f8fe5de5e2a9c633c3465f212481c6d30c3eda24a807edd165c7a802d7; generated, do not edit') THEN
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
+      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=ae402c209be1656097ea4f8f9729d9ecce2d0572822468897a752d9383b72998; generated, do not edit');
+    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=f5d641f8fe5de5e2a9c633c3465f212481c6d30c3eda24a807edd165c7a802d7; generated, do not edit');
   END IF;
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_del'
