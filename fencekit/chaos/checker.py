@@ -179,9 +179,7 @@ class Report:
 
     @property
     def stale_accepted(self) -> int:
-        return self.count("stale write accepted") + self.count(
-            "write accepted after a newer grant"
-        )
+        return self.count("stale write accepted") + self.count("write accepted after a newer grant")
 
     @property
     def stale_attempted(self) -> int:
@@ -504,9 +502,7 @@ class _Checker:
                 )  # fmt: skip
 
     def token_order(self) -> None:
-        grant_t = {
-            res: sorted((g.t, g.token) for g in gs) for res, gs in self.grants.items()
-        }
+        grant_t = {res: sorted((g.t, g.token) for g in gs) for res, gs in self.grants.items()}
         for resource, rows in self.by_resource.items():
             top: LogRow | None = None
             for row in rows:

@@ -161,7 +161,8 @@ class EtcdCluster(Cluster):
             "--initial-cluster", cluster,
             "--initial-cluster-state", "existing" if (data / "member").exists() else "new",
             "--initial-cluster-token", "fencekit-chaos",
-            "--heartbeat-interval", "100", "--election-timeout", "1000",
+            # Fast elections on loopback; etcd's minimum lease TTL follows (1 s here).
+            "--heartbeat-interval", "50", "--election-timeout", "500",
             "--logger", "zap", "--log-outputs", "stderr",
         ]  # fmt: skip
 

@@ -50,6 +50,7 @@ CONTRACTS: dict[str, IssuerContract] = {
     ),
 }
 
+
 #: The issuer's contract for a name, or the strictest one (no overlap, no clock) when unknown:
 #: a history from someone else's system is checked against plain mutual exclusion.
 def contract_for(issuer: str | None) -> IssuerContract:

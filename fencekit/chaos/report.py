@@ -30,9 +30,7 @@ def write_html(events: list[Event], report: Report, path: Path, *, title: str) -
         import plotly.graph_objects as go  # type: ignore[import-untyped]
         import plotly.io as pio  # type: ignore[import-untyped]
     except ImportError as exc:
-        raise RuntimeError(
-            "--report needs plotly: pip install 'pg-fencekit[chaos]'"
-        ) from exc
+        raise RuntimeError("--report needs plotly: pip install 'pg-fencekit[chaos]'") from exc
     timed = [e for e in events if e.get("type") not in ("committed", "register")]
     t0 = min((float(e["t"]) for e in timed), default=0.0)
     invokes = {e["id"]: e for e in timed if e["type"] == "invoke"}
@@ -109,9 +107,7 @@ def write_html(events: list[Event], report: Report, path: Path, *, title: str) -
         xs = [float(e["t"]) - t0 for e in timed if e["type"] == kind and e.get("fault", True)]
         if not xs:
             continue
-        text = [
-            _describe(e) for e in timed if e["type"] == kind and e.get("fault", True)
-        ]
+        text = [_describe(e) for e in timed if e["type"] == kind and e.get("fault", True)]
         fig.add_trace(go.Scatter(
             name=f"fault: {kind}", mode="markers", x=xs, y=[f"nemesis: {kind}"] * len(xs),
             hovertext=text, hoverinfo="text",

@@ -375,13 +375,13 @@ def run_chaos(
             net_faults=cfg.net_faults, crashes=target.controlled is not None and cfg.crashes,
         )  # fmt: skip
 
-        # etcd grants whole seconds, at least 2 (its minimum TTL here); a ZooKeeper session of
-        # under 2 s expires during every election on a small machine. Pauses must outlast them.
+        # etcd grants whole seconds (at least 1 with the cluster's election timeout); a
+        # ZooKeeper session of under 1 s expires in every election. Pauses must outlast them.
         lease_ttl = cfg.ttl
         if cfg.issuer == "etcd":
-            lease_ttl = max(2.0, float(math.ceil(cfg.ttl)))
+            lease_ttl = max(1.0, float(math.ceil(cfg.ttl)))
         elif cfg.issuer == "zookeeper":
-            lease_ttl = max(2.0, cfg.ttl)
+            lease_ttl = max(1.0, cfg.ttl)
         nemesis = Nemesis(
             rng=random.Random(cfg.seed),
             ttl=lease_ttl,
