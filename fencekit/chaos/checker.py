@@ -443,8 +443,8 @@ class _Checker:
                     "lease overlap", resource,
                     f"{g.holder} ({g.p}) was granted token {g.token} at {g.t % 1000:.3f} while "
                     f"{live.holder} ({live.p}, token {live.token}) held the lease until at "
-                    f"least {live.live_until % 1000:.3f} ({self.contract.issuer}: "
-                    f"{self.contract.exclusion})", g.t, None,
+                    f"least {live.live_until % 1000:.3f}, beyond the {self.contract.issuer} "
+                    "issuer's contract", g.t, None,
                 )  # fmt: skip
 
     def outcome_counts(self) -> None:

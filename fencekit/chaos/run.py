@@ -412,7 +412,10 @@ def run_chaos(
         if cfg.report is not None:
             from fencekit.chaos.report import write_html
 
-            write_html(events, report, cfg.report, title=_header_line(cfg))
+            try:
+                write_html(events, report, cfg.report, title=_header_line(cfg))
+            except (RuntimeError, OSError) as exc:  # the run's result stands without it
+                notes.append(f"no HTML report: {exc}")
     result = ChaosResult(
         cfg, report, target.kind, time.monotonic() - started, notes, worker_role=role.name
     )

@@ -128,6 +128,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "mid-run, with asynchronous and/or synchronous replication (default: both); reports "
         "the failover and what it lost (docs/ha.md)",
     )
+    p.add_argument(
+        "--issuer-factory",
+        metavar="MODULE:FUNCTION",
+        help="testing the checker: workers take their leases from FUNCTION(worker_args) "
+        "(e.g. tests.chaos.broken_issuer:make, a deliberately broken issuer, from the "
+        "repository's root); the run then succeeds only if the checker finds violations",
+    )
     p.set_defaults(func=run)
     sub = p.add_subparsers(dest="chaos_command", metavar="{check}")
     c: argparse.ArgumentParser = sub.add_parser(
@@ -198,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
             clock_faults=args.clock_faults,
             net_faults=args.net_faults,
             report=args.report,
+            issuer_factory=args.issuer_factory,
         )
     except ValueError as exc:
         print(f"fencekit chaos: {exc}", file=sys.stderr)

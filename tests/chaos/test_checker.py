@@ -373,3 +373,26 @@ def test_every_kind_has_a_test() -> None:
     would be a check that cannot fail)."""
     source = Path(__file__).read_text()
     assert [k for k in KINDS if f'"{k}"' not in source] == []
+
+
+def test_the_documented_history_example_passes(tmp_path: Path, capsys) -> None:
+    """docs/chaos.md's minimal history is a valid history that passes; with its indeterminate
+    stale write committed after all, it fails as the doc says."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "chaos.md").read_text()
+    block = doc.split("```jsonl\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "doc.jsonl"
+    path.write_text(block)
+    assert main(["chaos", "check", str(path)]) == 0, capsys.readouterr().out
+    assert "OK: no violation" in capsys.readouterr().out
+    events = [json.loads(line) for line in block.splitlines()]
+    events = [e for e in events if e["type"] != "register"]
+    events += [
+        *write(2.1, "w1", "c", 8, 1, "ok", seq=2),
+        {"t": 3.0, "p": "final", "type": "committed", "resource": "r0", "seq": 2, "token": 8,
+         "value": 2, "observed": 1, "id": "c"},
+        {"t": 3.0, "p": "final", "type": "committed", "resource": "r0", "seq": 3, "token": 7,
+         "value": 2, "observed": 1, "id": "b"},
+        {"t": 3.0, "p": "final", "type": "register", "resource": "r0", "value": 2, "count": 3},
+    ]  # fmt: skip
+    r = check(events)
+    assert kinds(r) == {"stale write accepted"}, format_report(r)
