@@ -450,9 +450,10 @@ def durability_warnings(conn: Conn) -> list[str]:
         )
     if async_standbys:
         out.append(
-            f"{async_standbys} asynchronous standby(s): after a failover to one of them, lease "
-            "grants it had not received are forgotten and tokens can repeat; list them in "
-            "synchronous_standby_names (see docs/leases.md)"
+            f"{async_standbys} asynchronous standby(s): a failover to one of them loses the "
+            "lease grants and fenced writes it had not received (tokens never repeat: the epoch "
+            "rises; zombies are refused by lease-bound fences or a claim at grant); list them "
+            "in synchronous_standby_names to lose nothing acknowledged (see docs/ha.md)"
         )
     if sync_commit in ("off", "local") and async_standbys:
         out.append(

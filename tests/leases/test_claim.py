@@ -157,3 +157,25 @@ def test_tokens_carry_the_timeline_epoch_and_old_tokens_stay_valid(dsn: str) -> 
         assert again.token > 33
         assert again.token >> 40 == epoch[0]
     _write(dsn, 1, 2, again.token)
+
+
+def test_async_lease_claim(dsn: str) -> None:
+    import asyncio
+
+    from fencekit.leases import AsyncLease, AsyncPostgresIssuer
+
+    _protect(dsn, Scope.TABLE)
+
+    async def go() -> tuple[int | None, int]:
+        async with (
+            AsyncPostgresIssuer(dsn) as issuer,
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
+            AsyncLease(issuer, "billing", ttl=30, wait=0) as lease,
+        ):
+            return await lease.claim(conn, "billing_summary"), lease.token
+
+    before, token = asyncio.run(go())
+    assert before is None
+    with pytest.raises(StaleTokenError):
+        _write(dsn, 42, 1, token - 1)
+    _write(dsn, 42, 1, token)
