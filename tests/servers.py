@@ -231,8 +231,10 @@ def start_cluster(bindir: Path, label: str) -> ClusterServer:
     pid = int(pidfile.read_text().splitlines()[0])
 
     def _stop() -> None:
+        # immediate, no wait (-W; _ensure_dead waits for the pid): no shutdown checkpoint for
+        # a cluster whose datadir is removed right after.
         subprocess.run(
-            [*prefix, str(bindir / "pg_ctl"), "-D", str(datadir), "-m", "fast", "-w", "stop"],
+            [*prefix, str(bindir / "pg_ctl"), "-D", str(datadir), "-m", "immediate", "-W", "stop"],
             capture_output=True,
             text=True,
             timeout=90,
