@@ -4,6 +4,8 @@
   per row, protected table vs an identical unprotected twin.
 - Key fence, single-row write transactions (set token, UPDATE one row, COMMIT) while the number
   of fenced keys grows from 1k to 1M: time per write vs the unprotected twin of the same size.
+- Key fence, bulk UPDATE of 100k rows over 1,000 keys while the resource's fenced keys grow
+  from 1k to 1M.
 
 Both sides run interleaved round by round; ratios are medians of per-round ratios. Nothing here
 asserts on time. ``quick`` stops at 100k.
@@ -142,6 +144,61 @@ def _keys_scaling(
     return out
 
 
+def _keys_bulk_scaling(
+    conn: psycopg.Connection[Any], sizes: list[int], rows: int, progress: Progress
+) -> list[dict[str, Any]]:
+    """A bulk UPDATE of ``rows`` rows over 1,000 keys, new token each round, while the resource
+    holds 1k to 1M fenced keys (the others are fences of keys the table no longer has)."""
+    out = []
+    spec = FenceSpec(TableName(SCHEMA, "bulk_keys"), scope=Scope.KEY, key=("account_id",))
+    plain = f"{SCHEMA}.bulk_plain"
+    for t, s in ((plain, None), (spec.table.sql, spec)):
+        conn.execute(
+            f"CREATE TABLE {t} (id bigint PRIMARY KEY, account_id bigint NOT NULL, v int NOT "
+            f"NULL); INSERT INTO {t} SELECT g, g % 1000, 0 FROM generate_series(1, {rows}) g"
+            "".encode()
+        )
+        for stmt in protect_statements(s) if s is not None else ():
+            conn.execute(stmt.encode())
+    token = 100
+    for n in sizes:
+        # Fences of keys 1000..n-1 (beyond the table's 0..999): the resource has n fenced keys.
+        conn.execute(
+            "INSERT INTO fencekit.fences (resource, key, fence) "
+            "SELECT %s, g::text, 1 FROM generate_series(1000, %s - 1) g "
+            "ON CONFLICT DO NOTHING",
+            [spec.resource_name, n],
+        )
+        conn.execute("VACUUM ANALYZE fencekit.fences")
+        progress(f"scaling: key fence, bulk UPDATE of {_row(rows)} rows, {_row(n)} fenced keys")
+        base: list[float] = []
+        fen: list[float] = []
+        for r in range(3):
+            token += 1
+            for t, acc in (
+                ((plain, base), (spec.table.sql, fen))
+                if r % 2
+                else ((spec.table.sql, fen), (plain, base))
+            ):
+                conn.execute(f"VACUUM {t}".encode())
+                acc.append(_timed(conn, token, f"UPDATE {t} SET v = v + 1"))
+        out.append(
+            ratio_result(
+                f"key fence, bulk UPDATE of {_row(rows)} rows over 1,000 keys, "
+                f"{_row(n)} fenced keys",
+                base,
+                fen,
+                "s",
+                "flat, <= 1.3x",
+                size=n,
+            )
+        )
+    for undo in unprotect_statements(spec):
+        conn.execute(undo.encode())
+    conn.execute(f"DROP TABLE {plain}; DROP TABLE {spec.table.sql}".encode())
+    return out
+
+
 def run(
     dsn: str, *, quick: bool = False, progress: Progress = lambda _: None
 ) -> list[dict[str, Any]]:
@@ -153,6 +210,7 @@ def run(
         try:
             results = _rows_scaling(conn, sizes, progress)
             results += _keys_scaling(conn, sizes, 100 if quick else 400, progress)
+            results += _keys_bulk_scaling(conn, sizes, 20_000 if quick else 100_000, progress)
         finally:
             _reset(conn)
     return results
