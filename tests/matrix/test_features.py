@@ -248,3 +248,36 @@ def test_grant_set_on_the_bypass_setting_lends_no_bypass(db: Conn, make_role) ->
         app.execute("SET fencekit.bypass = 'on'")  # session-wide, as GRANT SET allows
         reject(app, BYPASS_REFUSED, 9, "UPDATE m SET v = 'bypassed' WHERE id = 1")
     assert rows(db, "SELECT v FROM m WHERE id = 1") == [("a",)]
+
+
+# ---------------------------------------------------------------- temporal keys (18)
+
+
+@pytest.mark.pg_since(18)
+@pytest.mark.parametrize("scope", SCOPES)
+def test_temporal_primary_key(db: Conn, scope: str) -> None:
+    """PostgreSQL 18's PRIMARY KEY (..., period WITHOUT OVERLAPS): a row fence names the row by
+    the whole key, period included; a key fence on the id covers every period of it."""
+    db.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
+    db.execute(
+        "CREATE TABLE price (id int, valid_at daterange, amount int, "
+        "PRIMARY KEY (id, valid_at WITHOUT OVERLAPS))"
+    )
+    protect(db, "price", scope, **({"key": ("id",)} if scope == "key" else {}))
+    write(
+        db,
+        10,
+        "INSERT INTO price VALUES (1, '[2026-01-01,2026-02-01)', 5), "
+        "(1, '[2026-02-01,2026-03-01)', 6)",
+    )
+    with pytest.raises(psycopg.errors.ExclusionViolation):  # the temporal key still holds
+        write(db, 11, "INSERT INTO price VALUES (1, '[2026-01-15,2026-01-20)', 7)")
+    db.rollback()
+    err = reject(db, STALE, 9, "UPDATE price SET amount = 0 WHERE id = 1")
+    if scope == "row":
+        assert detail(err)["key"]["valid_at"] == "[2026-01-01,2026-02-01)"
+    write(db, 11, "UPDATE price SET amount = amount + 1 WHERE valid_at @> date '2026-02-10'")
+    if scope != "row":
+        # One fence for every period of id 1 (key) or the table: the January row is at 11 too.
+        reject(db, STALE, 10, "UPDATE price SET amount = 0 WHERE valid_at @> date '2026-01-10'")
+    assert rows(db, "SELECT amount FROM price ORDER BY valid_at") == [(5,), (7,)]
