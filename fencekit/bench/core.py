@@ -375,12 +375,22 @@ def _same_token_pool(
         1,  # every row under one key
         FenceSpec(TableName(SCHEMA, "pool_key"), scope=Scope.KEY, key=("account_id",)),
     )
-    _timed_tx(conn, 7, f"UPDATE {key} SET total = total WHERE id = 1")  # the holder's first write
-    rates: dict[str, list[float]] = {plain: [], key: []}
+    # The same load with a key per connection: nothing shared, so the difference between the
+    # two fenced tables is what sharing one fence row costs, apart from the fence's CPU.
+    apart = _make_table(conn, "pool_apart", "billing", workers * 100, 1, None)
+    conn.execute(f"UPDATE {apart} SET account_id = (id - 1) / 100")
+    for stmt in protect_statements(
+        FenceSpec(TableName(SCHEMA, "pool_apart"), scope=Scope.KEY, key=("account_id",))
+    ):
+        conn.execute(stmt)
+    for t in (key, apart):  # the holder's first writes
+        _timed_tx(conn, 7, f"UPDATE {t} SET total = total WHERE id % 100 = 1")
+    rates: dict[str, list[float]] = {plain: [], key: [], apart: []}
     errors = dict.fromkeys(rates, 0)
     for r in range(rounds):
         progress(f"same-token pool, {workers} connections: round {r + 1}/{rounds}")
-        for t in (plain, key) if r % 2 == 0 else (key, plain):
+        order = [plain, key, apart]
+        for t in order[r % 3 :] + order[: r % 3]:
             n, bad = _drive(dsn, t, workers, seconds)
             rates[t].append(n / seconds)
             errors[t] += bad
@@ -392,7 +402,21 @@ def _same_token_pool(
             rates[key],
             "tx/s",
             ">= 0.85x",
-        )
+        ),
+        ratio_result(
+            f"key fence, {workers} connections, same token, a key each (errors: {errors[apart]})",
+            rates[plain],
+            rates[apart],
+            "tx/s",
+            "-",
+        ),
+        ratio_result(
+            f"key fence, {workers} connections: one shared key against a key each",
+            rates[apart],
+            rates[key],
+            "tx/s",
+            "-",
+        ),
     ]
 
 
