@@ -2,8 +2,9 @@
 
 A process started with :meth:`FakeClock.env` in its environment reads its time (wall clock and
 monotonic clock alike) through libfaketime, which re-reads a small file on every call; the
-nemesis writes that file to step the clock forward or back, run it fast or slow, or freeze it,
-and writes ``+0`` to put it right. Each change is a ``clock`` history event (``fault`` true
+nemesis writes an offset there to step the clock forward or back, and moves the offset along
+to run it fast or slow or to freeze it (in steps of the nemesis' tick, at most 0.5 s), then
+writes ``+0`` to put it right. Each change is a ``clock`` history event (``fault`` true
 while the clock is wrong). The history itself is timed by the true clock
 (:func:`fencekit.chaos.history.true_time`), so the checker's real-time reasoning holds.
 """
@@ -43,6 +44,9 @@ class FakeClock:
         os.chmod(self.dir, 0o755)  # the server reads it as the postgres user
         self.path = self.dir / "faketimerc"
         self.spec = "+0"
+        self._base = 0.0  # offset (s) at the fault's start
+        self._drift = 0.0  # s gained per true second while faulted
+        self._since = 0.0
         self.set("+0")
 
     def env(self) -> dict[str, str]:
@@ -60,21 +64,39 @@ class FakeClock:
         self.spec = spec
 
     def random_fault(self, rng: random.Random, ttl: float, *, freeze: bool) -> tuple[str, str]:
-        """Put a random fault on the clock; returns (kind, libfaketime spec)."""
+        """Put a random fault on the clock; returns (kind, description).
+
+        Every fault is an offset from the true time. libfaketime's own rate and absolute
+        specifications are not used: a rate counts from each process's start and outlives the
+        specification that set it (a later ``+0`` keeps the old rate), so a "fast" clock would
+        jump by the process's age and never come right. Skews and freezes are offsets that
+        :meth:`tick` moves along with the true clock instead.
+        """
         kinds = ["step forward", "step back", "fast", "slow"] + (["freeze"] if freeze else [])
         kind = rng.choice(kinds)
         step = round(ttl * rng.uniform(2.0, 8.0), 3)
-        spec = {
-            "step forward": f"+{step}",
-            "step back": f"-{step}",
-            "fast": "+0 x2.0",
-            "slow": "+0 x0.5",
-            "freeze": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime()),
+        self._since = time.monotonic()
+        self._base = {"step forward": step, "step back": -step}.get(kind, 0.0)
+        # seconds the faked clock gains per true second
+        self._drift = {"fast": 1.0, "slow": -0.5, "freeze": -1.0}.get(kind, 0.0)
+        self.tick()
+        what = {
+            "step forward": f"+{step:g} s",
+            "step back": f"-{step:g} s",
+            "fast": "runs at 2x",
+            "slow": "runs at 0.5x",
+            "freeze": "stands still",
         }[kind]
-        self.set(spec)
-        return kind, spec
+        return kind, what
+
+    def tick(self) -> None:
+        """Move a skewed or frozen clock's offset along (called every nemesis step)."""
+        if self._drift or self._base:
+            offset = self._base + self._drift * (time.monotonic() - self._since)
+            self.set(f"{offset:+.3f}")
 
     def reset(self) -> None:
+        self._base = self._drift = 0.0
         self.set("+0")
 
     def close(self) -> None:

@@ -135,12 +135,12 @@ class Nemesis:
         target = self.rng.choice(sorted(free))
         fake = self.clocks[target]
         # A frozen server clock stalls every lease; freezing is for the workers' clocks.
-        kind, spec = fake.random_fault(self.rng, self.ttl, freeze=target == "workers")
-        self.history.append("clock", target=target, fault=kind, spec=spec)
+        kind, what = fake.random_fault(self.rng, self.ttl, freeze=target == "workers")
+        self.history.append("clock", target=target, fault=kind, what=what)
 
         def undo() -> None:
             fake.reset()
-            self.history.append("clock", target=target, fault=None, spec="+0")
+            self.history.append("clock", target=target, fault=None, what="put right")
 
         self.pending[f"clock:{target}"] = (time.monotonic() + self.rng.uniform(1.0, 3.0), undo)
 
@@ -191,6 +191,8 @@ class Nemesis:
         self.pending["node"] = (time.monotonic() + self.rng.uniform(1.0, 2.5), resume)
 
     def resume_due(self, *, all_: bool = False) -> None:
+        for fake in self.clocks.values():
+            fake.tick()
         now = time.monotonic()
         for key, (at, undo) in list(self.pending.items()):
             if all_ or at <= now:
