@@ -395,3 +395,28 @@ def running(server: EmbeddedServer | PgBouncer) -> Iterator[EmbeddedServer | PgB
         yield server
     finally:
         server.stop()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.servers serve 17``: start a matrix server, print its DSN, wait for
+    Ctrl-C (or SIGTERM), stop it. With FENCEKIT_TEST_DSN set to that DSN, the whole suite's
+    unmarked tests run on that major too (docs/testing.md)."""
+    if len(argv) != 2 or argv[0] != "serve" or not argv[1].isdigit():
+        print("usage: python -m tests.servers serve MAJOR   (14 to 18)")
+        return 2
+    server = start_release(int(argv[1]))
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        print(server.dsn, flush=True)
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
