@@ -396,3 +396,13 @@ def test_the_documented_history_example_passes(tmp_path: Path, capsys) -> None:
     ]  # fmt: skip
     r = check(events)
     assert kinds(r) == {"stale write accepted"}, format_report(r)
+
+
+def test_a_history_without_its_final_state_checks_the_leases_and_says_so(tmp_path: Path) -> None:
+    events, _, _ = good_history()
+    r = check(events)
+    assert r.final_state is False
+    assert r.violations == []
+    assert "MISSING: durability and the fence were not checked" in format_report(r)
+    events.append(grant(0.3, "w3", 1, "w3#x"))
+    assert "duplicate token" in kinds(check(events))
