@@ -502,7 +502,12 @@ class _Checker:
                 )  # fmt: skip
 
     def token_order(self) -> None:
-        grant_t = {res: sorted((g.t, g.token) for g in gs) for res, gs in self.grants.items()}
+        # Per resource: grant completion times, and the highest token granted by each.
+        grant_t: dict[str, tuple[list[float], list[int]]] = {}
+        for res, gs in self.grants.items():
+            pairs = sorted((g.t, g.token) for g in gs)
+            highs = list(itertools.accumulate((tok for _, tok in pairs), max))
+            grant_t[res] = ([t for t, _ in pairs], highs)
         for resource, rows in self.by_resource.items():
             top: LogRow | None = None
             for row in rows:
@@ -528,14 +533,16 @@ class _Checker:
                 inv = self.invokes.get(row.write_id)
                 if inv is None:
                     continue
-                newer = [tok for t, tok in grant_t.get(resource, []) if t < inv["t"]]
-                if not newer or max(newer) <= row.token:
+                times, highs = grant_t.get(resource, ([], []))
+                i = bisect.bisect_left(times, float(inv["t"]))
+                if i == 0 or highs[i - 1] <= row.token:
                     continue
+                newest = highs[i - 1]
                 if self.lease_bound:
                     self.violate(
                         "write accepted after a newer grant", resource,
                         f"write {row.write_id} with token {row.token}, sent after token "
-                        f"{max(newer)} was granted, was committed at seq {row.seq} under a "
+                        f"{newest} was granted, was committed at seq {row.seq} under a "
                         "lease-bound fence", self._t(row), row.seq,
                     )  # fmt: skip
                 else:
