@@ -399,8 +399,17 @@ def _load_core(
             "fencekit.sqlgen.render_install() must return the install script as a str"
         )
     with psycopg.connect(host=host, port=port, user=user, dbname=dbname, password=password) as conn:
-        conn.execute(script.encode())  # type: ignore[call-overload]  # bytes: no %-placeholder parsing
-        conn.commit()
+        for attempt in range(3):
+            try:
+                conn.execute(script.encode())  # type: ignore[call-overload]  # bytes: no %-placeholder parsing
+                conn.commit()
+                break
+            except psycopg.errors.UniqueViolation:
+                # Two pytest workers on one server (FENCEKIT_TEST_DSN) create fencekit's
+                # cluster-wide roles at once; the loser finds them there when it tries again.
+                conn.rollback()
+                if attempt == 2:
+                    raise
 
 
 for _t in TARGETS:
