@@ -171,12 +171,14 @@ def _bulk(
 
 
 # The least a key fence can cost in its design, hand-written with no checks at all: an AFTER
-# STATEMENT trigger with transition tables (empty), and the design floor itself: that trigger
-# reading the statement's keys and share-locking their fence rows, the one thing a key fence
-# must do for a write under the current token (know its keys; hold their fences against an
-# advance until commit). Everything a key fence adds beyond it (reading and validating the
-# token, the definer call with pinned settings, the NULL, lease and bypass checks) is the
-# price of its guarantees; the ratio against the floor shows it.
+# STATEMENT trigger with transition tables (empty); that trigger reading the statement's keys
+# and share-locking their fence rows, the one thing a key fence must do for a write under the
+# current token (know its keys; hold their fences against an advance until commit); and the
+# design floor itself, the same as SECURITY DEFINER with a pinned search_path, as it must run
+# to touch fencekit.fences, which writers may not. Everything a key fence adds beyond it
+# (reading and validating the token, the settings that fix a key's text, the NULL, lease,
+# issuer and bypass checks) is the price of its guarantees; the ratio against the floor
+# shows it.
 _KEY_FLOOR_FUNCTIONS = f"""
 CREATE FUNCTION {SCHEMA}.after_noop() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RETURN NULL; END $$;
@@ -191,9 +193,24 @@ BEGIN
   RETURN NULL;
 END $$;
 """
+_KEY_FLOOR_FUNCTIONS += f"""
+CREATE FUNCTION {SCHEMA}.after_lock_definer() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM FROM {SCHEMA}.floor_fences f
+   WHERE f.key IN (SELECT account_id::text FROM fencekit_new
+                   UNION SELECT account_id::text FROM fencekit_old)
+   ORDER BY f.key FOR SHARE;
+  RETURN NULL;
+END $$;
+"""
 _KEY_FLOORS = (
     ("key floor: an empty AFTER STATEMENT trigger with transition tables", "after_noop"),
-    ("key floor (design): + reading the keys and share-locking their fences", "after_lock"),
+    ("key floor: + reading the keys and share-locking their fences", "after_lock"),
+    (
+        "key floor (design): + as SECURITY DEFINER with a pinned search_path",
+        "after_lock_definer",
+    ),
 )
 _DESIGN_FLOOR = _KEY_FLOORS[-1][0]
 
