@@ -64,7 +64,8 @@ class FakeClock:
         self.spec = spec
 
     def random_fault(self, rng: random.Random, ttl: float, *, freeze: bool) -> tuple[str, str]:
-        """Put a random fault on the clock; returns (kind, description).
+        """Choose a random fault; :meth:`tick` applies it (record it first: a history must
+        never show a fault starting after its effects). Returns (kind, description).
 
         Every fault is an offset from the true time. libfaketime's own rate and absolute
         specifications are not used: a rate counts from each process's start and outlives the
@@ -79,7 +80,6 @@ class FakeClock:
         self._base = {"step forward": step, "step back": -step}.get(kind, 0.0)
         # seconds the faked clock gains per true second
         self._drift = {"fast": 1.0, "slow": -0.5, "freeze": -1.0}.get(kind, 0.0)
-        self.tick()
         what = {
             "step forward": f"+{step:g} s",
             "step back": f"-{step:g} s",

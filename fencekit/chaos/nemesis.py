@@ -136,7 +136,10 @@ class Nemesis:
         fake = self.clocks[target]
         # A frozen server clock stalls every lease; freezing is for the workers' clocks.
         kind, what = fake.random_fault(self.rng, self.ttl, freeze=target == "workers")
+        # Recorded before it takes effect, put right before "put right" is recorded: the
+        # history's fault window always covers the clock's wrong time.
         self.history.append("clock", target=target, fault=kind, what=what)
+        fake.tick()
 
         def undo() -> None:
             fake.reset()
@@ -148,9 +151,10 @@ class Nemesis:
         if not self.net_faults or "net" in self.pending or self.bouncer is None:
             return
         bouncer = self.bouncer
+        self.history.append("net", fault="pgbouncer paused (SIGSTOP)")  # before it happens
         if not bouncer.pause():
+            self.history.append("net", fault=None, action="pgbouncer not running")
             return
-        self.history.append("net", fault="pgbouncer paused (SIGSTOP)")
 
         def undo() -> None:
             bouncer.resume()
