@@ -6,7 +6,6 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from fencekit.embedded import EmbeddedServer
 from tests.core.helpers import (
     MALFORMED,
     MISSING,
@@ -92,9 +91,8 @@ def test_insert_on_conflict_do_update(t: Conn) -> None:
     ]
 
 
-def test_merge(t: Conn, target_server: EmbeddedServer) -> None:
-    if target_server.server_version_num < 150000:
-        pytest.skip("MERGE needs PostgreSQL 15")
+@pytest.mark.pg_since(15)
+def test_merge(t: Conn) -> None:
     t.execute("CREATE TABLE src (id int, v text, del bool)")
     t.execute("INSERT INTO src VALUES (1, 'm1', false), (2, NULL, true), (4, 'm4', false)")
     t.commit()
