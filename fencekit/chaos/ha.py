@@ -39,6 +39,7 @@ import psycopg
 
 from fencekit.chaos.checker import LogRow, Report, check, format_report
 from fencekit.chaos.history import Event, true_time
+from fencekit.chaos.run import final_state
 from fencekit.errors import CommitOutcomeUnknownError, FenceError
 from fencekit.ha.cluster import PatroniCluster
 from fencekit.leases.base import Grant, IssuerError
@@ -284,17 +285,9 @@ def _setup(dsn: str, resources: int) -> None:
 
 
 def _final(dsn: str) -> tuple[list[LogRow], dict[str, tuple[int, int]], set[tuple[str, int]]]:
+    """The run's final state (run.final_state) and the grants the new primary knows."""
+    log, register = final_state(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        log = [
-            LogRow(r, int(s), None if t is None else int(t), int(v), int(o), str(w))
-            for r, s, t, v, o, w in conn.execute(
-                "SELECT resource, seq, token, value, observed, write_id FROM chaos_log"
-            ).fetchall()
-        ]
-        register = {
-            str(r): (int(v), int(s))
-            for r, v, s in conn.execute("SELECT resource, value, seq FROM chaos_register")
-        }
         grants = {
             (str(r).removeprefix(f"{LEASE_PREFIX}:"), int(t))
             for r, t in conn.execute("SELECT resource, token FROM chaos_grants")

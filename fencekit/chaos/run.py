@@ -282,7 +282,7 @@ def _wait_quiet(dsn: str, timeout: float) -> None:
             time.sleep(0.1)
 
 
-def _final_state(dsn: str) -> tuple[list[LogRow], dict[str, tuple[int, int]]]:
+def final_state(dsn: str) -> tuple[list[LogRow], dict[str, tuple[int, int]]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         log = [
             LogRow(r, int(s), None if t is None else int(t), int(v), int(o), str(w))
@@ -404,7 +404,7 @@ def run_chaos(
         if target.controlled is not None and not target.controlled.running:
             target.controlled.start()
         _wait_quiet(dsn, 15)
-        log, register = _final_state(dsn)
+        log, register = final_state(dsn)
         events = merge(sorted(workdir.glob("*.jsonl"))) + final_state_events(log, register)
         if cfg.history is not None:
             write_merged(events, cfg.history)
