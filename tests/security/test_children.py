@@ -175,6 +175,8 @@ def test_children_and_partitions_are_fenced(
     with psycopg.connect(app_dsn) as app:
         for who, conn in (("the app role (DML only)", app), ("the owner", db)):
             for path in PATHS:
+                if "MERGE" in path.name and db.info.server_version < 150000:
+                    continue  # MERGE arrived in PostgreSQL 15
                 label = f"{scope} fence, {path.name}, as {who}"
                 if not (scope == "row" and path.new_row_only):
                     got = outcome(conn, path.stmt, token=STALE, copy_rows=path.copy_rows)

@@ -160,6 +160,8 @@ def test_dml_only_role_is_fenced_not_denied(
     with psycopg.connect(app_dsn) as app:
         for who, conn in (("the app role (DML only)", app), ("the owner", db)):
             for path in PATHS:
+                if "MERGE" in path.name and db.info.server_version < 150000:
+                    continue  # MERGE arrived in PostgreSQL 15
                 label = f"{scope} fence, {path.name}, as {who}"
                 if not (scope == "row" and path.new_row_only):
                     before = counts(db, "w")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -323,6 +323,9 @@ def _property(db: Conn, role: str | None) -> None:
     )
     @given(cases())
     def check(case: Case) -> None:
+        if case.path == "MERGE" and db.info.server_version < 150000:
+            # MERGE arrived in PostgreSQL 15: the other paths carry the property there.
+            case = replace(case, path="INSERT ON CONFLICT DO UPDATE")
         _run_case(db, case, role)
 
     check()
