@@ -29,7 +29,20 @@ def table_fence(n: Names) -> str:
             "lb.lease_token);\n"
             "  END IF;\n"
         )
+    mine = ""
+    if n.spec.on_equal == "reject":
+        mine = "\n     AND f.writer_xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id()"
+    # The holder writing again: its fence already holds the token; share-lock it and go on (one
+    # key, so locking here keeps the one-order rule). Anything else goes to advance_fences.
     return lease + (
+        "  PERFORM FROM fencekit.fences f\n"
+        f"   WHERE f.resource OPERATOR(pg_catalog.=) {n.resource} "
+        "AND f.key OPERATOR(pg_catalog.=) ''\n"
+        f"     AND f.fence OPERATOR(pg_catalog.=) tok{mine}\n"
+        "     FOR SHARE;\n"
+        "  IF FOUND THEN\n"
+        "    RETURN NULL;\n"
+        "  END IF;\n"
         "  SELECT * INTO bad FROM fencekit.advance_fences("
         f"{n.resource}, ARRAY[''], tok, {lit(n.spec.on_equal)});\n"
         "  IF bad.bad_reason IS NOT NULL AND NOT byp THEN\n"

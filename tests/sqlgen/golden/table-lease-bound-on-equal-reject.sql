@@ -76,6 +76,14 @@ BEGIN
     PERFORM fencekit.reject('lease_mismatch', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL,
       fencekit.lease_resource('app.invoices', lb.bad_key), NULL, tok, lb.lease_token);
   END IF;
+  PERFORM FROM fencekit.fences f
+   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices' AND f.key OPERATOR(pg_catalog.=) ''
+     AND f.fence OPERATOR(pg_catalog.=) tok
+     AND f.writer_xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id()
+     FOR SHARE;
+  IF FOUND THEN
+    RETURN NULL;
+  END IF;
   SELECT * INTO bad FROM fencekit.advance_fences('app.invoices', ARRAY[''], tok, 'reject');
   IF bad.bad_reason IS NOT NULL AND NOT byp THEN
     PERFORM fencekit.reject(bad.bad_reason, 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, 'app.invoices', NULL,
@@ -87,7 +95,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=ffba333fd329d9eb19a5c03c6efe2e5cbba9ca71f7acc6c54bcb1320ce327654; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=0d6a85c6a62d56d39189d0ac557f5cce286e3c1f7d6cef8afdf5af8d250078d5; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 

@@ -71,6 +71,13 @@ BEGIN
     END IF;
     RETURN NULL;
   END IF;
+  PERFORM FROM fencekit.fences f
+   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices' AND f.key OPERATOR(pg_catalog.=) ''
+     AND f.fence OPERATOR(pg_catalog.=) tok
+     FOR SHARE;
+  IF FOUND THEN
+    RETURN NULL;
+  END IF;
   SELECT * INTO bad FROM fencekit.advance_fences('app.invoices', ARRAY[''], tok, 'accept');
   IF bad.bad_reason IS NOT NULL AND NOT byp THEN
     PERFORM fencekit.reject(bad.bad_reason, 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, 'app.invoices', NULL,
@@ -82,7 +89,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=70752e508b5beb1b14db8650e5bb6c9020919e1a79578e0827ecaea4457a31e0; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=6aea9ff0ad99c3eaea9a81d6fb57e303822be86f1089d50b4223f826912c8129; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
