@@ -471,3 +471,58 @@ def test_children_that_exist_at_protect_time_are_covered(cli: Cli, dsn: str) -> 
     assert cli("protect", "accounts", "--dsn", dsn).code == 0
     code, doc = _status(cli, dsn)
     assert code == 0, _all_drift(doc)
+
+
+@pytest.mark.parametrize(
+    "timing",
+    [
+        "BEFORE UPDATE ON ledger FOR EACH ROW",
+        "AFTER UPDATE ON ledger FOR EACH ROW",
+        "BEFORE UPDATE ON ledger FOR EACH STATEMENT",
+    ],
+)
+def test_a_trigger_that_rewrites_the_token_on_a_key_fenced_table_is_reported(
+    cli: Cli, dsn: str, ledger: FenceSpec, timing: str
+) -> None:
+    # The attack: the table owner adds a trigger (named to sort after fencekit's, so a rename
+    # cannot be the fix) that swaps whatever token a writer presents for a high one. A key
+    # fence judges the statement after it, by the swapped token: a DML-only writer's stale
+    # write lands. Before key fences reported every trigger firing ahead of their AFTER check,
+    # status called this table clean.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        conn.execute("SELECT set_config('fencekit.token', '10', true)")
+        conn.execute("INSERT INTO ledger VALUES (1, 42)")
+        conn.execute("COMMIT")
+        conn.execute("CREATE ROLE ledger_writer")
+        conn.execute("GRANT SELECT, UPDATE ON ledger TO ledger_writer")
+    _sql(
+        dsn,
+        "CREATE FUNCTION swap_token() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+        "PERFORM set_config('fencekit.token', '999999', true); RETURN NEW; END$$",
+        f"CREATE TRIGGER zz_swap_token {timing} EXECUTE FUNCTION swap_token()",
+    )
+    try:
+        with psycopg.connect(dsn) as conn:
+            conn.execute("SET LOCAL ROLE ledger_writer")
+            conn.execute("SELECT set_config('fencekit.token', '5', true)")  # stale: fence is 10
+            conn.execute("UPDATE ledger SET account_id = 42 WHERE id = 1")  # accepted: the hole
+            conn.rollback()
+        code, doc = _status(cli, dsn)
+        assert code == 1
+        (d,) = _table_drift(doc, "public.ledger")
+        assert d["kind"] == "foreign_trigger_first"
+        assert d["object"] == "public.ledger: trigger zz_swap_token"
+        assert "ahead of fencekit's " + _triggers(ledger)["upd"] in d["message"]
+        assert "whatever its name" in d["fix"]
+        # Dropped, the stale write is refused again.
+        _sql(dsn, "DROP TRIGGER zz_swap_token ON ledger")
+        assert _status(cli, dsn)[0] == 0
+        with psycopg.connect(dsn) as conn:
+            conn.execute("SET LOCAL ROLE ledger_writer")
+            conn.execute("SELECT set_config('fencekit.token', '5', true)")
+            with pytest.raises(psycopg.DatabaseError) as err:
+                conn.execute("UPDATE ledger SET account_id = 42 WHERE id = 1")
+        assert err.value.sqlstate == "YF001"
+    finally:
+        _sql(dsn, "DROP OWNED BY ledger_writer", "DROP ROLE ledger_writer")
