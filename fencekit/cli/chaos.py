@@ -120,15 +120,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="write a self-contained HTML timeline of the run (needs the chaos extra: plotly)",
     )
     p.add_argument(
-        "--ha",
-        nargs="?",
-        const="both",
-        choices=("async", "sync", "both"),
-        help="instead: a two-node Patroni cluster (etcd, loopback) whose primary is killed "
-        "mid-run, with asynchronous and/or synchronous replication (default: both); reports "
-        "the failover and what it lost (docs/ha.md)",
-    )
-    p.add_argument(
         "--issuer-factory",
         metavar="MODULE:FUNCTION",
         help="testing the checker: workers take their leases from FUNCTION(worker_args) "
@@ -181,11 +172,6 @@ def check_history(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from fencekit.chaos.run import ChaosConfig, ChaosSetupError, run_chaos
-
-    if getattr(args, "ha", None):
-        from fencekit.chaos.ha import cli_run
-
-        return cli_run(args)
     from fencekit.chaos.server import ServerError
 
     try:

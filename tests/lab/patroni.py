@@ -70,6 +70,7 @@ class ClusterError(RuntimeError):
 
 
 def _repo_root() -> Path:
+    # The lab lives in a checkout (tests/lab/), never in the wheel: the root is two levels up.
     return Path(__file__).resolve().parents[2]
 
 
