@@ -14,7 +14,23 @@ def _parser() -> argparse.ArgumentParser:
         "clusters the lab starts on loopback (needs a checkout, and the Debian packages and "
         "Patroni virtualenv that ./scripts/test installs).",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{ha}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{chaos,ha}")
+    from fencekit.cli.chaos import add_run_arguments
+    from tests.lab.chaos import add_lab_arguments
+
+    chaos = sub.add_parser(
+        "chaos",
+        help="fencekit's chaos run plus server crashes, pgbouncer, clocks and issuer nodes",
+        description="fencekit chaos (see `fencekit chaos --help`) on servers the lab starts on "
+        "loopback, with the faults only such servers allow: the run's own PostgreSQL "
+        "(Debian's binaries, durable commits) crash-restarted; --pgbouncer, and --net-faults "
+        "pausing it with commits in flight; --clock-faults (libfaketime on the workers and the "
+        "server); --issuer etcd|zookeeper starts a three-node cluster whose leader is killed "
+        "and members paused. Exit 0 when the outcome is the one expected for the mode, 1 "
+        "otherwise, 2 on bad input.",
+    )
+    add_run_arguments(chaos)
+    add_lab_arguments(chaos)
     ha = sub.add_parser(
         "ha",
         help="chaos run on a two-node Patroni cluster whose primary is killed mid-run",
@@ -40,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "chaos":
+        from tests.lab.chaos import cli_run as chaos_run
+
+        return chaos_run(args)
     if args.command == "ha":
         from tests.lab.chaos_ha import cli_run
 
