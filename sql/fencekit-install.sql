@@ -1625,7 +1625,9 @@ BEGIN
   END IF;
   -- Row fence: find the row by its primary key, as the table's owner.
   col := COALESCE(p.spec ->> 'column', 'fencekit_fence');
-  SELECT c.relowner::regrole::text::name INTO owner FROM pg_catalog.pg_class c WHERE c.oid = tbl;
+  SELECT a.rolname INTO owner FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_roles a ON a.oid = c.relowner
+   WHERE c.oid = tbl;
   IF NOT pg_catalog.pg_has_role(who, owner, 'MEMBER') THEN
     PERFORM fencekit.repair_refused(
       pg_catalog.format('permission denied to repair a row of %s: the repair writes the table, '

@@ -100,3 +100,55 @@ def test_a_row_repair_runs_the_owners_trigger_as_the_owner_without_bypass(
     log = db.execute("SELECT who, coalesce(bypass, '') FROM rr_log").fetchall()
     db.rollback()
     assert log == [("rr_owner", "")], "the trigger ran with more than the owner's rights"
+
+
+MOVED_TRIGGER = """
+CREATE TABLE rr_mlog (who text, bypass text);
+CREATE FUNCTION rr_moved_after() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO public.rr_mlog VALUES (current_user, current_setting('fencekit.bypass', true));
+  BEGIN EXECUTE 'ALTER ROLE rr_owner SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+  PERFORM set_config('fencekit.bypass', 'on', true);
+  BEGIN UPDATE public.rr_victim SET fencekit_fence = 1; EXCEPTION WHEN OTHERS THEN NULL; END;
+  PERFORM set_config('fencekit.bypass', '', true);  -- the next row logs what the move set
+  RETURN NULL;
+END $$;
+CREATE TRIGGER rr_moved_after AFTER UPDATE ON rr_moved FOR EACH ROW
+  EXECUTE FUNCTION rr_moved_after();
+"""
+
+
+@pytest.mark.parametrize("scope", [Scope.KEY, Scope.TABLE])
+def test_a_move_to_a_row_fence_runs_the_owners_trigger_as_the_owner_without_bypass(
+    db: Conn, repair: dict[str, str], scope: Scope
+) -> None:
+    """``fencekit move`` fills the new fence column with an UPDATE of the user's table: the
+    owner's trigger runs as the owner, not as the DBA running the move, and without the bypass
+    the DBA's session had on."""
+    from fencekit.sqlgen import move_statements
+
+    old = FenceSpec(
+        TableName("public", "rr_moved"),
+        scope=scope,
+        key=("k",) if scope is Scope.KEY else (),
+    )
+    db.execute("CREATE TABLE rr_moved (id int PRIMARY KEY, k int NOT NULL)")
+    protect(db, old)
+    db.execute("SELECT set_config('fencekit.token', '30', true)")
+    db.execute("INSERT INTO rr_moved VALUES (1, 1), (2, 2)")
+    db.commit()
+    db.execute(MOVED_TRIGGER)
+    db.execute("ALTER TABLE rr_moved OWNER TO rr_owner; ALTER TABLE rr_mlog OWNER TO rr_owner")
+    db.execute("ALTER FUNCTION rr_moved_after() OWNER TO rr_owner")
+    db.commit()
+    db.execute("SELECT set_config('fencekit.bypass', 'on', true)")  # the DBA's own session
+    for stmt in move_statements(old, FenceSpec(TableName("public", "rr_moved"))):
+        db.execute(stmt.encode())
+    db.commit()
+    assert _rows(db, "rr_moved") == {1: 30, 2: 30}
+    assert _rows(db, "rr_victim") == {1: 10, 2: 10}, "the owner's trigger lowered another table"
+    su = db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'rr_owner'").fetchone()
+    log = db.execute("SELECT DISTINCT who, coalesce(bypass, '') FROM rr_mlog").fetchall()
+    db.rollback()
+    assert su == (False,), "the move ran the owner's trigger as a superuser"
+    assert log == [("rr_owner", "")], "the trigger ran with more than the owner's rights"
