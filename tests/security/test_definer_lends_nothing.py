@@ -186,3 +186,22 @@ def test_key_text_reads_a_domain_as_its_base_type(db: Conn, hostile: dict[str, s
     assert row == ("42",)
     _clean(db, "key_text")
     db.rollback()
+
+
+@pytest.mark.parametrize("runner", [ADMIN, "dba"])
+def test_admin_cli_runs_no_row_level_security_policy(
+    db: Conn, hostile: dict[str, str], dsn: str, runner: str, capsys: Any
+) -> None:
+    """A policy on the table is the owner's code too: reading the table, the admin CLI turns
+    row_security off, so a policy that would apply makes the read fail instead of running."""
+    db.execute("ALTER TABLE dl_rows ENABLE ROW LEVEL SECURITY")
+    db.execute("CREATE POLICY dl_seen ON dl_rows USING (dl.evil(id))")
+    db.commit()
+    who = dsn if runner == "dba" else hostile[ADMIN]
+    code, out = _cli(capsys, "fences", "dl_rows", "--key", "1", "--json", "--dsn", who)
+    _clean(db, f"fences on a table with a policy, as {runner}")
+    if runner == ADMIN:
+        assert code == 1, out
+        assert "row-level security" in out
+    else:
+        assert code == 0, out  # a superuser is not subject to policies
