@@ -9,6 +9,9 @@ whose fence must be the highest token either spec accepted.
 - move first: the move is in flight when the claim starts. The claim waits for the move, then
   meets the new spec (a table fence: the key claim fails loudly); a table claim then holds.
 
+- rename: a claim in flight while the table is renamed and ``fencekit rename`` moves its
+  fences to the new name is carried (the rename's ``ALTER TABLE`` waits for the claim's lock).
+
 T(45) is then refused.
 """
 
@@ -135,3 +138,48 @@ def test_a_claim_waits_for_a_move_in_flight(race: Conn, dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT fencekit.claim('race_t', '{}', 50)").fetchone() == (40,)
     _stale_write_refused(dsn)
+
+
+def _rename(dsn: str, errors: list[BaseException], pid: list[int], go: threading.Event) -> None:
+    from fencekit.sqlgen import rename_statements
+
+    try:
+        with psycopg.connect(dsn) as conn:
+            pid.append(conn.info.backend_pid)
+            go.wait(20)
+            conn.execute("ALTER TABLE race_t RENAME TO race_u")
+            for stmt in rename_statements(OLD, TableName("public", "race_u")):
+                conn.execute(stmt.encode())
+            conn.commit()
+    except BaseException as exc:  # handed to the test
+        errors.append(exc)
+
+
+def test_a_claim_in_flight_is_carried_by_a_rename(race: Conn, dsn: str) -> None:
+    """``fencekit rename`` moves an unnamed key fence's fences to the new name: a claim that
+    commits while it runs is among them (before: the rename copied 40, then deleted the claimed
+    50 when the claim committed)."""
+    errors: list[BaseException] = []
+    pid: list[int] = []
+    go = threading.Event()
+    with psycopg.connect(dsn) as claimer:
+        assert claimer.execute("SELECT fencekit.claim('race_t', '{1}', 50)").fetchone() == (40,)
+        renamer = threading.Thread(target=_rename, args=(dsn, errors, pid, go))
+        renamer.start()
+        go.set()
+        while not pid:
+            time.sleep(0.01)
+        _wait_until_blocked(race, pid[0])
+        claimer.commit()
+    renamer.join(30)
+    assert not renamer.is_alive()
+    assert not errors, errors
+    race.rollback()
+    row = race.execute("SELECT fencekit.current_fence('public.race_u', '1')").fetchone()
+    race.rollback()
+    assert row == (50,), "the rename lost the claim that committed while it ran"
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT set_config('fencekit.token', '45', true)")
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("INSERT INTO race_u VALUES (2, 1, 0)")
+        assert info.value.sqlstate == "YF001", info.value
