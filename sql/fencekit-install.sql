@@ -1411,9 +1411,8 @@ AS $fn$
 DECLARE
   p record;
   cols text[];
-  texts text[] := '{}';
+  texts text[] := ARRAY[]::text[];
   v text;
-  i integer;
 BEGIN
   SELECT pr.* INTO p FROM fencekit.protected pr
    WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name)) = tbl;
