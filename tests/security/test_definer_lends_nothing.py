@@ -9,7 +9,7 @@ domain and a hostile ``=`` on it sit beside it, in the owner's schema first on e
 search_path. Then:
 
 - ``fencekit.claim`` (SECURITY DEFINER until now: the CHECK ran as the installer, a superuser)
-  is called by the owner and by an application role;
+  is called by the owner, an application role and an admin;
 - ``fencekit fences --key`` and ``fencekit fence set --key`` are run by an admin
   (``fencekit_admin``, not a superuser) and by the DBA (a superuser), on the key-fenced table
   and on a row-fenced table whose primary key is of the domain.
@@ -106,7 +106,7 @@ def hostile(db: Conn, make_role: Callable[..., str]) -> dict[str, str]:
     for t in ("dl_ledger", "dl_rows"):
         db.execute(f"ALTER TABLE {t} OWNER TO {OWNER}")
         db.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {t} TO {APP}")
-        db.execute(f"GRANT SELECT ON {t} TO {ADMIN}")
+        db.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {t} TO {ADMIN}")
     # Everyone meets the owner's schema first: its cast and operator are what they resolve.
     db.execute(f"ALTER DATABASE {db.info.dbname} SET search_path = dl, public")
     db.execute("SELECT set_config('fencekit.token', '10', true)")
@@ -125,7 +125,7 @@ def _clean(db: Conn, what: str) -> None:
     assert _ran(db) == 0, f"{what}: the owner's domain code ran"
 
 
-@pytest.mark.parametrize("caller", [OWNER, APP])
+@pytest.mark.parametrize("caller", [OWNER, APP, ADMIN])
 def test_claim_runs_no_domain_check(db: Conn, hostile: dict[str, str], caller: str) -> None:
     with psycopg.connect(hostile[caller], autocommit=True) as conn:
         before = conn.execute("SELECT fencekit.claim('dl_ledger', '{1}', 50)").fetchone()
