@@ -195,6 +195,7 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('CREATE SEQUENCE IF NOT EXISTS fencekit.%I',
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
@@ -209,6 +210,7 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('DROP SEQUENCE IF EXISTS fencekit.%I', tag || ':' || r);
   END LOOP;
 END
@@ -798,6 +800,7 @@ BEGIN
     CONTINUE WHEN cover IS NULL
       OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name, p.table_name)) IS NULL;
     BEGIN
+      -- dynamic SQL: each protected table has its own cover function (a regprocedure: quoted)
       EXECUTE pg_catalog.format('SELECT %s', cover);
     EXCEPTION WHEN insufficient_privilege THEN
       -- Fail closed: a child that would be written unfenced is not created.
@@ -1320,10 +1323,9 @@ AS $fn$
 DECLARE
   p record;
   cols text[];
-  texts text[] := '{}';
+  texts text[] := '{}'::text[];
   typ text;
   v text;
-  i integer;
 BEGIN
   SELECT pr.* INTO p FROM fencekit.protected pr
    WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name)) = tbl;
@@ -1353,12 +1355,14 @@ BEGIN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
         MESSAGE = pg_catalog.format('fencekit: key column %I cannot be NULL', cols[i]);
     END IF;
+    -- dynamic SQL: the key column's type is known only at run time (%L quotes the value)
     EXECUTE pg_catalog.format('SELECT (%L::%s)::pg_catalog.text', key_values[i], typ) INTO v;
     texts := texts || v;
   END LOOP;
   IF pg_catalog.cardinality(texts) = 1 THEN
     RETURN texts[1];
   END IF;
+  -- dynamic SQL: a record of as many texts as the key has columns, printed as a trigger does
   EXECUTE 'SELECT ROW(' || (SELECT pg_catalog.string_agg(pg_catalog.quote_literal(t)
                                                          || '::pg_catalog.text', ', ' ORDER BY o)
                               FROM pg_catalog.unnest(texts) WITH ORDINALITY u(t, o))
@@ -1551,6 +1555,7 @@ BEGIN
   SELECT pg_catalog.jsonb_object_agg(c, key_values[o]) INTO rowkey
     FROM pg_catalog.unnest(pk) WITH ORDINALITY u(c, o);
   what := pg_catalog.format('%s row %s', tbl, rowkey);
+  -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
   EXECUTE pg_catalog.format('SELECT true, %I FROM %s WHERE %s FOR UPDATE', col, tbl, conds)
     INTO found_row, old USING key_values;
   IF found_row IS NULL THEN
@@ -1561,6 +1566,7 @@ BEGIN
   -- No token and the audited bypass: the row triggers let the fence column through as written.
   PERFORM pg_catalog.set_config('fencekit.token', '', true);
   PERFORM pg_catalog.set_config('fencekit.bypass', 'on', true);
+  -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
   EXECUTE pg_catalog.format('UPDATE %s SET %I = $2 WHERE %s', tbl, col, conds)
     USING key_values, fence;
   PERFORM pg_catalog.set_config('fencekit.token', COALESCE(saved_token, ''), true);

@@ -15,6 +15,7 @@ BEGIN
     CONTINUE WHEN cover IS NULL
       OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name, p.table_name)) IS NULL;
     BEGIN
+      -- dynamic SQL: each protected table has its own cover function (a regprocedure: quoted)
       EXECUTE pg_catalog.format('SELECT %s', cover);
     EXCEPTION WHEN insufficient_privilege THEN
       -- Fail closed: a child that would be written unfenced is not created.
