@@ -27,6 +27,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 
 from fencekit.embedded import EmbeddedServer
@@ -342,3 +344,69 @@ def test_truncate_sees_rows_a_policy_hides(mx: MatrixDB, scope: str, role: str) 
         f"{scope} T(20) TRUNCATE as {role} past a hidden fence 40: {got}"
     )
     assert after.get("stale", 0) > before.get("stale", 0)
+
+
+# Paths that keep row 1 (so every statement touches a row) and write through the key fence's
+# key 1 or the table fence; INSERT gets a fresh id each time.
+_SEQUENCE_PATHS = {
+    "insert": "INSERT INTO {s}_t (id, k, v) VALUES ({n}, 1, 0)",
+    "upsert": "INSERT INTO {s}_t (id, k, v) VALUES (1, 1, 0) ON CONFLICT (id) DO UPDATE SET v = 7",
+    "update": "UPDATE {s}_t SET v = v + 1 WHERE id = 1",
+    "cte": "WITH w AS (UPDATE {s}_t SET v = v + 1 WHERE id = 1 RETURNING 1) SELECT count(*) FROM w",
+    "view": "UPDATE {s}_v SET v = v + 1 WHERE id = 1",
+    "partition": "UPDATE {s}_part_1 SET v = v + 1 WHERE id = 1",
+}
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    scope=st.sampled_from(["key", "table"]),
+    writes=st.lists(
+        st.tuples(
+            st.sampled_from(sorted(_SEQUENCE_PATHS)),
+            st.sampled_from(["app", "owner", "admin"]),
+            st.integers(min_value=1, max_value=60),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_random_write_sequences_keep_the_fence_contract(
+    mx: MatrixDB, scope: str, writes: list[tuple[str, str, int]]
+) -> None:
+    """Any sequence of writes, through any of these paths, by any role, under any token: each
+    is accepted exactly when its token is not below the highest token accepted so far (and the
+    fence starts at 10). One transaction, a savepoint per write, rolled back at the end."""
+    conn = mx.conn
+    conn.rollback()
+    fence = FENCE
+    seen: list[str] = []
+    try:
+        for n, (path, role, token) in enumerate(writes, start=1000):
+            target = _SEQUENCE_PATHS[path].format(s=scope, n=n)
+            conn.execute("SAVEPOINT w")
+            conn.execute(f'SET LOCAL ROLE "{mx.role(role)}"')
+            conn.execute("SELECT set_config('fencekit.token', %s, true)", (str(token),))
+            try:
+                conn.execute(target)
+                got = "ok"
+            except psycopg.Error as exc:
+                got = exc.sqlstate or "?????"
+                conn.execute("ROLLBACK TO SAVEPOINT w")
+            conn.execute("RESET ROLE")
+            # The partition belongs to another table: its fence is its own resource's.
+            own = path == "partition"
+            wanted = "ok" if own or token >= fence else "YF001"
+            seen.append(f"{path} as {role} at {token}: {got} (fence {fence})")
+            if path != "partition":
+                assert got == wanted, "\n".join(seen)
+                if got == "ok":
+                    fence = max(fence, token)
+            elif got not in ("ok", "YF001"):
+                raise AssertionError("\n".join(seen))
+    finally:
+        conn.rollback()
