@@ -311,6 +311,8 @@ def _cells() -> list[Any]:
     for entry in CALLS:
         for s in SCOPES:
             for kind in KINDS:
+                if CALLS[entry](Target(s, kind, "t", "tag", "r", "")) is None:
+                    continue  # the entry point does not apply to this scope
                 for role in ("app", "owner", "admin"):
                     item = _known(entry, kind, s, role)
                     marks = (
