@@ -195,6 +195,7 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('CREATE SEQUENCE IF NOT EXISTS fencekit.%I',
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
@@ -209,6 +210,7 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('DROP SEQUENCE IF EXISTS fencekit.%I', tag || ':' || r);
   END LOOP;
 END
@@ -839,6 +841,7 @@ BEGIN
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
     CONTINUE WHEN cover IS NULL;
     BEGIN
+      -- dynamic SQL: each protected table has its own cover function (a regprocedure: quoted)
       EXECUTE pg_catalog.format('SELECT %s', cover);
     EXCEPTION WHEN insufficient_privilege THEN
       -- Fail closed: a child that would be written unfenced is not created.
@@ -1436,6 +1439,7 @@ BEGIN
         MESSAGE = pg_catalog.format('fencekit: key column %I cannot be NULL', cols[i]);
     END IF;
     PERFORM fencekit.key_family(tbl, cols[i]);  -- raises for a type that cannot be a key
+    -- dynamic SQL: the key column's built-in type is known only at run time (%L quotes it)
     EXECUTE pg_catalog.format('SELECT (%L::%s)::pg_catalog.text', key_values[i],
                               fencekit.builtin_type(tbl, cols[i])) INTO v;
     texts := texts || v;
@@ -1443,6 +1447,7 @@ BEGIN
   IF pg_catalog.cardinality(texts) = 1 THEN
     RETURN texts[1];
   END IF;
+  -- dynamic SQL: a record of as many texts as the key has columns, printed as a trigger does
   EXECUTE 'SELECT ROW(' || (SELECT pg_catalog.string_agg(pg_catalog.quote_literal(t)
                                                          || '::pg_catalog.text', ', ' ORDER BY o)
                               FROM pg_catalog.unnest(texts) WITH ORDINALITY u(t, o))
@@ -1668,10 +1673,12 @@ BEGIN
   PERFORM pg_catalog.set_config('role', owner, true);
   PERFORM pg_catalog.set_config('fencekit.bypass', '', true);
   PERFORM pg_catalog.set_config('row_security', 'off', true);
+  -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
   EXECUTE pg_catalog.format('SELECT true, %I FROM ONLY %s WHERE %s FOR UPDATE', col, tbl, conds)
     INTO found_row, old USING key_values;
   IF found_row IS NULL THEN
     -- A row of a partition or child: look there (the triggers are the same ones).
+    -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
     EXECUTE pg_catalog.format('SELECT true, %I FROM %s WHERE %s FOR UPDATE', col, tbl, conds)
       INTO found_row, old USING key_values;
   END IF;
@@ -1689,11 +1696,14 @@ BEGIN
     IF lowered THEN
       -- A lower fence is stale to the row trigger: only for this statement, it is not run.
       upd_trigger := 'fencekit_' || p.tag || '_upd';
+      -- dynamic SQL: the table and fencekit's trigger name are known only at run time
       EXECUTE pg_catalog.format('ALTER TABLE %s DISABLE TRIGGER %I', tbl, upd_trigger);
     END IF;
+    -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
     EXECUTE pg_catalog.format('UPDATE %s SET %I = $2 WHERE %s', tbl, col, conds)
       USING key_values, fence;
     IF lowered THEN
+      -- dynamic SQL: the table and fencekit's trigger name are known only at run time
       EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE TRIGGER %I', tbl, upd_trigger);
     END IF;
   END IF;
@@ -1973,6 +1983,7 @@ BEGIN
     END IF;
     -- The lock a write takes (and needs the rights a write needs): operations that lock writers
     -- out (move, rename, repair scripts, unprotect) exclude the claim, and it them.
+    -- dynamic SQL: LOCK TABLE takes no parameter; the table is a regclass known at run time
     EXECUTE pg_catalog.format('LOCK TABLE ONLY %s IN ROW EXCLUSIVE MODE', claim.tbl);
     SELECT pr.scope INTO sc FROM fencekit.protected pr
      WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name))

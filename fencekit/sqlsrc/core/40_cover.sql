@@ -50,6 +50,7 @@ BEGIN
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
     CONTINUE WHEN cover IS NULL;
     BEGIN
+      -- dynamic SQL: each protected table has its own cover function (a regprocedure: quoted)
       EXECUTE pg_catalog.format('SELECT %s', cover);
     EXCEPTION WHEN insufficient_privilege THEN
       -- Fail closed: a child that would be written unfenced is not created.

@@ -202,6 +202,7 @@ BEGIN
     END IF;
     -- The lock a write takes (and needs the rights a write needs): operations that lock writers
     -- out (move, rename, repair scripts, unprotect) exclude the claim, and it them.
+    -- dynamic SQL: LOCK TABLE takes no parameter; the table is a regclass known at run time
     EXECUTE pg_catalog.format('LOCK TABLE ONLY %s IN ROW EXCLUSIVE MODE', claim.tbl);
     SELECT pr.scope INTO sc FROM fencekit.protected pr
      WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name))
