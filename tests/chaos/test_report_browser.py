@@ -14,7 +14,7 @@ import pytest
 from fencekit.chaos.checker import check
 from fencekit.chaos.report import FAULT_SYMBOLS, write_html
 from tests.chaos.report_history import history
-from tests.servers import IN_CI
+from tests.lab import IN_CI
 
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +17,8 @@ import pytest
 
 from fencekit import sqlgen
 from fencekit.spec import FenceSpec, Scope, TableName
+from tests.lab import IN_CI
+from tests.lab.redis import RedisUnavailable, redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 1.0  # the leases of the recipes' tasks: short, so the pause outlives one quickly
@@ -124,50 +124,13 @@ def workers(tmp_path: Path, billing_dsn: str) -> Iterator[Callable[..., Proc]]:
         proc.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Debian's redis-server on loopback, no persistence (the Celery and dramatiq broker)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is missing (scripts/_system.sh installs it)")
-        pytest.skip("redis-server is missing: apt-get install redis-server")
-    port = _free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(  # noqa: S603
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-            "--protected-mode",
-            "yes",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+        with redis_server(tmp_path_factory.mktemp("redis")) as url:
+            yield url
+    except RedisUnavailable as exc:
+        if IN_CI:
+            pytest.fail(f"{exc} (scripts/_system.sh installs it)")
+        pytest.skip(str(exc))
