@@ -28,15 +28,13 @@ from fencekit.embedded import EmbeddedServer  # noqa: E402
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(pg_server: EmbeddedServer) -> None:
     """Point the project at the suite's server before pytest-django creates the test database."""
-    default = settings.DATABASES["default"]
-    default.update(
-        HOST=pg_server.host,
-        PORT=str(pg_server.port),
-        USER=pg_server.user,
-        PASSWORD=pg_server.password or "",
-    )
-    if os.environ.get("FENCEKIT_TEST_DSN"):
-        default["NAME"] = "fk_django"
+    for alias in ("default", "pooled"):
+        settings.DATABASES[alias].update(
+            HOST=pg_server.host,
+            PORT=str(pg_server.port),
+            USER=pg_server.user,
+            PASSWORD=pg_server.password or "",
+        )
 
 
 def _bypass_flush(

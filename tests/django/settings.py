@@ -13,7 +13,18 @@ DATABASES = {
         "PORT": "5432",
         "USER": "postgres",
         "CONN_MAX_AGE": 0,
-    }
+    },
+    # The same database through Django's psycopg connection pool (one connection, reused).
+    "pooled": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "fk_django",
+        "HOST": "127.0.0.1",
+        "PORT": "5432",
+        "USER": "postgres",
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {"pool": {"min_size": 1, "max_size": 1}},
+        "TEST": {"MIRROR": "default"},
+    },
 }
 ROOT_URLCONF = "tests.django.shop.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

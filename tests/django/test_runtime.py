@@ -159,6 +159,35 @@ def test_no_token_is_left_on_the_connection_after_a_scope(account: Account) -> N
     assert isinstance(rejection(info), MissingTokenError)
 
 
+@pytest.mark.django_db(transaction=True, databases=["default", "pooled"])
+def test_a_pooled_connection_carries_no_token_to_its_next_user(account: Account) -> None:
+    pooled = connections["pooled"]
+    try:
+
+        def backend_and_token() -> tuple[int, str | None]:
+            with pooled.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid(), current_setting('fencekit.token', true)")
+                pid, token = cursor.fetchone()
+            return pid, token
+
+        with fencing(34), transaction.atomic(using="pooled"):
+            BillingSummary.objects.using("pooled").create(account_id=account.pk)
+            first, token = backend_and_token()
+            assert token == "34"
+        with fencing(35):  # autocommit on the pool: the token ends with the statement
+            BillingSummary.objects.using("pooled").filter(account_id=account.pk).update(total=1)
+        pooled.close()  # back to the pool
+        again, token = backend_and_token()
+        assert again == first  # the same server connection, handed out again
+        assert token in (None, "")
+        with pytest.raises(DatabaseError) as info:
+            BillingSummary.objects.using("pooled").create(account_id=account.pk)
+        assert isinstance(rejection(info), MissingTokenError)
+    finally:
+        pooled.close()
+        pooled.close_pool()
+
+
 def test_row_fence_on_django_writes(account: Account) -> None:
     with fencing(10):
         job = Job.objects.create(name="export")
