@@ -27,3 +27,10 @@ class Job(models.Model):
 
     class Meta:
         fence = Fence()
+
+
+class PlainSummary(models.Model):
+    """BillingSummary's twin without a fence: the baseline of tests/django/test_bench.py."""
+
+    account = models.ForeignKey(Account, on_delete=models.CASCADE)
+    total = models.IntegerField(default=0)
