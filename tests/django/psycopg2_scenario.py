@@ -23,15 +23,18 @@ from django.db import DatabaseError, connection, transaction  # noqa: E402
 
 from fencekit import fencing  # noqa: E402
 from fencekit.django import runtime  # noqa: E402
+from fencekit.errors import translate  # noqa: E402
 from tests.django.shop.models import Account, BillingSummary  # noqa: E402
 
 
 def cause_of(exc: DatabaseError) -> dict[str, object]:
     cause = exc.__cause__
+    translated = translate(cause) if cause is not None else None
     return {
         "django": type(exc).__name__,
         "cause_module": type(cause).__module__,
         "sqlstate": getattr(cause, "pgcode", None) or getattr(cause, "sqlstate", None),
+        "translated": None if translated is None else type(translated).__name__,
     }
 
 
