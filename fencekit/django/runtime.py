@@ -3,8 +3,9 @@
 :func:`install` appends :func:`fence_statement` to a connection's ``execute_wrappers``; the
 ``fencekit`` app does that for every PostgreSQL connection Django opens
 (``connection_created``). Nothing here knows the driver: the token goes out as
-``SELECT set_config('fencekit.token', %s, true), set_config('fencekit.issuer', %s, true)`` on the
-statement's own DB-API cursor, which Django's psycopg 3 and psycopg2 backends both accept, and
+``SELECT set_config('fencekit.token', %s, true), set_config('fencekit.issuer', %s, true)`` on a
+plain cursor of the driver's connection, which Django's psycopg 3 and psycopg2 backends both
+accept, and
 the transaction state is read from libpq's status (``connection.info.transaction_status``, the
 same numbers in both drivers).
 
@@ -80,11 +81,12 @@ def _forgets(sql: object) -> bool:
     return upper.startswith(("ROLLBACK", "RESET", "DISCARD"))
 
 
-def _send(cursor: Any, connection: BaseDatabaseWrapper, value: tuple[str, str]) -> None:
-    # The DB-API cursor under Django's wrapper: going through the wrapper would run this
-    # function again. Errors still become django.db errors.
-    with connection.wrap_database_errors:
-        cursor.cursor.execute(SET_TOKEN, value)
+def _send(connection: BaseDatabaseWrapper, value: tuple[str, str]) -> None:
+    # A plain cursor of the driver's connection: not Django's (its wrappers would run this
+    # function again), and not the statement's own, which may be a named server-side cursor
+    # (.iterator()) that would only DECLARE the set_config. Errors still become django.db's.
+    with connection.wrap_database_errors, connection.connection.cursor() as cursor:
+        cursor.execute(SET_TOKEN, value)
     _state(connection).sent = value
 
 
@@ -93,7 +95,6 @@ def fence_statement(
 ) -> Any:
     """Django execute wrapper: the statement runs under the current :func:`fencing` token."""
     connection: BaseDatabaseWrapper = context["connection"]
-    cursor = context["cursor"]
     state = _state(connection)
     token = current_token()
     status = _status(connection)
@@ -102,7 +103,7 @@ def fence_statement(
     word = _first_word(sql)
     if token is None:
         if state.sent not in (None, _CLEAR) and status == _INTRANS and word not in _SAVEPOINT_WORDS:
-            _send(cursor, connection, _CLEAR)
+            _send(connection, _CLEAR)
         return _run(execute, sql, params, many, context, state)
     value = (str(token), current_issuer() or "")
     if word in _SAVEPOINT_WORDS or word in ("COMMIT", "ROLLBACK", "BEGIN"):
@@ -110,10 +111,10 @@ def fence_statement(
     if connection.get_autocommit() and not connection.in_atomic_block:
         # Its own transaction: open one, so the token and the statement share it.
         with transaction.atomic(using=connection.alias):
-            _send(cursor, connection, value)
+            _send(connection, value)
             return execute(sql, params, many, context)
     if status in (_IDLE, _INTRANS) and state.sent != value:
-        _send(cursor, connection, value)
+        _send(connection, value)
     return _run(execute, sql, params, many, context, state)
 
 

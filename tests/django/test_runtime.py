@@ -70,9 +70,9 @@ def test_inside_atomic_the_token_is_set_once_per_transaction(
     sent: list[tuple[str, str]] = []
     send = runtime._send
 
-    def counting(cursor, conn, value):  # type: ignore[no-untyped-def]
+    def counting(conn, value):  # type: ignore[no-untyped-def]
         sent.append(value)
-        send(cursor, conn, value)
+        send(conn, value)
 
     monkeypatch.setattr(runtime, "_send", counting)
     with fencing(34), transaction.atomic():
@@ -198,6 +198,20 @@ def test_row_fence_on_django_writes(account: Account) -> None:
         job.save(update_fields=["state"])
     assert isinstance(rejection(info), StaleTokenError)
     assert Job.objects.get(pk=job.pk).state == "running"
+
+
+def test_server_side_cursors_in_a_scope(account: Account) -> None:
+    # .iterator() reads through a named (server-side) cursor; the token must not be sent on it.
+    with fencing(20):
+        for n in range(3):
+            Job.objects.create(name=f"job {n}")
+    with fencing(21), transaction.atomic():
+        names = [job.name for job in Job.objects.order_by("pk").iterator(chunk_size=1)]
+        Job.objects.update(state="seen")
+    assert names == ["job 0", "job 1", "job 2"]
+    with fencing(22):  # autocommit: iterator() then runs in its own transaction
+        assert len(list(Job.objects.iterator(chunk_size=2))) == 3
+    assert set(Job.objects.values_list("state", flat=True)) == {"seen"}
 
 
 def test_executemany_in_autocommit(account: Account) -> None:
