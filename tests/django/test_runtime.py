@@ -84,6 +84,9 @@ def test_inside_atomic_the_token_is_set_once_per_transaction(
         BillingSummary.objects.filter(account=account).update(total=6)
         BillingSummary.objects.filter(account=account).update(total=7)
     assert sent == [("34", ""), ("35", ""), ("35", "")]
+    with fencing(36):  # a read in autocommit needs no token, and gets none
+        assert BillingSummary.objects.filter(account=account).count() == 2
+    assert len(sent) == 3
     assert list(BillingSummary.objects.values_list("total", flat=True)) == [7, 7]
 
 
