@@ -17,8 +17,8 @@ released after. A lease lost while the body ran is reported: the call raises
 ``StaleTokenError`` of a write the database refused), and ``on_lost`` runs when the loss is
 noticed. Coroutine functions get an :class:`~fencekit.leases.AsyncLease`.
 
-As a context manager the resource is a plain string: ``with fenced_task(issuer, "billing:42",
-claim=...) as lease:``.
+As a context manager (``with`` or ``async with``) the resource is a plain string:
+``with fenced_task(issuer, "billing:42", claim=...) as lease:``.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ class fenced_task:  # lower case: reads as a decorator, `@fenced_task(...)`
         self.holder = holder
         self.renew_fraction = renew_fraction
         self._open: list[tuple[Lease, Any]] = []
+        self._open_async: list[tuple[AsyncLease, Any]] = []
 
     # ------------------------------------------------------------ resource and lease
 
@@ -214,5 +215,36 @@ class fenced_task:  # lower case: reads as a decorator, `@fenced_task(...)`
         _LEASE.reset(reset)
         lost = lease.lost
         lease.__exit__(exc_type, exc, tb)
+        if lost:
+            raise _lost(lease, exc) from exc
+
+    async def __aenter__(self) -> AsyncLease:
+        if callable(self.resource):
+            raise TypeError("as a context manager, fenced_task takes the resource as a string")
+        lease = self._lease(self._resource(None, (), {}), asynchronous=True)
+        assert isinstance(lease, AsyncLease)
+        await lease.__aenter__()
+        reset = _LEASE.set(lease)
+        self._open_async.append((lease, reset))
+        try:
+            if self.claim is not None:
+                claimed = self.claim(lease)
+                if inspect.isawaitable(claimed):
+                    await claimed
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease, reset = self._open_async.pop()
+        _LEASE.reset(reset)
+        lost = lease.lost
+        await lease.__aexit__(exc_type, exc, tb)
         if lost:
             raise _lost(lease, exc) from exc

@@ -126,3 +126,20 @@ async def test_a_coroutine_task_gets_an_async_lease(billing_dsn: str, issuer: An
         assert current_token() is None
         assert token > 0
     assert billing_row(billing_dsn)["written_by"] == "async"
+
+
+async def test_the_async_context_manager_form(billing_dsn: str, issuer: Any) -> None:
+    async with await psycopg.AsyncConnection.connect(billing_dsn, autocommit=True) as aconn:
+        fencekit.psycopg.install(aconn)
+
+        async def claim(lease: AsyncLease) -> None:
+            await lease.claim(aconn, "billing_summary", 42)
+
+        async with fenced_task(issuer, "billing:42", ttl=5, claim=claim) as lease:
+            assert current_lease() is lease
+            assert current_token() == lease.token
+            await aconn.execute(
+                "UPDATE billing_summary SET written_by = 'acm' WHERE account_id = 42"
+            )
+        assert current_lease() is None
+    assert billing_row(billing_dsn)["written_by"] == "acm"
