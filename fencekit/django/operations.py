@@ -122,17 +122,21 @@ class _FencekitOperation(Operation):
 
 
 class InstallFencekit(_FencekitOperation):
-    """Install (or upgrade in place) fencekit's core schema; reversed, remove it.
+    """Install fencekit's core schema, or upgrade it in place from ``upgrade_from``.
 
-    The ``fencekit`` app's own migrations hold these: add ``fencekit.django`` to
-    ``INSTALLED_APPS`` and ``migrate`` installs the core before any ``ProtectTable``. The core
-    install is idempotent and only ever adds, so an older migration installs the newest core.
+    The ``fencekit`` app's own migrations hold these, one per core version: add
+    ``fencekit.django`` to ``INSTALLED_APPS`` and ``migrate`` installs (or upgrades) the core
+    before any ``ProtectTable``. The core install is idempotent and only ever adds, so it
+    installs the newest core whatever ``core_version`` says. Reversed, the first install
+    removes the core (every fence must be gone); an upgrade undoes nothing (an older fencekit
+    runs on a newer core).
     """
 
     category = OperationCategory.SQL
 
-    def __init__(self, core_version: int) -> None:
+    def __init__(self, core_version: int, upgrade_from: int | None = None) -> None:
         self.core_version = core_version
+        self.upgrade_from = upgrade_from
 
     def state_forwards(self, app_label: str, state: Any) -> None:
         pass
@@ -150,17 +154,23 @@ class InstallFencekit(_FencekitOperation):
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        self._run(schema_editor, sqlgen.uninstall_statements())
+        if self.upgrade_from is None:
+            self._run(schema_editor, sqlgen.uninstall_statements())
 
     def describe(self) -> str:
+        if self.upgrade_from is not None:
+            return f"Upgrade fencekit's core schema from {self.upgrade_from} to {self.core_version}"
         return f"Install fencekit's core schema (version {self.core_version})"
 
     @property
     def migration_name_fragment(self) -> str:
-        return "install_fencekit"
+        return f"core_{self.core_version}"
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        return type(self).__name__, [], {"core_version": self.core_version}
+        kwargs: dict[str, Any] = {"core_version": self.core_version}
+        if self.upgrade_from is not None:
+            kwargs["upgrade_from"] = self.upgrade_from
+        return type(self).__name__, [], kwargs
 
 
 class _TableOperation(_FencekitOperation):

@@ -24,7 +24,7 @@ from django.db.migrations.writer import MigrationWriter
 from fencekit import StaleTokenError, fencing, sqlgen
 from fencekit.django import Fence
 from fencekit.django.autodetect import FenceAutodetector
-from fencekit.django.operations import MoveFence, ProtectTable, UnprotectTable
+from fencekit.django.operations import InstallFencekit, MoveFence, ProtectTable, UnprotectTable
 from fencekit.errors import translate
 from fencekit.spec import FenceSpec, Scope, TableName
 from tests.django.shop.models import Account, BillingSummary
@@ -202,3 +202,24 @@ def test_a_hand_written_operation_renders_the_current_template() -> None:
     with connection.schema_editor() as editor:
         protect.database_forwards("shop", editor, state, state)
     assert _registry()["shop_job"]["scope"] == "row"
+
+
+def test_the_app_migrations_install_the_current_core() -> None:
+    """Each core version fencekit installs has its migration in the fencekit app, so that
+    ``migrate`` upgrades a database whose earlier migrations installed an older core."""
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    (leaf,) = loader.graph.leaf_nodes("fencekit")
+    installs = [
+        op
+        for key in loader.graph.forwards_plan(leaf)
+        if key[0] == "fencekit"
+        for op in loader.disk_migrations[key].operations
+        if isinstance(op, InstallFencekit)
+    ]
+    latest = installs[-1].core_version
+    assert latest == sqlgen.CORE_VERSION, (
+        f"fencekit installs core {sqlgen.CORE_VERSION}, the fencekit app's migrations stop at "
+        f"{latest}: add fencekit/django/migrations/NNNN_core_{sqlgen.CORE_VERSION}.py depending "
+        f"on {leaf[1]!r}, with operations = [InstallFencekit(core_version="
+        f"{sqlgen.CORE_VERSION}, upgrade_from={latest})] (it upgrades the core in place)"
+    )
