@@ -53,7 +53,7 @@ def test_a_job_redelivered_past_the_visibility_timeout_is_fenced(
         "-m",
         "tests.tasks.recipes.celery_app",
         "42",
-        "4",
+        "2",  # seconds of work: the pause comes first, the rest after the resume
         str(ready),
         FK_TASKS_BROKER=redis_url,
         FK_VISIBILITY=str(VISIBILITY),

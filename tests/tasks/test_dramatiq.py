@@ -22,7 +22,7 @@ def test_a_job_requeued_from_a_silent_worker_is_fenced(
 ) -> None:
     env = {"FK_TASKS_BROKER": redis_url, "FK_VISIBILITY": str(VISIBILITY)}
     ready = tmp_path / "ready"
-    defer = workers("defer", *APP, "defer", "42", "4", str(ready), **env)
+    defer = workers("defer", *APP, "defer", "42", "2", str(ready), **env)
     assert defer.wait(30) == 0, defer.output()
     a = workers("A", *APP, "worker", FK_WORKER="A", **env)
     wait_until(Path(f"{ready}.A").exists, 30, "worker A to start the job", a)

@@ -25,7 +25,7 @@ def test_a_paused_procrastinate_worker_cannot_write_after_a_takeover(
 
     run("schema")
     ready_a, ready_b = tmp_path / "a.ready", tmp_path / "b.ready"
-    run("defer", "42", "A", "3", str(ready_a))
+    run("defer", "42", "A", "2", str(ready_a))
     a = workers("A", *APP, "worker")
     wait_until(ready_a.exists, 20, "worker A to start its job", a)
     a.pause()
