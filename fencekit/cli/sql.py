@@ -59,6 +59,7 @@ def register(subparsers: Any) -> None:
         "  fencekit sql install > fencekit.sql && psql -v ON_ERROR_STOP=1 -f fencekit.sql",
     )
     lock_timeout_option(inst)
+    _no_transaction_option(inst)
     inst.set_defaults(func=run_sql_install, prog=inst.prog)
 
     prot = commands.add_parser(
@@ -81,6 +82,7 @@ def register(subparsers: Any) -> None:
     )
     prot.add_argument("table", metavar="TABLE", help=TABLE_HELP)
     spec_options(prot, from_ddl=True)
+    _no_transaction_option(prot)
     prot.set_defaults(func=run_sql_protect, prog=prot.prog)
 
     unprot = commands.add_parser(
@@ -96,9 +98,20 @@ def register(subparsers: Any) -> None:
     )
     unprot.add_argument("table", metavar="TABLE", help=TABLE_HELP)
     spec_options(unprot, from_ddl=True)
+    _no_transaction_option(unprot)
     unprot.set_defaults(func=run_sql_unprotect, prog=unprot.prog)
     _sql_rename(commands)
     _sql_uninstall(commands)
+
+
+def _no_transaction_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-transaction",
+        dest="transaction",
+        action="store_false",
+        help="leave out BEGIN/COMMIT and the lock_timeout, to run the statements inside a "
+        "transaction someone else opens (a Django RunSQL, a migration tool's transaction)",
+    )
 
 
 def _sql_rename(commands: Any) -> None:
@@ -141,14 +154,17 @@ def _sql_uninstall(commands: Any) -> None:
 
 
 def run_sql_install(args: argparse.Namespace) -> int:
-    sys.stdout.write(sqlgen.render_install(lock_timeout=lock_timeout_from(args)))
+    script = sqlgen.render_install(
+        lock_timeout=lock_timeout_from(args), transaction=args.transaction
+    )
+    sys.stdout.write(script)
     return 0
 
 
 def _print_table_script(args: argparse.Namespace, render: Callable[..., str]) -> int:
     spec = spec_from(args, parse_table(args.table))
     _offline_check(args, spec)
-    script = render(spec, lock_timeout=lock_timeout_from(args))
+    script = render(spec, lock_timeout=lock_timeout_from(args), transaction=args.transaction)
     sys.stdout.write(script)
     return 0
 
