@@ -115,6 +115,12 @@ def resolve(target: str) -> Callable[..., Any]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--name"]:
+        # Named by the many-worker run: its connections say who they are (application_name),
+        # which the write history records.
+        name, argv = argv[1], argv[2:]
+        os.environ["PGAPPNAME"] = f"fencekit-worker:{name}"
+        os.environ[_cp.WORKER_ENV] = name
     fn = resolve(argv[0])
     spec = json.loads(argv[1]) if len(argv) > 1 else {}
     args, kwargs = tuple(spec.get("args", ())), dict(spec.get("kwargs", {}))
@@ -129,6 +135,9 @@ def main(argv: list[str]) -> int:
     while time.time() < deadline:
         try:
             _call(fn, args, kwargs)
+        except (TypeError, AttributeError, NameError, ImportError):
+            traceback.print_exc()  # a bug in how the worker is called, not a fault: stop
+            return 1
         except Exception as exc:
             print(f"job failed: {type(exc).__name__}: {exc}", flush=True)
             with contextlib.suppress(Exception):

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS fencekit_testing.grants (
   token       bigint NOT NULL,
   event       text NOT NULL,
   acquired_at timestamptz,
+  renewed_at  timestamptz,
   expires_at  timestamptz,
   app         text NOT NULL DEFAULT current_setting('application_name'),
   at          timestamptz NOT NULL DEFAULT clock_timestamp()
@@ -79,12 +80,13 @@ $fn$;
 CREATE OR REPLACE FUNCTION fencekit_testing.record_grant() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-  INSERT INTO fencekit_testing.grants (resource, holder, token, event, acquired_at, expires_at)
+  INSERT INTO fencekit_testing.grants
+    (resource, holder, token, event, acquired_at, renewed_at, expires_at)
   VALUES (NEW.resource, COALESCE(NEW.holder, OLD.holder), NEW.token,
           CASE WHEN NEW.holder IS NULL THEN 'release'
                WHEN TG_OP = 'INSERT' OR NEW.token <> OLD.token THEN 'acquire'
                ELSE 'renew' END,
-          NEW.acquired_at, NEW.expires_at);
+          NEW.acquired_at, NEW.renewed_at, NEW.expires_at);
   RETURN NULL;
 END
 $fn$;
@@ -140,16 +142,20 @@ def checker_events(conn: psycopg.Connection[Any]) -> list[Event]:
     write per resource (``table:key``) with its token, and the final state they imply."""
     events: list[Event] = []
     n = 0
-    for resource, holder, token, kind, acquired, expires, app, at in conn.execute(
+    # Times are the server's (one clock for grants and writes); a renewal counts from when the
+    # server extended the lease, exactly as its expiry is computed.
+    for resource, holder, token, kind, acquired, renewed, expires, app, at in conn.execute(
         "SELECT resource, holder, token, event, extract(epoch FROM acquired_at)::float8, "
-        "extract(epoch FROM expires_at)::float8, app, extract(epoch FROM at)::float8 "
-        "FROM fencekit_testing.grants ORDER BY seq"
+        "extract(epoch FROM renewed_at)::float8, extract(epoch FROM expires_at)::float8, app, "
+        "extract(epoch FROM at)::float8 FROM fencekit_testing.grants ORDER BY seq"
     ):
         n += 1
         e: Event = {"t": at, "p": _worker(app), "n": n, "type": kind, "resource": resource,
                     "holder": holder, "t0": at}  # fmt: skip
         if kind == "acquire":
             e.update(token=token, ttl=(expires or at) - (acquired or at), t0=acquired or at)
+        elif kind == "renew":
+            e.update(t0=renewed or at)
         events.append(e)
     # One write per transaction and resource, at its last row's time.
     writes: dict[tuple[str, str], dict[str, Any]] = {}
