@@ -98,6 +98,7 @@ def assert_rejections(
     """Assert fencekit counted exactly these rejections on ``table`` (``stale=1``,
     ``missing=0``...); reasons not named are not checked. ``since``: counts taken earlier
     (``db.rejections(table)``), to assert on what happened after. Returns the counts."""
+    __tracebackhide__ = True  # pytest: the failure is the message, not the kit's frames
     d = _db(db)
     if d.spec_of(table) is None:
         raise FencingAssertionError(
@@ -121,6 +122,7 @@ def assert_rejections(
 
 def assert_no_rejections(table: str, *, db: FencedDatabase | None = None) -> None:
     """Assert fencekit rejected nothing on ``table``."""
+    __tracebackhide__ = True  # pytest: the failure is the message, not the kit's frames
     d = _db(db)
     zero: dict[str, int] = dict.fromkeys(d.rejections(table), 0)
     assert_rejections(table, db=d, since=None, **zero)
@@ -128,6 +130,7 @@ def assert_no_rejections(table: str, *, db: FencedDatabase | None = None) -> Non
 
 def assert_fence(table: str, *, at_least: int, db: FencedDatabase | None = None) -> int:
     """Assert ``table`` has accepted a token of at least ``at_least``; returns its fence."""
+    __tracebackhide__ = True  # pytest: the failure is the message, not the kit's frames
     d = _db(db)
     fence = d.fence(table)
     if fence is None or fence < at_least:

@@ -176,15 +176,15 @@ def _protected(conn: psycopg.Connection[Any]) -> dict[TableName, FenceSpec]:
     return {s.table: s for s in specs}
 
 
-def _ensure_role(server: Server, role: str) -> tuple[str, bool]:
+def _ensure_role(server: Server, role: str) -> str:
     """The application role: created (LOGIN, a password of its own) unless it exists.
 
-    Returns its password (empty when the role was already there) and whether we created it.
+    Returns its password (empty when the role was already there: it is used as it is).
     """
     password = secrets.token_hex(12)
     with psycopg.connect(server.dsn_for(server.maintenance_dbname), autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
-            return "", False
+            return ""
         try:
             conn.execute(
                 sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
@@ -192,8 +192,8 @@ def _ensure_role(server: Server, role: str) -> tuple[str, bool]:
                 )
             )
         except psycopg.errors.DuplicateObject:
-            return "", False  # created meanwhile by another session
-        return password, True
+            return ""  # created meanwhile by another session
+        return password
 
 
 @dataclass
@@ -204,7 +204,6 @@ class Template:
     name: str
     setup: DatabaseSetup
     app_password: str
-    created_role: bool
     specs: list[FenceSpec] = field(default_factory=list)
 
 
@@ -220,7 +219,7 @@ def build_template(server: Server, setup: DatabaseSetup, name: str) -> Template:
     janitor.init()
     dsn = server.dsn_for(name)
     try:
-        password, created = _ensure_role(server, setup.app_role)
+        password = _ensure_role(server, setup.app_role)
         step = "installing fencekit's core"
         _install_core(dsn)
         step = f"loading the schema from {_schema_label(setup.schema)}"
@@ -255,7 +254,7 @@ def build_template(server: Server, setup: DatabaseSetup, name: str) -> Template:
             raise
         raise SetupError(f"building the fenced template database failed while {step}: "
                          f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
-    return Template(server, name, setup, password, created, specs)
+    return Template(server, name, setup, password, specs)
 
 
 def drop_template(tpl: Template) -> None:
@@ -266,14 +265,24 @@ def drop_template(tpl: Template) -> None:
         user=s.user, host=s.host, port=s.port, password=s.password, dbname=tpl.name,
         maintenance_dbname=s.maintenance_dbname, as_template=True,
     ).drop()  # fmt: skip
-    if tpl.created_role:
-        with (
-            contextlib.suppress(psycopg.Error),
-            psycopg.connect(s.dsn_for(s.maintenance_dbname), autocommit=True) as conn,
-        ):
-            # Still used in another database (a clone a crashed session left): keep it.
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(
-                sql.Identifier(tpl.setup.app_role)))  # fmt: skip
+
+
+FENCEKIT_ROLES = ("fencekit_writer", "fencekit_admin")  # what the core install creates
+
+
+def cluster_roles(server: Server) -> set[str]:
+    """The roles that exist on the server now."""
+    with psycopg.connect(server.dsn_for(server.maintenance_dbname), autocommit=True) as conn:
+        return {str(r) for (r,) in conn.execute("SELECT rolname FROM pg_roles")}
+
+
+def drop_roles(server: Server, roles: Iterable[str]) -> None:
+    """Drop the roles this session created (members before the roles they belong to). A role
+    still used in another database (another session's) stays: DROP ROLE refuses, we go on."""
+    with psycopg.connect(server.dsn_for(server.maintenance_dbname), autocommit=True) as conn:
+        for role in roles:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 # ---------------------------------------------------------------- one database

@@ -80,6 +80,7 @@ def run_many(
     ``kills=False``: pauses only. Files (worker output, history, the HTML timeline on failure)
     go to ``workdir`` (default: a new temporary directory).
     """
+    __tracebackhide__ = True  # pytest: the failure is the message, not the kit's frames
     d = db or current_database()
     if not d.template.setup.history:
         raise ValueError("run_many needs the write history: build the database with history=True")

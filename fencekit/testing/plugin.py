@@ -33,11 +33,14 @@ from fencekit.testing import servers
 from fencekit.testing.assertions import set_current_database
 from fencekit.testing.database import (
     DEFAULT_APP_ROLE,
+    FENCEKIT_ROLES,
     DatabaseSetup,
     FencedDatabase,
     SchemaSource,
     Template,
     build_template,
+    cluster_roles,
+    drop_roles,
     drop_template,
 )
 
@@ -118,9 +121,14 @@ def _make_fast(dsn: str) -> None:
 @pytest.fixture(scope="session")
 def _fencekit_templates(fencekit_server: servers.Server) -> Iterator[dict[str, Template]]:
     templates: dict[str, Template] = {}
+    there = cluster_roles(fencekit_server)
     yield templates
     for tpl in templates.values():
         drop_template(tpl)
+    # Roles are cluster-wide: drop those this session created, keep those it found.
+    apps = [t.setup.app_role for t in templates.values()]
+    made = [r for r in dict.fromkeys([*apps, *FENCEKIT_ROLES]) if r not in there]
+    drop_roles(fencekit_server, made)
 
 
 def _template(request: pytest.FixtureRequest, setup: DatabaseSetup) -> Template:

@@ -45,6 +45,7 @@ def paused(
     """SIGSTOP ``worker`` for the block; with ``until_lease_expired``, enter the block only
     once that lease has expired by its issuer's clock (``issuer``: an etcd or ZooKeeper
     issuer; default fencekit's, in the worker's database)."""
+    __tracebackhide__ = True  # pytest: the failure is the message, not the kit's frames
     worker.stop()
     try:
         worker.release()  # buffered: the worker reads it when it runs again
@@ -93,6 +94,7 @@ def takeover(
     """Run the takeover scenario with ``fn(*args, **kwargs)`` as both workers; see the module
     docstring. ``resource``: the lease the worker takes; ``table``: the table it writes;
     ``at``: the checkpoint to pause A at (after the lease, before the write)."""
+    __tracebackhide__ = True  # pytest: the failure is the message, not the kit's frames
     d = db or current_database()
     name = TableName.parse(table).dotted
     before = d.rejections(table) if d.spec_of(table) else {}
