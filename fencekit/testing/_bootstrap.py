@@ -65,6 +65,11 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) 
     _cp._connect()  # before the user's code: rejections it meets are forwarded from the start
     try:
         value = _call(fn, args, kwargs)
+    except SystemExit as exc:  # the worker chose its exit code
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        _cp.report("outcome", ok=code == 0, value=None, error=None if code == 0 else {
+            "type": "SystemExit", "message": f"exit code {code}", "traceback": ""})  # fmt: skip
+        return code
     except BaseException as exc:
         _cp.report("outcome", ok=False, error=describe_error(exc))
         traceback.print_exc()

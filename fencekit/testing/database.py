@@ -428,6 +428,15 @@ class FencedDatabase:
             )
             return [str(r[0]) for r in conn.execute(q)]
 
+    def track(self, table: str) -> None:
+        """Record what ``table`` accepts in the write history although it has no fence (keyed
+        by its primary key): a run of unfenced workers is then judged too."""
+        if self.spec_of(table) is not None:
+            return  # a fenced table is recorded already
+        spec = FenceSpec(TableName.parse(table))  # a row spec: the primary key is the key
+        with self._admin() as conn:
+            _run(conn, history.track_statements(conn, spec))
+
     def history_events(self) -> list[dict[str, Any]]:
         """The write history as chaos-checker events (:mod:`fencekit.testing.history`)."""
         if not self.template.setup.history:

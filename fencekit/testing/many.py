@@ -51,6 +51,21 @@ class ManyResult:
         return format_report(self.report)
 
 
+class _Nemesis(Nemesis):
+    """The chaos nemesis, told which of the user's workers holds a lease now: fencekit's
+    default holder names are ``host:pid:random``, so a holder is matched by its process id.
+    It pauses only holders (a pause then lands between a read and its write, the pause that
+    matters), not a worker still starting or waiting for a lease."""
+
+    def _holders(self) -> set[str]:
+        pids = {h.split(":")[-2] for h in super()._holders() if h.count(":") >= 2}
+        return {name for name, proc in self.procs.items() if str(proc.pid) in pids}
+
+    def pause(self) -> None:
+        if self._holders() - set(self.paused):
+            super().pause()
+
+
 def _target(fn: Callable[..., Any] | str) -> str:
     if isinstance(fn, str):
         return fn
@@ -67,6 +82,7 @@ def run_many(
     seconds: float = 20.0,
     ttl: float = 1.5,
     kills: bool = True,
+    tables: tuple[str, ...] = (),
     seed: int | None = None,
     db: FencedDatabase | None = None,
     workdir: Path | None = None,
@@ -77,13 +93,16 @@ def run_many(
 
     ``fn``: a module-level function (or ``"module:function"``); arguments must be JSON-able
     (a DSN, ids). ``ttl``: the worker's lease ttl (the nemesis pauses for 1.5 to 3 of them).
-    ``kills=False``: pauses only. Files (worker output, history, the HTML timeline on failure)
+    ``kills=False``: pauses only. ``tables``: tables to judge although they have no fence
+    (fenced tables are always judged). Files (worker output, history, the HTML timeline on failure)
     go to ``workdir`` (default: a new temporary directory).
     """
     __tracebackhide__ = True  # pytest: the failure is the message, not the kit's frames
     d = db or current_database()
     if not d.template.setup.history:
         raise ValueError("run_many needs the write history: build the database with history=True")
+    for table in tables:
+        d.track(table)
     work = Path(workdir or tempfile.mkdtemp(prefix="fencekit-many-"))
     work.mkdir(parents=True, exist_ok=True)
     target = _target(fn)
@@ -95,7 +114,7 @@ def run_many(
     def command(name: str) -> list[str]:
         return [sys.executable, "-m", "fencekit.testing._bootstrap", "--name", name, target, spec]
 
-    nemesis = Nemesis(
+    nemesis = _Nemesis(
         rng=rng, ttl=ttl, command=command, workdir=work, history=history, admin_dsn=d.dsn,
         server=None, bouncer=None, progress=lambda _msg: None,
     )  # fmt: skip

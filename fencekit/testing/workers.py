@@ -61,7 +61,7 @@ class Outcome:
     def describe(self) -> str:
         if self.ok:
             return f"exited {self.exitcode}, returned {self.value!r}"
-        if self.error is None:
+        if self.error is None or self.error["type"] == "SystemExit":
             return f"exited {self.exitcode}"
         return f"exited {self.exitcode}, raised {self.error['type']}: {self.error['message']}"
 

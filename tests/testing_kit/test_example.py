@@ -55,3 +55,35 @@ def test_the_lost_update_without_fencing_is_reported(example: pytest.Pytester) -
             "*output of worker A*",
         ]
     )
+
+
+UNFENCED_MANY = """
+from billing.worker import rebuild_summary
+from fencekit.testing import fenced_database, run_many
+from test_unfenced import tables_without_fences
+
+unfenced_db = fenced_database(schema=tables_without_fences)
+
+
+def test_many_without_fencing(unfenced_db):
+    with unfenced_db.connect() as conn:
+        conn.execute("INSERT INTO invoices (account_id, amount_cents) VALUES (1, 100)")
+    run_many(rebuild_summary, unfenced_db.app_url, 1, copies=3, seconds=20, kills=False,
+             tables=("billing_summary",))
+"""
+
+
+def test_many_workers_without_fencing_get_the_checkers_verdict(example: pytest.Pytester) -> None:
+    example.makepyfile(test_unfenced=UNFENCED, test_unfenced_many=UNFENCED_MANY)
+    result = example.runpytest_subprocess("-p", "no:randomly", "test_unfenced_many.py", timeout=600)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*violation(s) in 3 copies of billing.worker:rebuild_summary over 20s under pauses:",
+            "*stale writes attempted*accepted*",
+            "*VIOLATIONS: stale write accepted x*",
+            "*stale write accepted on public.billing_summary:1: write * with token * committed "
+            "at seq * after write * with token *",
+            "*timeline: */timeline.html",
+        ]
+    )

@@ -1,0 +1,39 @@
+"""Worker functions the kit's tests start as processes (importable: spawn needs that)."""
+
+from __future__ import annotations
+
+import os
+
+import psycopg
+
+import fencekit.psycopg as fkp
+from fencekit.leases import Lease, PostgresIssuer
+from fencekit.testing import checkpoint
+
+
+def write_job(dsn: str, job: int, *, only: str | None = None, ttl: float = 1.0) -> int:
+    """Lease ``jobs:<job>``, checkpoint "computing", write the job row with the token.
+
+    ``only``: write only in the worker of that name (the others take the lease and stop):
+    a new holder that neither writes nor claims, the grant-to-first-write gap.
+    """
+    with (
+        PostgresIssuer(dsn) as issuer,
+        Lease(issuer, f"jobs:{job}", ttl=ttl, wait=30) as lease,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
+        checkpoint("computing")
+        if only is not None and os.environ.get("FENCEKIT_TESTING_WORKER") != only:
+            return lease.token
+        with fkp.transaction(conn, lease.token):
+            conn.execute(
+                "INSERT INTO jobs VALUES (%s, %s) ON CONFLICT (id) DO UPDATE "
+                "SET state = excluded.state",
+                (job, f"pid {os.getpid()}"),
+            )
+        return lease.token
+
+
+def exit_early() -> None:
+    print("giving up before any checkpoint")
+    raise SystemExit(3)
