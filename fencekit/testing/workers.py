@@ -225,9 +225,20 @@ class Worker:
         return self._stopped
 
     def stop(self) -> None:
-        """SIGSTOP: every thread of the worker stops, its lease renewal included."""
+        """SIGSTOP: every thread of the worker stops, its lease renewal included. Returns once
+        the kernel shows the process stopped (a signal is delivered asynchronously)."""
         os.kill(self.pid, signal.SIGSTOP)
         self._stopped = True
+        stat = Path(f"/proc/{self.pid}/stat")
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # no /proc (not Linux) or the process is gone
+            if state in ("T", "t", "Z", "X"):
+                return
+            time.sleep(0.001)
 
     def cont(self) -> None:
         """SIGCONT."""

@@ -74,7 +74,7 @@ def test_a_stale_write_is_counted_and_the_assertions_read_it(jobs_db: FencedData
     assert "public.jobs: key fence on (id), resource public.jobs, highest token accepted 7" in (
         message
     )
-    with pytest.raises(FencingAssertionError, match="public.nothing is not protected"):
+    with pytest.raises(FencingAssertionError, match=r"public\.nothing is not protected"):
         assert_rejections("public.nothing", stale=0)
     with pytest.raises(FencingAssertionError, match="stale: expected 0, counted 1"):
         assert_no_rejections("jobs")
@@ -83,7 +83,8 @@ def test_a_stale_write_is_counted_and_the_assertions_read_it(jobs_db: FencedData
 def test_takeover_passes_on_a_fenced_table(jobs_db: FencedDatabase) -> None:
     result = takeover(write_job, jobs_db.app_dsn, 3, resource="jobs:3", table="jobs")
     assert result.a_outcome.rejected == "stale"
-    assert result.b_token is not None and result.a_token is not None
+    assert result.b_token is not None
+    assert result.a_token is not None
     assert result.b_token > result.a_token
     assert result.fence_after_b == result.b_token
     assert result.rows_after_a == result.rows_after_b
@@ -108,9 +109,16 @@ def test_paused_resumes_the_worker_when_the_block_fails(jobs_db: FencedDatabase)
     a = jobs_db.spawn(write_job, jobs_db.app_dsn, 5, pause_at="computing")
     a.wait_for("computing")
     assert a.held_at == "computing"
-    with pytest.raises(RuntimeError, match="the test's own failure"), paused(a):
-        assert _state(a.pid) == "T"  # stopped
-        raise RuntimeError("the test's own failure")
+    seen = []
+
+    def fail_while_paused() -> None:
+        with paused(a):
+            seen.append(_state(a.pid))
+            raise RuntimeError("the test's own failure")
+
+    with pytest.raises(RuntimeError, match="the test's own failure"):
+        fail_while_paused()
+    assert seen == ["T"]  # it was stopped inside the block
     assert _state(a.pid) != "T"
     assert a.join().ok
 
@@ -124,7 +132,8 @@ def test_paused_waits_on_the_servers_clock(jobs_db: FencedDatabase) -> None:
     a.wait_for("computing")
     with paused(a, until_lease_expired="jobs:6"):
         lease = jobs_db.lease("jobs:6")
-        assert lease is not None and lease["expires_in"] is not None
+        assert lease is not None
+        assert lease["expires_in"] is not None
         assert lease["expires_in"] <= 0  # expired by the server's clock when the block runs
     assert a.join().ok  # nobody took over: its write is still the newest
 
@@ -144,7 +153,8 @@ def test_command_workers_and_held_checkpoints(jobs_db: FencedDatabase) -> None:
     assert w.held_at == "a"
     assert "after a" not in w.output
     outcome = w.join()
-    assert outcome.ok and outcome.exitcode == 0
+    assert outcome.ok
+    assert outcome.exitcode == 0
     assert "after a" in w.output
 
 
