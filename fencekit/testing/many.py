@@ -48,7 +48,13 @@ class ManyResult:
     seconds: float
 
     def summary(self) -> str:
-        return format_report(self.report)
+        """The checker's report, and the rejections fencekit counted in the database (the
+        history holds accepted writes only: a rejected write rolled back)."""
+        counted = "; ".join(
+            f"{table} " + (", ".join(f"{r}={n}" for r, n in sorted(c.items()) if n) or "none")
+            for table, c in sorted(self.rejections.items())
+        )
+        return f"{format_report(self.report)}\n  rejected by fencekit (counted): {counted}"
 
 
 class _Nemesis(Nemesis):
@@ -143,7 +149,7 @@ def run_many(
             f"{len(report.violations)} violation(s) in {copies} copies of {target} over "
             f"{seconds:g}s under pauses{' and kills' if kills else ''}:\n{format_report(report)}"
             f"\ntimeline: {result.html or '(plotly missing: pip install pg-fencekit[chaos])'}"
-            f"\nrejections counted by fencekit: {rejections}\n{describe(d, lines=5)}\n{logs}"
+            f"\n{describe(d, lines=5)}\n{logs}"
         )
     return result
 

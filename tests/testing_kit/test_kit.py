@@ -27,7 +27,7 @@ from fencekit.testing import (
     paused,
     takeover,
 )
-from tests.testing_kit.workers import exit_early, write_job
+from tests.testing_kit.workers import exit_early, write_job, write_job_etcd
 
 pytestmark = pytest.mark.multiproc
 
@@ -161,3 +161,23 @@ def test_command_workers_and_held_checkpoints(jobs_db: FencedDatabase) -> None:
 def test_a_worker_that_cannot_be_spawned_is_explained(jobs_db: FencedDatabase) -> None:
     with pytest.raises(TypeError, match="module-level function of an importable module"):
         jobs_db.spawn(lambda: None)
+
+
+def test_takeover_waits_on_the_etcd_leaders_clock(jobs_db: FencedDatabase, tmp_path: Path) -> None:
+    from fencekit.leases.etcd import EtcdIssuer
+    from tests.issuer_servers import EtcdCluster, ServerBinaryMissing
+
+    try:
+        cluster = EtcdCluster(tmp_path / "etcd", size=1).start()
+    except ServerBinaryMissing as exc:
+        pytest.skip(str(exc))
+    try:
+        with EtcdIssuer(cluster.endpoints, request_timeout=2.0) as issuer:
+            result = takeover(
+                write_job_etcd, jobs_db.app_dsn, cluster.endpoints, 8,
+                resource="jobs:8", table="jobs", issuer=issuer,
+            )  # fmt: skip
+        assert result.a_outcome.rejected == "stale"
+        assert result.a.rejections[0]["fence"] > result.a.rejections[0]["token"]
+    finally:
+        cluster.stop()
