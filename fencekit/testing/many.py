@@ -120,12 +120,12 @@ def run_many(
     def command(name: str) -> list[str]:
         return [sys.executable, "-m", "fencekit.testing._bootstrap", "--name", name, target, spec]
 
+    path = os.pathsep.join(p for p in sys.path if p)
     nemesis = _Nemesis(
         rng=rng, ttl=ttl, command=command, workdir=work, history=history, admin_dsn=d.dsn,
-        server=None, bouncer=None, progress=lambda _msg: None,
+        progress=lambda _msg: None,
+        worker_env={UNTIL_ENV: str(time.time() + seconds), "PYTHONPATH": path},
     )  # fmt: skip
-    path = os.pathsep.join(p for p in sys.path if p)
-    nemesis.worker_env.update({UNTIL_ENV: str(time.time() + seconds), "PYTHONPATH": path})
     if not kills:
         nemesis.kill = lambda: None  # type: ignore[method-assign]
     try:

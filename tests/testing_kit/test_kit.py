@@ -165,7 +165,7 @@ def test_a_worker_that_cannot_be_spawned_is_explained(jobs_db: FencedDatabase) -
 
 def test_takeover_waits_on_the_etcd_leaders_clock(jobs_db: FencedDatabase, tmp_path: Path) -> None:
     from fencekit.leases.etcd import EtcdIssuer
-    from tests.issuer_servers import EtcdCluster, ServerBinaryMissing
+    from tests.lab.issuers import EtcdCluster, ServerBinaryMissing
 
     try:
         cluster = EtcdCluster(tmp_path / "etcd", size=1).start()

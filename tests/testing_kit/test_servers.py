@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from fencekit.embedded import EmbeddedServer
-from tests.servers import debian_bindir
+from tests.lab.postgres import debian_bindir
 
 pytestmark = pytest.mark.multiproc
 ROOT = Path(__file__).resolve().parents[2]
