@@ -24,7 +24,8 @@ __all__ = [
     "assert_rejections",
     "current_database",
     "describe",
-    "set_current_database",
+    "pop_current_database",
+    "push_current_database",
 ]
 
 _current: list[FencedDatabase] = []
@@ -34,11 +35,15 @@ class FencingAssertionError(AssertionError):
     """A fencing assertion failed; the message carries the report (:func:`describe`)."""
 
 
-def set_current_database(db: FencedDatabase | None) -> None:
-    """Make ``db`` the database the module-level assertions read (the fixtures do this)."""
-    _current.clear()
-    if db is not None:
-        _current.append(db)
+def push_current_database(db: FencedDatabase) -> None:
+    """Make ``db`` the database the module-level assertions read (the fixtures do this; the
+    innermost fixture wins: a per-test database over a per-session one)."""
+    _current.append(db)
+
+
+def pop_current_database(db: FencedDatabase) -> None:
+    if db in _current:
+        _current.remove(db)
 
 
 def current_database() -> FencedDatabase:
@@ -47,7 +52,7 @@ def current_database() -> FencedDatabase:
             "no fenced database in this test: request the `fenced_db` fixture (or one made "
             "with fencekit.testing.fenced_database), or pass db="
         )
-    return _current[0]
+    return _current[-1]
 
 
 def describe(db: FencedDatabase, tables: list[str] | None = None, *, lines: int = 25) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from fencekit.testing import servers
-from fencekit.testing.assertions import set_current_database
+from fencekit.testing.assertions import pop_current_database, push_current_database
 from fencekit.testing.database import (
     DEFAULT_APP_ROLE,
     FENCEKIT_ROLES,
@@ -210,11 +210,11 @@ def fenced_database(
         )
         tpl = _template(request, setup)
         db, janitor = _clone(tpl)
-        set_current_database(db)
+        push_current_database(db)
         try:
             yield db
         finally:
-            set_current_database(None)
+            pop_current_database(db)
             db.close()
             janitor.drop()
 
