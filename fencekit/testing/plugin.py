@@ -77,7 +77,10 @@ def fencekit_server(request: pytest.FixtureRequest) -> Iterator[servers.Server]:
     config = request.config
     dsn = _dsn(config)
     wanted = config.getoption("fencekit_server") or str(config.getini("fencekit_server"))
-    pg_ctl = str(config.getoption("postgresql_exec") or config.getini("postgresql_exec") or "")
+    try:  # pytest-postgresql's own setting; absent when its plugin is disabled (-p no:...)
+        pg_ctl = str(config.getoption("postgresql_exec") or config.getini("postgresql_exec"))
+    except ValueError:
+        pg_ctl = ""
     kind = servers.choose(wanted, dsn=dsn, pg_ctl=pg_ctl)
     if kind == "dsn":
         if not dsn:
