@@ -27,7 +27,7 @@ from fencekit.testing import (
     paused,
     takeover,
 )
-from tests.testing_kit.workers import exit_early, write_job, write_job_etcd
+from tests.testing_kit.workers import exit_early, write_job, write_job_etcd, write_job_zk
 
 pytestmark = pytest.mark.multiproc
 
@@ -181,3 +181,26 @@ def test_takeover_waits_on_the_etcd_leaders_clock(jobs_db: FencedDatabase, tmp_p
         assert result.a.rejections[0]["fence"] > result.a.rejections[0]["token"]
     finally:
         cluster.stop()
+
+
+def test_takeover_waits_on_the_zookeeper_leaders_clock(
+    jobs_db: FencedDatabase, tmp_path: Path
+) -> None:
+    pytest.importorskip("kazoo", reason="the zookeeper extra: pip install 'pg-fencekit[zookeeper]'")
+    from fencekit.leases.zookeeper import ZooKeeperIssuer
+    from tests.lab.issuers import ServerBinaryMissing, ZooKeeperEnsemble
+
+    try:
+        ensemble = ZooKeeperEnsemble(tmp_path / "zk", size=1).start()
+    except ServerBinaryMissing as exc:
+        pytest.skip(str(exc))
+    try:
+        with ZooKeeperIssuer(ensemble.hosts, session_timeout=2.0) as issuer:
+            result = takeover(
+                write_job_zk, jobs_db.app_dsn, ensemble.hosts, 9,
+                resource="jobs:9", table="jobs", issuer=issuer,
+            )  # fmt: skip
+        assert result.a_outcome.rejected == "stale"
+        assert result.a.rejections[0]["fence"] > result.a.rejections[0]["token"]
+    finally:
+        ensemble.stop()

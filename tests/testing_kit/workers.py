@@ -56,3 +56,23 @@ def write_job_etcd(dsn: str, endpoints: list[str], job: int, *, ttl: float = 2.0
                 (job, f"pid {os.getpid()}"),
             )
         return lease.token
+
+
+def write_job_zk(dsn: str, hosts: str, job: int) -> int:
+    """:func:`write_job` with the lease from ZooKeeper (tokens: the lock node's czxid; the
+    lease ends when the leader expires the session: 2 s without a heartbeat)."""
+    from fencekit.leases.zookeeper import ZooKeeperIssuer
+
+    with (
+        ZooKeeperIssuer(hosts, session_timeout=2.0, op_timeout=5.0) as issuer,
+        Lease(issuer, f"jobs:{job}", ttl=2.0, wait=30) as lease,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
+        checkpoint("computing")
+        with fkp.transaction(conn, lease.token, issuer="zookeeper"):
+            conn.execute(
+                "INSERT INTO jobs VALUES (%s, %s) ON CONFLICT (id) DO UPDATE "
+                "SET state = excluded.state",
+                (job, f"pid {os.getpid()}"),
+            )
+        return lease.token
