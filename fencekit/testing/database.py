@@ -345,7 +345,7 @@ class FencedDatabase:
         from fencekit.testing.workers import spawn
 
         worker = spawn(fn, *args, name=self._name(name), pause_at=pause_at, **kwargs)
-        worker.db = self  # type: ignore[attr-defined]
+        worker.db = self
         self.workers.append(worker)
         return worker
 
@@ -360,7 +360,7 @@ class FencedDatabase:
             command, name=self._name(name), pause_at=pause_at,
             env={"FENCEKIT_TEST_APP_DSN": self.app_dsn, **(env or {})},
         )  # fmt: skip
-        worker.db = self  # type: ignore[attr-defined]
+        worker.db = self
         self.workers.append(worker)
         return worker
 

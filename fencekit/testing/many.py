@@ -67,9 +67,15 @@ class _Nemesis(Nemesis):
         pids = {h.split(":")[-2] for h in super()._holders() if h.count(":") >= 2}
         return {name for name, proc in self.procs.items() if str(proc.pid) in pids}
 
+    kills = True
+
     def pause(self) -> None:
         if self._holders() - set(self.paused):
             super().pause()
+
+    def kill(self) -> None:
+        if self.kills:
+            super().kill()
 
 
 def _target(fn: Callable[..., Any] | str) -> str:
@@ -126,8 +132,7 @@ def run_many(
         progress=lambda _msg: None,
         worker_env={UNTIL_ENV: str(time.time() + seconds), "PYTHONPATH": path},
     )  # fmt: skip
-    if not kills:
-        nemesis.kill = lambda: None  # type: ignore[method-assign]
+    nemesis.kills = kills
     try:
         nemesis.run([f"w{i + 1}" for i in range(copies)], seconds)
         nemesis.wait_workers(timeout=max(10.0, 4 * ttl))

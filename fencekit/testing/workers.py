@@ -16,6 +16,7 @@ sleep in the test.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import pickle
@@ -105,6 +106,8 @@ class Worker:
         self._stopped = False
         self._proc: Any = None
         self._on_exit = on_exit
+        #: The fenced database that started it (set by ``FencedDatabase.spawn``), if any.
+        self.db: Any = None
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(self._dir / "ch"))
         self._server.listen(8)
@@ -129,8 +132,6 @@ class Worker:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        import json
-
         f = conn.makefile("rwb", buffering=0)
         with contextlib.suppress(OSError, ValueError):
             for line in f:
