@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -204,3 +205,45 @@ def test_takeover_waits_on_the_zookeeper_leaders_clock(
         assert result.a.rejections[0]["fence"] > result.a.rejections[0]["token"]
     finally:
         ensemble.stop()
+
+
+def _ledger() -> Any:
+    from sqlalchemy import Column, Integer, MetaData, Table, Text
+
+    from fencekit.declare import declare_fence
+
+    metadata = MetaData()
+    ledger = Table(
+        "ledger", metadata,
+        Column("account_id", Integer, primary_key=True), Column("note", Text),
+    )  # fmt: skip
+    declare_fence(ledger, scope="key", key=["account_id"])
+    return metadata
+
+
+LEDGER = _ledger()
+
+
+def make_ledger(dsn: str) -> None:
+    from sqlalchemy import create_engine
+
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
+    LEDGER.create_all(engine)
+    engine.dispose()
+
+
+ledger_db = fenced_database(schema=make_ledger, fences=LEDGER, history=False, scope="session")
+
+
+def test_fences_declared_on_a_metadata_are_protected(ledger_db: FencedDatabase) -> None:
+    spec = ledger_db.spec_of("ledger")
+    assert spec is not None
+    assert spec.key == ("account_id",)
+    with psycopg.connect(ledger_db.app_dsn, autocommit=True) as conn:
+        with pytest.raises(Exception, match="token"):
+            conn.execute("INSERT INTO ledger VALUES (1, 'no token')")
+        with fkp.transaction(conn, 3):
+            conn.execute("INSERT INTO ledger VALUES (1, 'fenced')")
+    assert_rejections("ledger", db=ledger_db, missing=1)
+    with pytest.raises(Exception, match="history=False"):
+        ledger_db.history_events()
