@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from fencekit import sqlgen
+from fencekit.foreign_code import FIRST_NORMAL_OID, Code, Inspector, allowed_hashes, code_hash
 from fencekit.ident import quote_ident, quote_literal
 from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope, SpecError, TableName
 
@@ -77,6 +78,8 @@ class Drift:
     fix: str
     #: Every object concerned, when one drift groups several (ownership: one line per owner).
     objects: tuple[str, ...] = ()
+    #: Code fencekit did not generate: the hash of what it runs (``fencekit allow`` takes it).
+    sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +88,7 @@ class Drift:
             "message": self.message,
             "fix": self.fix,
             "objects": list(self.objects),
+            "sha256": self.sha256,
         }
 
 
@@ -387,10 +391,11 @@ def describe(spec: FenceSpec) -> str:
 # ------------------------------------------------------------------------------- drift
 
 
-def status(conn: Conn, allow_triggers: Collection[str] = ()) -> Status:
+def status(conn: Conn) -> Status:
     """Everything ``fencekit status`` shows (``core_missing`` drift without the core).
 
-    ``allow_triggers``: names of foreign triggers a DBA has reviewed; they are not reported.
+    Code on protected tables whose hash is in ``fencekit.allowed_code`` (``fencekit allow``)
+    is not reported.
     """
     version = core_version(conn)
     if version is None:
@@ -413,14 +418,16 @@ def status(conn: Conn, allow_triggers: Collection[str] = ()) -> Status:
         )
     core_drift += ownership_drift(conn)
     core_drift += orphaned_fences(conn)
+    core_drift += setting_drift(conn)
     tables = protected_tables(conn)
+    allowed = allowed_hashes(conn)
+    inspector = Inspector(conn)
     for pt in tables:
-        pt.drift = table_drift(conn, pt, allow_triggers)
+        pt.drift = table_drift(conn, pt, allowed, inspector)
     _add_rejections(conn, tables)
     _add_lateness(conn, tables)
-    return Status(
-        version, tables, core_drift, durability_warnings(conn), repairs=recent_repairs(conn)
-    )
+    warnings = durability_warnings(conn) + subscription_warnings(conn, tables)
+    return Status(version, tables, core_drift, warnings, repairs=recent_repairs(conn))
 
 
 def durability_warnings(conn: Conn) -> list[str]:
@@ -464,10 +471,15 @@ def durability_warnings(conn: Conn) -> list[str]:
 
 
 def table_drift(
-    conn: Conn, pt: ProtectedTable, allow_triggers: Collection[str] = ()
+    conn: Conn,
+    pt: ProtectedTable,
+    allowed: frozenset[str] = frozenset(),
+    inspector: Inspector | None = None,
 ) -> list[Drift]:
     """How ``pt``'s objects in the database differ from what its spec and template generate,
-    what its descendants lack, and which foreign triggers can get around its checks."""
+    what its descendants lack, its unprotected ancestors, and the code fencekit did not
+    generate that runs on it (``allowed``: code hashes a DBA has reviewed)."""
+    insp = inspector if inspector is not None else Inspector(conn)
     t = pt.spec.table
     reprotect = f"fencekit protect {_cli_spec(pt.spec)} --dsn DSN (re-creates what is missing)"
     if pt.template_version < sqlgen.TEMPLATE_VERSION:
@@ -539,11 +551,15 @@ def table_drift(
         out += _column_drift(conn, oid, pt.spec)
     if pt.spec.scope is Scope.KEY:
         out += _key_type_drift(conn, oid, pt.spec)
-    allow = frozenset(allow_triggers)
-    out += _foreign_trigger_drift(conn, oid, t.sql, pt.spec, objs, allow)
+    out += _ancestor_drift(conn, oid, t.dotted)
+    out += _foreign_trigger_drift(conn, insp, oid, t.sql, pt.spec, objs, allowed)
+    out += foreign_code_drift(conn, insp, oid, t.sql, pt.spec, allowed)
     for desc in _descendants(conn, oid):
         out += _descendant_drift(conn, desc, objs, reprotect)
-        out += _foreign_trigger_drift(conn, desc.oid, desc.sql, pt.spec, objs, allow, clones=False)
+        out += _foreign_trigger_drift(
+            conn, insp, desc.oid, desc.sql, pt.spec, objs, allowed, clones=False
+        )
+        out += foreign_code_drift(conn, insp, desc.oid, desc.sql, pt.spec, allowed)
     return out
 
 
@@ -822,7 +838,7 @@ def _descendant_drift(
     return out
 
 
-# ------------------------------------------------------------------------------- foreign triggers
+# ------------------------------------------------------------------------------- foreign code
 
 # pg_trigger.tgtype bits (PostgreSQL's TRIGGER_TYPE_*).
 _TG_ROW = 1
@@ -837,6 +853,10 @@ class _Trig:
     enabled: str
     function: str  # schema.name
     cloned: bool  # a partition's clone of its parent's trigger
+    function_oid: int
+    args: bytes | None
+    definition: str  # pg_get_triggerdef
+    when_tree: str | None
 
     @property
     def row(self) -> bool:
@@ -856,13 +876,18 @@ class _Trig:
         phase = (1 if self.row else 0) if self.before else (2 if self.row else 3)
         return (phase, self.name.encode())
 
+    def describe(self) -> str:
+        level = "row" if self.row else "statement"
+        return f"{'BEFORE' if self.before else 'AFTER'} {level} trigger {self.name}"
+
 
 def _relation_triggers(conn: Conn, oid: int) -> list[_Trig]:
     return [
-        _Trig(name, int(tgtype), enabled, func, bool(cloned))
-        for name, tgtype, enabled, func, cloned in conn.execute(
+        _Trig(str(r[0]), int(r[1]), str(r[2]), str(r[3]), bool(r[4]), int(r[5]), r[6], r[7], r[8])
+        for r in conn.execute(
             "SELECT t.tgname, t.tgtype::pg_catalog.int4, t.tgenabled::pg_catalog.text, "
-            "n.nspname || '.' || p.proname, t.tgparentid <> 0 "
+            "n.nspname || '.' || p.proname, t.tgparentid <> 0, t.tgfoid, t.tgargs, "
+            "pg_catalog.pg_get_triggerdef(t.oid), t.tgqual::pg_catalog.text "
             "FROM pg_catalog.pg_trigger t "
             "JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid "
             "JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
@@ -872,24 +897,37 @@ def _relation_triggers(conn: Conn, oid: int) -> list[_Trig]:
     ]
 
 
+def _allow_fix(what: str, sha: str, never: str = "fencekit.token") -> str:
+    return (
+        f"review {what}; once you know it never sets {never}, allow its code (by its hash, "
+        f"which survives renames; a changed body is reported again), as a member of "
+        f"fencekit_admin: fencekit allow {sha} --dsn DSN"
+    )
+
+
 def _foreign_trigger_drift(
     conn: Conn,
+    insp: Inspector,
     oid: int,
     rel_sql: str,
     spec: FenceSpec,
     objs: sqlgen.TableObjects,
-    allow: frozenset[str],
+    allowed: frozenset[str],
     clones: bool = True,
 ) -> list[Drift]:
-    """Triggers that are not fencekit's and can get around its checks on one relation.
+    """Every trigger on one relation that is not fencekit's and fires, unless its code hash is
+    allowed.
 
     fencekit's first check of a statement reads the token once; a trigger that fires ahead of
-    it can set fencekit.token (set_config) or, at row level, change the row first. That first
-    check is the statement check, except on key-fenced tables, whose INSERT, UPDATE and DELETE
-    are judged by AFTER STATEMENT triggers: every BEFORE trigger and AFTER ROW trigger fires
-    ahead of them. On a row-fenced table any BEFORE ROW INSERT/UPDATE trigger can also
-    overwrite the fence column after fencekit's trigger set it. ``clones=False`` skips a
-    partition's clones of its parent's triggers (reported on the parent).
+    it can set fencekit.token (set_config) or, at row level, change the row first
+    (``foreign_trigger_first``). That first check is the statement check, except on key-fenced
+    tables, whose INSERT, UPDATE and DELETE are judged by AFTER STATEMENT triggers: every
+    BEFORE trigger and AFTER ROW trigger fires ahead of them. On a row-fenced table any BEFORE
+    ROW INSERT/UPDATE trigger can also overwrite the fence column after fencekit's trigger set
+    it (``foreign_trigger_fence_column``). Any other trigger fires after the check, and can
+    still set the token for the rest of the transaction, which the next statement's check
+    reads (``foreign_trigger``). ``clones=False`` skips a partition's clones of its parent's
+    triggers (reported on the parent).
     """
     ours = {tr.name for tr in objs.triggers}
     trigs = _relation_triggers(conn, oid)
@@ -909,7 +947,10 @@ def _foreign_trigger_drift(
     column = quote_ident(spec.column)
     out: list[Drift] = []
     for t in firing:
-        if is_fencekit(t) or t.name in allow or (t.cloned and not clones):
+        if is_fencekit(t) or (t.cloned and not clones):
+            continue
+        sha = insp.trigger_hash(t.function_oid, t.args, t.definition, t.when_tree)
+        if sha in allowed:
             continue
         ahead = [e for e in t.events() if e in first and t.order() < first[e].order()]
         rewrites = (
@@ -918,11 +959,9 @@ def _foreign_trigger_drift(
             and t.before
             and bool({"INSERT", "UPDATE"} & set(t.events()))
         )
-        if not ahead and not rewrites:
-            continue
-        level = "row" if t.row else "statement"
         obj = f"{rel_sql}: trigger {t.name}"
-        silence = f"fencekit status --allow-trigger {shlex.quote(t.name)}"
+        never = "fencekit.token" + (f" nor NEW.{column}" if rewrites else "")
+        allow = _allow_fix(f"{t.function}", sha, never)
         if ahead:
             passed = sorted({first[e].name for e in ahead})
             can = "set fencekit.token (set_config), so the statement is judged by a token its "
@@ -936,25 +975,23 @@ def _foreign_trigger_drift(
             # A new name helps only a trigger that fires in the same phase as fencekit's check.
             movable = all(t.order()[0] == first[e].order()[0] for e in ahead)
             move = (
-                ", let it fire after fencekit's checks: ALTER TRIGGER "
-                f"{quote_ident(t.name)} ON {rel_sql} RENAME TO {renamed}; once reviewed, "
+                f"; renaming it (ALTER TRIGGER {quote_ident(t.name)} ON {rel_sql} RENAME TO "
+                f"{renamed}) lets it fire after fencekit's check, where it is still reported: "
+                "code that fires later can set the token for the transaction's next statements"
                 if movable
-                else " (it fires ahead of fencekit's check whatever its name); once reviewed, "
+                else "; it fires ahead of fencekit's check whatever its name"
             )
             out.append(
                 Drift(
                     "foreign_trigger_first",
                     obj,
-                    f"{'BEFORE' if t.before else 'AFTER'} {level} trigger {t.name} "
-                    f"(function {t.function}) fires on "
+                    f"{t.describe()} (function {t.function}) fires on "
                     f"{' '.join(ahead)} ahead of fencekit's {', '.join(passed)}: it can {can}",
-                    f"review {t.function}; if it has no business with fencekit.token"
-                    + (f" or NEW.{column}" if rewrites else "")
-                    + move
-                    + f"silence it: {silence}",
+                    allow + move,
+                    sha256=sha,
                 )
             )
-        else:
+        elif rewrites:
             out.append(
                 Drift(
                     "foreign_trigger_fence_column",
@@ -963,11 +1000,500 @@ def _foreign_trigger_drift(
                     f"{' '.join(e for e in t.events() if e in ('INSERT', 'UPDATE'))} after "
                     f"fencekit's row trigger set the fence: it can overwrite NEW.{column}, the "
                     "row's fence, and let a later stale write in",
-                    f"review {t.function}: it must never assign NEW.{column} (or drop the "
-                    f"trigger); once reviewed, silence it: {silence}",
+                    allow,
+                    sha256=sha,
+                )
+            )
+        else:
+            out.append(
+                Drift(
+                    "foreign_trigger",
+                    obj,
+                    f"{t.describe()} (function {t.function}) fires on {' '.join(t.events())} "
+                    "after fencekit's check: it can set fencekit.token for the rest of the "
+                    "transaction (set_config(..., true)), and the next statement's check reads "
+                    "the swapped token",
+                    allow,
+                    sha256=sha,
                 )
             )
     return out
+
+
+#: One object that may run code: (kind, object, what, code, definition, effect).
+_Found = tuple[str, str, str, Code, str, str]
+
+_SWAPS = "it can set fencekit.token, and the check reads the swapped token"
+_RULE = Code(("rewrites the statements that name the relation",))
+_RULE_EFFECT = (
+    "its statements run with the writer's, can set fencekit.token or redirect the write past "
+    "fencekit's checks"
+)
+
+
+def foreign_code_drift(
+    conn: Conn,
+    insp: Inspector,
+    oid: int,
+    rel_sql: str,
+    spec: FenceSpec,
+    allowed: frozenset[str],
+) -> list[Drift]:
+    """Everything but the relation's own triggers that runs code fencekit did not generate:
+    column defaults and generated columns (the fence column's included), the types of its
+    columns, CHECK and exclusion constraints, index expressions, predicates and operator
+    classes, row-level security policies (when enabled), rules; the triggers, rules and
+    expressions of tables a foreign key cascades into; views over the table that run code
+    when written through."""
+    fence_col = spec.column if spec.scope is Scope.ROW else None
+    found = _expression_code(conn, insp, oid, rel_sql, fence_col) + _rules(conn, oid, rel_sql)
+    out = [d for f in found for d in _code_drift(*f, allowed)]
+    out += _cascade_drift(conn, insp, oid, rel_sql, allowed, {oid})
+    out += _view_drift(conn, insp, oid, rel_sql, allowed, {oid})
+    return out
+
+
+def _code_drift(
+    kind: str,
+    obj: str,
+    what: str,
+    code: Code,
+    definition: str,
+    effect: str,
+    allowed: frozenset[str],
+) -> list[Drift]:
+    """One object that runs code fencekit did not generate, unless its hash is allowed."""
+    if not code:
+        return []
+    sha = code_hash({"kind": kind, "definition": definition, "calls": list(code.hashes)})
+    if sha in allowed:
+        return []
+    return [
+        Drift(
+            kind,
+            obj,
+            f"{what} runs code fencekit did not generate ({'; '.join(code.reasons)}): {effect}",
+            _allow_fix(what, sha),
+            sha256=sha,
+        )
+    ]
+
+
+def _expression_code(
+    conn: Conn, insp: Inspector, oid: int, rel_sql: str, fence_col: str | None
+) -> list[_Found]:
+    """Defaults, generated columns, column types, constraints, indexes and (when row-level
+    security is on) policies of one relation, with what each runs."""
+    out: list[_Found] = []
+    for col, generated, tree, text in conn.execute(
+        "SELECT a.attname, a.attgenerated <> '', d.adbin::pg_catalog.text, "
+        "pg_catalog.pg_get_expr(d.adbin, d.adrelid) FROM pg_catalog.pg_attrdef d "
+        "JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
+        "WHERE d.adrelid = %s ORDER BY a.attnum",
+        (oid,),
+    ).fetchall():
+        what = (
+            f"the generated column {quote_ident(col)} of {rel_sql}"
+            if generated
+            else f"the DEFAULT of {'the fence column ' if col == fence_col else 'column '}"
+            f"{quote_ident(col)} of {rel_sql}"
+        )
+        kind = "fence_default_foreign" if col == fence_col else "foreign_default"
+        out.append((kind, f"{rel_sql}.{col}", what, insp.expression(tree), str(text), _SWAPS))
+    for col, typ, typname in conn.execute(
+        "SELECT attname, atttypid, atttypid::pg_catalog.regtype::pg_catalog.text "
+        "FROM pg_catalog.pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+        "ORDER BY attnum",
+        (oid,),
+    ).fetchall():
+        out.append(
+            (
+                "foreign_column_type",
+                f"{rel_sql}.{col}",
+                f"the type {typname} of column {quote_ident(col)} of {rel_sql}",
+                insp.type_code(int(typ)),
+                str(typname),
+                "every value written to the column runs it, and it can set fencekit.token",
+            )
+        )
+    for name, contype, tree, definition, excl in conn.execute(
+        "SELECT conname, contype::pg_catalog.text, conbin::pg_catalog.text, "
+        "pg_catalog.pg_get_constraintdef(oid), conexclop::pg_catalog.oid[] "
+        "FROM pg_catalog.pg_constraint WHERE conrelid = %s AND contype IN ('c', 'x') "
+        "ORDER BY conname",
+        (oid,),
+    ).fetchall():
+        code = insp.expression(tree)
+        if excl:
+            code = _merge(code, insp.expression(" ".join(f":opno {o}" for o in excl)))
+        out.append(
+            (
+                "foreign_constraint",
+                f"{rel_sql}: constraint {name}",
+                f"the {'CHECK' if contype == 'c' else 'exclusion'} constraint "
+                f"{quote_ident(name)} of {rel_sql}",
+                code,
+                str(definition),
+                _SWAPS,
+            )
+        )
+    for name, exprs, pred, classes, definition in conn.execute(
+        "SELECT i.indexrelid::pg_catalog.regclass::pg_catalog.text, "
+        "i.indexprs::pg_catalog.text, i.indpred::pg_catalog.text, "
+        "i.indclass::pg_catalog.oid[], pg_catalog.pg_get_indexdef(i.indexrelid) "
+        "FROM pg_catalog.pg_index i WHERE i.indrelid = %s ORDER BY 1",
+        (oid,),
+    ).fetchall():
+        code = _merge(insp.expression(exprs), insp.expression(pred))
+        code = _merge(code, _opclass_code(conn, insp, list(classes or [])))
+        out.append(
+            (
+                "foreign_index",
+                f"{rel_sql}: index {name}",
+                f"the index {name} of {rel_sql}",
+                code,
+                str(definition),
+                "every row written runs it, and it can set fencekit.token",
+            )
+        )
+    for name, cmd, qual, check, qual_text, check_text in conn.execute(
+        "SELECT p.polname, p.polcmd::pg_catalog.text, p.polqual::pg_catalog.text, "
+        "p.polwithcheck::pg_catalog.text, pg_catalog.pg_get_expr(p.polqual, p.polrelid), "
+        "pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid) "
+        "FROM pg_catalog.pg_policy p JOIN pg_catalog.pg_class c ON c.oid = p.polrelid "
+        "WHERE p.polrelid = %s AND c.relrowsecurity ORDER BY p.polname",
+        (oid,),
+    ).fetchall():
+        out.append(
+            (
+                "foreign_policy",
+                f"{rel_sql}: policy {name}",
+                f"the row-level security policy {quote_ident(name)} of {rel_sql}",
+                _merge(insp.expression(qual), insp.expression(check)),
+                f"{cmd} USING ({qual_text}) WITH CHECK ({check_text})",
+                _SWAPS,
+            )
+        )
+    return out
+
+
+def _rules(conn: Conn, oid: int, rel_sql: str, kind: str = "foreign_rule") -> list[_Found]:
+    """Every enabled rule of a relation but a view's own (_RETURN): a rule rewrites the
+    statement itself (runs other statements, or replaces it)."""
+    return [
+        (
+            kind,
+            f"{rel_sql}: rule {name}",
+            f"the rule {quote_ident(name)} on {rel_sql}",
+            _RULE,
+            str(definition),
+            _RULE_EFFECT,
+        )
+        for name, definition in conn.execute(
+            "SELECT r.rulename, pg_catalog.pg_get_ruledef(r.oid) FROM pg_catalog.pg_rewrite r "
+            "WHERE r.ev_class = %s AND r.rulename <> '_RETURN' AND r.ev_enabled <> 'D' "
+            "ORDER BY r.rulename",
+            (oid,),
+        ).fetchall()
+    ]
+
+
+def _merge(a: Code, b: Code) -> Code:
+    return Code(
+        tuple(dict.fromkeys(a.reasons + b.reasons)), tuple(sorted(set(a.hashes + b.hashes)))
+    )
+
+
+def _opclass_code(conn: Conn, insp: Inspector, classes: list[int]) -> Code:
+    """User-defined operator classes of an index: their support functions and operators run
+    on every row the index takes."""
+    user = [c for c in classes if c >= FIRST_NORMAL_OID]
+    if not user:
+        return Code(())
+    rows = conn.execute(
+        "SELECT c.oid::pg_catalog.text, "
+        "ARRAY(SELECT p.amproc::pg_catalog.oid FROM pg_catalog.pg_amproc p "
+        "       WHERE p.amprocfamily = c.opcfamily), "
+        "ARRAY(SELECT o.amopopr FROM pg_catalog.pg_amop o WHERE o.amopfamily = c.opcfamily) "
+        "FROM pg_catalog.pg_opclass c WHERE c.oid = ANY(%s) AND NOT EXISTS ("
+        "  SELECT FROM pg_catalog.pg_depend d "
+        "   WHERE d.classid = 'pg_catalog.pg_opclass'::pg_catalog.regclass "
+        "     AND d.objid = c.oid AND d.deptype = 'e')",
+        (user,),
+    ).fetchall()
+    code = Code(())
+    for _, procs, ops in rows:
+        tree = " ".join([f":funcid {p}" for p in procs] + [f":opno {o}" for o in ops])
+        code = _merge(code, insp.expression(tree))
+    return code
+
+
+def _other_triggers(
+    conn: Conn, insp: Inspector, oid: int, kind: str, obj: str, where: str, allowed: frozenset[str]
+) -> list[Drift]:
+    """The firing triggers (not fencekit's) of a relation a write reaches through another:
+    a table a foreign key cascades into, a view written through."""
+    out: list[Drift] = []
+    for t in _relation_triggers(conn, oid):
+        if t.enabled in ("D", "R") or (
+            t.name.startswith("fencekit_") and t.function.startswith("fencekit.")
+        ):
+            continue
+        sha = insp.trigger_hash(t.function_oid, t.args, t.definition, t.when_tree)
+        if sha in allowed:
+            continue
+        out.append(
+            Drift(
+                kind,
+                obj,
+                f"{where}, whose {t.describe()} (function {t.function}) then runs in the "
+                "writer's statement: it can set fencekit.token",
+                _allow_fix(t.function, sha),
+                sha256=sha,
+            )
+        )
+    return out
+
+
+def _cascade_drift(
+    conn: Conn,
+    insp: Inspector,
+    oid: int,
+    rel_sql: str,
+    allowed: frozenset[str],
+    seen: set[int],
+) -> list[Drift]:
+    """Foreign keys that cascade a write on this relation (ON DELETE/UPDATE CASCADE, SET NULL,
+    SET DEFAULT) into another table, at any depth: its triggers (not fencekit's) and rules run
+    inside the writer's statement, and so, when the cascade updates its rows, its defaults,
+    constraints, indexes and column types."""
+    out: list[Drift] = []
+    for con, child, child_oid, updates in conn.execute(
+        "SELECT c.conname, c.conrelid::pg_catalog.regclass::pg_catalog.text, c.conrelid, "
+        "c.confupdtype IN ('c', 'n', 'd') OR c.confdeltype IN ('n', 'd') "
+        "FROM pg_catalog.pg_constraint c WHERE c.confrelid = %s AND c.contype = 'f' "
+        "AND (c.confdeltype IN ('c', 'n', 'd') OR c.confupdtype IN ('c', 'n', 'd')) "
+        "AND c.conparentid = 0 ORDER BY 1",
+        (oid,),
+    ).fetchall():
+        child_oid = int(child_oid)
+        if child_oid in seen:
+            continue
+        seen.add(child_oid)
+        obj = f"{rel_sql}: foreign key {child}.{con}"
+        where = (
+            f"a write on {rel_sql} cascades through the foreign key {quote_ident(con)} into {child}"
+        )
+        out += _other_triggers(conn, insp, child_oid, "foreign_cascade", obj, where, allowed)
+        found = _rules(conn, child_oid, str(child))
+        if updates:
+            found += _expression_code(conn, insp, child_oid, str(child), None)
+        for _kind, _obj, what, code, definition, effect in found:
+            out += _code_drift(
+                "foreign_cascade", obj, f"{what} ({where})", code, definition, effect, allowed
+            )
+        out += _cascade_drift(conn, insp, child_oid, str(child), allowed, seen)
+    return out
+
+
+def _view_drift(
+    conn: Conn,
+    insp: Inspector,
+    oid: int,
+    rel_sql: str,
+    allowed: frozenset[str],
+    seen: set[int],
+) -> list[Drift]:
+    """Views over this relation (at any depth) that run code when written through: INSTEAD
+    OF triggers, rules of their own, and functions in their query (an updatable view's WHERE
+    becomes the write's)."""
+    out: list[Drift] = []
+    for view, view_oid, tree, definition in conn.execute(
+        "SELECT DISTINCT c.oid::pg_catalog.regclass::pg_catalog.text, c.oid, "
+        "r.ev_action::pg_catalog.text, pg_catalog.pg_get_viewdef(c.oid) "
+        "FROM pg_catalog.pg_depend d "
+        "JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid AND r.rulename = '_RETURN' "
+        "JOIN pg_catalog.pg_class c ON c.oid = r.ev_class AND c.relkind = 'v' "
+        "WHERE d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass "
+        "AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = %s "
+        "ORDER BY 1",
+        (oid,),
+    ).fetchall():
+        view_oid = int(view_oid)
+        if view_oid in seen:
+            continue
+        seen.add(view_oid)
+        obj = f"{rel_sql}: view {view}"
+        where = f"a write through the view {view} reaches {rel_sql}"
+        out += _other_triggers(conn, insp, view_oid, "foreign_view", obj, where, allowed)
+        found = _rules(conn, view_oid, str(view), "foreign_view")
+        found.append(
+            (
+                "foreign_view",
+                obj,
+                f"the view {view} over {rel_sql}",
+                insp.expression(tree),
+                str(definition),
+                "a write through it runs that code: it can set fencekit.token",
+            )
+        )
+        for kind, _obj, what, code, definition_, effect in found:
+            out += _code_drift(kind, obj, what, code, definition_, effect, allowed)
+        out += _view_drift(conn, insp, view_oid, str(view), allowed, seen)
+    return out
+
+
+def _ancestor_drift(conn: Conn, oid: int, label: str) -> list[Drift]:
+    """Tables this protected table inherits from (INHERIT, ATTACH PARTITION) that are not
+    protected themselves: a statement that names the ancestor reaches this table's rows but
+    fires only the ancestor's statement triggers, so this table's statement checks (and a key
+    or table fence's checks, which are all statement-level) do not run."""
+    rows = conn.execute(
+        """WITH RECURSIVE a(relid, depth) AS (
+             SELECT inhparent, 1 FROM pg_catalog.pg_inherits WHERE inhrelid = %s
+             UNION
+             SELECT i.inhparent, a.depth + 1 FROM pg_catalog.pg_inherits i
+               JOIN a ON i.inhrelid = a.relid WHERE a.depth < 100)
+           SELECT DISTINCT c.oid::pg_catalog.regclass::pg_catalog.text, i.inhrelid IS NOT NULL
+             FROM a JOIN pg_catalog.pg_class c ON c.oid = a.relid
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             LEFT JOIN pg_catalog.pg_class me ON me.oid = %s AND me.relispartition
+             LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = me.oid AND i.inhparent = c.oid
+            WHERE NOT EXISTS (SELECT FROM fencekit.protected p
+                               WHERE p.schema_name = n.nspname AND p.table_name = c.relname)
+            ORDER BY 1""",
+        (oid, oid),
+    ).fetchall()
+    out: list[Drift] = []
+    for sql, partition in rows:
+        how = "a partition" if partition else "an inheritance child"
+        undo = (
+            f"ALTER TABLE {sql} DETACH PARTITION {label}"
+            if partition
+            else f"ALTER TABLE {label} NO INHERIT {sql}"
+        )
+        out.append(
+            Drift(
+                "unprotected_ancestor",
+                f"{label}: ancestor {sql}",
+                f"{label} is {how} of {sql}, which is not protected: statements that name "
+                f"{sql} (UPDATE {sql} ..., DELETE FROM {sql} ...) write {label}'s rows without "
+                "its statement checks",
+                f"detach it ({undo}), or protect {sql} too",
+            )
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------- settings
+
+
+def setting_drift(conn: Conn) -> list[Drift]:
+    """Server objects that switch fencing off for roles that are not superusers: a grant of
+    SET on session_replication_role (PostgreSQL 15+; under ``replica`` no trigger fires), and
+    role, database, foreign-server or user-mapping settings that hand sessions a
+    fencekit.token (every write of those sessions then presents it)."""
+    out: list[Drift] = []
+    if conn.execute("SELECT pg_catalog.to_regclass('pg_catalog.pg_parameter_acl')").fetchone() != (
+        None,
+    ):
+        grantees = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT DISTINCT CASE WHEN x.grantee = 0 THEN 'PUBLIC' "
+                "ELSE x.grantee::pg_catalog.regrole::pg_catalog.text END "
+                "FROM pg_catalog.pg_parameter_acl a, pg_catalog.aclexplode(a.paracl) x "
+                "WHERE a.parname = 'session_replication_role' AND x.privilege_type = 'SET' "
+                "AND (x.grantee = 0 OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r "
+                "                           WHERE r.oid = x.grantee)) ORDER BY 1"
+            ).fetchall()
+        ]
+        if grantees:
+            out.append(
+                Drift(
+                    "replication_role_granted",
+                    "session_replication_role",
+                    f"{', '.join(grantees)} may SET session_replication_role: under 'replica' "
+                    "no trigger fires, fencekit's checks included, so those roles write "
+                    "unchecked and uncounted",
+                    "as a superuser: REVOKE SET ON PARAMETER session_replication_role FROM "
+                    + ", ".join(grantees),
+                    tuple(grantees),
+                )
+            )
+    token = "fencekit.token"
+    for where, setting, fix in conn.execute(
+        "SELECT CASE WHEN s.setrole = 0 THEN 'database ' || d.datname "
+        "       WHEN s.setdatabase = 0 THEN 'role ' || s.setrole::pg_catalog.regrole "
+        "       ELSE 'role ' || s.setrole::pg_catalog.regrole || ' in database ' || d.datname "
+        "       END, c, "
+        "       CASE WHEN s.setrole = 0 THEN 'ALTER DATABASE ' || pg_catalog.quote_ident(d.datname)"
+        "       ELSE 'ALTER ROLE ' || s.setrole::pg_catalog.regrole || CASE WHEN s.setdatabase = 0"
+        "         THEN '' ELSE ' IN DATABASE ' || pg_catalog.quote_ident(d.datname) END END"
+        "       || ' RESET fencekit.token' "
+        "FROM pg_catalog.pg_db_role_setting s "
+        "LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase, "
+        "pg_catalog.unnest(s.setconfig) c "
+        "WHERE pg_catalog.lower(c) LIKE 'fencekit.token=%%' ORDER BY 1"
+    ).fetchall():
+        out.append(
+            Drift(
+                "token_setting",
+                str(where),
+                f"{where} has the default setting {setting}: every session it applies to "
+                "presents that token without asking the issuer, stale or not",
+                str(fix),
+            )
+        )
+    for kind, name, options, fix in conn.execute(
+        "SELECT 'foreign server', s.srvname, s.srvoptions, "
+        "       'ALTER SERVER ' || pg_catalog.quote_ident(s.srvname) "
+        "       || ' OPTIONS (SET options '''')' "
+        "  FROM pg_catalog.pg_foreign_server s "
+        "UNION ALL "
+        "SELECT 'user mapping', u.usename || ' on server ' || u.srvname, u.umoptions, "
+        "       'ALTER USER MAPPING FOR ' || pg_catalog.quote_ident(u.usename) || ' SERVER ' "
+        "       || pg_catalog.quote_ident(u.srvname) || ' OPTIONS (DROP options)' "
+        "  FROM pg_catalog.pg_user_mappings u ORDER BY 1, 2"
+    ).fetchall():
+        bad = [o for o in (options or []) if token in str(o).lower()]
+        if bad:
+            out.append(
+                Drift(
+                    "token_setting",
+                    f"{kind} {name}",
+                    f"{kind} {name} sets {token} ({'; '.join(bad)}): every session it opens "
+                    "(postgres_fdw, dblink) presents that token, stale or not",
+                    f"remove the setting from its options ({fix}, keeping any other setting)",
+                )
+            )
+    return out
+
+
+def subscription_warnings(conn: Conn, tables: list[ProtectedTable]) -> list[str]:
+    """Subscriptions that replicate into protected tables or fencekit's fences: the apply
+    worker writes under session_replication_role = replica (no check fires), and replicated
+    fence rows overwrite this server's, lowering fences a local writer advanced."""
+    names = [(pt.spec.table.schema, pt.spec.table.name) for pt in tables]
+    names += [("fencekit", "fences"), ("fencekit", "leases")]
+    rows = conn.execute(
+        "SELECT s.subname, n.nspname, c.relname FROM pg_catalog.pg_subscription_rel r "
+        "JOIN pg_catalog.pg_subscription s ON s.oid = r.srsubid "
+        "JOIN pg_catalog.pg_class c ON c.oid = r.srrelid "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE s.subdbid = (SELECT oid FROM pg_catalog.pg_database "
+        "                    WHERE datname = pg_catalog.current_database()) ORDER BY 1, 2, 3"
+    ).fetchall()
+    found: dict[str, list[str]] = {}
+    for sub, schema, name in rows:
+        if (schema, name) in names:
+            found.setdefault(str(sub), []).append(f"{quote_ident(schema)}.{quote_ident(name)}")
+    return [
+        f"subscription {sub} replicates into {', '.join(rels)}: its apply worker writes with no "
+        "check firing, and replicated fence rows replace this server's (lowering fences local "
+        "writers advanced); take no local writes on those tables here (see docs/security.md)"
+        for sub, rels in found.items()
+    ]
 
 
 # ------------------------------------------------------------------------------- ownership
@@ -1246,3 +1772,52 @@ def recent_repairs(conn: Conn) -> Repairs | None:
                 f" -> {new}" + (f" ({reason})" if reason else "")
             )
     return Repairs(int(count), int(lowered), last_at, last)
+
+
+# ------------------------------------------------------------------------------- allowed code
+
+
+def allowed_code(conn: Conn) -> list[dict[str, Any]]:
+    """The rows of fencekit.allowed_code, oldest first."""
+    return [
+        {"sha256": sha, "object": obj, "note": note, "allowed_by": by, "allowed_at": _iso(at)}
+        for sha, obj, note, by, at in conn.execute(
+            "SELECT sha256, object, note, allowed_by, allowed_at FROM fencekit.allowed_code "
+            "ORDER BY allowed_at, sha256"
+        ).fetchall()
+    ]
+
+
+def allow_code(conn: Conn, hashes: Collection[str], note: str | None) -> dict[str, str]:
+    """Record reviewed code hashes (each must be one status reports now); returns hash ->
+    the object status reported it on. Only members of fencekit_admin may write the table."""
+    reported: dict[str, str] = {}
+    st = status(conn)
+    for d in list(st.drift) + [d for t in st.tables for d in t.drift]:
+        if d.sha256 is not None:
+            reported.setdefault(d.sha256, d.object)
+    unknown = [h for h in hashes if h not in reported]
+    if unknown:
+        raise CatalogError(
+            f"no code status reports has the hash {', '.join(unknown)} (allowed already, or "
+            "changed since status printed it?)"
+        )
+    with conn.transaction():
+        for h in hashes:
+            conn.execute(
+                "INSERT INTO fencekit.allowed_code (sha256, object, note) VALUES (%s, %s, %s) "
+                "ON CONFLICT (sha256) DO UPDATE SET object = excluded.object, "
+                "note = excluded.note, allowed_by = excluded.allowed_by, "
+                "allowed_at = excluded.allowed_at",
+                (h, reported[h], note),
+            )
+    return {h: reported[h] for h in hashes}
+
+
+def revoke_code(conn: Conn, hashes: Collection[str]) -> list[str]:
+    """Remove hashes from fencekit.allowed_code; returns those that were there."""
+    rows = conn.execute(
+        "DELETE FROM fencekit.allowed_code WHERE sha256 = ANY(%s) RETURNING sha256",
+        (list(hashes),),
+    ).fetchall()
+    return sorted(str(r[0]) for r in rows)

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 __all__ = ["GROUPS", "main"]
 
 #: Subcommand modules, in the order ``fencekit --help`` lists them.
-GROUPS = ("core", "move", "fences", "monitoring", "demo", "alembic", "bench", "chaos")
+GROUPS = ("core", "allow", "move", "fences", "monitoring", "demo", "alembic", "bench", "chaos")
 
 # Third-party module -> the extra that installs it.
 _EXTRAS = {
