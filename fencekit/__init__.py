@@ -5,6 +5,8 @@ DBA path works without SQLAlchemy or alembic installed: ``fencekit.psycopg``, ``
 ``fencekit.alembic_plugin``, ``fencekit.leases``, ``fencekit.metrics``.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import (
     BypassRefusedError,
@@ -22,7 +24,11 @@ from fencekit.errors import (
 )
 from fencekit.spec import FenceSpec, Scope, SpecError, TableName
 
-__version__ = "0.1.0"
+try:
+    # One place for the version: pyproject.toml, read back from the installed distribution.
+    __version__ = version("pg-fencekit")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "BypassRefusedError",

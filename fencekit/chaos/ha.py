@@ -305,7 +305,14 @@ def _declare_loss(
     oldest = t_kill
     out: list[Event] = []
     for e in events:
-        if e["type"] == "ok" and str(e["id"]) not in logged and float(e["t"]) <= t_kill:
+        # Judged by when the write was sent, not when its acknowledgement was recorded: the
+        # old primary can acknowledge a commit just before it dies while the client records
+        # the "ok" after the kill (a write sent after the kill went to the new primary).
+        if (
+            e["type"] == "ok"
+            and str(e["id"]) not in logged
+            and float(invokes[str(e["id"])]["t"]) <= t_kill
+        ):
             lost_writes.append(str(e["id"]))
             oldest = min(oldest, float(invokes[str(e["id"])]["t"]))
             out.append({**e, "type": "info", "error": "acknowledged, lost in the failover"})
@@ -369,11 +376,14 @@ def run_ha(
         with cluster.replication_paused():
             h.append("nemesis", "node", fault=True, what=f"replication stopped for {cfg.lag}s")
             time.sleep(cfg.lag)
-            h.append("nemesis", "node", fault=True, what="kill primary")
             t0 = time.monotonic()
             new = cluster.standby()
-            cluster.kill_primary()
+            sent = true_time()
+            cluster.kill_primary()  # returns once every process of the old primary is gone
             t_kill = true_time()  # nothing is acknowledged by the old primary after this
+            # A kill is an interval (signal sent -> processes gone), not an instant: the event
+            # carries both ends, and the loss window below runs to its end.
+            h.append("nemesis", "node", fault=True, what="kill primary", t0=sent)
             cluster.wait_primary(new)
             took = time.monotonic() - t0
             cluster.note(f"{new.name} promoted, writable after {took:.2f}s")

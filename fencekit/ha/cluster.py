@@ -168,6 +168,25 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs (absent, or a zombie waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """A SIGKILL takes effect over an interval, not at once: a backend the kernel has not yet
+    torn down can still acknowledge a commit. Wait until every process is really gone."""
+    deadline = time.monotonic() + timeout
+    while not all(_gone(p) for p in pids):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes still running {timeout:g}s after SIGKILL: {pids}")
+        time.sleep(0.005)
+
+
 @dataclass
 class PatroniNode:
     """One PostgreSQL node and its Patroni."""
@@ -550,13 +569,22 @@ class PatroniCluster:
         node = self.primary()
         assert node.proc is not None
         pid = node.postmaster_pid()
-        kids = _children(pid) if pid is not None else []
-        _kill(node.proc.pid)
-        node.proc.wait(10)
+        # Freeze the postmaster first: a stopped postmaster forks no new backend, so the
+        # children listed next are all of them (a backend forked after the listing would
+        # outlive the kill and could acknowledge a commit after it).
         if pid is not None:
-            _kill(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        kids = _children(pid) if pid is not None else []
         for child in kids:
             _kill(child)
+        if pid is not None:
+            _kill(pid)
+        _kill(node.proc.pid)
+        node.proc.wait(10)
+        # Return only when the kill has taken effect: callers take "now" as the moment after
+        # which the old primary acknowledges nothing (fencekit.chaos.ha's loss window).
+        _wait_gone([*kids, *([pid] if pid is not None else [])])
         if node.log_file is not None:
             node.log_file.close()
             node.log_file = None
