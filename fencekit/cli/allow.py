@@ -78,6 +78,6 @@ def run_allow(args: argparse.Namespace) -> int:
             gone = catalog.revoke_code(conn, hashes)
             _emit(args, {"revoked": gone}, [f"revoked {h}" for h in gone] or ["nothing revoked"])
             return 0 if len(gone) == len(hashes) else 1
-        objects = catalog.allow_code(conn, hashes, args.note)
+        objects = catalog.allow_code(conn, catalog.status(conn), hashes, args.note)
     _emit(args, {"allowed": objects}, [f"allowed {h}: {o}" for h, o in objects.items()])
     return 0

@@ -498,9 +498,7 @@ def run_protect(args: argparse.Namespace) -> int:
         "template_version": sqlgen.TEMPLATE_VERSION,
         "notes": notes,
     }
-    text = [
-        f"protected {spec.table} ({catalog.describe(spec)}, template {sqlgen.TEMPLATE_VERSION})"
-    ]
+    text = [f"protected {spec.table} ({spec.describe()}, template {sqlgen.TEMPLATE_VERSION})"]
     _emit(args, document, text)
     if not args.json:
         for note in notes:
@@ -534,7 +532,7 @@ def run_unprotect(args: argparse.Namespace) -> int:
         **_table_keys(pt.spec),
         "template_version": pt.template_version,
     }
-    _emit(args, document, [f"unprotected {pt.spec.table} (was: {catalog.describe(pt.spec)})"])
+    _emit(args, document, [f"unprotected {pt.spec.table} (was: {pt.spec.describe()})"])
     return 0
 
 
@@ -551,11 +549,12 @@ def run_auto_cover(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     from fencekit import catalog
+    from fencekit.cli.hints import status_document
 
     with _connect(_dsn(args)) as conn:
         st = catalog.status(conn)
     if args.json:
-        print(json.dumps(st.to_dict(), indent=2, ensure_ascii=False))
+        print(json.dumps(status_document(st), indent=2, ensure_ascii=False))
     elif st.core_version is None:
         print(f"fencekit status: error: {st.drift[0].message}", file=sys.stderr)
     else:
@@ -565,7 +564,7 @@ def run_status(args: argparse.Namespace) -> int:
 
 def format_status(st: Status) -> str:
     """The human-readable ``fencekit status`` report."""
-    from fencekit.catalog import describe
+    from fencekit.cli.hints import fix_text
 
     lines = [
         f"fencekit core version {st.core_version} (this fencekit: core {sqlgen.CORE_VERSION}, "
@@ -583,7 +582,7 @@ def format_status(st: Status) -> str:
             counted = ", ".join(f"{r}={n}" for r, n in t.rejections.items() if n) or "-"
             state = f"DRIFT ({len(t.drift)})" if t.drift else "ok"
             rows.append(
-                (str(t.spec.table), describe(t.spec), str(t.template_version), state, counted)
+                (str(t.spec.table), t.spec.describe(), str(t.template_version), state, counted)
             )
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines.append("")
@@ -601,7 +600,7 @@ def format_status(st: Status) -> str:
         lines += ["", "Drift:"]
         for where, d in problems:
             lines.append(f"  {where}: {d.message} [{d.kind}]")
-            fix, *more = d.fix.splitlines()
+            fix, *more = fix_text(d).splitlines()
             lines.append(f"      fix: {fix}")
             lines += [f"           {line}" for line in more]
     return "\n".join(lines) + "\n"
@@ -701,7 +700,7 @@ def run_rename(args: argparse.Namespace) -> int:
         **_table_keys(spec),
         "template_version": sqlgen.TEMPLATE_VERSION,
     }
-    _emit(args, document, [f"renamed the protection of {old} to {new} ({catalog.describe(spec)})"])
+    _emit(args, document, [f"renamed the protection of {old} to {new} ({spec.describe()})"])
     return 0
 
 

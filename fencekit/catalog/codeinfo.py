@@ -17,8 +17,9 @@ Expressions are read from their stored node trees, not their text, so no spellin
 Each object has a code hash: sha256 over what it runs, never its name. A trigger's hash covers
 its function's language, body, arguments, result, security mode (and owner, when it runs as
 its owner) and settings, the trigger's arguments and its WHEN clause; an expression's covers its
-text and the hashes of the functions it calls. ``fencekit allow`` records a reviewed hash in
-``fencekit.allowed_code``; a renamed trigger keeps its hash, a changed body gets a new one.
+text and the hashes of the functions it calls. A DBA records a reviewed hash in
+``fencekit.allowed_code`` (:mod:`.allowed`); a renamed trigger keeps its hash, a changed body
+gets a new one.
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
+from fencekit.catalog.model import Conn
 
-__all__ = ["Code", "Inspector", "allowed_hashes", "code_hash"]
+__all__ = ["FIRST_NORMAL_OID", "Code", "Inspector", "code_hash"]
 
-Conn = psycopg.Connection[Any]
 
 #: PostgreSQL's FirstNormalObjectId: objects below it were made by initdb (built in).
 FIRST_NORMAL_OID = 16384
@@ -72,13 +72,6 @@ def code_hash(fields: dict[str, Any]) -> str:
     """sha256 over ``fields`` as canonical JSON (sorted keys): what an object runs."""
     text = json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def allowed_hashes(conn: Conn) -> frozenset[str]:
-    """The code hashes in ``fencekit.allowed_code`` (empty on a core that predates it)."""
-    if conn.execute("SELECT pg_catalog.to_regclass('fencekit.allowed_code')").fetchone() == (None,):
-        return frozenset()
-    return frozenset(str(r[0]) for r in conn.execute("SELECT sha256 FROM fencekit.allowed_code"))
 
 
 @dataclass(frozen=True)
