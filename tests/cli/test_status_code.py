@@ -428,3 +428,28 @@ def test_ordinary_schema_objects_that_run_no_user_code_are_not_reported(
     )
     code, doc = _status(cli, dsn)
     assert code == 0, _drift(doc)
+
+
+def test_a_subscription_into_a_protected_table_is_warned_about(
+    cli: Cli, dsn: str, accounts: str
+) -> None:
+    """A subscriber that also takes local writes: the apply worker writes with no check firing,
+    and replicated fence rows replace the subscriber's own. status cannot tell whether local
+    writes happen, so it warns (exit status unchanged)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        host, port, db, user = conn.info.host, conn.info.port, conn.info.dbname, conn.info.user
+        conn.execute("CREATE PUBLICATION fk_pub FOR TABLE accounts")
+        # Publisher and subscriber in one database: no slot, never enabled; the table list is
+        # read over a replication connection when the subscription is created.
+        conn.execute(
+            f"CREATE SUBSCRIPTION fk_sub CONNECTION 'host={host} port={port} dbname={db} "
+            f"user={user}' PUBLICATION fk_pub WITH (create_slot = false, enabled = false, "
+            "slot_name = NONE, connect = true)"
+        )
+    try:
+        code, doc = _status(cli, dsn)
+        assert code == 0
+        (w,) = [w for w in doc["warnings"] if "subscription" in w]
+        assert w.startswith("subscription fk_sub replicates into public.accounts")
+    finally:
+        _sql(dsn, "DROP SUBSCRIPTION fk_sub", "DROP PUBLICATION fk_pub")
