@@ -93,6 +93,7 @@ class _Function:
     user: bool  # not built in, not an extension's, not fencekit's
     risky: bool  # a built-in in RISKY_BUILTINS
     sha256: str
+    system: bool = False  # built in or an installed extension's: PostgreSQL's C code
 
 
 @dataclass
@@ -116,6 +117,10 @@ class Inspector:
                              WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
                                AND d.objid = p.oid AND d.deptype = 'e'),
                           n.nspname = 'pg_catalog' AND p.proname = ANY(%s),
+                          p.oid < %s OR EXISTS (
+                            SELECT FROM pg_catalog.pg_depend d
+                             WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                               AND d.objid = p.oid AND d.deptype = 'e'),
                           l.lanname, p.prosrc, p.probin, p.prosecdef,
                           CASE WHEN p.prosecdef THEN p.proowner::pg_catalog.regrole::pg_catalog.text
                           END,
@@ -125,9 +130,23 @@ class Inspector:
                      JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
                      JOIN pg_catalog.pg_language l ON l.oid = p.prolang
                     WHERE p.oid = ANY(%s)""",
-                (FIRST_NORMAL_OID, list(RISKY_BUILTINS), wanted),
+                (FIRST_NORMAL_OID, list(RISKY_BUILTINS), FIRST_NORMAL_OID, wanted),
             ).fetchall()
-            for oid, name, user, risky, lang, src, binary, secdef, owner, config, args, res in rows:
+            for (
+                oid,
+                name,
+                user,
+                risky,
+                system,
+                lang,
+                src,
+                binary,
+                secdef,
+                owner,
+                config,
+                args,
+                res,
+            ) in rows:
                 self._functions[int(oid)] = _Function(
                     str(name),
                     bool(user),
@@ -144,12 +163,20 @@ class Inspector:
                             "result": res,
                         }
                     ),
+                    bool(system) and not risky,
                 )
         return [self._functions[o] for o in sorted(set(oids)) if o in self._functions]
 
     def function(self, oid: int) -> _Function | None:
         found = self.functions([oid])
         return found[0] if found else None
+
+    def system_function(self, oid: int) -> bool:
+        """Built in or an installed extension's (``suppress_redundant_updates_trigger``,
+        ``tsvector_update_trigger``, ``moddatetime``): C code of the server's own install, which
+        sets no setting."""
+        f = self.function(oid)
+        return f is not None and f.system
 
     def function_hash(self, oid: int) -> str:
         f = self.function(oid)

@@ -81,6 +81,16 @@ def allow_fix(what: str, never: str = "fencekit.token") -> str:
     )
 
 
+def _system(insp: Inspector, t: _Trig, spec: FenceSpec) -> bool:
+    """A trigger whose function is PostgreSQL's own or an installed extension's, and whose
+    arguments do not name a row fence's column (such a function may write the column its
+    arguments name, as ``autoinc`` does): it sets no setting, so it is not reported."""
+    if not insp.system_function(t.function_oid):
+        return False
+    args = (t.args or b"").split(b"\0")
+    return spec.scope is not Scope.ROW or spec.column.encode() not in args
+
+
 def foreign_trigger_drift(
     conn: Conn,
     insp: Inspector,
@@ -123,7 +133,7 @@ def foreign_trigger_drift(
     column = quote_ident(spec.column)
     out: list[Drift] = []
     for t in firing:
-        if is_fencekit(t) or (t.cloned and not clones):
+        if is_fencekit(t) or (t.cloned and not clones) or _system(insp, t, spec):
             continue
         sha = insp.trigger_hash(t.function_oid, t.args, t.definition, t.when_tree)
         if sha in allowed:
@@ -212,8 +222,10 @@ def other_triggers(
     a table a foreign key cascades into, a view written through."""
     out: list[Drift] = []
     for t in relation_triggers(conn, oid):
-        if t.enabled in ("D", "R") or (
-            t.name.startswith("fencekit_") and t.function.startswith("fencekit.")
+        if (
+            t.enabled in ("D", "R")
+            or (t.name.startswith("fencekit_") and t.function.startswith("fencekit."))
+            or insp.system_function(t.function_oid)
         ):
             continue
         sha = insp.trigger_hash(t.function_oid, t.args, t.definition, t.when_tree)

@@ -453,3 +453,28 @@ def test_a_subscription_into_a_protected_table_is_warned_about(
         assert w.startswith("subscription fk_sub replicates into public.accounts")
     finally:
         _sql(dsn, "DROP SUBSCRIPTION fk_sub", "DROP PUBLICATION fk_pub")
+
+
+def test_triggers_running_postgresqls_own_functions_are_not_reported(
+    cli: Cli, dsn: str, accounts: str
+) -> None:
+    """Built-in trigger functions set no setting; one whose arguments name the row fence's
+    column could still write it, and is reported."""
+    _sql(
+        dsn,
+        "ALTER TABLE accounts ADD COLUMN doc tsvector, ADD COLUMN body text",
+        "CREATE TRIGGER aaa_skip BEFORE UPDATE ON accounts FOR EACH ROW "
+        "EXECUTE FUNCTION suppress_redundant_updates_trigger()",
+        "CREATE TRIGGER aaa_doc BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW "
+        "EXECUTE FUNCTION tsvector_update_trigger(doc, 'pg_catalog.simple', body)",
+    )
+    code, doc = _status(cli, dsn)
+    assert code == 0, _drift(doc)
+    _sql(
+        dsn,
+        "CREATE TRIGGER aaa_fence BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW "
+        "EXECUTE FUNCTION tsvector_update_trigger(fencekit_fence, 'pg_catalog.simple', body)",
+    )
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    assert [d["object"] for d in _drift(doc)] == ["public.accounts: trigger aaa_fence"]
