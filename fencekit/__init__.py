@@ -1,23 +1,27 @@
 """fencekit: make PostgreSQL reject stale writes with fencing tokens.
 
 The public API, kept small. Integrations are separate modules imported on demand, so that the
-DBA path works without SQLAlchemy or alembic installed: ``fencekit.psycopg``, ``fencekit.orm``,
-``fencekit.alembic_plugin``, ``fencekit.leases``, ``fencekit.metrics``.
+DBA path works without SQLAlchemy or alembic installed: ``fencekit.psycopg``,
+``fencekit.psycopg2``, ``fencekit.asyncpg``, ``fencekit.sqlalchemy``, ``fencekit.alembic_plugin``,
+``fencekit.leases``, ``fencekit.metrics``.
+
+Every exception fencekit raises derives from :class:`FencekitError`; database rejections from
+:class:`FenceError` (docs/errors-and-metrics.md).
 """
 
 from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import (
     BypassRefusedError,
+    CommitOutcomeUnknownError,
     FenceError,
+    FencekitError,
     FenceUsageError,
-    InvalidTokenError,
     IssuerMismatchError,
     LeaseMismatchError,
     MalformedTokenError,
     MissingTokenError,
     ReusedTokenError,
     StaleTokenError,
-    TokenNotSetError,
     validate_token,
 )
 from fencekit.spec import FenceSpec, Scope, SpecError, TableName
@@ -26,10 +30,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BypassRefusedError",
+    "CommitOutcomeUnknownError",
     "FenceError",
     "FenceSpec",
     "FenceUsageError",
-    "InvalidTokenError",
+    "FencekitError",
     "IssuerMismatchError",
     "LeaseMismatchError",
     "MalformedTokenError",
@@ -39,7 +44,6 @@ __all__ = [
     "SpecError",
     "StaleTokenError",
     "TableName",
-    "TokenNotSetError",
     "__version__",
     "current_issuer",
     "current_token",

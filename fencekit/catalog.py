@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from fencekit import sqlgen
+from fencekit.errors import FencekitError
 from fencekit.ident import quote_ident, quote_literal
 from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope, SpecError, TableName
 
@@ -63,7 +64,7 @@ _ENABLED = {
 }
 
 
-class CatalogError(Exception):
+class CatalogError(FencekitError):
     """The database does not fit the request (core missing, table missing, bad key column)."""
 
 

@@ -103,7 +103,15 @@ def lateness_of(error: FenceError) -> float | None:
     return float(late) / 1000.0
 
 
+_COUNTED = "_fencekit_counted"  # set on an error once it has been recorded
+
+
 def record_rejection(error: FenceError) -> None:
+    """Record ``error``, once: the layers it passes through (a fenced cursor, then SQLAlchemy's
+    error hook) may each see the same error object."""
+    if getattr(error, _COUNTED, False):
+        return
+    setattr(error, _COUNTED, True)
     _emit(
         MetricEvent(
             "rejected",

@@ -48,7 +48,12 @@ from psycopg.pq import PipelineStatus, TransactionStatus
 from fencekit import _psycopg_internals as _internals
 from fencekit import metrics
 from fencekit.context import current_issuer, current_token, fencing
-from fencekit.errors import TokenNotSetError, commit_outcome_unknown, translate, validate_token
+from fencekit.errors import (
+    FenceError,
+    MissingTokenError,
+    commit_outcome_unknown,
+    validate_token,
+)
 
 __all__ = [
     "AsyncFencedCursor",
@@ -246,12 +251,11 @@ def _after(conn: Any, value: tuple[str, str]) -> None:
     state.tx_value = value if open_tx else None
 
 
-def _translated(exc: psycopg.Error) -> BaseException:
-    error = translate(exc)
-    if error is None:
-        return exc
-    metrics.record_rejection(error)
-    return error
+def _count(exc: BaseException) -> None:
+    """Count a rejection psycopg raised (it raises fencekit's classes itself:
+    :mod:`fencekit._psycopg_errors`); metrics count each error object once."""
+    if isinstance(exc, FenceError):
+        metrics.record_rejection(exc)
 
 
 # ---------------------------------------------------------------- cursors
@@ -260,7 +264,7 @@ def _translated(exc: psycopg.Error) -> BaseException:
 class FencedCursor(psycopg.Cursor[Any]):
     """A cursor whose statements carry :func:`fencekit.current_token` (see :func:`install`)."""
 
-    translate_errors = True
+    count_rejections = True
 
     def _fence_now(self, value: tuple[str, str]) -> None:
         _setter(self.connection).execute(SET_TOKEN, value)
@@ -292,9 +296,9 @@ class FencedCursor(psycopg.Cursor[Any]):
             _after(conn, value)
             return self
         except psycopg.Error as exc:
-            if not self.translate_errors:
-                raise
-            raise _translated(exc) from exc
+            if self.count_rejections:
+                _count(exc)
+            raise
 
     def executemany(
         self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
@@ -310,15 +314,15 @@ class FencedCursor(psycopg.Cursor[Any]):
                 super().executemany(query, params_seq, returning=returning)
             _after(conn, value)
         except psycopg.Error as exc:
-            if not self.translate_errors:
-                raise
-            raise _translated(exc) from exc
+            if self.count_rejections:
+                _count(exc)
+            raise
 
 
 class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
     """Async twin of :class:`FencedCursor`."""
 
-    translate_errors = True
+    count_rejections = True
 
     async def execute(
         self,
@@ -347,9 +351,9 @@ class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
             _after(conn, value)
             return self
         except psycopg.Error as exc:
-            if not self.translate_errors:
-                raise
-            raise _translated(exc) from exc
+            if self.count_rejections:
+                _count(exc)
+            raise
 
     async def executemany(
         self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
@@ -365,30 +369,30 @@ class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
                 await super().executemany(query, params_seq, returning=returning)
             _after(conn, value)
         except psycopg.Error as exc:
-            if not self.translate_errors:
-                raise
-            raise _translated(exc) from exc
+            if self.count_rejections:
+                _count(exc)
+            raise
 
 
 @cache
-def fenced_cursor_class(base: type[Any], *, translate_errors: bool = True) -> type[Any]:
+def fenced_cursor_class(base: type[Any], *, count_rejections: bool = True) -> type[Any]:
     """The fenced variant of a cursor class (``ClientCursor``, ``RawCursor``, a subclass...)."""
     fenced: type[Any] = AsyncFencedCursor if issubclass(base, psycopg.AsyncCursor) else FencedCursor
     if issubclass(base, fenced):
         return base  # already fenced: keep its error translation as it is
     if base in (psycopg.Cursor, psycopg.AsyncCursor):
-        if translate_errors:
+        if count_rejections:
             return fenced
         bases: tuple[type[Any], ...] = (fenced,)
     else:
         bases = (fenced, base)
-    return type(f"Fenced{base.__name__}", bases, {"translate_errors": translate_errors})
+    return type(f"Fenced{base.__name__}", bases, {"count_rejections": count_rejections})
 
 
 def install(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     *,
-    translate_errors: bool = True,
+    count_rejections: bool = True,
 ) -> None:
     """Automatic mode: statements on ``conn`` carry the current :func:`fencing` token.
 
@@ -400,7 +404,7 @@ def install(
     """
     state = _state(conn)
     factory = conn.cursor_factory
-    fenced = fenced_cursor_class(cast(Any, factory), translate_errors=translate_errors)
+    fenced = fenced_cursor_class(cast(Any, factory), count_rejections=count_rejections)
     if factory is not fenced:
         if not state.installed:
             state.previous_factory = factory
@@ -427,7 +431,7 @@ def _resolve(token: int | None, issuer: str | None = None) -> tuple[int, str | N
     if token is None:
         token = current_token()
         if token is None:
-            raise TokenNotSetError()
+            raise MissingTokenError()
         issuer = issuer or current_issuer()
     return validate_token(token), issuer
 
@@ -512,11 +516,9 @@ class _TokenBlock:
             self._fk_scope.__exit__(None, None, None)
 
     def _fk_raise(self, exc: BaseException | None) -> None:
-        """Raise the fence error ``exc`` stands for, if this block translates errors."""
-        if self._fk_translate and isinstance(exc, psycopg.Error):
-            error = _translated(exc)
-            if error is not exc:
-                raise error from exc
+        """Count the rejection ``exc`` is, if this block counts them (psycopg raises it)."""
+        if self._fk_translate and exc is not None:
+            _count(exc)
 
     def _fk_failed(self, exc: BaseException) -> None:
         """psycopg's enter or exit raised (COMMIT failed, the connection broke): undo, translate."""
@@ -687,7 +689,8 @@ def _nested_transaction(
         with scope, _fenced_factory(conn), conn.transaction(savepoint_name, force_rollback) as tx:
             yield tx
     except psycopg.Error as exc:
-        raise _translated(exc) from exc
+        _count(exc)
+        raise
     finally:
         outer = _outer_to_restore(conn, nested)
         if outer is not None:
@@ -729,7 +732,8 @@ async def _async_nested_transaction(
             async with conn.transaction(savepoint_name, force_rollback) as atx:
                 yield atx
     except psycopg.Error as exc:
-        raise _translated(exc) from exc
+        _count(exc)
+        raise
     finally:
         outer = _outer_to_restore(conn, nested)
         if outer is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Literal
 
+from fencekit.errors import FencekitError
 from fencekit.ident import quote_ident
 
 __all__ = [
@@ -30,7 +31,7 @@ OnMissing = Literal["reject", "allow"]
 OnEqual = Literal["accept", "reject"]
 
 
-class SpecError(ValueError):
+class SpecError(FencekitError, ValueError):
     """A fence spec or a table name is invalid; the message says which part and why."""
 
 

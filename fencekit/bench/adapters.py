@@ -215,7 +215,7 @@ def _orm_case(dsn: str, transactions: int, rounds: int) -> dict[str, Any]:
     from sqlalchemy.engine import URL
     from sqlalchemy.orm import DeclarativeBase, mapped_column, sessionmaker
 
-    from fencekit import orm
+    from fencekit import sqlalchemy as fk_sqlalchemy
 
     class Base(DeclarativeBase):
         pass
@@ -252,7 +252,7 @@ def _orm_case(dsn: str, transactions: int, rounds: int) -> dict[str, Any]:
     engine = create_engine(url, pool_size=1)
     fenced_sessions = sessionmaker(engine)
     plain_sessions = sessionmaker(engine)
-    orm.install(fenced_sessions)
+    fk_sqlalchemy.install(fenced_sessions)
 
     def unit_of_work(sessions: Any, model: Any, row: int) -> None:
         with sessions() as session:

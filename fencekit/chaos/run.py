@@ -35,6 +35,7 @@ from fencekit.chaos.history import HistoryWriter, merge, write_merged
 from fencekit.chaos.nemesis import Nemesis
 from fencekit.chaos.server import Bouncer, ControlledServer, find_bindir
 from fencekit.chaos.worker import LEASE_PREFIX
+from fencekit.errors import FencekitError
 
 __all__ = ["ISSUERS", "SCOPES", "ChaosConfig", "ChaosResult", "ChaosSetupError", "run_chaos"]
 
@@ -105,7 +106,7 @@ class ChaosConfig:
             raise ValueError("ttl must be 0.1 to 30 s")
 
 
-class ChaosSetupError(RuntimeError):
+class ChaosSetupError(FencekitError, RuntimeError):
     """The run could not prepare what it needs on the server (e.g. its worker role)."""
 
 

@@ -25,12 +25,14 @@ from urllib.parse import quote
 
 import psycopg
 
+from fencekit.errors import FencekitError
+
 __all__ = ["Bouncer", "ControlledServer", "ServerError", "find_bindir", "free_port"]
 
 _VERSIONS = (15, 16, 17, 14, 13)  # 15 first: the version the project's CI installs
 
 
-class ServerError(RuntimeError):
+class ServerError(FencekitError, RuntimeError):
     """A server could not be found, started or stopped."""
 
 

@@ -18,6 +18,8 @@ import sys
 import textwrap
 from typing import Any, NoReturn
 
+from fencekit.errors import FencekitError
+
 __all__ = ["GROUPS", "main"]
 
 #: Subcommand modules, in the order ``fencekit --help`` lists them.
@@ -36,7 +38,7 @@ _EXTRAS = {
 }
 
 
-class UsageError(Exception):
+class UsageError(FencekitError):
     """Bad command-line input detected after parsing; exit code 2."""
 
 

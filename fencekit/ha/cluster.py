@@ -52,6 +52,8 @@ from typing import IO, Any
 
 import psycopg
 
+from fencekit.errors import FencekitError
+
 __all__ = [
     "PATRONI_VERSION",
     "ClusterError",
@@ -65,7 +67,7 @@ PATRONI_VERSION = "4.1.5"
 _OS_USER = "postgres"
 
 
-class ClusterError(RuntimeError):
+class ClusterError(FencekitError, RuntimeError):
     """The cluster did not reach the state asked for in time (the message carries logs)."""
 
 

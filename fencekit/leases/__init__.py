@@ -15,10 +15,10 @@ from fencekit.leases.base import (
     Grant,
     Issuer,
     IssuerError,
-    IssuerUnavailable,
+    IssuerUnavailableError,
     LeaseError,
     LeaseLostError,
-    LeaseTimeout,
+    LeaseTimeoutError,
     LossCallback,
 )
 from fencekit.leases.lease import AsyncLease, Lease
@@ -32,11 +32,11 @@ __all__ = [
     "Grant",
     "Issuer",
     "IssuerError",
-    "IssuerUnavailable",
+    "IssuerUnavailableError",
     "Lease",
     "LeaseError",
     "LeaseLostError",
-    "LeaseTimeout",
+    "LeaseTimeoutError",
     "LossCallback",
     "PostgresIssuer",
 ]

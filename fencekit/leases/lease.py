@@ -28,10 +28,10 @@ from fencekit.leases.base import (
     Backoff,
     Grant,
     Issuer,
-    IssuerUnavailable,
+    IssuerUnavailableError,
     LeaseError,
     LeaseState,
-    LeaseTimeout,
+    LeaseTimeoutError,
     LossCallback,
     check_resource,
     check_ttl,
@@ -210,7 +210,7 @@ class Lease(_LeaseBase):
         return True
 
     def acquire(self, wait: float | _Unset | None = _UNSET) -> Lease:
-        """Acquire, waiting up to ``wait`` seconds with backoff; raise LeaseTimeout after."""
+        """Acquire, waiting up to ``wait`` seconds with backoff; raise LeaseTimeoutError after."""
         wait = self.wait if isinstance(wait, _Unset) else wait
         deadline = None if wait is None else time.monotonic() + wait
         self.backoff.reset()
@@ -218,11 +218,11 @@ class Lease(_LeaseBase):
             try:
                 if self.try_acquire():
                     return self
-            except IssuerUnavailable as exc:
+            except IssuerUnavailableError as exc:
                 log.info("lease %s: issuer unavailable, retrying: %s", self.resource, exc)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise LeaseTimeout(
+                raise LeaseTimeoutError(
                     f"lease on {self.resource!r} still held by another holder after {wait:g}s"
                 )
             time.sleep(self.backoff.next_delay(remaining))
@@ -412,7 +412,7 @@ class AsyncLease(_LeaseBase):
         return True
 
     async def acquire(self, wait: float | _Unset | None = _UNSET) -> AsyncLease:
-        """Acquire, waiting up to ``wait`` seconds with backoff; raise LeaseTimeout after."""
+        """Acquire, waiting up to ``wait`` seconds with backoff; raise LeaseTimeoutError after."""
         wait = self.wait if isinstance(wait, _Unset) else wait
         deadline = None if wait is None else time.monotonic() + wait
         self.backoff.reset()
@@ -420,11 +420,11 @@ class AsyncLease(_LeaseBase):
             try:
                 if await self.try_acquire():
                     return self
-            except IssuerUnavailable as exc:
+            except IssuerUnavailableError as exc:
                 log.info("lease %s: issuer unavailable, retrying: %s", self.resource, exc)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise LeaseTimeout(
+                raise LeaseTimeoutError(
                     f"lease on {self.resource!r} still held by another holder after {wait:g}s"
                 )
             await asyncio.sleep(self.backoff.next_delay(remaining))

@@ -29,7 +29,7 @@ from psycopg import errors as pg_errors
 from fencekit.errors import translate
 from fencekit.leases.base import (
     Grant,
-    IssuerUnavailable,
+    IssuerUnavailableError,
     check_resource,
     check_ttl,
 )
@@ -113,7 +113,9 @@ class PostgresIssuer:
                         self._conn.close()
                         self._conn = None
                     if attempt == 2 or not broken:
-                        raise IssuerUnavailable(f"PostgreSQL lease call failed: {exc}") from exc
+                        raise IssuerUnavailableError(
+                            f"PostgreSQL lease call failed: {exc}"
+                        ) from exc
                 except psycopg.Error as exc:
                     # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
                     # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.
@@ -210,7 +212,9 @@ class AsyncPostgresIssuer:
                         await self._conn.close()
                         self._conn = None
                     if attempt == 2 or not broken:
-                        raise IssuerUnavailable(f"PostgreSQL lease call failed: {exc}") from exc
+                        raise IssuerUnavailableError(
+                            f"PostgreSQL lease call failed: {exc}"
+                        ) from exc
                 except psycopg.Error as exc:
                     # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
                     # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.

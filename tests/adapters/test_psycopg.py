@@ -9,7 +9,11 @@ import pytest
 
 import fencekit.psycopg as fkpg
 from fencekit.context import fencing
-from fencekit.errors import InvalidTokenError, MissingTokenError, StaleTokenError, TokenNotSetError
+from fencekit.errors import (
+    MalformedTokenError,
+    MissingTokenError,
+    StaleTokenError,
+)
 from tests.adapters.conftest import TOKEN_SQL, round_trips
 
 UPDATE = "UPDATE billing_summary SET summary = %s WHERE account_id = 42"
@@ -44,7 +48,7 @@ def test_seed_example_stale_write_rejected(billing: str, events: list) -> None:
             a.execute(UPDATE, ("stale summary from A",))
     err = info.value
     assert (err.token, err.fence, err.table) == (33, 34, "public.billing_summary")
-    assert isinstance(err.__cause__, psycopg.Error)
+    assert isinstance(err, psycopg.Error)  # psycopg raises fencekit's class itself
     assert summary(billing) == "written by B"
     assert [(e.kind, e.reason, e.table) for e in events] == [
         ("rejected", "stale", "public.billing_summary")
@@ -95,11 +99,11 @@ def test_invalid_token_raises_before_sending(billing: str) -> None:
     with psycopg.connect(billing) as conn, tempfile.TemporaryFile() as trace:
         conn.pgconn.trace(trace.fileno())
         for bad in (True, 0, -1, 2**63, "34", 3.0):
-            with pytest.raises(InvalidTokenError), fkpg.transaction(conn, bad):  # type: ignore[arg-type]
+            with pytest.raises(MalformedTokenError), fkpg.transaction(conn, bad):  # type: ignore[arg-type]
                 conn.execute(UPDATE, ("never",))
-            with pytest.raises(InvalidTokenError):
+            with pytest.raises(MalformedTokenError):
                 fkpg.set_token(conn, bad)  # type: ignore[arg-type]
-        with pytest.raises(TokenNotSetError, match="fencing"), fkpg.transaction(conn):
+        with pytest.raises(MissingTokenError, match="fencing"), fkpg.transaction(conn):
             pass
         conn.pgconn.untrace()
         trace.seek(0)

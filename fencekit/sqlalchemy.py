@@ -1,6 +1,6 @@
 """SQLAlchemy 2 plugin (sync and asyncio, psycopg driver): fence every transaction in a scope.
 
-``fencekit.orm.install(target)`` accepts a ``sessionmaker``, ``Session``, ``Engine`` or
+``fencekit.sqlalchemy.install(target)`` accepts a ``sessionmaker``, ``Session``, ``Engine`` or
 ``Connection`` (or their asyncio twins). From then on, inside ``with fencekit.fencing(token):``
 every statement those sessions or connections send carries the token transaction-locally, in
 whichever transaction runs it: after commit and rollback, in savepoints (``begin_nested``), for
@@ -22,7 +22,7 @@ connection its pool hands out (the pool's ``checkout`` event, whatever made the 
 and an installed ``Connection`` fences its psycopg connection before each statement
 (``before_execute``, which also covers the connection it reopens after an invalidation).
 
-``fencekit.orm.cooperate(Base)`` makes ORM flushes of row-fenced classes that map the fence
+``fencekit.sqlalchemy.cooperate(Base)`` makes ORM flushes of row-fenced classes that map the fence
 column write it themselves (``SET fencekit_fence = DEFAULT``, the token): the row trigger then
 verifies them in its ``WHEN`` clause, without running PL/pgSQL (docs/performance.md).
 """
@@ -69,11 +69,11 @@ def _fence_driver(driver: Any) -> None:
     if not isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
         module = type(driver).__module__
         raise TypeError(
-            f"fencekit.orm needs the psycopg (3) driver, got {type(driver).__name__} from "
+            f"fencekit.sqlalchemy needs the psycopg (3) driver, got {type(driver).__name__} from "
             f"{module}: use a postgresql+psycopg:// URL"
         )
     # SQLAlchemy wraps driver errors itself; _on_error then translates them.
-    fk_psycopg.install(driver, translate_errors=False)
+    fk_psycopg.install(driver, count_rejections=False)
     # The engine's boundary listeners (_listen_engine) let the cursor send the token once per
     # transaction instead of once per statement.
     fk_psycopg.track_transactions(driver)
@@ -124,6 +124,10 @@ class _SQLAlchemyRejection:
     def __reduce__(self) -> tuple[Any, ...]:
         # The class is built at run time: pickle how to build it again, not its name.
         state = dict(vars(self))
+        if "_info" in state:
+            # psycopg's result handle does not pickle; ``orig`` (psycopg's own error, which
+            # pickles its diagnostics) keeps them.
+            state.update(_info=None, _pgconn=None)
         return _rebuild, (*self._fk_parents, cast(BaseException, self).args, state)
 
 
@@ -217,30 +221,11 @@ def _on_error(ctx: ExceptionContext) -> BaseException | None:
     error = translate(original)
     if error is None:
         return None
+    metrics.record_rejection(error)  # once: a fenced cursor may have counted it already
     wrapped: BaseException | None = ctx.sqlalchemy_exception
-    if error is original:
-        # A connection fenced by fencekit.psycopg.install() itself raised (and counted) the
-        # FenceError: SQLAlchemy did not wrap it, so wrap its psycopg error as it would have.
-        wrapped = _wrap(ctx, error.orig)
-    else:
-        metrics.record_rejection(error)
     if isinstance(wrapped, sa_exc.DBAPIError):
         return _rejection(error, wrapped)
     return error
-
-
-def _wrap(ctx: ExceptionContext, driver_error: BaseException | None) -> BaseException | None:
-    dbapi = ctx.dialect.loaded_dbapi
-    if not isinstance(driver_error, dbapi.Error):
-        return None
-    return sa_exc.DBAPIError.instance(
-        ctx.statement,
-        ctx.parameters,
-        driver_error,
-        dbapi.Error,
-        hide_parameters=bool(ctx.engine and ctx.engine.hide_parameters),
-        dialect=ctx.dialect,
-    )
 
 
 def _on_begin(connection: Connection) -> None:
