@@ -72,24 +72,24 @@ class MissingTokenError(_RegisteredError, errors.MissingTokenError, code="YF003"
 
 
 class MalformedTokenError(  # type: ignore[misc]
-    errors.MalformedTokenError, _RegisteredError, code="YF004"
+    _RegisteredError, errors.MalformedTokenError, code="YF004"
 ):
     __doc__ = errors.MalformedTokenError.__doc__
 
 
 class BypassRefusedError(  # type: ignore[misc]
-    errors.BypassRefusedError, _RegisteredError, code="YF005"
+    _RegisteredError, errors.BypassRefusedError, code="YF005"
 ):
     __doc__ = errors.BypassRefusedError.__doc__
 
 
 class LeaseMismatchError(  # type: ignore[misc]
-    errors.LeaseMismatchError, _RegisteredError, code="YF006"
+    _RegisteredError, errors.LeaseMismatchError, code="YF006"
 ):
     __doc__ = errors.LeaseMismatchError.__doc__
 
 
 class IssuerMismatchError(  # type: ignore[misc]
-    errors.IssuerMismatchError, _RegisteredError, code="YF007"
+    _RegisteredError, errors.IssuerMismatchError, code="YF007"
 ):
     __doc__ = errors.IssuerMismatchError.__doc__

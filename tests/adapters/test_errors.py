@@ -204,3 +204,15 @@ def test_every_fencekit_exception_has_one_root() -> None:
     assert all(n.endswith("Error") for n in names), sorted(
         n for n in names if not n.endswith("Error")
     )
+
+
+@pytest.mark.parametrize("sqlstate", sorted(SQLSTATES))
+def test_psycopg_raises_every_reason_as_fencekits(db: psycopg.Connection, sqlstate: str) -> None:
+    with pytest.raises(psycopg.Error) as info:
+        db.execute(
+            f"DO $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = '{sqlstate}', "
+            "TABLE = 'billing_summary', SCHEMA = 'public'; END $$"
+        )
+    err = info.value
+    assert isinstance(err, SQLSTATES[sqlstate])
+    assert (err.sqlstate, err.message, err.table) == (sqlstate, "refused", "public.billing_summary")
