@@ -85,6 +85,7 @@ class _AsyncpgRejectionError(errors.FencekitError, asyncpg.PostgresError):  # ty
 
     def __init__(self, message: str = "", *args: Any) -> None:
         Exception.__init__(self, message, *args)
+        self.orig: BaseException | None = self  # the driver's error, as for every FenceError
 
     table = _field("table")
     key = _field("key")
@@ -94,7 +95,6 @@ class _AsyncpgRejectionError(errors.FencekitError, asyncpg.PostgresError):  # ty
     column = _field("column")
     constraint = _field("constraint")
     detail = _field("detail")
-    orig = property(lambda self: self)
 
 
 # _AsyncpgRejectionError first (its constructor and fields); ``sqlstate`` in the class body is
@@ -185,11 +185,17 @@ def set_config_sql(value: tuple[str, str]) -> str:
     )
 
 
+def _head(query: object) -> str:
+    return query.lstrip()[:20].upper() if isinstance(query, str) else ""
+
+
 def _is_begin(query: object) -> bool:
-    if not isinstance(query, str):
-        return False
-    head = query.lstrip()[:17].upper()
-    return head.startswith(("BEGIN", "START TRANSACTION"))
+    return _head(query).startswith(("BEGIN", "START TRANSACTION"))
+
+
+# Transaction control needs no token, and must run in a failed transaction, where nothing else
+# can (asyncpg's rollback and release go through execute()).
+_CONTROL = ("COMMIT", "ROLLBACK", "END", "ABORT", "RELEASE", "SAVEPOINT", "PREPARE TRANSACTION")
 
 
 def to_send(conn: asyncpg.Connection) -> tuple[str, str] | None:
@@ -223,6 +229,8 @@ async def _run(
     ``simple``: ``call`` sends ``query`` as a simple query (no arguments), so it may hold
     several statements.
     """
+    if simple and _head(query).startswith(_CONTROL):
+        return await call(query)
     try:
         value = to_send(conn)
         if value is not None:  # inside a transaction that does not have it yet

@@ -303,12 +303,22 @@ def commit_outcome_unknown(
     A lost connection has no SQLSTATE (psycopg), or one of class 08 (connection exception) or
     57P (the server shutting down or crashing under the client).
     """
-    driver = _driver_error(exc) or getattr(exc, "orig", None) or exc
-    sqlstate = _sqlstate(driver)
-    lost = sqlstate is None or sqlstate.startswith(("08", "57P"))
-    names = {c.__name__ for c in type(driver).__mro__}
-    connection = bool(names.intersection(_LOST_CLASSES)) or isinstance(driver, ConnectionError)
-    if not (lost and connection):
+    candidates = _candidates(exc)  # SQLAlchemy's asyncpg errors wrap asyncpg's as __cause__
+    if any(
+        state is not None and not state.startswith(("08", "57P"))
+        for state in map(_sqlstate, candidates)
+    ):
+        return None  # the server answered: the transaction was rolled back
+    driver = next(
+        (
+            c
+            for c in candidates
+            if isinstance(c, ConnectionError)
+            or {k.__name__ for k in type(c).__mro__}.intersection(_LOST_CLASSES)
+        ),
+        None,
+    )
+    if driver is None:
         return None
     error = CommitOutcomeUnknownError(token=token, issuer=issuer, orig=driver)
     error.__cause__ = exc

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 plugin (sync and asyncio, psycopg driver): fence every transaction in a scope.
+"""SQLAlchemy 2 plugin (sync and asyncio; psycopg, psycopg2, asyncpg): fence every transaction.
 
 ``fencekit.sqlalchemy.install(target)`` accepts a ``sessionmaker``, ``Session``, ``Engine`` or
 ``Connection`` (or their asyncio twins). From then on, inside ``with fencekit.fencing(token):``
@@ -62,21 +62,50 @@ Target: TypeAlias = (
 )
 
 
+SUPPORTED_DRIVERS = ("psycopg", "psycopg2", "asyncpg")
+"""SQLAlchemy drivers (``postgresql+<driver>://``) the plugin fences."""
+
+
+def _check_driver(dialect: Any) -> None:
+    """Refuse, at install, an engine whose driver fencekit cannot carry the token through."""
+    if dialect.name != "postgresql" or dialect.driver not in SUPPORTED_DRIVERS:
+        raise TypeError(
+            f"fencekit.sqlalchemy does not support {dialect.name}+{dialect.driver}: use one of "
+            + ", ".join(f"postgresql+{d}://" for d in SUPPORTED_DRIVERS)
+        )
+
+
 def _fence_driver(driver: Any) -> None:
-    """Fence a pooled psycopg connection (cheap and idempotent)."""
+    """Fence a pooled driver connection (cheap and idempotent)."""
     if fk_psycopg.is_tracked(driver):
         return  # installed before: the common case
-    if not isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
-        module = type(driver).__module__
-        raise TypeError(
-            f"fencekit.sqlalchemy needs the psycopg (3) driver, got {type(driver).__name__} from "
-            f"{module}: use a postgresql+psycopg:// URL"
-        )
-    # SQLAlchemy wraps driver errors itself; _on_error then translates them.
-    fk_psycopg.install(driver, count_rejections=False)
-    # The engine's boundary listeners (_listen_engine) let the cursor send the token once per
-    # transaction instead of once per statement.
-    fk_psycopg.track_transactions(driver)
+    if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
+        # SQLAlchemy wraps driver errors itself; _on_error then counts them.
+        fk_psycopg.install(driver, count_rejections=False)
+        # The engine's boundary listeners (_listen_engine) let the cursor send the token once
+        # per transaction instead of once per statement.
+        fk_psycopg.track_transactions(driver)
+        return
+    # By the classes' modules (an installed asyncpg connection's class is fencekit's subclass).
+    modules = {cls.__module__.split(".")[0] for cls in type(driver).__mro__}
+    module = type(driver).__module__.split(".")[0]
+    if "psycopg2" in modules:
+        from fencekit import psycopg2 as fk_psycopg2
+
+        if not fk_psycopg2.is_installed(driver):
+            fk_psycopg2.install(driver, translate_errors=False)  # _on_error translates
+        return
+    if "asyncpg" in modules:
+        from fencekit import asyncpg as fk_asyncpg
+
+        if not fk_asyncpg.is_installed(driver):
+            fk_asyncpg.install(driver)  # its BEGIN carries the token
+        return
+    raise TypeError(
+        f"fencekit.sqlalchemy does not support the {module} driver "
+        f"({type(driver).__name__}): use one of "
+        + ", ".join(f"postgresql+{d}://" for d in SUPPORTED_DRIVERS)
+    )
 
 
 def _install_on(connection: Connection) -> None:
@@ -247,7 +276,21 @@ def _count_unfenced(
 ) -> tuple[str, Any]:
     if current_token() is None and context is not None and _writes(context):
         _count_unfenced_write(conn, context)
+    if conn.dialect.driver == "asyncpg":
+        _asyncpg_catch_up(conn, cursor)
     return statement, parameters  # retval=True: no wrapper, see _has()
+
+
+def _asyncpg_catch_up(conn: Connection, cursor: Any) -> None:
+    """asyncpg: the token rides the transaction's BEGIN. A scope entered (or left) after the
+    BEGIN costs one statement, sent here on the statement's own cursor before it runs."""
+    from fencekit import asyncpg as fk_asyncpg
+
+    driver = conn.connection.driver_connection
+    value = fk_asyncpg.to_send(driver)
+    if value is not None:
+        cursor.execute(fk_asyncpg.set_config_sql(value))
+        fk_asyncpg.sent(driver, value)
 
 
 def _writes(context: Any) -> bool:
@@ -264,9 +307,10 @@ def _count_unfenced_write(conn: Connection, context: Any) -> None:
 
 
 def _boundary(conn: Connection, *args: Any) -> None:
-    """Transaction begin/end or savepoint rollback (which reverts transaction-local settings)."""
+    """Transaction begin/end or savepoint rollback (which reverts transaction-local settings).
+    (psycopg2 and asyncpg connections read their transaction status instead.)"""
     dbapi = conn.connection.driver_connection if not conn.invalidated else None
-    if dbapi is not None:
+    if isinstance(dbapi, psycopg.Connection | psycopg.AsyncConnection):
         fk_psycopg.forget_transaction(dbapi)
 
 
@@ -356,9 +400,14 @@ def _session_holder(target: Session | sessionmaker[Any] | type[Session]) -> Any:
 def install(target: Target) -> None:
     """Fence ``target``'s transactions with the current :func:`fencekit.fencing` token.
 
-    Idempotent. Needs the psycopg 3 driver (``postgresql+psycopg://``, sync or async).
+    Idempotent. Drivers: psycopg 3 (``postgresql+psycopg://``, sync or async), psycopg2
+    (``postgresql+psycopg2://``, the plain ``postgresql://``) and asyncpg
+    (``postgresql+asyncpg://``); an engine on another driver is refused here, with TypeError.
     """
     resolved = _resolve(target)
+    engine = _engine_of(resolved)
+    if engine is not None:
+        _check_driver(engine.dialect)
     if isinstance(resolved, Engine):
         _listen_engine(resolved, check=True)
         if not _has(resolved.pool.dispatch.checkout, _on_checkout):
@@ -369,7 +418,7 @@ def install(target: Target) -> None:
         _listen_engine(resolved.engine, check=True)
         if not resolved.closed and not resolved.invalidated:
             _install_on(resolved)
-            fk_psycopg.forget_transaction(resolved.connection.driver_connection)
+            _boundary(resolved)
         _listen_connection(resolved)
     elif isinstance(resolved, Session | sessionmaker) or issubclass(resolved, Session):
         holder = _session_holder(resolved)
@@ -378,6 +427,20 @@ def install(target: Target) -> None:
             _sessions_listening.add(holder)
     else:
         raise TypeError(f"cannot install fencekit on {type(target).__name__}")
+
+
+def _engine_of(resolved: Any) -> Engine | None:
+    """The engine ``resolved`` runs on, when known before its first transaction."""
+    if isinstance(resolved, Engine):
+        return resolved
+    if isinstance(resolved, Connection):
+        return resolved.engine
+    bind = resolved.kw.get("bind") if isinstance(resolved, sessionmaker) else None
+    if isinstance(resolved, Session):
+        bind = resolved.bind
+    if isinstance(bind, Engine | Connection):
+        return bind if isinstance(bind, Engine) else bind.engine
+    return None
 
 
 def uninstall(target: Target) -> None:
