@@ -9,6 +9,8 @@ Every exception fencekit raises derives from :class:`FencekitError`; database re
 :class:`FenceError` (docs/errors-and-metrics.md).
 """
 
+from typing import Any
+
 from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import (
     BypassRefusedError,
@@ -28,6 +30,17 @@ from fencekit.spec import FenceSpec, Scope, SpecError, TableName
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> Any:
+    # fencekit.claim / fencekit.async_claim, imported on first use: fencekit.leases needs the
+    # driver, and `import fencekit` must not (the DBA path, fencekit.errors alone).
+    if name in ("claim", "async_claim"):
+        import importlib
+
+        return getattr(importlib.import_module("fencekit.leases.claim"), name)
+    raise AttributeError(f"module 'fencekit' has no attribute {name!r}")
+
+
 __all__ = [
     "BypassRefusedError",
     "CommitOutcomeUnknownError",
@@ -45,6 +58,8 @@ __all__ = [
     "StaleTokenError",
     "TableName",
     "__version__",
+    "async_claim",
+    "claim",
     "current_issuer",
     "current_token",
     "fencing",

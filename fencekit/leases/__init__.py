@@ -21,6 +21,7 @@ from fencekit.leases.base import (
     LeaseTimeoutError,
     LossCallback,
 )
+from fencekit.leases.claim import async_claim, claim
 from fencekit.leases.lease import AsyncLease, Lease
 from fencekit.leases.postgres import AsyncPostgresIssuer, PostgresIssuer
 
@@ -39,4 +40,6 @@ __all__ = [
     "LeaseTimeoutError",
     "LossCallback",
     "PostgresIssuer",
+    "async_claim",
+    "claim",
 ]

@@ -324,8 +324,10 @@ class Lease(_LeaseBase):
         """Raise ``table``'s fence (of key ``key``; none for a table fence) to this lease's
         token now, so that every older token is stale there before the first write: what a
         new holder does at grant (docs/leases.md#claim-at-grant). Runs ``fencekit.claim`` on
-        ``conn`` (psycopg); returns the fence before the claim. Raises ``StaleTokenError``
-        when a newer token already holds the resource, ``LeaseLostError`` when lost."""
+        ``conn``: a psycopg 3 or psycopg2 connection, a SQLAlchemy Connection, Session or
+        Engine, or a URL (:func:`fencekit.leases.claim`); returns the fence before the claim.
+        Raises ``StaleTokenError`` when a newer token already holds the resource,
+        ``LeaseLostError`` when lost."""
         from fencekit.leases.claim import claim
 
         self.check()
@@ -511,7 +513,9 @@ class AsyncLease(_LeaseBase):
             log.warning("lease %s: release failed (it will expire): %s", self.resource, exc)
 
     async def claim(self, conn: Any, table: str, *key: object) -> int | None:
-        """Async twin of :meth:`Lease.claim` (psycopg ``AsyncConnection``)."""
+        """Async twin of :meth:`Lease.claim`: a psycopg ``AsyncConnection``, an asyncpg
+        connection or pool, a SQLAlchemy ``AsyncConnection``, ``AsyncSession`` or
+        ``AsyncEngine``, or a URL (:func:`fencekit.leases.async_claim`)."""
         from fencekit.leases.claim import async_claim
 
         self.check()

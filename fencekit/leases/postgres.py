@@ -33,6 +33,7 @@ from fencekit.leases.base import (
     check_resource,
     check_ttl,
 )
+from fencekit.leases.claim import conninfo as libpq_conninfo
 
 __all__ = ["AsyncPostgresIssuer", "PostgresIssuer"]
 
@@ -82,8 +83,10 @@ class PostgresIssuer:
 
     name = "postgres"
 
-    def __init__(self, conninfo: str = "", *, timeout: float = 5.0, **connect_kwargs: Any) -> None:
-        self.conninfo = conninfo
+    def __init__(self, conninfo: Any = "", *, timeout: float = 5.0, **connect_kwargs: Any) -> None:
+        # A conninfo, a URL in either spelling (postgresql://, postgresql+psycopg://...) or a
+        # SQLAlchemy engine: the issuer opens its own autocommit connection from it.
+        self.conninfo = libpq_conninfo(conninfo)
         self._kwargs = _connect_kwargs(timeout, connect_kwargs)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
@@ -182,8 +185,10 @@ class AsyncPostgresIssuer:
 
     name = "postgres"
 
-    def __init__(self, conninfo: str = "", *, timeout: float = 5.0, **connect_kwargs: Any) -> None:
-        self.conninfo = conninfo
+    def __init__(self, conninfo: Any = "", *, timeout: float = 5.0, **connect_kwargs: Any) -> None:
+        # A conninfo, a URL in either spelling (postgresql://, postgresql+psycopg://...) or a
+        # SQLAlchemy engine: the issuer opens its own autocommit connection from it.
+        self.conninfo = libpq_conninfo(conninfo)
         self._kwargs = _connect_kwargs(timeout, connect_kwargs)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
