@@ -6,6 +6,7 @@ next kind's claim sees the fence the previous one raised."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -152,3 +153,14 @@ async def test_async_issuer_and_lease_take_a_url_and_asyncpg(dsn: str) -> None:
             assert await fencekit.async_claim(conn, TABLE, [42], lease.token) == lease.token
     finally:
         await conn.close()
+
+
+def test_leases_doc_claim_example_runs(dsn: str) -> None:
+    """docs/leases.md: the claim-with-any-connection example runs as written."""
+    from tests.adapters.test_docs import python_blocks
+
+    _protect(dsn, Scope.KEY)
+    pages = Path(__file__).resolve().parents[2] / "docs"
+    assert (pages / "leases.md").exists()
+    [block] = [b for b in python_blocks("leases.md") if "fencekit.claim(engine" in b]
+    exec(compile(block, "docs/leases.md", "exec", dont_inherit=True), {"url": sa_url(dsn)})  # noqa: S102
