@@ -77,14 +77,14 @@ def _check_driver(dialect: Any) -> None:
 
 def _fence_driver(driver: Any) -> None:
     """Fence a pooled driver connection (cheap and idempotent)."""
-    if fk_psycopg.is_tracked(driver):
+    if fk_psycopg._is_tracked(driver):
         return  # installed before: the common case
     if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
         # SQLAlchemy wraps driver errors itself; _on_error then counts them.
         fk_psycopg.install(driver, count_rejections=False)
         # The engine's boundary listeners (_listen_engine) let the cursor send the token once
         # per transaction instead of once per statement.
-        fk_psycopg.track_transactions(driver)
+        fk_psycopg._track_transactions(driver)
         return
     # By the classes' modules (an installed asyncpg connection's class is fencekit's subclass).
     modules = {cls.__module__.split(".")[0] for cls in type(driver).__mro__}
@@ -311,7 +311,7 @@ def _boundary(conn: Connection, *args: Any) -> None:
     (psycopg2 and asyncpg connections read their transaction status instead.)"""
     dbapi = conn.connection.driver_connection if not conn.invalidated else None
     if isinstance(dbapi, psycopg.Connection | psycopg.AsyncConnection):
-        fk_psycopg.forget_transaction(dbapi)
+        fk_psycopg._forget_transaction(dbapi)
 
 
 def _has(listeners: Iterable[Any], fn: Callable[..., Any]) -> bool:
