@@ -34,10 +34,12 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     # fencekit.claim / fencekit.async_claim, imported on first use: fencekit.leases needs the
     # driver, and `import fencekit` must not (the DBA path, fencekit.errors alone).
-    if name in ("claim", "async_claim"):
-        import importlib
+    import importlib
 
+    if name in ("claim", "async_claim"):
         return getattr(importlib.import_module("fencekit.leases.claim"), name)
+    if name == "rejections":
+        return importlib.import_module("fencekit.metrics").rejections
     raise AttributeError(f"module 'fencekit' has no attribute {name!r}")
 
 
@@ -63,5 +65,6 @@ __all__ = [
     "current_issuer",
     "current_token",
     "fencing",
+    "rejections",
     "validate_token",
 ]

@@ -354,17 +354,43 @@ def check_spec(conn: Conn, spec: FenceSpec, *, moving: bool = False) -> list[str
         # Policies change in place (protect re-runs keep the fences); another scope, key,
         # resource or fence column is a move, which carries the fences in one transaction.
         raise CatalogError(
-            f"{t} is protected with another scope, key, resource or fence column "
+            f"{t} is protected with another {_changed(current.spec, spec, moves=True)} "
             f"({describe(current.spec)}): move it in one transaction, its fences carried, "
             f"with `fencekit move {_cli_spec(spec)}` (review the script first: "
             f"`fencekit sql move {_cli_spec(spec)} --dsn DSN`)"
         )
     if current is not None and current.spec != spec:
         notes.append(
-            f"{t} was protected with {describe(current.spec)}: its policies change in place, "
-            "its fences are kept"
+            f"{t} was protected with {describe(current.spec)}: its "
+            f"{_changed(current.spec, spec, moves=False)} change(s) in place, its fences are kept"
         )
     return notes
+
+
+# The spec fields whose change is a move (sqlgen.is_move); any other field changes in place.
+_MOVE_FIELDS = ("scope", "key", "resource", "column")
+
+
+def _changed(old: FenceSpec, new: FenceSpec, *, moves: bool) -> str:
+    """The fields that differ between two specs of one table, named with both values."""
+    import dataclasses
+
+    names = [
+        f.name
+        for f in dataclasses.fields(old)
+        if f.name != "table"
+        and (f.name in _MOVE_FIELDS) == moves
+        and getattr(old, f.name) != getattr(new, f.name)
+    ]
+    return ", ".join(
+        f"{n} ({_shown(getattr(old, n))} -> {_shown(getattr(new, n))})" for n in names
+    ) or ("fence column" if moves else "policies")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, tuple):
+        return ", ".join(map(str, value)) or "none"
+    return "none" if value is None else str(getattr(value, "value", value))
 
 
 def describe(spec: FenceSpec) -> str:
