@@ -79,7 +79,7 @@ class Drift:
     #: Every object concerned, when one drift groups several (ownership: one line per owner).
     objects: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "object": self.object,
@@ -102,16 +102,16 @@ class ProtectedTable:
     #: Worst lateness of a rejected token, seconds (key and table fences; fencekit.lateness).
     max_lateness_seconds: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "table": self.spec.table.dotted,
             "schema": self.spec.table.schema,
             "name": self.spec.table.name,
-            "spec": self.spec.to_dict(),
+            "spec": self.spec.as_dict(),
             "template_version": self.template_version,
             "tag": self.tag,
             "protected_at": _iso(self.protected_at),
-            "drift": [d.to_dict() for d in self.drift],
+            "drift": [d.as_dict() for d in self.drift],
             "rejections": dict(self.rejections),
             "last_rejected_at": _iso(self.last_rejected_at),
             "max_token_gap": self.max_token_gap,
@@ -129,7 +129,7 @@ class Repairs:
     #: The last repair in one line; None when this role may not read the audit rows.
     last: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "count": self.count,
             "lowered": self.lowered,
@@ -152,7 +152,7 @@ class Status:
     def has_drift(self) -> bool:
         return bool(self.drift) or any(t.drift for t in self.tables)
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "core": {
                 "installed": self.core_version is not None,
@@ -161,10 +161,10 @@ class Status:
             },
             "template_version": sqlgen.TEMPLATE_VERSION,
             "drift": self.has_drift,
-            "core_drift": [d.to_dict() for d in self.drift],
+            "core_drift": [d.as_dict() for d in self.drift],
             "warnings": list(self.warnings),
-            "repairs": self.repairs.to_dict() if self.repairs is not None else None,
-            "tables": [t.to_dict() for t in self.tables],
+            "repairs": self.repairs.as_dict() if self.repairs is not None else None,
+            "tables": [t.as_dict() for t in self.tables],
         }
 
 
@@ -361,8 +361,8 @@ def check_spec(conn: Conn, spec: FenceSpec, *, moving: bool = False) -> list[str
         )
     if current is not None and current.spec != spec:
         notes.append(
-            f"{t} was protected with {describe(current.spec)}: its "
-            f"{_changed(current.spec, spec, moves=False)} change(s) in place, its fences are kept"
+            f"{t} was protected with {describe(current.spec)}: its policies change in place "
+            f"({_changed(current.spec, spec, moves=False)}), its fences are kept"
         )
     return notes
 

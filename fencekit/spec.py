@@ -186,7 +186,7 @@ class FenceSpec:
     def with_changes(self, **changes: Any) -> FenceSpec:
         return replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; the registry stores it and alembic renders it."""
         d: dict[str, Any] = {
             "table": {"schema": self.table.schema, "name": self.table.name},

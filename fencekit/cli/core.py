@@ -522,7 +522,7 @@ def _table_keys(spec: FenceSpec) -> dict[str, Any]:
         "table": spec.table.dotted,
         "schema": spec.table.schema,
         "name": spec.table.name,
-        "spec": spec.to_dict(),
+        "spec": spec.as_dict(),
     }
 
 
@@ -563,7 +563,7 @@ def run_status(args: argparse.Namespace) -> int:
     with _connect(_dsn(args)) as conn:
         st = catalog.status(conn, allow_triggers=args.allow_trigger)
     if args.json:
-        print(json.dumps(st.to_dict(), indent=2, ensure_ascii=False))
+        print(json.dumps(st.as_dict(), indent=2, ensure_ascii=False))
     elif st.core_version is None:
         print(f"fencekit status: error: {st.drift[0].message}", file=sys.stderr)
     else:
