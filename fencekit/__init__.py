@@ -9,6 +9,7 @@ Every exception fencekit raises derives from :class:`FencekitError`; database re
 :class:`FenceError` (docs/errors-and-metrics.md).
 """
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fencekit.context import current_issuer, current_token, fencing
@@ -28,7 +29,11 @@ from fencekit.errors import (
 )
 from fencekit.spec import FenceSpec, Scope, SpecError, TableName
 
-__version__ = "0.1.0"
+try:
+    # One place for the version: pyproject.toml, read back from the installed distribution.
+    __version__ = version("pg-fencekit")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str) -> Any:

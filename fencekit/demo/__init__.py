@@ -1,6 +1,6 @@
 """The paused-worker demo: two real worker processes, a lease, a SIGSTOP, and a stale write.
 
-The story (DESIGN.md's worked example): worker A takes the lease on ``billing:42`` and starts
+The story (docs/dev/design.md, "The problem"): worker A takes the lease on ``billing:42`` and starts
 computing account 42's billing summary. A is frozen with SIGSTOP (think: a long GC pause, a
 suspended VM) until its lease has expired by the database's clock. Meanwhile a new invoice
 arrives; worker B takes the lease with the next token, computes the summary and writes it. A is

@@ -19,7 +19,7 @@ __all__ = [
     "validate_token",
 ]
 
-#: What SECURITY DEFINER functions run under (DESIGN.md, principle 8).
+#: What SECURITY DEFINER functions run under (docs/dev/design.md, principle 8).
 PINNED_SEARCH_PATH = ("search_path", "pg_catalog, pg_temp")
 # Settings are (name, value as SQL): the value is written as is after SET name TO.
 

@@ -53,8 +53,6 @@ DECLARE
   tok pg_catalog.int8;
   byp pg_catalog.bool;
   fence pg_catalog.int8;
-  bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
@@ -93,7 +91,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=1fd64f5b4cca9e79a762bbeb727b7e41a6cbd31d37b7c9f15d861d36ca243a3e; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=5 sha256=ecca4db34a8825f5ec3582ad8723ea94c1fdd1de152f256c620ce869ba54891e; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
@@ -230,16 +228,19 @@ BEGIN
                   AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                       OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                   AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
     END LOOP;
     IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
@@ -249,10 +250,12 @@ BEGIN
                AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=5 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
@@ -263,10 +266,12 @@ BEGIN
                  AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                      'fencekit trigger template=5 sha256=59ea8d335c906ce0ef766a3a7e6032e65bfa99707debe2ac69fb1a88047326d3; generated, do not edit') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
       FOR EACH ROW
       WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>) 0 AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -277,10 +282,12 @@ BEGIN
                  AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                      'fencekit trigger template=5 sha256=4828bb03120d1dc295a15235ed318214b51cf50485d4a4b0092bbc215df57417; generated, do not edit') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
       WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1) AND NEW."Fence Column" OPERATOR(pg_catalog.>) 0 AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -291,10 +298,12 @@ BEGIN
                  AND t.tgname = 'fencekit_invoices_883e1d3584_del'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                      'fencekit trigger template=5 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
       FOR EACH ROW
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', child);
@@ -305,7 +314,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=26b46fa4af92ebacb2dde24d9023f0524e699f898452faf7c0ff830f1e237eee; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=5 sha256=4619db33a7d1c06f796f9255abdc72e82d6b2067b34082317fc6638cbdf4d63f; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
@@ -320,16 +329,19 @@ BEGIN
                 AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                     OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                 AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
   END LOOP;
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=5 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
@@ -339,10 +351,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=5 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
@@ -352,10 +366,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=5 sha256=59ea8d335c906ce0ef766a3a7e6032e65bfa99707debe2ac69fb1a88047326d3; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
       FOR EACH ROW
       WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>) 0 AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -366,10 +382,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=5 sha256=4828bb03120d1dc295a15235ed318214b51cf50485d4a4b0092bbc215df57417; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
       WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1) AND NEW."Fence Column" OPERATOR(pg_catalog.>) 0 AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -380,10 +398,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_del'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=5 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
       FOR EACH ROW
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', 'app.invoices'::pg_catalog.regclass);

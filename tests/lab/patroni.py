@@ -38,7 +38,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -52,7 +51,7 @@ from typing import IO, Any
 
 import psycopg
 
-from fencekit.errors import FencekitError
+from tests.lab.ports import LOOPBACK, free_ports
 
 __all__ = [
     "PATRONI_VERSION",
@@ -62,16 +61,16 @@ __all__ = [
     "patroni_binary",
 ]
 
-LOOPBACK = "127.0.0.1"
 PATRONI_VERSION = "4.1.5"
 _OS_USER = "postgres"
 
 
-class ClusterError(FencekitError, RuntimeError):
+class ClusterError(RuntimeError):
     """The cluster did not reach the state asked for in time (the message carries logs)."""
 
 
 def _repo_root() -> Path:
+    # The lab lives in a checkout (tests/lab/), never in the wheel: the root is two levels up.
     return Path(__file__).resolve().parents[2]
 
 
@@ -93,19 +92,6 @@ def patroni_binary() -> Path:
             "or set FENCEKIT_PATRONI to a patroni program the postgres OS user can run"
         )
     return path
-
-
-def _free_ports(count: int) -> list[int]:
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _as_postgres() -> dict[str, Any]:
@@ -168,6 +154,25 @@ def _children(pid: int) -> list[int]:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs (absent, or a zombie waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """A SIGKILL takes effect over an interval, not at once: a backend the kernel has not yet
+    torn down can still acknowledge a commit. Wait until every process is really gone."""
+    deadline = time.monotonic() + timeout
+    while not all(_gone(p) for p in pids):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes still running {timeout:g}s after SIGKILL: {pids}")
+        time.sleep(0.005)
 
 
 @dataclass
@@ -246,7 +251,7 @@ class PatroniCluster:
             raise ClusterError("etcd not found: apt-get install etcd-server etcd-client")
         self.patroni = patroni or patroni_binary()
         self.scope = scope or f"fk{uuid.uuid4().hex[:8]}"
-        ports = _free_ports(6)
+        ports = free_ports(6)
         self.etcd_port, self.etcd_peer = ports[0], ports[1]
         self.nodes = [
             PatroniNode(f"node{i}", ports[2 + 2 * i], ports[3 + 2 * i], base_dir / f"node{i}")
@@ -552,13 +557,22 @@ class PatroniCluster:
         node = self.primary()
         assert node.proc is not None
         pid = node.postmaster_pid()
-        kids = _children(pid) if pid is not None else []
-        _kill(node.proc.pid)
-        node.proc.wait(10)
+        # Freeze the postmaster first: a stopped postmaster forks no new backend, so the
+        # children listed next are all of them (a backend forked after the listing would
+        # outlive the kill and could acknowledge a commit after it).
         if pid is not None:
-            _kill(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        kids = _children(pid) if pid is not None else []
         for child in kids:
             _kill(child)
+        if pid is not None:
+            _kill(pid)
+        _kill(node.proc.pid)
+        node.proc.wait(10)
+        # Return only when the kill has taken effect: callers take "now" as the moment after
+        # which the old primary acknowledges nothing (fencekit.chaos.ha's loss window).
+        _wait_gone([*kids, *([pid] if pid is not None else [])])
         if node.log_file is not None:
             node.log_file.close()
             node.log_file = None

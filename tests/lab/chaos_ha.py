@@ -1,6 +1,6 @@
-"""``fencekit chaos --ha``: workers contend for leases while the primary of a Patroni cluster dies.
+"""``python -m tests.lab ha``: workers contend for leases while a Patroni primary dies.
 
-A real two-node cluster (:mod:`fencekit.ha.cluster`: PostgreSQL under Patroni, etcd) runs the
+A real two-node cluster (:mod:`tests.lab.patroni`: PostgreSQL under Patroni, etcd) runs the
 chaos register, fenced lease-bound, with fencekit's built-in issuer in the same database.
 Worker threads take leases (``fencekit.acquire``) and do read-modify-writes under their tokens
 through the multi-host DSN (``target_session_attrs=read-write``); mid-run the nemesis kills the
@@ -41,10 +41,10 @@ from fencekit.chaos.checker import LogRow, Report, check, format_report
 from fencekit.chaos.history import Event, true_time
 from fencekit.chaos.run import final_state
 from fencekit.errors import CommitOutcomeUnknownError, FenceError
-from fencekit.ha.cluster import PatroniCluster
 from fencekit.leases.base import Grant, IssuerError
 from fencekit.leases.postgres import PostgresIssuer
 from fencekit.psycopg import transaction
+from tests.lab.patroni import PatroniCluster
 
 __all__ = ["HAConfig", "HAResult", "format_ha", "run_ha"]
 
@@ -305,7 +305,14 @@ def _declare_loss(
     oldest = t_kill
     out: list[Event] = []
     for e in events:
-        if e["type"] == "ok" and str(e["id"]) not in logged and float(e["t"]) <= t_kill:
+        # Judged by when the write was sent, not when its acknowledgement was recorded: the
+        # old primary can acknowledge a commit just before it dies while the client records
+        # the "ok" after the kill (a write sent after the kill went to the new primary).
+        if (
+            e["type"] == "ok"
+            and str(e["id"]) not in logged
+            and float(invokes[str(e["id"])]["t"]) <= t_kill
+        ):
             lost_writes.append(str(e["id"]))
             oldest = min(oldest, float(invokes[str(e["id"])]["t"]))
             out.append({**e, "type": "info", "error": "acknowledged, lost in the failover"})
@@ -369,11 +376,14 @@ def run_ha(
         with cluster.replication_paused():
             h.append("nemesis", "node", fault=True, what=f"replication stopped for {cfg.lag}s")
             time.sleep(cfg.lag)
-            h.append("nemesis", "node", fault=True, what="kill primary")
             t0 = time.monotonic()
             new = cluster.standby()
-            cluster.kill_primary()
+            sent = true_time()
+            cluster.kill_primary()  # returns once every process of the old primary is gone
             t_kill = true_time()  # nothing is acknowledged by the old primary after this
+            # A kill is an interval (signal sent -> processes gone), not an instant: the event
+            # carries both ends, and the loss window below runs to its end.
+            h.append("nemesis", "node", fault=True, what="kill primary", t0=sent)
             cluster.wait_primary(new)
             took = time.monotonic() - t0
             cluster.note(f"{new.name} promoted, writable after {took:.2f}s")
@@ -402,7 +412,7 @@ def run_ha(
 def format_ha(res: HAResult) -> str:
     c = res.config
     lines = [
-        f"fencekit chaos --ha ({c.mode} replication): {'PASS' if res.ok else 'FAIL'}",
+        f"python -m tests.lab ha ({c.mode} replication): {'PASS' if res.ok else 'FAIL'}",
         f"  failover: primary killed, standby writable after {res.failover_s:.2f}s; "
         f"timeline {res.timelines[0]} -> {res.timelines[1]}",
         f"  lost in the failover: {len(res.lost_writes)} acknowledged write(s)"
@@ -422,8 +432,8 @@ def format_ha(res: HAResult) -> str:
 
 
 def cli_run(args: Any) -> int:
-    """``fencekit chaos --ha [async|sync|both]``: the runs, their reports, the exit status."""
-    from fencekit.ha.cluster import ClusterError
+    """``python -m tests.lab ha [async|sync|both]``: the runs, their reports, the exit status."""
+    from tests.lab.patroni import ClusterError
 
     modes = ("async", "sync") if args.ha == "both" else (args.ha,)
     try:
@@ -442,19 +452,19 @@ def cli_run(args: Any) -> int:
             for mode in modes
         ]
     except ValueError as exc:
-        print(f"fencekit chaos --ha: {exc}")
+        print(f"python -m tests.lab ha: {exc}")
         return 2
     results: list[HAResult] = []
     try:
         with PatroniCluster.start_new() as cluster:
-            print(f"fencekit chaos --ha: Patroni cluster up ({cluster.nodes[0].name}, "
+            print(f"python -m tests.lab ha: Patroni cluster up ({cluster.nodes[0].name}, "
                   f"{cluster.nodes[1].name}, etcd) on loopback")  # fmt: skip
             for cfg in configs:
                 res = run_ha(cfg, cluster=cluster, say=lambda s: print(f"  {s}"))
                 print(format_ha(res))
                 results.append(res)
     except ClusterError as exc:
-        print(f"fencekit chaos --ha: error: {exc}")
+        print(f"python -m tests.lab ha: error: {exc}")
         return 1
     if args.json:
         print(
