@@ -123,7 +123,7 @@ class PostgresIssuer:
                     # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
                     # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.
                     refused = translate(exc)
-                    if refused is None:
+                    if refused is None or refused is exc:  # psycopg raised fencekit's class
                         raise
                     raise refused from exc
         raise AssertionError("unreachable")
@@ -224,7 +224,7 @@ class AsyncPostgresIssuer:
                     # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
                     # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.
                     refused = translate(exc)
-                    if refused is None:
+                    if refused is None or refused is exc:  # psycopg raised fencekit's class
                         raise
                     raise refused from exc
         raise AssertionError("unreachable")
