@@ -80,7 +80,10 @@ def test_fenced_transaction_costs_no_extra_round_trip(billing: str) -> None:
         base2, auto = round_trips(conn, plain_commit), round_trips(conn, auto_commit)
     print(f"round trips: transaction() {base} -> {with_token}; implicit {base2} -> {auto}")
     assert base == with_token == 3  # BEGIN, statement (+ set_config), COMMIT
-    assert base2 == auto == 3
+    # Never more than unfenced; psycopg 3.1 also sends its implicit BEGIN in the pipeline that
+    # carries the token (the default path), one round trip fewer.
+    assert base2 == 3
+    assert auto in (2, 3)
 
 
 def test_autocommit_statement_carries_token_in_one_round_trip(billing: str) -> None:
