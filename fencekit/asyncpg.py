@@ -29,6 +29,7 @@ fencekit's (``except fencekit.StaleTokenError``) and ``asyncpg.PostgresError``.
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -59,6 +60,7 @@ __all__ = [
 
 R = TypeVar("R")
 _CLEAR = ("", "")
+_ISSUER_TEXT = re.compile(r"[a-z0-9_-]{0,31}")  # fencing()'s issuer names, or '' (untagged)
 
 
 # ---------------------------------------------------------------- errors
@@ -171,6 +173,8 @@ def set_local_sql(value: tuple[str, str]) -> str:
     token, issuer = value
     if not (token == "" or (token.isascii() and token.isdigit())):
         raise ValueError(f"not a validated token: {token!r}")
+    if not _ISSUER_TEXT.fullmatch(issuer):  # fencing() checked it; spliced into SQL: again
+        raise ValueError(f"not a validated issuer: {issuer!r}")
     # The issuer passed fencing()'s check ([a-z][a-z0-9_-]*): nothing to quote.
     return f"SET LOCAL fencekit.token = '{token}'; SET LOCAL fencekit.issuer = '{issuer}'"
 

@@ -20,6 +20,7 @@ translates): ``except fencekit.StaleTokenError`` and ``except psycopg2.Error`` b
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -55,6 +56,7 @@ C = TypeVar("C", bound=ext.connection)
 
 SET_TOKEN = "SELECT set_config('fencekit.token', %s, true), set_config('fencekit.issuer', %s, true)"
 _CLEAR = ("", "")
+_ISSUER_TEXT = re.compile(r"[a-z0-9_-]{0,31}")  # fencing()'s issuer names, or '' (untagged)
 _IDLE = ext.TRANSACTION_STATUS_IDLE
 _INTRANS = ext.TRANSACTION_STATUS_INTRANS
 
@@ -162,6 +164,8 @@ def _prefix(value: tuple[str, str]) -> str:
     token, issuer = value
     if not (token == "" or (token.isascii() and token.isdigit())):
         raise ValueError(f"not a validated token: {token!r}")
+    if not _ISSUER_TEXT.fullmatch(issuer):  # fencing() checked it; spliced into SQL: again
+        raise ValueError(f"not a validated issuer: {issuer!r}")
     # The issuer passed fencing()'s check ([a-z][a-z0-9_-]*): no quote, no % to escape.
     return f"SET LOCAL fencekit.token = '{token}'; SET LOCAL fencekit.issuer = '{issuer}'; "
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -122,9 +122,9 @@ class PostgresIssuer:
                 except psycopg.Error as exc:
                     # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
                     # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.
-                    refused = translate(exc)
-                    if refused is None or refused is exc:  # psycopg raised fencekit's class
-                        raise
+                    refused: BaseException | None = translate(exc)
+                    if refused is None or refused is cast(BaseException, exc):
+                        raise  # not fencekit's, or psycopg raised fencekit's class itself
                     raise refused from exc
         raise AssertionError("unreachable")
 
@@ -223,9 +223,9 @@ class AsyncPostgresIssuer:
                 except psycopg.Error as exc:
                     # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
                     # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.
-                    refused = translate(exc)
-                    if refused is None or refused is exc:  # psycopg raised fencekit's class
-                        raise
+                    refused: BaseException | None = translate(exc)
+                    if refused is None or refused is cast(BaseException, exc):
+                        raise  # not fencekit's, or psycopg raised fencekit's class itself
                     raise refused from exc
         raise AssertionError("unreachable")
 

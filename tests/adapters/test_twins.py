@@ -77,3 +77,16 @@ def test_every_driver_adapter_has_one_surface() -> None:
             ("issuer", inspect.Parameter.KEYWORD_ONLY, None),
         ], adapter.__name__
         assert _shape(adapter.set_token) == _shape(fkpg.set_token), adapter.__name__
+
+
+def test_sql_spliced_tokens_and_issuers_are_checked_again() -> None:
+    """psycopg2 and asyncpg splice the token and issuer into SQL text: their builders refuse
+    anything fencing() would not have let through, whoever calls them."""
+    import fencekit.asyncpg as fkapg
+    import fencekit.psycopg2 as fkpg2
+
+    for build in (fkapg.set_local_sql, fkapg.set_config_sql, fkpg2._prefix):
+        assert "'34'" in build(("34", "etcd"))
+        for bad in (("34'; DROP TABLE t; --", ""), ("34", "x'; DROP TABLE t; --"), ("-1", "")):
+            with pytest.raises(ValueError, match="not a validated"):
+                build(bad)
