@@ -191,3 +191,17 @@ def test_commit_outcome_unknown(billing: str) -> None:
 def test_install_refuses_other_drivers(billing: str) -> None:
     with psycopg.connect(billing) as conn, pytest.raises(TypeError, match="psycopg2"):
         fkpg2.install(conn)  # type: ignore[arg-type]
+
+
+def test_executemany_in_autocommit_is_refused_not_unfenced(billing: str) -> None:
+    """docs/psycopg2.md: in autocommit each statement of the batch is its own transaction,
+    which the token sent before it does not reach: the table refuses the batch."""
+    conn = psycopg2.connect(billing)
+    conn.autocommit = True
+    try:
+        fkpg2.install(conn)
+        with fencing(55), conn.cursor() as cur, pytest.raises(fencekit.MissingTokenError):
+            cur.executemany(UPDATE, [("one",), ("two",)])
+    finally:
+        conn.close()
+    assert summary(billing) == "initial"
