@@ -116,7 +116,7 @@ VERSION_MATRIX: dict[str, frozenset[str]] = {
             "test_rejections_are_counted_per_table_and_reason_and_survive_rollback",
         }
     ),
-    "tests/core/test_security.py": frozenset(
+    "tests/security/test_bypass_and_privileges.py": frozenset(
         {
             "test_bypass_works_for_fencekit_admin_members_only",
             "test_app_role_cannot_disable_or_remove_the_fence",

@@ -88,3 +88,18 @@ def test_module_level_imports_have_no_cycle() -> None:
         if node not in state:
             visit(node)
     assert cycles == []
+
+
+def test_no_cli_command_imports_another() -> None:
+    """Each ``fencekit/cli/<command>.py`` imports only ``fencekit.cli`` and
+    ``fencekit.cli.common``, at any depth (a command imported inside a function is still a
+    cycle in waiting): a new command never has to read another to be understood."""
+    cli = PACKAGE / "cli"
+    shared = {"__init__", "__main__", "common"}
+    commands = {f"fencekit.cli.{p.stem}" for p in cli.glob("*.py") if p.stem not in shared}
+    offenders = {
+        name: sorted(i for i in _imports(path, top_level_only=False) if i in commands - {name})
+        for name, path in _modules().items()
+        if name in commands
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

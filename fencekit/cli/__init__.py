@@ -23,7 +23,23 @@ from fencekit.errors import FencekitError
 __all__ = ["GROUPS", "main"]
 
 #: Subcommand modules, in the order ``fencekit --help`` lists them.
-GROUPS = ("core", "move", "fences", "monitoring", "demo", "alembic", "bench", "chaos")
+GROUPS = (
+    "install",
+    "uninstall",
+    "sql",
+    "protect",
+    "unprotect",
+    "rename",
+    "auto_cover",
+    "status",
+    "move",
+    "fences",
+    "monitoring",
+    "demo",
+    "alembic",
+    "bench",
+    "chaos",
+)
 
 # Third-party module -> the extra that installs it.
 _EXTRAS = {
@@ -202,7 +218,7 @@ def _version(args_list: list[str]) -> int:
     database and the templates its tables use (plain ``--version`` is argparse's)."""
     import json
 
-    from fencekit.cli.core import format_version, version_report
+    from fencekit.cli.version import format_version, version_report
 
     p = _Parser(prog="fencekit --version", add_help=False)
     p.add_argument("--version", action="store_true")

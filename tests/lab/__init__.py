@@ -10,6 +10,7 @@ assumes a checkout: run its commands from the repository's root, e.g.
   binaries, crashable and restartable; :mod:`tests.lab.pgbouncer`: pgbouncer in front of one.
 - :mod:`tests.lab.issuers`: etcd clusters and ZooKeeper ensembles.
 - :mod:`tests.lab.clocks`: libfaketime clocks for workers and servers.
+- :mod:`tests.lab.redis`: redis-server, the Celery and dramatiq broker of tests/tasks.
 - :mod:`tests.lab.patroni`: two PostgreSQL nodes under Patroni with etcd, primary killed.
 - :mod:`tests.lab.chaos`: the chaos run with the lab's faults (server crashes, pgbouncer
   paused, clocks, issuer nodes): ``python -m tests.lab chaos``.
