@@ -9,6 +9,7 @@ Every exception fencekit raises derives from :class:`FencekitError`; database re
 :class:`FenceError` (docs/errors-and-metrics.md).
 """
 
+import contextlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -28,6 +29,12 @@ from fencekit.errors import (
     validate_token,
 )
 from fencekit.spec import FenceSpec, Scope, SpecError, TableName
+
+# psycopg 3 is a dependency: register the rejection classes with it now (any fencekit import
+# runs this first), so that psycopg raises them itself, from any connection, with or without an
+# adapter installed. Guarded: a tool that only renders SQL can run where the driver is missing.
+with contextlib.suppress(ImportError):
+    from fencekit import _psycopg_errors  # noqa: F401
 
 try:
     # One place for the version: pyproject.toml, read back from the installed distribution.

@@ -6,7 +6,7 @@ extension point: subclassing ``psycopg.errors.DatabaseError`` with ``code=`` (ps
 ``psycopg.DatabaseError`` registered for its ``YF`` SQLSTATE: any psycopg connection in the
 process, fenced by an adapter or not, raises it, ``except fencekit.StaleTokenError`` and
 ``except psycopg.Error`` both catch it, and SQLAlchemy wraps it in ``DBAPIError`` with it as
-``.orig``. Imported by :mod:`fencekit.errors` (psycopg is a dependency of fencekit).
+``.orig``. Imported by ``fencekit/__init__.py`` (psycopg is a dependency of fencekit).
 
 Everything psycopg knows about the error stays (``diag``, ``pgresult``, ``sqlstate``); the
 fencekit fields (``table``, ``key``, ``token``, ``fence``...) are read from the diagnostics when

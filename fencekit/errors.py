@@ -6,13 +6,13 @@ one-line JSON ``DETAIL`` and the standard diagnostic fields. Each reason has its
 them); :func:`translate` turns a psycopg2 or asyncpg error, or SQLAlchemy's wrapper around one
 (``exc.orig``), into the matching class.
 
-Driver errors are read by duck typing (``.sqlstate``/``.pgcode``, ``.diag``, asyncpg's fields),
-so this module imports no driver but psycopg, which fencekit depends on.
+Driver errors are read by duck typing (``.sqlstate``/``.pgcode``, ``.diag``, asyncpg's fields):
+this module imports no driver (pure data, the lowest layer). ``import fencekit`` registers the
+psycopg classes (:mod:`fencekit._psycopg_errors`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any, ClassVar
 
@@ -472,10 +472,3 @@ def translate(exc: BaseException) -> FenceError | None:
     error = cls(message, orig=driver, **fields)
     error.__cause__ = exc
     return error
-
-
-# psycopg 3 is a dependency: register the rejection classes with it now, so that psycopg raises
-# them itself, from any connection, with or without an adapter installed. (Guarded: a tool that
-# only renders SQL can run where the driver's binary part is missing.)
-with contextlib.suppress(ImportError):
-    from fencekit import _psycopg_errors  # noqa: F401  (imports the names above)

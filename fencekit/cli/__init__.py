@@ -32,6 +32,7 @@ GROUPS = (
     "rename",
     "auto_cover",
     "status",
+    "allow",
     "move",
     "fences",
     "monitoring",
@@ -143,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """A driver error's primary message (and hint), else the exception text, on one line."""
+    from fencekit.catalog import CatalogError
+
+    if isinstance(exc, CatalogError):
+        from fencekit.cli.hints import error_text
+
+        return " ".join(error_text(exc).split())
     diag = getattr(exc, "diag", None)
     primary = getattr(diag, "message_primary", None)
     text = primary or str(exc) or type(exc).__name__

@@ -180,16 +180,11 @@ def run_move(args: argparse.Namespace) -> int:
         "notes": notes,
     }
     if old == new:
-        text = [f"{new.table} is already protected with {catalog.describe(new)}: nothing to do"]
+        text = [f"{new.table} is already protected with {new.describe()}: nothing to do"]
     elif moved:
-        text = [
-            f"moved {new.table} from {catalog.describe(old)} to {catalog.describe(new)}, "
-            "fences carried over"
-        ]
+        text = [f"moved {new.table} from {old.describe()} to {new.describe()}, fences carried over"]
     else:
-        text = [
-            f"changed the policies of {new.table} in place ({catalog.describe(new)}), fences kept"
-        ]
+        text = [f"changed the policies of {new.table} in place ({new.describe()}), fences kept"]
     emit(args, document, text)
     if not args.json:
         for note in notes:

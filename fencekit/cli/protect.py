@@ -66,9 +66,7 @@ def run_protect(args: argparse.Namespace) -> int:
         "template_version": sqlgen.TEMPLATE_VERSION,
         "notes": notes,
     }
-    text = [
-        f"protected {spec.table} ({catalog.describe(spec)}, template {sqlgen.TEMPLATE_VERSION})"
-    ]
+    text = [f"protected {spec.table} ({spec.describe()}, template {sqlgen.TEMPLATE_VERSION})"]
     emit(args, document, text)
     if not args.json:
         for note in notes:

@@ -81,5 +81,5 @@ def run_rename(args: argparse.Namespace) -> int:
         **table_keys(spec),
         "template_version": sqlgen.TEMPLATE_VERSION,
     }
-    emit(args, document, [f"renamed the protection of {old} to {new} ({catalog.describe(spec)})"])
+    emit(args, document, [f"renamed the protection of {old} to {new} ({spec.describe()})"])
     return 0

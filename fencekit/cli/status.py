@@ -25,38 +25,31 @@ def register(subparsers: Any) -> None:
         formatter_class=FMT,
         description="Show the installed core version and each protected table with its spec, "
         "the template version that generated its objects, drift and rejection counts per "
-        "reason. Drift: trigger missing, disabled, ENABLE REPLICA (does not fire for ordinary "
-        "writes) or ENABLE ALWAYS (fires under session_replication_role = replica), fence "
-        "column dropped or not bigint, function body changed, objects from an older template, "
-        "partitions and inheritance children without fencekit's triggers (created after "
-        "protect), table missing; other triggers that fire before fencekit's checks (or, on a "
-        "row-fenced table, can overwrite the fence column); fencekit's own objects owned by "
-        "another role than the one that installed it (a restore by an application role), or by "
-        "a role that is neither a superuser nor a member of fencekit_admin.\n\nExit status: 0 "
-        "when nothing drifted, 1 when anything did (or the core is not installed).",
+        "reason. Drift: fencekit's objects missing, disabled, edited or outdated; partitions "
+        "and children without fencekit's triggers; an unprotected table the protected one "
+        "inherits from or is a partition of; every trigger, default, generated column, column "
+        "type, constraint, index, policy, rule and foreign-key cascade on a protected table "
+        "that runs code fencekit did not generate (each with the sha256 of that code, for "
+        "`fencekit allow`); roles that may SET session_replication_role; settings that hand "
+        "sessions a fencekit.token; fencekit's own objects owned by the wrong role. The DBA "
+        "guide lists every kind.\n\nExit status: 0 when nothing drifted, 1 when anything did "
+        "(or the core is not installed).",
         epilog='examples:\n  fencekit status --dsn "$DSN"\n  fencekit status --json | jq .\n'
-        "  fencekit status --allow-trigger audit_stamp   # reviewed: never touches the token",
+        '  fencekit allow SHA256 --dsn "$DSN"   # reviewed code: status stops reporting it',
     )
     p.add_argument("--json", action="store_true", help="print JSON for machines")
-    p.add_argument(
-        "--allow-trigger",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a trigger you have reviewed (it never sets fencekit.token nor the fence column): "
-        "do not report it, on any protected table; repeat for several",
-    )
     dsn_option(p)
     p.set_defaults(func=run_status, prog=p.prog)
 
 
 def run_status(args: argparse.Namespace) -> int:
     from fencekit import catalog
+    from fencekit.cli.hints import status_document
 
     with connect(dsn_from(args)) as conn:
-        st = catalog.status(conn, allow_triggers=args.allow_trigger)
+        st = catalog.status(conn)
     if args.json:
-        print(json.dumps(st.as_dict(), indent=2, ensure_ascii=False))
+        print(json.dumps(status_document(st), indent=2, ensure_ascii=False))
     elif st.core_version is None:
         print(f"fencekit status: error: {st.drift[0].message}", file=sys.stderr)
     else:
@@ -66,7 +59,7 @@ def run_status(args: argparse.Namespace) -> int:
 
 def format_status(st: Status) -> str:
     """The human-readable ``fencekit status`` report."""
-    from fencekit.catalog import describe
+    from fencekit.cli.hints import fix_text
 
     lines = [
         f"fencekit core version {st.core_version} (this fencekit: core {sqlgen.CORE_VERSION}, "
@@ -84,7 +77,7 @@ def format_status(st: Status) -> str:
             counted = ", ".join(f"{r}={n}" for r, n in t.rejections.items() if n) or "-"
             state = f"DRIFT ({len(t.drift)})" if t.drift else "ok"
             rows.append(
-                (str(t.spec.table), describe(t.spec), str(t.template_version), state, counted)
+                (str(t.spec.table), t.spec.describe(), str(t.template_version), state, counted)
             )
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines.append("")
@@ -94,13 +87,13 @@ def format_status(st: Status) -> str:
     ]
     lines += status_lines(st)  # worst lateness, fence repairs
     if st.warnings:
-        lines += ["", "Warnings (server durability, see docs/leases.md):"]
+        lines += ["", "Warnings (see docs/leases.md and docs/security.md):"]
         lines += [f"  {w}" for w in st.warnings]
     if problems:
         lines += ["", "Drift:"]
         for where, d in problems:
             lines.append(f"  {where}: {d.message} [{d.kind}]")
-            fix, *more = d.fix.splitlines()
+            fix, *more = fix_text(d).splitlines()
             lines.append(f"      fix: {fix}")
             lines += [f"           {line}" for line in more]
     return "\n".join(lines) + "\n"

@@ -59,5 +59,5 @@ def run_unprotect(args: argparse.Namespace) -> int:
         **table_keys(pt.spec),
         "template_version": pt.template_version,
     }
-    emit(args, document, [f"unprotected {pt.spec.table} (was: {catalog.describe(pt.spec)})"])
+    emit(args, document, [f"unprotected {pt.spec.table} (was: {pt.spec.describe()})"])
     return 0
