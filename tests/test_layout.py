@@ -113,7 +113,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fencekit.catalog", "fencekit.embedded", "fencekit.declare"),
     (
         "fencekit.psycopg", "fencekit.psycopg2", "fencekit.asyncpg", "fencekit._psycopg_internals",
-        "fencekit.sqlalchemy", "fencekit.orm", "fencekit.django", "fencekit.alembic_plugin",
+        "fencekit.sqlalchemy", "fencekit.django", "fencekit.alembic_plugin",
         "fencekit._alembic_entry", "fencekit.leases", "fencekit.metrics", "fencekit.tasks",
         "fencekit.chaos", "fencekit.testing",
     ),

@@ -16,8 +16,8 @@ from sqlalchemy import create_engine, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import make_url
 
-import fencekit.sqlalchemy
 import fencekit.psycopg
+import fencekit.sqlalchemy
 from billing.models import billing_summary, invoices
 from fencekit.leases import AsyncLease, AsyncPostgresIssuer, Lease, PostgresIssuer
 from fencekit.testing import checkpoint
