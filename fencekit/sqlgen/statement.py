@@ -44,12 +44,16 @@ def _fast_path(n: Names) -> str:
 
 
 def _missing(n: Names) -> str:
-    """No token: bypass, on_missing=allow, or YF003. ``unfenced_write`` counts an allowed or
-    bypassed write once per statement; row and key fences call it again where they write (a
-    statement may clear the token after this check), without counting twice."""
+    """No token: bypass, on_missing=allow, or YF003. ``unfenced_write`` counts the allowed or
+    bypassed write. A row fence's row triggers judge and count each row again (a statement may
+    clear the token after this check), so here it counts only a TRUNCATE, which has none."""
+    counted = ""
+    if n.spec.scope is Scope.ROW:
+        counted = ",\n                                    TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE'"
     return (
         "  IF tok IS NULL THEN\n"
-        f"    PERFORM fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow});\n"
+        f"    PERFORM fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow}"
+        f"{counted});\n"
         "    RETURN NULL;\n"
         "  END IF;\n"
     )

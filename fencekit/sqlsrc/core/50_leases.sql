@@ -98,6 +98,18 @@ COMMENT ON TABLE fencekit.leases IS
     'never delete rows (tokens would restart).';
 
 -- Application roles never touch the table: they call the SECURITY DEFINER functions below.
+--
+-- Trusted surface (docs/security.md): acquire, renew and release are SECURITY DEFINER because
+-- they write fencekit.leases, which no application may write (lowering a token there would let
+-- an old token pass a fence again), and take tokens from fencekit.lease_token_seq. They touch
+-- only that table and sequence, and read the WAL position (lease_epoch). Before any lock they
+-- check the session's role (_lease_require_writer), and a grant is its role's
+-- (_lease_owned). lease_token is SECURITY DEFINER because it locks a lease row FOR SHARE, which
+-- needs a right on fencekit.leases that nobody else holds; it only reads that row, for
+-- fencekit_admin and the lease-bound fences' definer triggers. None of them runs caller code:
+-- their arguments are text, bigint and interval, compared with pg_catalog's operators written
+-- as OPERATOR(pg_catalog.x), no user type, table, trigger or policy is reached (fencekit.leases
+-- has none: only its owner could add one), and search_path is pinned.
 REVOKE ALL ON TABLE fencekit.leases FROM PUBLIC;
 
 -- ------------------------------------------------------------------ input checks
