@@ -56,7 +56,8 @@ DECLARE
   bad pg_catalog.record;
   lb pg_catalog.record;
 BEGIN
-  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+  IF (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      OR COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '')
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
      AND TG_OP OPERATOR(pg_catalog.<>) 'TRUNCATE' THEN
     RETURN NULL;
@@ -94,7 +95,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=afcbf1bedc7b9ff7c0ee9791a655603a8cb9146a91027e7edd1c2c853bd37d04; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=2ea09973d47cc69f611573d47a9996845d8ced9a993023752f006becf44f89bd; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
