@@ -37,6 +37,13 @@ SELECT coalesce(r.rolname, '*'), coalesce(d.datname, '*'), c
  CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) c
  WHERE c ~* '^fencekit\\.' OR (c ~* '^session_replication_role=' AND c !~* '=origin$')
 """
+# Functions that switch session_replication_role for their body (a superuser's SECURITY
+# DEFINER function with SET session_replication_role = replica runs its writes unchecked).
+FUNCTIONS = """
+SELECT p.oid::regprocedure::text, c
+  FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.unnest(p.proconfig) c
+ WHERE c ~* '^session_replication_role=' AND c !~* '=origin$'
+"""
 # Foreign servers of this database whose connection options set a fencekit setting.
 FDW_SERVERS = """
 SELECT s.srvname::text, o
@@ -142,3 +149,18 @@ def test_the_subscription_queries(db: Conn, acct: None) -> None:
         assert rows(db, SUBSCRIBED) == []  # no table listed until it connects
     finally:
         db.execute("DROP SUBSCRIPTION sub")
+
+
+def test_the_function_query(db: Conn, acct: None, make_role: Callable[..., str]) -> None:
+    assert rows(db, FUNCTIONS) == []
+    db.execute(
+        "CREATE FUNCTION public.load(v int) RETURNS void LANGUAGE sql SECURITY DEFINER "
+        "SET session_replication_role = replica AS $$ UPDATE acct SET v = load.v $$"
+    )
+    db.execute("GRANT EXECUTE ON FUNCTION public.load(int) TO PUBLIC")
+    db.commit()
+    app = make_app_role(make_role, "fn_app")
+    with psycopg.connect(app) as conn:
+        write(conn, 5, "SELECT public.load(777)")  # stale token, yet the row changes
+    assert one(db, "SELECT v FROM acct") == 777
+    assert rows(db, FUNCTIONS) == [("load(integer)", "session_replication_role=replica")]
