@@ -201,12 +201,14 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('CREATE SEQUENCE IF NOT EXISTS fencekit.%I',
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT SELECT ON SEQUENCE fencekit.%I TO PUBLIC', tag || ':' || r);
     IF r IN ('unfenced', 'bypassed') THEN
+      -- dynamic SQL: the same sequence, named after the table's tag (%I quotes it)
       EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE fencekit.%I TO PUBLIC',
                                 tag || ':' || r);
     END IF;
@@ -220,6 +222,7 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('DROP SEQUENCE IF EXISTS fencekit.%I', tag || ':' || r);
   END LOOP;
 END
@@ -252,7 +255,8 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
   RAISE EXCEPTION USING ERRCODE = '42501',
     MESSAGE = pg_catalog.format('fencekit: %s acts only for a transaction that is writing the '
-                                'table protected as %L', what, tag),
+                                'table protected as %L (called for %s)', what, tag,
+                                relid::pg_catalog.regclass),
     HINT = 'fencekit counts and raises rejections itself; nothing else needs to call it.';
 END
 $fn$;
@@ -578,12 +582,18 @@ END
 $fn$;
 
 -- The highest fence of a resource (TRUNCATE must present a token not lower than it).
+-- Why definer: the statement check runs as the writer, who may not read fencekit.fences (its
+-- keys are other tables' key values). Touches: reads fencekit.fences only. Never runs: caller
+-- code of any kind: a text argument compared with pg_catalog's text equality, a bigint max.
 CREATE OR REPLACE FUNCTION fencekit.max_fence(resource text) RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT pg_catalog.max(f.fence) FROM fencekit.fences f WHERE f.resource = max_fence.resource
 $fn$;
 
 -- The current fence of one key ('' for a table fence); NULL when none was set.
+-- Why definer: as max_fence, for claim and for anyone checking one key (a key's fence is what
+-- a write under a token would learn from its rejection anyway). Touches: reads one row of
+-- fencekit.fences. Never runs: caller code: text arguments, pg_catalog's text equality.
 CREATE OR REPLACE FUNCTION fencekit.current_fence(resource text, key text DEFAULT '') RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT f.fence FROM fencekit.fences f
@@ -845,17 +855,53 @@ GRANT ALL ON fencekit.floors TO fencekit_admin;
 -- re-run, and `fencekit status` reports it. With auto-cover on, an event trigger covers it at
 -- once, in the transaction that creates it.
 
+-- It acts only on what the command touched (pg_event_trigger_ddl_commands): a protected table
+-- that is, or is an ancestor of, a table the command created or altered, and that has a
+-- descendant without the table's fencekit triggers. Any other DDL (a temporary table, an
+-- unrelated table, a protected table's new column) calls nothing, so it never fails for a role
+-- that may not run a cover function. It runs as the role that ran the command (no SECURITY
+-- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
 CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   p record;
+  touched oid[];
   cover regprocedure;
 BEGIN
-  FOR p IN SELECT pr.tag, pr.schema_name, pr.table_name FROM fencekit.protected pr LOOP
+  SELECT pg_catalog.array_agg(DISTINCT c.objid) INTO touched
+    FROM pg_catalog.pg_event_trigger_ddl_commands() c
+   WHERE c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND c.objsubid = 0;
+  IF touched IS NULL THEN
+    RETURN;
+  END IF;
+  FOR p IN
+    WITH RECURSIVE up(relid, top) AS (
+           SELECT t, t FROM pg_catalog.unnest(touched) AS t
+           UNION
+           SELECT i.inhparent, up.top FROM pg_catalog.pg_inherits i JOIN up ON i.inhrelid = up.relid),
+         mine AS (
+           SELECT DISTINCT pr.tag, pr.schema_name, pr.table_name, rel
+             FROM fencekit.protected pr
+            CROSS JOIN LATERAL pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name,
+                                                                        pr.table_name)) AS rel
+            WHERE rel IN (SELECT up.relid FROM up))
+    SELECT m.tag, m.schema_name, m.table_name FROM mine m
+     WHERE EXISTS (
+       WITH RECURSIVE down(relid) AS (
+              SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = m.rel
+              UNION
+              SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN down ON i.inhparent = down.relid)
+       SELECT FROM down JOIN pg_catalog.pg_class c ON c.oid = down.relid
+        WHERE c.relkind IN ('r', 'p')  -- what the cover function covers
+          AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger g
+                           WHERE g.tgrelid = down.relid
+                             AND g.tgname = 'fencekit_' || m.tag || '_trunc'))
+     ORDER BY m.schema_name, m.table_name
+  LOOP
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
-    CONTINUE WHEN cover IS NULL
-      OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name, p.table_name)) IS NULL;
+    CONTINUE WHEN cover IS NULL;
     BEGIN
+      -- dynamic SQL: each protected table has its own cover function (a regprocedure: quoted)
       EXECUTE pg_catalog.format('SELECT %s', cover);
     EXCEPTION WHEN insufficient_privilege THEN
       -- Fail closed: a child that would be written unfenced is not created.
@@ -1393,11 +1439,61 @@ $do$;
 
 -- ------------------------------------------------------------------ key text
 
+-- The built-in type a column's values are read as when an admin or a claim names them
+-- (format_type text, typmod included): the column's type, or for a domain the type under it.
+-- Raises for a type that is not built in all the way down (oid below FirstNormalObjectId):
+-- its input, output and casts would be the caller's code. Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.builtin_type(tbl regclass, col text) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  typ oid;
+  typmod integer;
+  t record;
+BEGIN
+  SELECT a.atttypid, a.atttypmod INTO typ, typmod
+    FROM pg_catalog.pg_attribute a
+   WHERE a.attrelid = tbl AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
+  IF typ IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s has no column %I', tbl, col);
+  END IF;
+  -- The type under the domains, and the typmod the innermost domain declares (a column of a
+  -- domain type has none of its own).
+  LOOP
+    SELECT ty.typtype, ty.typbasetype, ty.typtypmod INTO t FROM pg_catalog.pg_type ty
+     WHERE ty.oid = typ;
+    EXIT WHEN t.typtype <> 'd';
+    typ := t.typbasetype;
+    IF t.typtypmod <> -1 THEN
+      typmod := t.typtypmod;
+    END IF;
+  END LOOP;
+  IF typ >= 16384 THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: column %I of %s has type %s, which is not built '
+                                  'in: fencekit never reads values through code a user wrote '
+                                  '(input functions, casts, domain checks)', col, tbl,
+                                  pg_catalog.format_type(typ, typmod)),
+      HINT = 'Name the row or key by columns of built-in types (or domains over them).',
+      COLUMN = col;
+  END IF;
+  RETURN pg_catalog.format_type(typ, typmod);
+END
+$fn$;
+
 -- The text a key fence names a key by (fencekit/sqlgen/key.py, key_expression), from the key
--- columns' values written as text, in key-column order: each value is cast to its column's
--- type and printed under the settings the key triggers pin (the SET clauses below are
+-- columns' values written as text, in key-column order: each value is read as its column's
+-- BASE type and printed under the settings the key triggers pin (the SET clauses below are
 -- KEY_SETTINGS; a test keeps them equal), so '2024-01-01 00:00+02' names the same key as the
 -- trigger would. Raises when the table is not key-fenced or the values do not fit.
+--
+-- It runs no code the table's owner controls, whoever calls it (an admin's `fencekit fences
+-- --key` / `fence set --key`, fencekit.claim): a domain's CHECK, input function or cast is
+-- never evaluated. A domain key column is read as the built-in type under it (with its typmod),
+-- through that type's built-in input and output functions and pg_catalog's casts, which only a
+-- superuser can change; a key type that is not built-in all the way down is refused (protect
+-- refuses those anyway: fencekit.key_family). A value the domain's CHECK would refuse names a
+-- key no write can reach, so nothing is lost by not checking it.
 CREATE OR REPLACE FUNCTION fencekit.key_text(tbl regclass, key_values text[]) RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -1407,10 +1503,8 @@ AS $fn$
 DECLARE
   p record;
   cols text[];
-  texts text[] := '{}';
-  typ text;
+  texts text[] := ARRAY[]::text[];
   v text;
-  i integer;
 BEGIN
   SELECT pr.* INTO p FROM fencekit.protected pr
    WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name)) = tbl;
@@ -1429,23 +1523,20 @@ BEGIN
       HINT = 'Give one --key VALUE per key column, in key-column order.';
   END IF;
   FOR i IN 1 .. pg_catalog.cardinality(cols) LOOP
-    SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) INTO typ
-      FROM pg_catalog.pg_attribute a
-     WHERE a.attrelid = tbl AND a.attname = cols[i] AND a.attnum > 0 AND NOT a.attisdropped;
-    IF typ IS NULL THEN
-      RAISE EXCEPTION USING ERRCODE = 'YF000',
-        MESSAGE = pg_catalog.format('fencekit: %s has no key column %I any more', tbl, cols[i]);
-    END IF;
     IF key_values[i] IS NULL THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
         MESSAGE = pg_catalog.format('fencekit: key column %I cannot be NULL', cols[i]);
     END IF;
-    EXECUTE pg_catalog.format('SELECT (%L::%s)::pg_catalog.text', key_values[i], typ) INTO v;
+    PERFORM fencekit.key_family(tbl, cols[i]);  -- raises for a type that cannot be a key
+    -- dynamic SQL: the key column's built-in type is known only at run time (%L quotes it)
+    EXECUTE pg_catalog.format('SELECT (%L::%s)::pg_catalog.text', key_values[i],
+                              fencekit.builtin_type(tbl, cols[i])) INTO v;
     texts := texts || v;
   END LOOP;
   IF pg_catalog.cardinality(texts) = 1 THEN
     RETURN texts[1];
   END IF;
+  -- dynamic SQL: a record of as many texts as the key has columns, printed as a trigger does
   EXECUTE 'SELECT ROW(' || (SELECT pg_catalog.string_agg(pg_catalog.quote_literal(t)
                                                          || '::pg_catalog.text', ', ' ORDER BY o)
                               FROM pg_catalog.unnest(texts) WITH ORDINALITY u(t, o))
@@ -1568,9 +1659,21 @@ $fn$;
 
 -- Set the fence of a protected table's key (key fence: the key columns' values, in order), of
 -- the whole table (table fence: no values), or of one row (row fence: the primary key's values,
--- in index order; the row's fence column is written under fencekit.bypass, which the session
--- may use as a member of fencekit_admin, and counted once as a bypassed write). SECURITY
--- INVOKER: a row repair needs UPDATE on the table. Returns the old fence (NULL: none).
+-- in index order). SECURITY INVOKER. Returns the old fence (NULL: none).
+--
+-- Key and table fences live in fencekit.fences: the repair touches fencekit's own state only
+-- (the key is named by fencekit.key_text, which reads values as built-in types only).
+--
+-- A row fence lives in the user's table, so its repair writes that table, and writing a table
+-- runs its owner's code (triggers, rules, RLS policies). fencekit runs that code with the
+-- owner's rights and no more, and never with the bypass on: the row is found and written
+-- after SET ROLE to the table's owner (the session's role must be a member of it: the owner
+-- itself, a superuser, or a role granted the owner's role), with fencekit.bypass off and
+-- row_security off (a policy that would apply makes the repair fail instead of running it).
+-- A raise is a write under the new fence as its token; a lower fence (allow_lower) is written
+-- the same way with fencekit's own row trigger disabled for that one statement (the ALTER
+-- TABLE lock keeps every writer out until commit). The primary key's values are read as
+-- built-in types and compared with pg_catalog's operators (fencekit.builtin_type).
 CREATE OR REPLACE FUNCTION fencekit.set_fence(
   tbl regclass, key_values text[], fence bigint, allow_lower boolean DEFAULT false,
   reason text DEFAULT NULL)
@@ -1586,8 +1689,13 @@ DECLARE
   old bigint;
   lowered boolean;
   rowkey jsonb;
+  who name := fencekit.session_role();
+  owner name;
+  saved_role text := pg_catalog.current_setting('role');
   saved_token text := pg_catalog.current_setting('fencekit.token', true);
   saved_bypass text := pg_catalog.current_setting('fencekit.bypass', true);
+  saved_rls text := pg_catalog.current_setting('row_security');
+  upd_trigger text;
   what text;
 BEGIN
   PERFORM fencekit.repair_allowed(tbl::text, NULL, fence, false);
@@ -1608,8 +1716,20 @@ BEGIN
     END IF;
     RETURN fencekit.set_resource_fence(p.resource, '', fence, allow_lower, reason);
   END IF;
-  -- Row fence: find the row by its primary key.
+  -- Row fence: find the row by its primary key, as the table's owner.
   col := COALESCE(p.spec ->> 'column', 'fencekit_fence');
+  SELECT a.rolname INTO owner FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_roles a ON a.oid = c.relowner
+   WHERE c.oid = tbl;
+  IF NOT pg_catalog.pg_has_role(who, owner, 'MEMBER') THEN
+    PERFORM fencekit.repair_refused(
+      pg_catalog.format('permission denied to repair a row of %s: the repair writes the table, '
+                        'which runs its owner''s triggers, and fencekit runs them with the '
+                        'rights of the owner %I only; role %I is not a member of it', tbl,
+                        owner, who),
+      pg_catalog.format('Run the repair as the table''s owner (also a member of fencekit_admin), '
+                        'or as a role granted it: GRANT %I TO %I;', owner, who), '42501');
+  END IF;
   pk := ARRAY(SELECT a.attname::text
                 FROM pg_catalog.pg_index i
                 CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY u(attnum, o)
@@ -1619,9 +1739,9 @@ BEGIN
   IF pg_catalog.cardinality(pk) = 0 THEN
     PERFORM fencekit.repair_refused(
       pg_catalog.format('%s has no primary key to find the row by', tbl),
-      pg_catalog.format('Update the row as a member of fencekit_admin with fencekit.bypass on: '
-                        'SELECT set_config(''fencekit.bypass'', ''on'', true); UPDATE %s SET %I '
-                        '= <fence> WHERE ...;', tbl, col));
+      pg_catalog.format('Update the row as its owner under the new fence as the token: '
+                        'SELECT set_config(''fencekit.token'', ''<fence>'', true); UPDATE %s '
+                        'SET %I = <fence> WHERE ...;', tbl, col));
   END IF;
   IF pg_catalog.cardinality(COALESCE(key_values, '{}')) <> pg_catalog.cardinality(pk)
      OR pg_catalog.array_position(key_values, NULL) IS NOT NULL THEN
@@ -1631,30 +1751,58 @@ BEGIN
                         pg_catalog.cardinality(COALESCE(key_values, '{}'))),
       'Give one --key VALUE per primary key column, in index order.');
   END IF;
-  SELECT pg_catalog.string_agg(pg_catalog.format('%I = $1[%s]::%s', c, o,
-           (SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a
-             WHERE a.attrelid = tbl AND a.attname = c)), ' AND ' ORDER BY o)
+  SELECT pg_catalog.string_agg(pg_catalog.format('%I OPERATOR(pg_catalog.=) $1[%s]::%s', c, o,
+                                                 fencekit.builtin_type(tbl, c)),
+                               ' AND ' ORDER BY o)
     INTO conds FROM pg_catalog.unnest(pk) WITH ORDINALITY u(c, o);
   SELECT pg_catalog.jsonb_object_agg(c, key_values[o]) INTO rowkey
     FROM pg_catalog.unnest(pk) WITH ORDINALITY u(c, o);
   what := pg_catalog.format('%s row %s', tbl, rowkey);
-  EXECUTE pg_catalog.format('SELECT true, %I FROM %s WHERE %s FOR UPDATE', col, tbl, conds)
+  -- From here until the role is restored: the owner's rights, no bypass, no policy applied.
+  PERFORM pg_catalog.set_config('role', owner, true);
+  PERFORM pg_catalog.set_config('fencekit.bypass', '', true);
+  PERFORM pg_catalog.set_config('row_security', 'off', true);
+  -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
+  EXECUTE pg_catalog.format('SELECT true, %I FROM ONLY %s WHERE %s FOR UPDATE', col, tbl, conds)
     INTO found_row, old USING key_values;
   IF found_row IS NULL THEN
+    -- A row of a partition or child: look there (the triggers are the same ones).
+    -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
+    EXECUTE pg_catalog.format('SELECT true, %I FROM %s WHERE %s FOR UPDATE', col, tbl, conds)
+      INTO found_row, old USING key_values;
+  END IF;
+  IF found_row IS NULL THEN
+    PERFORM pg_catalog.set_config('role', saved_role, true);
     PERFORM fencekit.repair_refused(pg_catalog.format('%s has no row %s', tbl, rowkey),
                                     'Check the primary key values (in index order).');
   END IF;
+  PERFORM pg_catalog.set_config('role', saved_role, true);
   lowered := fencekit.repair_allowed(what, old, fence, allow_lower);
-  -- No token and the audited bypass: the row triggers let the fence column through as written.
-  PERFORM pg_catalog.set_config('fencekit.token', '', true);
-  PERFORM pg_catalog.set_config('fencekit.bypass', 'on', true);
-  EXECUTE pg_catalog.format('UPDATE %s SET %I = $2 WHERE %s', tbl, col, conds)
-    USING key_values, fence;
+  PERFORM pg_catalog.set_config('role', owner, true);
+  IF old IS DISTINCT FROM fence THEN
+    -- The new fence is the write's token: the row triggers accept it as any write (a raise).
+    PERFORM pg_catalog.set_config('fencekit.token', fence::text, true);
+    IF lowered THEN
+      -- A lower fence is stale to the row trigger: only for this statement, it is not run.
+      upd_trigger := 'fencekit_' || p.tag || '_upd';
+      -- dynamic SQL: the table and fencekit's trigger name are known only at run time
+      EXECUTE pg_catalog.format('ALTER TABLE %s DISABLE TRIGGER %I', tbl, upd_trigger);
+    END IF;
+    -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
+    EXECUTE pg_catalog.format('UPDATE %s SET %I = $2 WHERE %s', tbl, col, conds)
+      USING key_values, fence;
+    IF lowered THEN
+      -- dynamic SQL: the table and fencekit's trigger name are known only at run time
+      EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE TRIGGER %I', tbl, upd_trigger);
+    END IF;
+  END IF;
+  PERFORM pg_catalog.set_config('role', saved_role, true);
+  PERFORM pg_catalog.set_config('row_security', saved_rls, true);
   PERFORM pg_catalog.set_config('fencekit.token', COALESCE(saved_token, ''), true);
   PERFORM pg_catalog.set_config('fencekit.bypass', COALESCE(saved_bypass, ''), true);
   INSERT INTO fencekit.repairs (repaired_by, schema_name, table_name, scope, resource, key,
                                 old_fence, new_fence, lowered, reason)
-  VALUES (fencekit.session_role(), p.schema_name, p.table_name, 'row', NULL, rowkey::text,
+  VALUES (who, p.schema_name, p.table_name, 'row', NULL, rowkey::text,
           old, fence, COALESCE(lowered, false), reason);
   RETURN old;
 END
@@ -1715,7 +1863,7 @@ GRANT SELECT ON fencekit.repair_counts, fencekit.lateness, fencekit.drift TO PUB
 -- own error (42501) and, being SECURITY INVOKER, lend no rights.
 GRANT EXECUTE ON FUNCTION fencekit.repair_refused(text, text, text),
   fencekit.repair_allowed(text, bigint, bigint, boolean) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.key_text(regclass, text[]),
+GRANT EXECUTE ON FUNCTION fencekit.key_text(regclass, text[]), fencekit.builtin_type(regclass, text),
   fencekit.set_resource_fence(text, text, bigint, boolean, text),
   fencekit.set_fence(regclass, text[], bigint, boolean, text) TO PUBLIC;
 
@@ -1724,7 +1872,7 @@ GRANT EXECUTE ON FUNCTION fencekit.key_text(regclass, text[]),
 -- anything else, so every older token is stale there from that moment on, not only from the
 -- new holder's first write.
 --
--- A key or table fence rejects a token lower than the highest one it has ACCEPTED. Between a
+-- A key or table fence rejects a token lower than the highest it has ACCEPTED. Between a
 -- new grant and the new holder's first write the fence still holds the previous holder's
 -- token, so that previous holder (paused, partitioned, or a zombie of a primary that failed
 -- over and lost the newest fence advances) can still write. Lease-bound fences close the gap
@@ -1732,104 +1880,226 @@ GRANT EXECUTE ON FUNCTION fencekit.key_text(regclass, text[]),
 --
 -- fencekit.claim(tbl, key_values, token [, issuer]) advances the fence of one key of a
 -- key-fenced table (key values in key-column order, as fencekit.key_text reads them), or of a
--- table fence (key_values '{}'), exactly as a write under that token would: one atomic upsert
--- through fencekit.advance_fences, floors honoured. It needs no more than a write does: the
--- session's role must hold INSERT, UPDATE or DELETE on the table (judged by the SESSION's role,
--- like the bypass: this function is SECURITY DEFINER). A token lower than the fence is refused
--- with YF001 like a stale write (the claimant's lease is already superseded); a token tagged
--- with another issuer than the resource's with YF007. Returns the fence before the claim (NULL:
--- none yet). Row fences have a fence per row: a row is claimed by writing it.
+-- table fence (key_values '{}'), exactly as a write under that token would, and makes the
+-- checks a write makes:
+--   * privilege: the session's role must hold INSERT, UPDATE or DELETE on the table (judged by
+--     the SESSION's role, like the bypass), and the claim takes the table lock a write takes
+--     (ROW EXCLUSIVE, with the caller's own rights), so `fencekit move`, rename, unprotect and
+--     every other operation that locks writers out waits for it, and it for them;
+--   * token: a positive bigint; lower than the fence: refused with YF001 like a stale write;
+--   * issuer: a token tagged (argument, or else the session's fencekit.issuer, as a write
+--     reads it) with another issuer than the resource's is refused with YF007;
+--   * lease: on a lease-bound fence the token must be the live lease token of the key
+--     (YF006), as for a write;
+--   * on_equal=reject: the token still writes once after the claim (the claim records the
+--     token minus one, which under that policy already rejects every older token).
+-- Returns the fence before the claim (NULL: none yet). Row fences have a fence per row: a row
+-- is claimed by writing it.
+--
+-- Two functions: fencekit.claim runs as the caller (it evaluates the key values, which may
+-- mean a domain of the table owner's: fencekit.key_text reads them as built-in types only, and
+-- never runs the domain's code anyway) and takes the lock; fencekit.claim_fence is the only
+-- SECURITY DEFINER part and works on text and bigint and fencekit's own tables alone.
 
-CREATE OR REPLACE FUNCTION fencekit.claim(
-    tbl regclass, key_values text[], token bigint, issuer text DEFAULT NULL)
+-- The definer part. Why definer: it writes fencekit.fences and reads fencekit.leases, which
+-- writers may not. Touches: fencekit.protected (a FOR SHARE lock on the table's row, which
+-- move, rename and unprotect wait for: they delete or update that row), fencekit.resources,
+-- fencekit.fences (through advance_fences), fencekit.leases (through lease_mismatch). Never
+-- runs: any cast, operator, function or trigger of the caller or of the table's owner: its
+-- inputs are regclass, text and bigint, it compares them with pg_catalog's operators, and it
+-- never reads or writes the user's table.
+CREATE OR REPLACE FUNCTION fencekit.claim_fence(
+    tbl regclass, key text, token bigint, issuer text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     p record;
-    r text := pg_catalog.current_setting('role');
-    k text;
+    r pg_catalog.name := fencekit.session_role();
     old bigint;
+    mark bigint;
     bound text;
-    bad record;
+    tagged text := COALESCE(NULLIF(claim_fence.issuer, ''),
+                            NULLIF(pg_catalog.current_setting('fencekit.issuer', true), ''));
+    bad_fence bigint;
+    bad_reason text;
+    lb record;
 BEGIN
-    IF r IS NULL OR r OPERATOR(pg_catalog.=) 'none' THEN
-        r := session_user;
-    END IF;
-    IF claim.token IS NULL OR claim.token OPERATOR(pg_catalog.<=) 0 THEN
+    IF claim_fence.token IS NULL OR claim_fence.token OPERATOR(pg_catalog.<=) 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'YF004',
             MESSAGE = pg_catalog.format('fencekit.claim on %s: token must be a positive bigint, '
-                                        'got %s', claim.tbl, COALESCE(claim.token::text, 'NULL'));
+                                        'got %s', claim_fence.tbl,
+                                        COALESCE(claim_fence.token::text, 'NULL'));
     END IF;
-    SELECT pr.* INTO p FROM fencekit.protected pr
-     WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name))
-           OPERATOR(pg_catalog.=) claim.tbl;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'YF000',
-            MESSAGE = pg_catalog.format('fencekit.claim: %s is not protected', claim.tbl),
-            HINT = 'fencekit status lists the protected tables.';
-    END IF;
-    IF NOT pg_catalog.has_table_privilege(r::pg_catalog.name, claim.tbl, 'INSERT, UPDATE, DELETE')
-    THEN
+    IF NOT pg_catalog.has_table_privilege(r, claim_fence.tbl, 'INSERT, UPDATE, DELETE') THEN
         RAISE EXCEPTION USING ERRCODE = '42501',
             MESSAGE = pg_catalog.format('fencekit.claim on %s: role %I may not write this table',
-                                        claim.tbl, r),
+                                        claim_fence.tbl, r),
             HINT = 'A claim does what a write would: it needs INSERT, UPDATE or DELETE on the table.';
+    END IF;
+    -- The registry row, share-locked until commit: a move, rename or unprotect of the table
+    -- (each deletes or updates it) waits for this claim, and this claim for them. The second
+    -- try sees the row such an operation wrote when it committed while we waited.
+    FOR i IN 1 .. 2 LOOP
+        SELECT pr.scope, pr.resource, pr.spec INTO p FROM fencekit.protected pr
+         WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name))
+               OPERATOR(pg_catalog.=) claim_fence.tbl
+           FOR SHARE;
+        EXIT WHEN FOUND;
+    END LOOP;
+    IF p.scope IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF000',
+            MESSAGE = pg_catalog.format('fencekit.claim: %s is not protected', claim_fence.tbl),
+            HINT = 'fencekit status lists the protected tables.';
     END IF;
     IF p.scope OPERATOR(pg_catalog.=) 'row' THEN
         RAISE EXCEPTION USING ERRCODE = 'YF000',
             MESSAGE = pg_catalog.format('fencekit.claim: %s has a row fence, one fence per row',
-                                        claim.tbl),
+                                        claim_fence.tbl),
             HINT = 'Claim a row by writing it under the token (e.g. UPDATE ... SET col = col '
                    'WHERE <primary key>), or protect the table with a key fence.';
-    ELSIF p.scope OPERATOR(pg_catalog.=) 'table' THEN
-        IF pg_catalog.cardinality(COALESCE(claim.key_values, '{}')) OPERATOR(pg_catalog.<>) 0 THEN
-            RAISE EXCEPTION USING ERRCODE = 'YF000',
-                MESSAGE = pg_catalog.format('fencekit.claim: %s has a table fence: it takes no '
-                                            'key values', claim.tbl);
-        END IF;
-        k := '';
-    ELSE
-        k := fencekit.key_text(claim.tbl, claim.key_values);
     END IF;
+    IF claim_fence.key IS NULL
+       OR (p.scope OPERATOR(pg_catalog.=) 'table' AND claim_fence.key OPERATOR(pg_catalog.<>) '')
+    THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF000',
+            MESSAGE = pg_catalog.format('fencekit.claim: %s has a %s fence: key %L does not name '
+                                        'one of its fences', claim_fence.tbl, p.scope,
+                                        claim_fence.key);
+    END IF;
+    -- Issuer: as a write, a token tagged with another issuer than the resource's is refused.
     SELECT rs.issuer INTO bound FROM fencekit.resources rs
      WHERE rs.resource OPERATOR(pg_catalog.=) p.resource;
-    IF bound IS NOT NULL AND COALESCE(claim.issuer, '') OPERATOR(pg_catalog.<>) ''
-       AND claim.issuer OPERATOR(pg_catalog.<>) bound THEN
+    bound := COALESCE(bound, p.spec OPERATOR(pg_catalog.->>) 'issuer');
+    IF bound IS NOT NULL AND tagged IS NOT NULL AND tagged OPERATOR(pg_catalog.<>) bound THEN
         RAISE EXCEPTION USING ERRCODE = 'YF007',
             MESSAGE = pg_catalog.format('fencekit.claim on %s: resource %L takes tokens from '
-                                        'issuer %L, not %L', claim.tbl, p.resource, bound,
-                                        claim.issuer),
+                                        'issuer %L, not %L', claim_fence.tbl, p.resource, bound,
+                                        tagged),
             DETAIL = pg_catalog.json_build_object(
-                'reason', 'issuer_mismatch', 'table', claim.tbl::text, 'resource', p.resource,
-                'token', claim.token, 'issuer', claim.issuer, 'expected_issuer', bound)::text;
+                'reason', 'issuer_mismatch', 'table', claim_fence.tbl::text,
+                'resource', p.resource, 'token', claim_fence.token, 'issuer', tagged,
+                'expected_issuer', bound)::text;
     END IF;
-    old := fencekit.current_fence(p.resource, k);
-    SELECT * INTO bad FROM fencekit.advance_fences(p.resource, ARRAY[k], claim.token, 'accept');
-    IF bad.bad_reason OPERATOR(pg_catalog.=) 'stale' THEN
+    -- Lease: on a lease-bound fence a write must carry the live lease's token; so must a claim.
+    IF COALESCE((p.spec OPERATOR(pg_catalog.->>) 'lease_bound')::boolean, false) THEN
+        SELECT * INTO lb FROM fencekit.lease_mismatch(p.resource, ARRAY[claim_fence.key],
+                                                      claim_fence.token);
+        IF lb.bad_key IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'YF006',
+                MESSAGE = pg_catalog.format(
+                    'fencekit.claim on %s: token %s is not the current lease token (%s) of '
+                    'resource %s', claim_fence.tbl, claim_fence.token,
+                    COALESCE(lb.lease_token::text, 'no lease'),
+                    fencekit.lease_resource(p.resource, claim_fence.key)),
+                DETAIL = pg_catalog.json_build_object(
+                    'reason', 'lease_mismatch', 'table', claim_fence.tbl::text,
+                    'resource', p.resource, 'key', claim_fence.key, 'token', claim_fence.token,
+                    'fence', lb.lease_token)::text,
+                HINT = 'The lease was lost or never held. Acquire the lease again before '
+                       'claiming.';
+        END IF;
+    END IF;
+    old := fencekit.current_fence(p.resource, claim_fence.key);
+    -- Under on_equal=reject a fence rejects its own token too (but for the transaction that
+    -- raised it): a claim recording the token itself would use it up, and the holder's first
+    -- write would fail. The token minus one rejects every older token just the same.
+    mark := claim_fence.token;
+    IF (p.spec OPERATOR(pg_catalog.->>) 'on_equal') OPERATOR(pg_catalog.=) 'reject' THEN
+        mark := claim_fence.token OPERATOR(pg_catalog.-) 1;
+    END IF;
+    IF mark OPERATOR(pg_catalog.>=) 1 THEN
+        SELECT b.bad_fence, b.bad_reason INTO bad_fence, bad_reason
+          FROM fencekit.advance_fences(p.resource, ARRAY[claim_fence.key], mark, 'accept') b;
+    ELSIF old IS NOT NULL THEN  -- token 1 under on_equal=reject: no older token to refuse
+        bad_fence := old;
+        bad_reason := 'stale';
+    END IF;
+    IF bad_reason OPERATOR(pg_catalog.=) 'stale' THEN
+        IF bad_fence OPERATOR(pg_catalog.=) claim_fence.token THEN
+            RAISE EXCEPTION USING ERRCODE = 'YF002',
+                MESSAGE = pg_catalog.format('fencekit.claim on %s: token %s was already used on '
+                                            'resource %L key %L, which accepts each token once',
+                                            claim_fence.tbl, claim_fence.token, p.resource,
+                                            claim_fence.key),
+                DETAIL = pg_catalog.json_build_object(
+                    'reason', 'reused', 'table', claim_fence.tbl::text, 'resource', p.resource,
+                    'key', claim_fence.key, 'token', claim_fence.token,
+                    'fence', bad_fence)::text,
+                HINT = 'Acquire a new lease (a new token).';
+        END IF;
         RAISE EXCEPTION USING ERRCODE = 'YF001',
             MESSAGE = pg_catalog.format('fencekit.claim on %s: token %s is lower than the fence %s '
-                                        'of resource %L key %L', claim.tbl, claim.token,
-                                        bad.bad_fence, p.resource, k),
+                                        'of resource %L key %L', claim_fence.tbl,
+                                        claim_fence.token, bad_fence, p.resource,
+                                        claim_fence.key),
             DETAIL = pg_catalog.json_build_object(
-                'reason', 'stale', 'table', claim.tbl::text, 'resource', p.resource,
-                'key', k, 'token', claim.token, 'fence', bad.bad_fence)::text,
+                'reason', 'stale', 'table', claim_fence.tbl::text, 'resource', p.resource,
+                'key', claim_fence.key, 'token', claim_fence.token, 'fence', bad_fence)::text,
             HINT = 'A newer holder has claimed or written this resource: the lease is superseded.';
-    ELSIF bad.bad_reason IS NOT NULL AND bad.bad_reason OPERATOR(pg_catalog.<>) 'reused' THEN
+    ELSIF bad_reason IS NOT NULL AND bad_reason OPERATOR(pg_catalog.<>) 'reused' THEN
         RAISE EXCEPTION USING ERRCODE = 'YF000',
-            MESSAGE = pg_catalog.format('fencekit.claim on %s: %s', claim.tbl, bad.bad_reason);
+            MESSAGE = pg_catalog.format('fencekit.claim on %s: %s', claim_fence.tbl, bad_reason);
     END IF;
     RETURN old;
 END;
 $fn$;
 
+COMMENT ON FUNCTION fencekit.claim_fence(regclass, text, bigint, text) IS
+    'fencekit: the definer part of fencekit.claim (call that): raises a key or table fence, '
+    'given as key text, to a token; needs write privilege on the table.';
+
+-- The caller's part: runs as the caller, with its rights. It takes the lock a write takes and
+-- names the key (fencekit.key_text: built-in types only), then hands text and bigint to
+-- claim_fence.
+CREATE OR REPLACE FUNCTION fencekit.claim(
+    tbl regclass, key_values text[], token bigint, issuer text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    r pg_catalog.name := fencekit.session_role();
+    sc text;
+    k text := '';
+BEGIN
+    IF NOT pg_catalog.has_table_privilege(r, claim.tbl, 'INSERT, UPDATE, DELETE') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = pg_catalog.format('fencekit.claim on %s: role %I may not write this table',
+                                        claim.tbl, r),
+            HINT = 'A claim does what a write would: it needs INSERT, UPDATE or DELETE on the table.';
+    END IF;
+    -- The lock a write takes (and needs the rights a write needs): operations that lock writers
+    -- out (move, rename, repair scripts, unprotect) exclude the claim, and it them.
+    -- dynamic SQL: LOCK TABLE takes no parameter; the table is a regclass known at run time
+    EXECUTE pg_catalog.format('LOCK TABLE ONLY %s IN ROW EXCLUSIVE MODE', claim.tbl);
+    SELECT pr.scope INTO sc FROM fencekit.protected pr
+     WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name))
+           OPERATOR(pg_catalog.=) claim.tbl;
+    IF sc OPERATOR(pg_catalog.=) 'key' THEN
+        k := fencekit.key_text(claim.tbl, claim.key_values);
+    ELSIF sc OPERATOR(pg_catalog.=) 'table'
+          AND pg_catalog.cardinality(COALESCE(claim.key_values, '{}')) OPERATOR(pg_catalog.<>) 0
+    THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF000',
+            MESSAGE = pg_catalog.format('fencekit.claim: %s has a table fence: it takes no '
+                                        'key values', claim.tbl);
+    END IF;
+    RETURN fencekit.claim_fence(claim.tbl, k, claim.token, claim.issuer);
+END;
+$fn$;
+
 COMMENT ON FUNCTION fencekit.claim(regclass, text[], bigint, text) IS
     'fencekit: raise a key or table fence to a new lease''s token at grant (older tokens are '
-    'stale from then on); needs write privilege on the table.';
+    'stale from then on), as a write under that token would; needs write privilege on the table.';
 
 REVOKE ALL ON FUNCTION fencekit.claim(regclass, text[], bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.claim(regclass, text[], bigint, text) TO PUBLIC;
+-- claim_fence checks the session's write privilege itself; claim (which anyone may call)
+-- calls it with the caller's rights.
+REVOKE ALL ON FUNCTION fencekit.claim_fence(regclass, text, bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.claim_fence(regclass, text, bigint, text) TO PUBLIC;
 
 INSERT INTO fencekit.meta (key, value) VALUES ('core_version', '5')
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;

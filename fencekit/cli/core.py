@@ -73,6 +73,16 @@ def _install(subparsers: Any) -> None:
     p.set_defaults(func=run_install, prog=p.prog)
 
 
+def _no_transaction_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-transaction",
+        dest="transaction",
+        action="store_false",
+        help="leave out BEGIN/COMMIT and the lock_timeout, to run the statements inside a "
+        "transaction someone else opens (a Django RunSQL, a migration tool's transaction)",
+    )
+
+
 def _sql(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sql",
@@ -97,6 +107,7 @@ def _sql(subparsers: Any) -> None:
         "  fencekit sql install > fencekit.sql && psql -v ON_ERROR_STOP=1 -f fencekit.sql",
     )
     _lock_timeout_option(inst)
+    _no_transaction_option(inst)
     inst.set_defaults(func=run_sql_install, prog=inst.prog)
 
     prot = commands.add_parser(
@@ -119,6 +130,7 @@ def _sql(subparsers: Any) -> None:
     )
     prot.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
     _spec_options(prot, from_ddl=True)
+    _no_transaction_option(prot)
     prot.set_defaults(func=run_sql_protect, prog=prot.prog)
 
     unprot = commands.add_parser(
@@ -134,6 +146,7 @@ def _sql(subparsers: Any) -> None:
     )
     unprot.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
     _spec_options(unprot, from_ddl=True)
+    _no_transaction_option(unprot)
     unprot.set_defaults(func=run_sql_unprotect, prog=unprot.prog)
     _sql_rename(commands)
     _sql_uninstall(commands)
@@ -414,14 +427,15 @@ def _run_script(conn: psycopg.Connection[Any], script: str, lock_timeout: str) -
 
 
 def run_sql_install(args: argparse.Namespace) -> int:
-    sys.stdout.write(sqlgen.render_install(lock_timeout=_lock_timeout(args)))
+    script = sqlgen.render_install(lock_timeout=_lock_timeout(args), transaction=args.transaction)
+    sys.stdout.write(script)
     return 0
 
 
 def _print_table_script(args: argparse.Namespace, render: Callable[..., str]) -> int:
     spec = _spec(args, _table(args.table))
     _offline_check(args, spec)
-    script = render(spec, lock_timeout=_lock_timeout(args))
+    script = render(spec, lock_timeout=_lock_timeout(args), transaction=args.transaction)
     sys.stdout.write(script)
     return 0
 

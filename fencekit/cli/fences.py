@@ -139,9 +139,12 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def _primary_key(conn: psycopg.Connection[Any], table_sql: str) -> list[tuple[str, str]]:
-    """The primary key's columns and their types, in index order."""
+    """The primary key's columns and the built-in types their values are read as, in index
+    order (``fencekit.builtin_type``: a domain's base type; it refuses a type that is not built
+    in, whose input, casts and checks would be the table owner's code run as the admin)."""
     rows = conn.execute(
-        "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) "
+        "SELECT a.attname, fencekit.builtin_type(i.indrelid::pg_catalog.regclass, "
+        "a.attname::pg_catalog.text) "
         "FROM pg_catalog.pg_index i "
         "CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY u(attnum, o) "
         "JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = u.attnum "
@@ -183,6 +186,11 @@ def _row_fences(
 
     table = sql.SQL(pt.spec.table.sql)
     col = sql.Identifier(pt.spec.column)
+    # This reads the user's table as the admin: no policy of its owner is evaluated (with
+    # row_security off, one that would apply makes the read fail instead), and every operator
+    # and function below is pg_catalog's.
+    conn.execute("SET row_security = off")
+    conn.execute("SET search_path = pg_catalog, pg_temp")
     pk = _primary_key(conn, pt.spec.table.sql)
     doc: dict[str, Any] = {
         "table": pt.spec.table.dotted,
@@ -226,7 +234,9 @@ def _row_fences(
                 f"{len(pk)} --key value(s), not {len(key)}"
             )
         where = sql.SQL(" AND ").join(
-            sql.SQL("{} = CAST({} AS {})").format(sql.Identifier(c), sql.Literal(v), sql.SQL(t))
+            sql.SQL("{} OPERATOR(pg_catalog.=) CAST({} AS {})").format(
+                sql.Identifier(c), sql.Literal(v), sql.SQL(t)
+            )
             for (c, t), v in zip(pk, key, strict=True)
         )
         found = conn.execute(

@@ -111,13 +111,15 @@ def _body(n: Names, sources: list[str]) -> str:
     label = spec.key[0] if len(spec.key) == 1 else f"({', '.join(spec.key)})"
     first = lit(spec.key[0])
     lease = _lease_check(n, label)
+    # Only a lease-bound fence's check (_lease_check) reads it: plpgsql_check flags it unused.
+    lease_var = "  lb pg_catalog.record;\n" if spec.lease_bound else ""
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}") + "DECLARE\n"
         f"  raw pg_catalog.text := {TOKEN};  -- read once: the statement is judged by this value\n"
         "  tok pg_catalog.int8;\n"
         "  s pg_catalog.record;\n"
         "  bad pg_catalog.record;\n"
-        "  lb pg_catalog.record;\n"
+        f"{lease_var}"
         "BEGIN\n"
         "  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
         "OPERATOR(pg_catalog.<>) '' THEN\n"

@@ -128,6 +128,10 @@ def _guard(spec: FenceSpec) -> str:
     )
 
 
+# The reason every EXECUTE in PL/pgSQL states (tests/security/test_plpgsql_check.py).
+_DYNAMIC = "-- dynamic SQL: the table or child is known only at run time (a regclass: quoted)"
+
+
 def _ensure_triggers(triggers: list[Trigger], on: str, indent: str) -> str:
     """PL/pgSQL ensuring ``triggers`` on ``on`` (a SQL expression yielding the regclass):
     replace one whose stamp differs, create one that is missing."""
@@ -141,10 +145,12 @@ def _ensure_triggers(triggers: list[Trigger], on: str, indent: str) -> str:
             f"{i}           AND t.tgname = {name}\n"
             f"{i}           AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
             f"{i}               {st}) THEN\n"
+            f"{i}  {_DYNAMIC}\n"
             f"{i}  EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', {name}, {on});\n"
             f"{i}END IF;\n"
             f"{i}IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n"
             f"{i}               WHERE t.tgrelid = {on} AND t.tgname = {name}) THEN\n"
+            f"{i}  {_DYNAMIC}\n"
             f"{i}  EXECUTE pg_catalog.format({lit(_format_template(tr))}, {on});\n"
             f"{i}  EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', {name}, {on}, "
             f"{st});\n"
@@ -166,6 +172,7 @@ def _drop_foreign_generations(n: Names, keep: set[str], on: str, indent: str) ->
         f"{i}                  OPERATOR(pg_catalog.=) {lit(prefix)}\n"
         f"{i}              AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL "
         f"(ARRAY[{keep_sql}]) LOOP\n"
+        f"{i}  {_DYNAMIC}\n"
         f"{i}  EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, {on});\n"
         f"{i}END LOOP;\n"
     )

@@ -94,9 +94,10 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         "  tok pg_catalog.int8;\n"
         "  byp pg_catalog.bool;\n"
         "  fence pg_catalog.int8;\n"
-        "  bad pg_catalog.record;\n"
-        "  lb pg_catalog.record;\n"
-        "BEGIN\n"
+        # Only the table fence's step (table.py) reads these; plpgsql_check flags unused ones.
+        + ("  bad pg_catalog.record;\n" if scope is Scope.TABLE else "")
+        + ("  lb pg_catalog.record;\n" if scope is Scope.TABLE and n.spec.lease_bound else "")
+        + "BEGIN\n"
         + _fast_path(n)
         + f"  raw := {TOKEN};  -- read once: everything below judges this value\n"
         "  byp := false;\n"

@@ -27,12 +27,14 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('CREATE SEQUENCE IF NOT EXISTS fencekit.%I',
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT SELECT ON SEQUENCE fencekit.%I TO PUBLIC', tag || ':' || r);
     IF r IN ('unfenced', 'bypassed') THEN
+      -- dynamic SQL: the same sequence, named after the table's tag (%I quotes it)
       EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE fencekit.%I TO PUBLIC',
                                 tag || ':' || r);
     END IF;
@@ -46,6 +48,7 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('DROP SEQUENCE IF EXISTS fencekit.%I', tag || ':' || r);
   END LOOP;
 END
@@ -78,7 +81,8 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
   RAISE EXCEPTION USING ERRCODE = '42501',
     MESSAGE = pg_catalog.format('fencekit: %s acts only for a transaction that is writing the '
-                                'table protected as %L', what, tag),
+                                'table protected as %L (called for %s)', what, tag,
+                                relid::pg_catalog.regclass),
     HINT = 'fencekit counts and raises rejections itself; nothing else needs to call it.';
 END
 $fn$;

@@ -42,8 +42,6 @@ DECLARE
   tok pg_catalog.int8;
   byp pg_catalog.bool;
   fence pg_catalog.int8;
-  bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   raw := pg_catalog.current_setting('fencekit.token', true);  -- read once: everything below judges this value
   byp := false;
@@ -82,7 +80,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=dd4b75293082c2d09bbc23050cdc87b54b970ab0622e5da672aa1b15f0e5fa20; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=d373970e65304413ca795693c95f7b31b8d6cfcf36fda929d57a15fe1a82725d; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
@@ -104,7 +102,6 @@ DECLARE
   tok pg_catalog.int8;
   s pg_catalog.record;
   bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
     -- A bypass asked for by a session that may not is refused, even if unneeded.
@@ -175,7 +172,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=6 sha256=07740edaa75d8c1a77e850fce1c71c3047782a9f2963fe177ab7ff383e6b3697; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=6 sha256=8b97b818c924b98798d6a07b697ae219a3d4136109857abbcf278c7fefeee988; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
 
@@ -197,7 +194,6 @@ DECLARE
   tok pg_catalog.int8;
   s pg_catalog.record;
   bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
     -- A bypass asked for by a session that may not is refused, even if unneeded.
@@ -269,7 +265,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=6 sha256=80729796e8f0e3de5d30ef974dfaae6ace8994a3a02e5f5be3bba7375f1dca77; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=6 sha256=361c1d9af83175f12ba4a3ffcdb802ec46c4fe56560491c447c224ed8740608e; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
 
@@ -291,7 +287,6 @@ DECLARE
   tok pg_catalog.int8;
   s pg_catalog.record;
   bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
     -- A bypass asked for by a session that may not is refused, even if unneeded.
@@ -362,7 +357,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=6 sha256=3c5ece6e5a783d25c9f7bba41529e5e5a9aaafce684eabb008806e5d6b7233a0; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=6 sha256=44f10d77ccff84dd125da709d80fc3f1c48a77a11116436479a31b6e624cd340; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
 
@@ -388,16 +383,19 @@ BEGIN
                   AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                       OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                   AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
     END LOOP;
     IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
@@ -407,10 +405,12 @@ BEGIN
                AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=8de4c5695f74af12c2f712edcf0fcaca05500276b561b38c8ff635cbdcbd5c92; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
       REFERENCING NEW TABLE AS fencekit_new
       FOR EACH STATEMENT
@@ -421,10 +421,12 @@ BEGIN
                AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=d480dcd0ece96f70d872185ce6a5e31bc2f6b267ce0e89a269b50db513746c52; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
       REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new
       FOR EACH STATEMENT
@@ -435,10 +437,12 @@ BEGIN
                AND t.tgname = 'fencekit_invoices_883e1d3584_del'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=b164831f3bfab7b23fe3638f0e2ff1c1fe7c998db4be3ead1237916732ac1afe; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
       REFERENCING OLD TABLE AS fencekit_old
       FOR EACH STATEMENT
@@ -451,7 +455,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=6 sha256=cc582d4a225290caf47350bbbb9185a0e7b67b8cd001235198e85a0d61a68155; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=6 sha256=8d2f16ffe92f30c9d87e1804b7341f69fb95eadbc524b386f0498cf79be10896; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
@@ -466,16 +470,19 @@ BEGIN
                 AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                     OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                 AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
   END LOOP;
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
@@ -485,10 +492,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=8de4c5695f74af12c2f712edcf0fcaca05500276b561b38c8ff635cbdcbd5c92; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
       REFERENCING NEW TABLE AS fencekit_new
       FOR EACH STATEMENT
@@ -499,10 +508,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=d480dcd0ece96f70d872185ce6a5e31bc2f6b267ce0e89a269b50db513746c52; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
       REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new
       FOR EACH STATEMENT
@@ -513,10 +524,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_del'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=b164831f3bfab7b23fe3638f0e2ff1c1fe7c998db4be3ead1237916732ac1afe; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
       REFERENCING OLD TABLE AS fencekit_old
       FOR EACH STATEMENT

@@ -40,8 +40,6 @@ DECLARE
   tok pg_catalog.int8;
   byp pg_catalog.bool;
   fence pg_catalog.int8;
-  bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   raw := pg_catalog.current_setting('fencekit.token', true);  -- read once: everything below judges this value
   byp := false;
@@ -75,7 +73,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=80e13549dde848c99964b98f5129babe16c3566429762db0f029965307aece40; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=6ffd11aff4e5d49ccdf8d5f0688c44046388d35ce52cb45b60c2863752f51c47; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
@@ -97,7 +95,6 @@ DECLARE
   tok pg_catalog.int8;
   s pg_catalog.record;
   bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
     -- A bypass asked for by a session that may not is refused, even if unneeded.
@@ -163,7 +160,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=6 sha256=4143e065ddfb7d5a509cf23cca7de1282f8aa82acdefdfec94faed76fb3cff99; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=6 sha256=84dd48a5a271d1b1811768d52f9458036d8e1721e7247a66ad2ff6dc7b32c0a6; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
 
@@ -185,7 +182,6 @@ DECLARE
   tok pg_catalog.int8;
   s pg_catalog.record;
   bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
     -- A bypass asked for by a session that may not is refused, even if unneeded.
@@ -252,7 +248,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=6 sha256=3aab70075e92a69e4850ba59b059d7719a17ed96bd870a8d0a085849249b014b; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=6 sha256=41842ec0ddf505d9b2738c76e2dcd6f7630454b7ea1d92da0b2f3e80c0ea648e; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
 
@@ -274,7 +270,6 @@ DECLARE
   tok pg_catalog.int8;
   s pg_catalog.record;
   bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
     -- A bypass asked for by a session that may not is refused, even if unneeded.
@@ -340,7 +335,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=6 sha256=2b53d5b33f3b4d012246b93ff1b922824256ddbac0fae777d6c5e49eeeda2c11; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=6 sha256=978c060cd291859484c096bbf62b084ae083e3ff9cee18921e7e8b8eaa01c21e; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
 
@@ -366,16 +361,19 @@ BEGIN
                   AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                       OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                   AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
     END LOOP;
     IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
@@ -385,10 +383,12 @@ BEGIN
                AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=8de4c5695f74af12c2f712edcf0fcaca05500276b561b38c8ff635cbdcbd5c92; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
       REFERENCING NEW TABLE AS fencekit_new
       FOR EACH STATEMENT
@@ -399,10 +399,12 @@ BEGIN
                AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=d480dcd0ece96f70d872185ce6a5e31bc2f6b267ce0e89a269b50db513746c52; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
       REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new
       FOR EACH STATEMENT
@@ -413,10 +415,12 @@ BEGIN
                AND t.tgname = 'fencekit_invoices_883e1d3584_del'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=b164831f3bfab7b23fe3638f0e2ff1c1fe7c998db4be3ead1237916732ac1afe; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
       REFERENCING OLD TABLE AS fencekit_old
       FOR EACH STATEMENT
@@ -429,7 +433,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=6 sha256=cc582d4a225290caf47350bbbb9185a0e7b67b8cd001235198e85a0d61a68155; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=6 sha256=8d2f16ffe92f30c9d87e1804b7341f69fb95eadbc524b386f0498cf79be10896; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
@@ -444,16 +448,19 @@ BEGIN
                 AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                     OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                 AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
   END LOOP;
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
@@ -463,10 +470,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=8de4c5695f74af12c2f712edcf0fcaca05500276b561b38c8ff635cbdcbd5c92; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
       REFERENCING NEW TABLE AS fencekit_new
       FOR EACH STATEMENT
@@ -477,10 +486,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=d480dcd0ece96f70d872185ce6a5e31bc2f6b267ce0e89a269b50db513746c52; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
       REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new
       FOR EACH STATEMENT
@@ -491,10 +502,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_del'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=b164831f3bfab7b23fe3638f0e2ff1c1fe7c998db4be3ead1237916732ac1afe; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
       REFERENCING OLD TABLE AS fencekit_old
       FOR EACH STATEMENT

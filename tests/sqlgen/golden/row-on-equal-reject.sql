@@ -53,8 +53,6 @@ DECLARE
   tok pg_catalog.int8;
   byp pg_catalog.bool;
   fence pg_catalog.int8;
-  bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
@@ -94,7 +92,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=1b5c8543c1be3683ee6d9901825e1f2621250a0a981538db04c205b4d7a28551; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=8700260db946214771f49e177441377a1009f0141f45a6d2a4582e2888d1752e; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
@@ -231,16 +229,19 @@ BEGIN
                   AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                       OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                   AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
     END LOOP;
     IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
@@ -250,10 +251,12 @@ BEGIN
                AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
@@ -264,10 +267,12 @@ BEGIN
                  AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                      'fencekit trigger template=6 sha256=eacc39d6163c1973cb0485d579c9aebe2856d37db2b553db78654cdfbff15ced; generated, do not edit') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
       FOR EACH ROW
       WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -278,10 +283,12 @@ BEGIN
                  AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                      'fencekit trigger template=6 sha256=f5d641f8fe5de5e2a9c633c3465f212481c6d30c3eda24a807edd165c7a802d7; generated, do not edit') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
       WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -292,10 +299,12 @@ BEGIN
                  AND t.tgname = 'fencekit_invoices_883e1d3584_del'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                      'fencekit trigger template=6 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
       FOR EACH ROW
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', child);
@@ -306,7 +315,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=6 sha256=34e25af3bbd74d26ab7f342308ca0ec5c5d9dc6fc6a1001ef15a38fb666c4b03; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=6 sha256=0b75361af412ebce063c4f1dc12a99717d684d975e0c36d0d7f3e2921c4dba0b; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
@@ -321,16 +330,19 @@ BEGIN
                 AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                     OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                 AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
   END LOOP;
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
@@ -340,10 +352,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
@@ -353,10 +367,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=eacc39d6163c1973cb0485d579c9aebe2856d37db2b553db78654cdfbff15ced; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
       FOR EACH ROW
       WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -367,10 +383,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=f5d641f8fe5de5e2a9c633c3465f212481c6d30c3eda24a807edd165c7a802d7; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
       WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -381,10 +399,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_del'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
       FOR EACH ROW
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', 'app.invoices'::pg_catalog.regclass);

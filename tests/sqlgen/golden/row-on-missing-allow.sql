@@ -53,8 +53,6 @@ DECLARE
   tok pg_catalog.int8;
   byp pg_catalog.bool;
   fence pg_catalog.int8;
-  bad pg_catalog.record;
-  lb pg_catalog.record;
 BEGIN
   IF (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       OR COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '')
@@ -95,7 +93,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=2ea09973d47cc69f611573d47a9996845d8ced9a993023752f006becf44f89bd; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=6 sha256=50fadbe07c1aeb16c065432547eb9880ec282e3fcf6ab2a73f59850666de7eca; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
 
@@ -232,16 +230,19 @@ BEGIN
                   AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                       OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                   AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
     END LOOP;
     IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
                AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
@@ -251,10 +252,12 @@ BEGIN
                AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
                AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                    'fencekit trigger template=6 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', child);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
       EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
@@ -265,10 +268,12 @@ BEGIN
                  AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                      'fencekit trigger template=6 sha256=eacc39d6163c1973cb0485d579c9aebe2856d37db2b553db78654cdfbff15ced; generated, do not edit') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
       FOR EACH ROW
       WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -279,10 +284,12 @@ BEGIN
                  AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                      'fencekit trigger template=6 sha256=3a15c51c36716b32ef8c180ba4486fc579d868e7459e38c3594357db834f4597; generated, do not edit') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
       WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -293,10 +300,12 @@ BEGIN
                  AND t.tgname = 'fencekit_invoices_883e1d3584_del'
                  AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                      'fencekit trigger template=6 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', child);
       END IF;
       IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                      WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
         EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
       FOR EACH ROW
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', child);
@@ -307,7 +316,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=6 sha256=d9811893edbee38f025b7744001afc4b6c91b9f023fd9f7b1022992f6bc14ded; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=6 sha256=09d991f8a32666b09f6238c424f7654e20295ab9e7cf947c9c774b6e16e267b8; generated, do not edit';
 
 REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
@@ -322,16 +331,19 @@ BEGIN
                 AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
                     OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
                 AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
   END LOOP;
   IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
              AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
@@ -341,10 +353,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
       FOR EACH STATEMENT
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
@@ -354,10 +368,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=eacc39d6163c1973cb0485d579c9aebe2856d37db2b553db78654cdfbff15ced; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
       FOR EACH ROW
       WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -368,10 +384,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=3a15c51c36716b32ef8c180ba4486fc579d868e7459e38c3594357db834f4597; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
       FOR EACH ROW
       WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
@@ -382,10 +400,12 @@ BEGIN
              AND t.tgname = 'fencekit_invoices_883e1d3584_del'
              AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
                  'fencekit trigger template=6 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', 'app.invoices'::pg_catalog.regclass);
   END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                  WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
+    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
     EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
       FOR EACH ROW
       EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', 'app.invoices'::pg_catalog.regclass);

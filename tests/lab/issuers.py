@@ -37,10 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-LOOPBACK = "127.0.0.1"
-
-#: In CI (CI=true) a missing server or client library fails the issuer tests instead of skipping.
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+from tests.lab.ports import LOOPBACK, free_ports
 
 
 class ServerStartError(RuntimeError):
@@ -52,24 +49,6 @@ class ServerBinaryMissing(RuntimeError):
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def free_ports(count: int) -> list[int]:
-    """Return ``count`` distinct currently-free TCP ports on loopback.
-
-    The sockets are held open together while the kernel picks, so the ports are distinct;
-    another process may still grab one before the server binds it, which start() reports.
-    """
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _port_open(port: int, timeout: float = 0.3) -> bool:
@@ -192,7 +171,11 @@ class EtcdCluster:
         *,
         binary: str | None = None,
         cluster_token: str = "fencekit-test",
+        election_ms: int = 1000,
     ) -> None:
+        """``election_ms``: etcd's election timeout (heartbeat a tenth of it); etcd's minimum
+        lease TTL follows it (1 s at 500 ms, as the chaos run wants)."""
+        self.election_ms = election_ms
         self.base_dir = Path(base_dir)
         self.size = size
         self.binary = binary or etcd_binary()
@@ -245,9 +228,9 @@ class EtcdCluster:
             self.cluster_token,
             # Fast elections keep the leader-kill test short; fine on loopback.
             "--heartbeat-interval",
-            "100",
+            str(self.election_ms // 10),
             "--election-timeout",
-            "1000",
+            str(self.election_ms),
             "--logger",
             "zap",
             "--log-outputs",
@@ -600,6 +583,11 @@ class ZooKeeperEnsemble:
             if self.mode(s) in ("leader", "standalone"):
                 return s
         return None
+
+    def kill_server(self, server: ZooKeeperServer) -> None:
+        """SIGKILL one server (the way a crashed machine goes)."""
+        _kill_process(server.proc)
+        self._reap(server)
 
     def stop_server(self, server: ZooKeeperServer) -> None:
         _stop_process(server.proc)

@@ -38,7 +38,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -52,6 +51,8 @@ from typing import IO, Any
 
 import psycopg
 
+from tests.lab.ports import LOOPBACK, free_ports
+
 __all__ = [
     "PATRONI_VERSION",
     "ClusterError",
@@ -60,7 +61,6 @@ __all__ = [
     "patroni_binary",
 ]
 
-LOOPBACK = "127.0.0.1"
 PATRONI_VERSION = "4.1.5"
 _OS_USER = "postgres"
 
@@ -70,6 +70,7 @@ class ClusterError(RuntimeError):
 
 
 def _repo_root() -> Path:
+    # The lab lives in a checkout (tests/lab/), never in the wheel: the root is two levels up.
     return Path(__file__).resolve().parents[2]
 
 
@@ -91,19 +92,6 @@ def patroni_binary() -> Path:
             "or set FENCEKIT_PATRONI to a patroni program the postgres OS user can run"
         )
     return path
-
-
-def _free_ports(count: int) -> list[int]:
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _as_postgres() -> dict[str, Any]:
@@ -263,7 +251,7 @@ class PatroniCluster:
             raise ClusterError("etcd not found: apt-get install etcd-server etcd-client")
         self.patroni = patroni or patroni_binary()
         self.scope = scope or f"fk{uuid.uuid4().hex[:8]}"
-        ports = _free_ports(6)
+        ports = free_ports(6)
         self.etcd_port, self.etcd_peer = ports[0], ports[1]
         self.nodes = [
             PatroniNode(f"node{i}", ports[2 + 2 * i], ports[3 + 2 * i], base_dir / f"node{i}")

@@ -1,6 +1,6 @@
-"""``fencekit chaos --ha``: workers contend for leases while the primary of a Patroni cluster dies.
+"""``python -m tests.lab ha``: workers contend for leases while a Patroni primary dies.
 
-A real two-node cluster (:mod:`fencekit.ha.cluster`: PostgreSQL under Patroni, etcd) runs the
+A real two-node cluster (:mod:`tests.lab.patroni`: PostgreSQL under Patroni, etcd) runs the
 chaos register, fenced lease-bound, with fencekit's built-in issuer in the same database.
 Worker threads take leases (``fencekit.acquire``) and do read-modify-writes under their tokens
 through the multi-host DSN (``target_session_attrs=read-write``); mid-run the nemesis kills the
@@ -41,10 +41,10 @@ from fencekit.chaos.checker import LogRow, Report, check, format_report
 from fencekit.chaos.history import Event, true_time
 from fencekit.chaos.run import final_state
 from fencekit.errors import CommitOutcomeUnknownError, FenceError
-from fencekit.ha.cluster import PatroniCluster
 from fencekit.leases.base import Grant, IssuerError
 from fencekit.leases.postgres import PostgresIssuer
 from fencekit.psycopg import transaction
+from tests.lab.patroni import PatroniCluster
 
 __all__ = ["HAConfig", "HAResult", "format_ha", "run_ha"]
 
@@ -412,7 +412,7 @@ def run_ha(
 def format_ha(res: HAResult) -> str:
     c = res.config
     lines = [
-        f"fencekit chaos --ha ({c.mode} replication): {'PASS' if res.ok else 'FAIL'}",
+        f"python -m tests.lab ha ({c.mode} replication): {'PASS' if res.ok else 'FAIL'}",
         f"  failover: primary killed, standby writable after {res.failover_s:.2f}s; "
         f"timeline {res.timelines[0]} -> {res.timelines[1]}",
         f"  lost in the failover: {len(res.lost_writes)} acknowledged write(s)"
@@ -432,8 +432,8 @@ def format_ha(res: HAResult) -> str:
 
 
 def cli_run(args: Any) -> int:
-    """``fencekit chaos --ha [async|sync|both]``: the runs, their reports, the exit status."""
-    from fencekit.ha.cluster import ClusterError
+    """``python -m tests.lab ha [async|sync|both]``: the runs, their reports, the exit status."""
+    from tests.lab.patroni import ClusterError
 
     modes = ("async", "sync") if args.ha == "both" else (args.ha,)
     try:
@@ -452,19 +452,19 @@ def cli_run(args: Any) -> int:
             for mode in modes
         ]
     except ValueError as exc:
-        print(f"fencekit chaos --ha: {exc}")
+        print(f"python -m tests.lab ha: {exc}")
         return 2
     results: list[HAResult] = []
     try:
         with PatroniCluster.start_new() as cluster:
-            print(f"fencekit chaos --ha: Patroni cluster up ({cluster.nodes[0].name}, "
+            print(f"python -m tests.lab ha: Patroni cluster up ({cluster.nodes[0].name}, "
                   f"{cluster.nodes[1].name}, etcd) on loopback")  # fmt: skip
             for cfg in configs:
                 res = run_ha(cfg, cluster=cluster, say=lambda s: print(f"  {s}"))
                 print(format_ha(res))
                 results.append(res)
     except ClusterError as exc:
-        print(f"fencekit chaos --ha: error: {exc}")
+        print(f"python -m tests.lab ha: error: {exc}")
         return 1
     if args.json:
         print(
