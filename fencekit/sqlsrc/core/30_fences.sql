@@ -136,12 +136,12 @@ $fn$;
 
 -- No token (even when the statement check saw one: a statement may clear it): true when the
 -- session may bypass, false when on_missing=allow, else raises YF003. Every write it lets
--- through is counted ('bypassed' or 'unfenced', as fencekit.count_event counts), each time it
--- is asked with `counted`; no session setting decides whether it counts. Each check that judges a write
--- asks once: a key or table fence's statement check once per statement, a row fence's row
--- trigger once per row (its statement check judges the statement without counting it, bar a
--- TRUNCATE, which has no row triggers). The bypass test reads the setting first: a plain
--- tokenless write pays no call for it.
+-- through is counted ('bypassed' or 'unfenced', as fencekit.count_event counts) each time it
+-- is asked with `counted`; no session setting decides whether it counts. Each check that
+-- judges a write asks once: a key or table fence's statement check once per statement, a row
+-- fence's row trigger once per row (the row fence's statement check asks without counting,
+-- bar a TRUNCATE, which has no row triggers; under on_missing=allow it does not ask at all).
+-- The bypass test reads the setting first: a plain tokenless write pays no call for it.
 DROP FUNCTION IF EXISTS fencekit.unfenced_row(text, oid, text, boolean);  -- before core 3
 DROP FUNCTION IF EXISTS fencekit.unfenced_write(text, oid, text, boolean);  -- before core 5
 CREATE OR REPLACE FUNCTION fencekit.unfenced_write(tag text, relid oid, trigger_name text,
