@@ -88,3 +88,66 @@ def test_module_level_imports_have_no_cycle() -> None:
         if node not in state:
             visit(node)
     assert cycles == []
+
+
+def test_no_cli_command_imports_another() -> None:
+    """Each ``fencekit/cli/<command>.py`` imports only ``fencekit.cli``, ``fencekit.cli.common``
+    and ``fencekit.cli.hints``, at any depth (a command imported inside a function is still a
+    cycle in waiting): a new command never has to read another to be understood."""
+    cli = PACKAGE / "cli"
+    shared = {"__init__", "__main__", "common", "hints"}  # hints: catalog fixes as CLI text
+    commands = {f"fencekit.cli.{p.stem}" for p in cli.glob("*.py") if p.stem not in shared}
+    offenders = {
+        name: sorted(i for i in _imports(path, top_level_only=False) if i in commands - {name})
+        for name, path in _modules().items()
+        if name in commands
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+#: The layers of fencekit/, from pure data to I/O (docs/dev/architecture.md, "Layers"): a module
+#: imports only from its own layer or lower ones, at any depth.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("fencekit.spec", "fencekit.ident"),
+    ("fencekit.errors", "fencekit._psycopg_errors", "fencekit.context", "fencekit.sqlgen",
+     "fencekit.ddl"),
+    ("fencekit.catalog", "fencekit.embedded", "fencekit.declare"),
+    (
+        "fencekit.psycopg", "fencekit.psycopg2", "fencekit.asyncpg", "fencekit._psycopg_internals",
+        "fencekit.sqlalchemy", "fencekit.orm", "fencekit.django", "fencekit.alembic_plugin",
+        "fencekit._alembic_entry", "fencekit.leases", "fencekit.metrics", "fencekit.tasks",
+        "fencekit.chaos", "fencekit.testing",
+    ),
+    ("fencekit.cli", "fencekit.bench", "fencekit.demo"),
+)  # fmt: skip
+
+
+def _layer(module: str) -> int | None:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [name for name in _modules() if name != "fencekit" and _layer(name) is None]
+    assert unplaced == [], "add them to LAYERS (and to docs/dev/architecture.md)"
+
+
+def test_imports_run_from_pure_data_to_io() -> None:
+    """Nothing lower imports anything higher (the package's __init__ re-exports the public API
+    and is exempt)."""
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        mine = _layer(name)
+        if mine is None:
+            continue
+        for imp in _imports(path, top_level_only=False):
+            target = next((m for m in (imp, imp.rsplit(".", 1)[0]) if m in modules), None)
+            if target is None or target == "fencekit":
+                continue
+            theirs = _layer(target)
+            if theirs is not None and theirs > mine:
+                upward.append(f"{name} (layer {mine}) imports {target} (layer {theirs})")
+    assert sorted(set(upward)) == []
