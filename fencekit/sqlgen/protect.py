@@ -43,10 +43,32 @@ def table_objects(spec: FenceSpec) -> TableObjects:
         more = key_objects(n)
     else:
         more = ([], [])
-    triggers += more[1]
+    triggers += [*more[1], root_guard(n, functions[0])]
     partial = TableObjects(spec, TEMPLATE_VERSION, n.tag, (), tuple(triggers))
     functions += [*more[0], cover_function(partial, n)]
     return TableObjects(spec, TEMPLATE_VERSION, n.tag, tuple(functions), tuple(triggers))
+
+
+def root_guard(n: Names, function: Function) -> Trigger:
+    """A trigger that keeps the protected table from becoming a child of another table.
+
+    PostgreSQL fires a table's statement triggers only for statements that name it, so a
+    protected table made an inheritance child (``ALTER TABLE t INHERIT other``) or a partition
+    (``ATTACH PARTITION``) of a table fencekit does not protect would take writes through that
+    parent without its statement checks. PostgreSQL refuses both for a table with a row trigger
+    that has a transition table; this one is never queued (``WHEN (false)``) and never runs. It
+    uses DELETE, whose transition rows a key fence captures anyway. PostgreSQL allows it only
+    on a plain table that has no parent yet: a partitioned table or a table already a child
+    goes without (status reports a protected table with an unprotected ancestor)."""
+    return Trigger(
+        n.trigger("root"),
+        "AFTER DELETE",
+        "ROW",
+        function,
+        when="false",
+        referencing="OLD TABLE AS fencekit_old",
+        root_only=True,
+    )
 
 
 def create_trigger_sql(trigger: Trigger, on: str) -> str:
@@ -190,7 +212,7 @@ def cover_function(objs: TableObjects, n: Names) -> Function:
     root = f"{lit(objs.spec.table.sql)}::pg_catalog.regclass"
     keep = {tr.name for tr in objs.triggers}
     statement = [tr for tr in objs.triggers if tr.on_partitions]
-    row = [tr for tr in objs.triggers if not tr.on_partitions]
+    row = [tr for tr in objs.triggers if not tr.on_partitions and not tr.root_only]
     body = (
         "\n" + n.title("partition and child coverage") + "DECLARE\n"
         "  old pg_catalog.name;\n"
@@ -223,7 +245,13 @@ def _triggers_sql(objs: TableObjects, n: Names) -> str:
         "  old pg_catalog.name;\n"
         "BEGIN\n"
         + _drop_foreign_generations(n, keep, root, "  ")
-        + _ensure_triggers(list(objs.triggers), root, "  ")
+        + _ensure_triggers([tr for tr in objs.triggers if not tr.root_only], root, "  ")
+        + "  IF EXISTS (SELECT FROM pg_catalog.pg_class c\n"
+        f"             WHERE c.oid = {root} AND c.relkind = 'r' AND NOT c.relispartition\n"
+        "               AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i\n"
+        "                                WHERE i.inhrelid = c.oid)) THEN\n"
+        + _ensure_triggers([tr for tr in objs.triggers if tr.root_only], root, "    ")
+        + "  END IF;\n"
         + f"  PERFORM {cover.sql_name}();\n"
         "  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n"
         "              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace\n"

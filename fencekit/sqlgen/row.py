@@ -38,6 +38,13 @@ def _declare(title: str) -> str:
 
 def _unfenced(n: Names, row: str, unfenced: str) -> str:
     """No token: bypass (the row passes as written), on_missing=allow, or YF003."""
+    if unfenced == f"    RETURN {row};\n":  # allowed and bypassed alike
+        return (
+            "  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN\n"
+            f"    PERFORM fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow});\n"
+            f"    RETURN {row};\n"
+            "  END IF;\n"
+        )
     return (
         "  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN\n"
         f"    IF fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow}) THEN\n"
@@ -114,7 +121,10 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     ins = n.function(
         "ins",
         _declare(title)
-        + _unfenced(n, "NEW", f"    NEW.{col} := NULL;\n    RETURN NEW;\n")
+        # Without a token the row keeps the fence it carries: a row that a tokenless UPDATE
+        # moves to another partition arrives here with its fence, which must not be cleared;
+        # a new row's fence is then only what its own writer wrote (nothing else's is lowered).
+        + _unfenced(n, "NEW", "    RETURN NEW;\n")
         + validate_token(n)
         + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
     )
