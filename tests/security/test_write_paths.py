@@ -263,3 +263,21 @@ def test_protected_table_cannot_become_a_child_of_an_unprotected_table(
         )
         db.rollback()
     findings.assert_clean()
+
+
+# ------------------------------------------- the shared judgement is not the writers' to call
+
+
+def test_writers_cannot_call_the_shared_judgement(roles: Conn) -> None:
+    """``fencekit.judge_fences`` writes fences as its definer: only the generated trigger
+    functions (owned by fencekit_admin members) call it; a writer or owner gets 42501."""
+    db = roles
+    for role in ROLES:
+        got = outcome(
+            db,
+            "SELECT fencekit.judge_fences('t', 0, 'x', 'r', ARRAY['1'], 9000000000, 'accept', "
+            "false)",
+            role=role,
+        )
+        assert got.sqlstate == "42501", f"{role}: {got}"
+    assert fences(db, "r") == {}
