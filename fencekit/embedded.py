@@ -180,6 +180,20 @@ def start_embedded(datadir: Path | None = None) -> EmbeddedServer:
     cluster in it is reused. Independent servers may run concurrently as long as their data
     directories differ: each listens only on a unix socket in its own directory.
     """
+    for attempt in range(3):
+        try:
+            return _start_embedded(datadir)
+        except EmbeddedServerError:
+            # The first start on a fresh machine can lose a race inside pgserver (as root it
+            # creates its system user and chowns the data directory; initdb then failed once
+            # with "could not change permissions ... Operation not permitted"). A fresh
+            # directory starts cleanly; a server that cannot start at all fails three times.
+            if attempt == 2 or datadir is not None:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_embedded(datadir: Path | None) -> EmbeddedServer:
     pgserver = _import_pgserver()
 
     owned_tmp: Path | None = None

@@ -7,6 +7,7 @@ scripts) reads a :class:`FenceSpec`; nothing else decides what gets generated.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Literal
@@ -184,6 +185,43 @@ class FenceSpec:
 
     def with_changes(self, **changes: Any) -> FenceSpec:
         return replace(self, **changes)
+
+    def describe(self) -> str:
+        """A short human description, for tables and messages."""
+        parts = [f"{self.scope} fence"]
+        if self.scope is Scope.KEY:
+            parts.append(f"key ({', '.join(self.key)})")
+        if self.scope is Scope.ROW:
+            parts.append(f"column {self.column}")
+        if self.resource is not None:
+            parts.append(f"resource {self.resource}")
+        if self.issuer is not None:
+            parts.append(f"issuer {self.issuer}")
+        if self.on_missing != "reject":
+            parts.append(f"on_missing={self.on_missing}")
+        if self.on_equal != "accept":
+            parts.append(f"on_equal={self.on_equal}")
+        return ", ".join(parts)
+
+    def cli_args(self) -> str:
+        """The ``fencekit protect`` arguments that reproduce this spec, shell-quoted (the
+        generated scripts print the same through ``sqlgen.protect.shell_args_sql``)."""
+        args = [str(self.table)]
+        if self.scope is Scope.TABLE:
+            args += ["--scope", "table"]
+        for k in self.key:
+            args += ["--key", k]
+        if self.resource is not None:
+            args += ["--resource", self.resource]
+        if self.on_missing != "reject":
+            args += ["--on-missing", self.on_missing]
+        if self.on_equal != "accept":
+            args += ["--on-equal", self.on_equal]
+        if self.scope is Scope.ROW and self.column != DEFAULT_COLUMN:
+            args += ["--column", self.column]
+        if self.issuer is not None:
+            args += ["--issuer", self.issuer]
+        return " ".join(shlex.quote(a) for a in args)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; the registry stores it and alembic renders it."""

@@ -1,4 +1,4 @@
-# Sourced by scripts/test: Patroni for the HA tests (tests/ha) and `fencekit chaos --ha`.
+# Sourced by scripts/test: Patroni for the HA tests (tests/ha) and `python -m tests.lab ha`.
 # Usage: ensure_patroni   (sets FENCEKIT_PATRONI to the patroni program)
 # A virtualenv of Debian's own Python (/usr/bin/python3), cached in .cache/patroni/venv-<v>:
 # Patroni runs as the postgres OS user (PostgreSQL refuses root), which must be able to read

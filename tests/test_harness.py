@@ -100,6 +100,7 @@ def test_pgbouncer_transaction_mode(pgbouncer, db: psycopg.Connection, make_role
     assert config["pool_mode"] == "transaction"
 
 
+@pytest.mark.server
 def test_embedded_servers_are_independent_and_cleaned(tmp_path) -> None:
     with start_embedded() as a, start_embedded(tmp_path / "kept") as b:
         assert a.host != b.host

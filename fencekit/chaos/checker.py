@@ -707,8 +707,17 @@ def _fmt_event(e: Event, invokes: dict[str, Event]) -> str:
     return f"{head} {extra}"
 
 
+def _is_connection_error(reason: str) -> bool:
+    """A failed write that reached no verdict (connection lost before COMMIT, another error):
+    counted apart from the fence's rejections."""
+    return reason == "connection" or reason.startswith("error:")
+
+
 def format_report(r: Report, *, max_violations: int = 5) -> str:
-    rej = ", ".join(f"{k} {v}" for k, v in sorted(r.rejected.items())) or "none"
+    fence = {k: v for k, v in r.rejected.items() if not _is_connection_error(k)}
+    errors = {k: v for k, v in r.rejected.items() if _is_connection_error(k)}
+    rej = ", ".join(f"{k} {v}" for k, v in sorted(fence.items())) or "none"
+    err = ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"
     contract = contract_for(r.issuer)
     lease_kinds = ("duplicate token", "reused token", "token went down", "lease overlap")
     lease_bad = ", ".join(f"{k} {r.count(k)}" for k in lease_kinds)
@@ -726,7 +735,8 @@ def format_report(r: Report, *, max_violations: int = 5) -> str:
                                       if r.clock_overlaps else "")),
         ("writes attempted", f"{r.writes}"),
         ("  acknowledged", f"{r.acknowledged}"),
-        ("  rejected", f"{sum(r.rejected.values())} ({rej})"),
+        ("  rejected", f"{sum(fence.values())} ({rej})"),
+        ("  connection errors", f"{sum(errors.values())} ({err}; no verdict, not rejections)"),
         ("  indeterminate", f"{r.unknown} ({r.unknown_applied} committed, "
                             f"{r.unknown - r.unknown_applied} not)"),
         ("  unfenced (no token)", f"{r.unfenced_attempts}"),

@@ -1,4 +1,4 @@
-"""The nemesis: pauses workers past their lease, kills them, crash-restarts PostgreSQL.
+"""The nemesis: pauses workers past their lease and kills them; runs the faults it is given.
 
 It owns the worker processes. One action at a time, at seeded random intervals:
 
@@ -7,19 +7,11 @@ It owns the worker processes. One action at a time, at seeded random intervals:
   a token that has gone stale.
 - ``kill``: SIGKILL a worker (possibly mid-write: its outcome is unknown) and start a
   replacement under a new name.
-- ``crash``: ``pg_ctl stop -m immediate``, then, with pgbouncer, restart pgbouncer while the
-  server is down, then start the server again (recovery from the WAL).
+- any :class:`Fault` it is given. fencekit's own run against your database has none; the lab
+  (tests/lab/chaos.py, in a checkout) adds server crashes, pgbouncer paused with commits in
+  flight, faked clocks and issuer nodes killed or paused, on servers it starts itself.
 
-- ``clock`` (with clock faults on): step a faked clock (the workers' or the PostgreSQL
-  server's: :mod:`fencekit.chaos.clocks`) forward or back, run it fast or slow, or freeze the
-  workers' clock, for 1 to 3 s, then put it right.
-- ``net`` (with network faults on): SIGSTOP pgbouncer for 1.5 to 2.5 s: every connection hangs,
-  commits in flight included, so their writers do not know whether they landed.
-- ``node`` (with an etcd or ZooKeeper cluster): SIGKILL the cluster's leader and restart it
-  1 to 2 s later, or SIGSTOP a member for 1 to 2.5 s.
-
-A short run still gets at least one kill and, when crashes are possible, one crash; each
-enabled extra fault happens at least once.
+A short run still gets at least one kill, and each fault at least once (by its ``due``).
 """
 
 from __future__ import annotations
@@ -30,20 +22,42 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from fencekit.chaos.clocks import FakeClock
-from fencekit.chaos.clusters import Cluster
 from fencekit.chaos.history import HistoryWriter
-from fencekit.chaos.server import Bouncer, ControlledServer
 
-__all__ = ["Nemesis"]
+__all__ = ["Fault", "Nemesis"]
 
 _HOLDERS = "SELECT holder FROM fencekit.leases_current"
+
+
+class Fault:
+    """A fault the nemesis can inject besides pausing and killing workers.
+
+    Subclasses set ``kind`` (a name, unique per run) and implement :meth:`inject`. The nemesis
+    picks a fault with probability ``weight`` (pause: 5, kill: 1, nothing: 2) when
+    :meth:`ready`, and forces it once the run is ``due`` (a fraction) through if it has not
+    happened yet.
+    """
+
+    kind = "fault"
+    weight = 1.5
+    due: float | None = 0.2
+
+    def ready(self, elapsed: float, remaining: float) -> bool:
+        """May the fault happen now (``elapsed`` / ``remaining`` seconds of the run)?"""
+        return True
+
+    def inject(self, nemesis: Nemesis) -> tuple[float, Callable[[], None]] | None:
+        """Inject the fault; return (seconds, undo) for the nemesis to undo it later."""
+        raise NotImplementedError
+
+    def tick(self) -> None:
+        """Called every step (e.g. a faked clock that moves on its own)."""
 
 
 class Nemesis:
@@ -56,12 +70,9 @@ class Nemesis:
         workdir: Path,
         history: HistoryWriter,
         admin_dsn: str,
-        server: ControlledServer | None,
-        bouncer: Bouncer | None,
         progress: Callable[[str], None],
-        clocks: dict[str, FakeClock] | None = None,
-        net_faults: bool = False,
-        cluster: Cluster | None = None,
+        faults: Sequence[Fault] = (),
+        worker_env: dict[str, str] | None = None,
     ) -> None:
         self.rng = rng
         self.ttl = ttl
@@ -69,20 +80,15 @@ class Nemesis:
         self.workdir = workdir
         self.history = history
         self.admin_dsn = admin_dsn
-        self.server = server
-        self.bouncer = bouncer
         self.progress = progress
+        self.faults = list(faults)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.paused: dict[str, float] = {}  # name -> resume at (monotonic)
         self.generation: dict[str, int] = {}
         self._conn: psycopg.Connection[Any] | None = None
-        self.clocks = clocks or {}
-        self.net_faults = net_faults and bouncer is not None
-        self.cluster = cluster
-        # Faults to undo: (at, monotonic; what). One of each kind at a time.
+        # Faults to undo: kind -> (at, monotonic; undo). One of each kind at a time.
         self.pending: dict[str, tuple[float, Callable[[], None]]] = {}
-        worker_clock = self.clocks.get("workers")
-        self.worker_env = {**os.environ, **(worker_clock.env() if worker_clock else {})}
+        self.worker_env = {**os.environ, **(worker_env or {})}
 
     # ------------------------------------------------------------ workers
 
@@ -126,77 +132,20 @@ class Nemesis:
             self.paused[name] = time.monotonic() + seconds
             self.history.append("pause", worker=name, seconds=round(seconds, 3))
 
-    # ------------------------------------------------------------ clocks, network, cluster
+    def undo_now(self, kind: str) -> None:
+        """Undo a pending fault at once (e.g. a paused pgbouncer before a server crash)."""
+        if kind in self.pending:
+            self.pending.pop(kind)[1]()
 
-    def clock(self) -> None:
-        free = [t for t in self.clocks if f"clock:{t}" not in self.pending]
-        if not free:
-            return
-        target = self.rng.choice(sorted(free))
-        fake = self.clocks[target]
-        # A frozen server clock stalls every lease; freezing is for the workers' clocks.
-        kind, what = fake.random_fault(self.rng, self.ttl, freeze=target == "workers")
-        # Recorded before it takes effect, put right before "put right" is recorded: the
-        # history's fault window always covers the clock's wrong time.
-        self.history.append("clock", target=target, fault=kind, what=what)
-        fake.tick()
-
-        def undo() -> None:
-            fake.reset()
-            self.history.append("clock", target=target, fault=None, what="put right")
-
-        self.pending[f"clock:{target}"] = (time.monotonic() + self.rng.uniform(1.0, 3.0), undo)
-
-    def net(self) -> None:
-        if not self.net_faults or "net" in self.pending or self.bouncer is None:
-            return
-        bouncer = self.bouncer
-        self.history.append("net", fault="pgbouncer paused (SIGSTOP)")  # before it happens
-        if not bouncer.pause():
-            self.history.append("net", fault=None, action="pgbouncer not running")
-            return
-
-        def undo() -> None:
-            bouncer.resume()
-            self.history.append("net", fault=None, action="pgbouncer resumed (SIGCONT)")
-
-        self.pending["net"] = (time.monotonic() + self.rng.uniform(1.5, 2.5), undo)
-
-    def node(self) -> None:
-        cluster = self.cluster
-        if cluster is None or "node" in self.pending:
-            return
-        if self.rng.random() < 0.5:
-            leader = cluster.leader()
-            if leader is None:
-                return
-            leader.kill()
-            self.history.append("node", fault="leader killed (SIGKILL)", node=leader.name)
-
-            def undo() -> None:
-                try:
-                    cluster.restart(leader, timeout=30)
-                except Exception as exc:  # the run goes on with two members
-                    self.progress(f"nemesis: {leader.name} did not come back: {exc}")
-                self.history.append("node", fault=None, action="restarted", node=leader.name)
-
-            self.pending["node"] = (time.monotonic() + self.rng.uniform(1.0, 2.0), undo)
-            return
-        member = self.rng.choice([n for n in cluster.nodes if n.running])
-        member.signal(signal.SIGSTOP)
-        member.paused = True
-        self.history.append("node", fault="member paused (SIGSTOP)", node=member.name)
-
-        def resume() -> None:
-            member.signal(signal.SIGCONT)
-            member.paused = False
-            self.history.append("node", fault=None, action="resumed", node=member.name)
-
-        self.pending["node"] = (time.monotonic() + self.rng.uniform(1.0, 2.5), resume)
+    def reconnect(self) -> None:
+        """Drop the nemesis's own connection (after a fault that broke it)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def resume_due(self, *, all_: bool = False) -> None:
-        for fake in self.clocks.values():
-            fake.tick()
+        for fault in self.faults:
+            fault.tick()
         now = time.monotonic()
         for key, (at, undo) in list(self.pending.items()):
             if all_ or at <= now:
@@ -222,29 +171,6 @@ class Nemesis:
         self.history.append("kill", worker=name)
         self.spawn(name.split(".", 1)[0])
 
-    # ------------------------------------------------------------ server
-
-    def crash(self) -> None:
-        if self.server is None:
-            return
-        self.progress("nemesis: crash-restarting PostgreSQL (immediate shutdown)")
-        if "net" in self.pending:  # a paused pgbouncer cannot be restarted: resume it first
-            self.pending.pop("net")[1]()
-        self.server.crash()
-        self.history.append("crash")
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if self.bouncer is not None:
-            self.bouncer.stop()
-            self.bouncer.start()
-            self.history.append("bouncer", action="restart")
-        time.sleep(self.rng.uniform(0.1, 0.5))
-        started = time.monotonic()
-        self.server.start()
-        self.history.append("restart")
-        self.progress(f"nemesis: PostgreSQL back after {time.monotonic() - started:.1f}s")
-
     # ------------------------------------------------------------ the run
 
     def run(self, slots: list[str], seconds: float) -> None:
@@ -253,10 +179,7 @@ class Nemesis:
             self.spawn(slot)
         t0 = time.monotonic()
         end = t0 + seconds
-        crash_gap = max(3.0, seconds / 4)
-        last_crash = t0 - crash_gap / 2
-        crashes = kills = 0
-        extra = {"clock": bool(self.clocks), "net": self.net_faults, "node": bool(self.cluster)}
+        kills = 0
         done: set[str] = set()
         step = 0
         while time.monotonic() < end and step < 100_000:
@@ -266,31 +189,28 @@ class Nemesis:
             now = time.monotonic()
             if now >= end:
                 break
-            # No crash in the last seconds: the run must also show writes after recovery.
-            can_crash = self.server is not None and now - last_crash >= crash_gap and end - now > 3
-            weights = [5.0, 1.0, 1.0 if can_crash else 0.0, 2.0]
-            weights += [1.5 if extra[k] else 0.0 for k in ("clock", "net", "node")]
-            kinds = ["pause", "kill", "crash", "none", "clock", "net", "node"]
-            action = self.rng.choices(kinds, weights)[0]
-            owed = [k for k, on in extra.items() if on and k not in done]
-            if can_crash and crashes == 0 and now - t0 > seconds * 0.45:
-                action = "crash"  # a short run still proves recovery
-            elif kills == 0 and now - t0 > seconds * 0.6:
+            elapsed, remaining = now - t0, end - now
+            ready = [f for f in self.faults if f.kind not in self.pending]
+            ready = [f for f in ready if f.ready(elapsed, remaining)]
+            choices: list[str | Fault] = ["pause", "kill", "none", *ready]
+            weights = [5.0, 1.0, 2.0, *(f.weight for f in ready)]
+            action = self.rng.choices(choices, weights)[0]
+            owed = [f for f in ready if f.kind not in done and f.due is not None]
+            owed = [f for f in owed if elapsed > seconds * (f.due or 0.0)]
+            if owed:
+                action = owed[0]  # every fault at least once, even in a short run
+            elif kills == 0 and elapsed > seconds * 0.6:
                 action = "kill"
-            elif owed and now - t0 > seconds * (0.2 + 0.12 * len(done)):
-                action = owed[0]  # every enabled fault at least once
-            if action in extra:
-                done.add(action)
-                getattr(self, action)()
-            if action == "pause":
+            if isinstance(action, Fault):
+                done.add(action.kind)
+                undo = action.inject(self)
+                if undo is not None:
+                    self.pending[action.kind] = (time.monotonic() + undo[0], undo[1])
+            elif action == "pause":
                 self.pause()
             elif action == "kill":
                 self.kill()
                 kills += 1
-            elif action == "crash":
-                self.crash()
-                crashes += 1
-                last_crash = time.monotonic()
         self.resume_due(all_=True)
 
     def wait_workers(self, timeout: float) -> None:

@@ -1,4 +1,10 @@
-"""One chaos run: server, schema, workers, nemesis, then the checker over the history."""
+"""One chaos run: server, schema, workers, nemesis, then the checker over the history.
+
+Where it runs is an :class:`Environment`: by default your database (``dsn``) or the embedded
+server, with pauses and kills of the workers as the faults. The lab (tests/lab/chaos.py, in a
+checkout) brings its own: a server it crashes and restarts, pgbouncer, faked clocks, etcd and
+ZooKeeper clusters whose nodes it kills.
+"""
 
 from __future__ import annotations
 
@@ -29,14 +35,21 @@ from fencekit.chaos.checker import (
     final_state_events,
     format_report,
 )
-from fencekit.chaos.clocks import FakeClock, find_libfaketime
-from fencekit.chaos.clusters import Cluster, start_cluster
 from fencekit.chaos.history import HistoryWriter, merge, write_merged
-from fencekit.chaos.nemesis import Nemesis
-from fencekit.chaos.server import Bouncer, ControlledServer, find_bindir
+from fencekit.chaos.nemesis import Fault, Nemesis
 from fencekit.chaos.worker import LEASE_PREFIX
 
-__all__ = ["ISSUERS", "SCOPES", "ChaosConfig", "ChaosResult", "ChaosSetupError", "run_chaos"]
+__all__ = [
+    "ISSUERS",
+    "SCOPES",
+    "ChaosConfig",
+    "ChaosResult",
+    "ChaosSetupError",
+    "Environment",
+    "Target",
+    "WorkerRole",
+    "run_chaos",
+]
 
 ISSUERS = ("postgres", "etcd", "zookeeper")
 
@@ -67,17 +80,12 @@ class ChaosConfig:
     fence: bool = True
     scope: str = "key"  # key fence (named resource), row fence, or lease-bound key fence
     dsn: str | None = None
-    pgbouncer: bool = False
     history: Path | None = None
     ttl: float = 0.5
-    crashes: bool = True
-    #: where leases come from: fencekit's PostgreSQL issuer, or a three-node etcd cluster /
-    #: ZooKeeper ensemble that the run starts on loopback (leader killed, members paused)
+    #: where leases come from: fencekit's PostgreSQL issuer, or an etcd cluster / ZooKeeper
+    #: ensemble at ``endpoints`` (``host:port,...``)
     issuer: str = "postgres"
-    #: libfaketime steps, skews and freezes the workers' clocks and the server's
-    clock_faults: bool = False
-    #: pgbouncer paused (SIGSTOP) with commits in flight: indeterminate writes (implies pgbouncer)
-    net_faults: bool = False
+    endpoints: str = ""
     #: write a self-contained HTML timeline of the run here
     report: Path | None = None
     #: tests only: ``module:function(worker_args) -> Issuer`` replaces the issuer in workers
@@ -95,8 +103,6 @@ class ChaosConfig:
                 "--scope lease-bound checks the live lease in fencekit.leases: it needs "
                 "the postgres issuer (etcd and ZooKeeper leases are not in the database)"
             )
-        if self.net_faults:
-            self.pgbouncer = True
         if not (1 <= self.workers <= 32 and 1 <= self.resources <= 1000):
             raise ValueError("workers must be 1..32 and resources 1..1000")
         if not (1 <= self.duration <= 24 * 3600):
@@ -127,53 +133,76 @@ class ChaosResult:
 
 
 @dataclass
-class _Target:
+class Target:
+    """The server a run uses: ``admin_dsn`` sets up, watches and checks."""
+
     admin_dsn: str
     host: str
     port: int
     user: str
     kind: str
-    controlled: ControlledServer | None = None
 
 
-def _target(
-    cfg: ChaosConfig,
-    stack: contextlib.ExitStack,
-    say: Callable[[str], None],
-    clock: FakeClock | None = None,
-) -> _Target:
-    if cfg.dsn:
-        p = conninfo_to_dict(cfg.dsn)
-        return _Target(
-            cfg.dsn,
-            str(p.get("host") or "localhost"),
-            int(p.get("port") or 5432),
-            str(p.get("user") or "postgres"),
-            "your server (--dsn: no crash-restart)",
-        )
-    bindir = find_bindir() if cfg.crashes else None
-    if bindir is not None:
-        server = ControlledServer(bindir)
-        if clock is not None:
-            server.env = clock.env()  # every server process reads the faked clock
-        stack.callback(server.stop)
-        say(f"starting a throwaway PostgreSQL {server.version} (durable commits)...")
-        server.init()
-        server.start()
-        return _Target(
-            server.dsn_for("postgres"),
-            server.host,
-            server.port,
-            server.user,
-            f"PostgreSQL {server.version}, controlled (crash-restart)",
-            server,
-        )
-    from fencekit.embedded import start_embedded
+@dataclass(frozen=True)
+class WorkerRole:
+    name: str
+    password: str
 
-    say("starting the embedded PostgreSQL (no crash-restart: no pg_ctl of ours found)...")
-    emb = start_embedded()
-    stack.callback(emb.stop)
-    return _Target(emb.dsn, emb.host, emb.port, emb.user, "embedded (no crash-restart)")
+
+class Environment:
+    """Where a run happens and what may go wrong there besides pauses and kills.
+
+    This one is fencekit's own: your server (``ChaosConfig.dsn``: a database and a role are
+    created and dropped there) or else the embedded server; no crash, no other fault. The lab
+    subclasses it with servers it starts and faults it injects into them.
+    """
+
+    #: issuer endpoints this environment provides (used when ``ChaosConfig.endpoints`` is empty)
+    endpoints = ""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+        #: added to the worker processes' environment (e.g. a faked clock)
+        self.worker_env: dict[str, str] = {}
+
+    def target(
+        self, cfg: ChaosConfig, stack: contextlib.ExitStack, say: Callable[[str], None]
+    ) -> Target:
+        if cfg.dsn:
+            p = conninfo_to_dict(cfg.dsn)
+            return Target(
+                cfg.dsn,
+                str(p.get("host") or "localhost"),
+                int(p.get("port") or 5432),
+                str(p.get("user") or "postgres"),
+                "your server (--dsn)",
+            )
+        from fencekit.embedded import start_embedded
+
+        say("starting the embedded PostgreSQL...")
+        emb = start_embedded()
+        stack.callback(emb.stop)
+        return Target(emb.dsn, emb.host, emb.port, emb.user, "embedded")
+
+    def worker_dsn(
+        self, stack: contextlib.ExitStack, target: Target, dsn: str, role: WorkerRole
+    ) -> str:
+        """How the workers reach the run's database (directly, here)."""
+        return make_conninfo(dsn, user=role.name, password=role.password)
+
+    def faults(self) -> list[Fault]:
+        return []
+
+    def describe(self) -> dict[str, object]:
+        """Extra fields of the history's ``run`` event."""
+        return {}
+
+    def summary(self) -> str:
+        """What the header adds after the issuer (e.g. ", faults also on clocks")."""
+        return ""
+
+    def after_run(self) -> None:
+        """Before the final state is read (e.g. start a server a crash left down)."""
 
 
 @contextlib.contextmanager
@@ -193,19 +222,13 @@ def _database(admin_dsn: str) -> Iterator[str]:
             )
 
 
-@dataclass(frozen=True)
-class _WorkerRole:
-    name: str
-    password: str
-
-
 @contextlib.contextmanager
-def _worker_role(admin_dsn: str) -> Iterator[_WorkerRole]:
+def _worker_role(admin_dsn: str) -> Iterator[WorkerRole]:
     """A throwaway LOGIN role for the workers, as an application would connect: not a
     superuser, no CREATEDB/CREATEROLE; :func:`_setup` grants it DML on the chaos tables and
     fencekit_writer (to take leases) and nothing else. Dropped at the end of the run (after
     the database, which holds its privileges)."""
-    role = _WorkerRole(f"fencekit_chaos_worker_{secrets.token_hex(4)}", secrets.token_hex(16))
+    role = WorkerRole(f"fencekit_chaos_worker_{secrets.token_hex(4)}", secrets.token_hex(16))
     try:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:
             admin.execute(
@@ -302,55 +325,32 @@ def run_chaos(
     *,
     out: TextIO | None = None,
     progress: Callable[[str], None] | None = None,
+    environment: Environment | None = None,
 ) -> ChaosResult:
     """Run workers and the nemesis for ``cfg.duration`` seconds, then check the history."""
     out = out or sys.stdout
+    env = environment or Environment()
     started = time.monotonic()
 
     def say(text: str) -> None:
         (progress or (lambda s: print(s, file=sys.stderr, flush=True)))(text)
 
+    if cfg.issuer != "postgres" and not cfg.endpoints and type(env) is Environment:
+        raise ChaosSetupError(
+            f"--issuer {cfg.issuer} takes its leases from your {cfg.issuer} cluster: give its "
+            "client endpoints with --endpoints host:port[,host:port...]"
+        )
     resources = [f"r{i}" for i in range(cfg.resources)]
-    notes: list[str] = []
     with contextlib.ExitStack() as stack:
-        clocks: dict[str, FakeClock] = {}
-        if cfg.clock_faults:
-            library = find_libfaketime()
-            if library is None:
-                raise ChaosSetupError(
-                    "--clock-faults needs libfaketime: apt-get install faketime "
-                    "(or set FENCEKIT_LIBFAKETIME)"
-                )
-            for name in ("workers", "server"):
-                clocks[name] = FakeClock(name, library)
-                stack.callback(clocks[name].close)
-        cluster: Cluster | None = None
-        if cfg.issuer != "postgres":
-            say(f"starting a three-node {cfg.issuer} cluster on loopback...")
-            cluster = start_cluster(cfg.issuer)
-            stack.callback(cluster.stop)
-        target = _target(cfg, stack, say, clocks.get("server"))
-        if "server" in clocks and target.controlled is None:
-            clocks.pop("server").close()
-            notes.append("clock faults on the workers only: the run does not start this server")
+        target = env.target(cfg, stack, say)
+        endpoints = cfg.endpoints or env.endpoints  # an environment may start the cluster
+        if cfg.issuer != "postgres" and not endpoints:
+            raise ChaosSetupError(f"no {cfg.issuer} endpoints: give --endpoints")
         role = stack.enter_context(_worker_role(target.admin_dsn))
         dsn = stack.enter_context(_database(target.admin_dsn))
         _setup(dsn, cfg, resources, role.name)
-        bouncer: Bouncer | None = None
         # Workers connect as the application role; the nemesis and the checker as the admin.
-        worker_dsn = make_conninfo(dsn, user=role.name, password=role.password)
-        if cfg.pgbouncer:
-            bouncer = Bouncer(
-                target.host, target.port, target.user, users={role.name: role.password}
-            )
-            stack.callback(bouncer.close)
-            dbname = str(conninfo_to_dict(dsn)["dbname"])
-            bouncer.start(wait_dsn=bouncer.dsn_for(dbname))
-            worker_dsn = make_conninfo(
-                bouncer.dsn_for(dbname), user=role.name, password=role.password
-            )
-        if target.controlled is None:
-            notes.append("no crash-restart: the run does not control this server")
+        worker_dsn = env.worker_dsn(stack, target, dsn, role)
         workdir = Path(tempfile.mkdtemp(prefix="fencekit-chaos-"))
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         nemesis_log = HistoryWriter(workdir / "nemesis.jsonl", "nemesis")
@@ -363,7 +363,7 @@ def run_chaos(
                 "--dsn", worker_dsn, "--resources", ",".join(resources),
                 "--ttl", str(lease_ttl), "--until", repr(until), "--seed", str(cfg.seed),
                 "--history", str(workdir / f"{name}.jsonl"),
-                "--issuer", cfg.issuer, "--endpoints", cluster.endpoints if cluster else "",
+                "--issuer", cfg.issuer, "--endpoints", endpoints,
                 "--issuer-factory", cfg.issuer_factory or "",
                 "--commit-timeout", str(cfg.commit_timeout),
             ]  # fmt: skip
@@ -371,8 +371,7 @@ def run_chaos(
         nemesis_log.append(
             "run", scope=cfg.scope, issuer=cfg.issuer, fence=cfg.fence, seed=cfg.seed,
             workers=cfg.workers, resources=cfg.resources, ttl=cfg.ttl,
-            issuer_factory=cfg.issuer_factory, clock_faults=sorted(clocks),
-            net_faults=cfg.net_faults, crashes=target.controlled is not None and cfg.crashes,
+            issuer_factory=cfg.issuer_factory, **env.describe(),
         )  # fmt: skip
 
         # etcd grants whole seconds (at least 1 with the cluster's election timeout); a
@@ -389,37 +388,34 @@ def run_chaos(
             workdir=workdir,
             history=nemesis_log,
             admin_dsn=dsn,
-            server=target.controlled,
-            bouncer=bouncer,
             progress=say,
-            clocks=clocks,
-            net_faults=cfg.net_faults,
-            cluster=cluster,
+            faults=env.faults(),
+            worker_env=env.worker_env,
         )
         stack.callback(nemesis.close)
         mode = "fenced" if cfg.fence else "NOT fenced"
         say(f"chaos: {cfg.workers} workers, {cfg.resources} resources, {mode}, {cfg.duration:g}s")
         nemesis.run([f"w{i}" for i in range(cfg.workers)], cfg.duration)
         nemesis.wait_workers(timeout=30)
-        if target.controlled is not None and not target.controlled.running:
-            target.controlled.start()
+        env.after_run()
         _wait_quiet(dsn, 15)
         log, register = final_state(dsn)
         events = merge(sorted(workdir.glob("*.jsonl"))) + final_state_events(log, register)
         if cfg.history is not None:
             write_merged(events, cfg.history)
         report = check(events)
+        notes = list(env.notes)
         if cfg.report is not None:
             from fencekit.chaos.report import write_html
 
             try:
-                write_html(events, report, cfg.report, title=_header_line(cfg))
+                write_html(events, report, cfg.report, title=_header_line(cfg, env))
             except (RuntimeError, OSError) as exc:  # the run's result stands without it
                 notes.append(f"no HTML report: {exc}")
     result = ChaosResult(
         cfg, report, target.kind, time.monotonic() - started, notes, worker_role=role.name
     )
-    print(_header(result), file=out)
+    print(_header(result, env), file=out)
     print(format_report(report), file=out)
     for note in notes:
         print(f"note: {note}", file=out)
@@ -427,23 +423,20 @@ def run_chaos(
     return result
 
 
-def _header_line(c: ChaosConfig) -> str:
+def _header_line(c: ChaosConfig, env: Environment) -> str:
     fence = f"{c.scope} fence" if c.fence else "NO fence (--no-fence)"
     issuer = c.issuer + (f" wrapped by {c.issuer_factory}" if c.issuer_factory else "")
-    faults = [f for f, on in (("clocks", c.clock_faults), ("network", c.net_faults)) if on]
-    extra = f", faults also on {' and '.join(faults)}" if faults else ""
+    extra = env.summary()
     return (
         f"fencekit chaos: {c.duration:g}s, seed {c.seed}, {c.workers} workers, {c.resources} "
         f"resources, lease ttl {c.ttl:g}s, {fence}, issuer {issuer}{extra}"
     )
 
 
-def _header(res: ChaosResult) -> str:
-    c = res.config
-    bouncer = ", through pgbouncer (transaction mode)" if c.pgbouncer else ""
+def _header(res: ChaosResult, env: Environment) -> str:
     return (
-        f"{_header_line(c)}\n"
-        f"server: {res.server}{bouncer}; took {res.seconds:.1f}s\n"
+        f"{_header_line(res.config, env)}\n"
+        f"server: {res.server}; took {res.seconds:.1f}s\n"
         f"workers: role {res.worker_role} (not a superuser: DML on the chaos tables and "
         "fencekit_writer; dropped after the run)\n"
     )

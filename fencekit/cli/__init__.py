@@ -21,7 +21,24 @@ from typing import Any, NoReturn
 __all__ = ["GROUPS", "main"]
 
 #: Subcommand modules, in the order ``fencekit --help`` lists them.
-GROUPS = ("core", "move", "fences", "monitoring", "demo", "alembic", "bench", "chaos")
+GROUPS = (
+    "install",
+    "uninstall",
+    "sql",
+    "protect",
+    "unprotect",
+    "rename",
+    "auto_cover",
+    "status",
+    "allow",
+    "move",
+    "fences",
+    "monitoring",
+    "demo",
+    "alembic",
+    "bench",
+    "chaos",
+)
 
 # Third-party module -> the extra that installs it.
 _EXTRAS = {
@@ -125,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """A driver error's primary message (and hint), else the exception text, on one line."""
+    from fencekit.catalog import CatalogError
+
+    if isinstance(exc, CatalogError):
+        from fencekit.cli.hints import error_text
+
+        return " ".join(error_text(exc).split())
     diag = getattr(exc, "diag", None)
     primary = getattr(diag, "message_primary", None)
     text = primary or str(exc) or type(exc).__name__
@@ -172,7 +195,7 @@ def _version(args_list: list[str]) -> int:
     database and the templates its tables use (plain ``--version`` is argparse's)."""
     import json
 
-    from fencekit.cli.core import format_version, version_report
+    from fencekit.cli.version import format_version, version_report
 
     p = _Parser(prog="fencekit --version", add_help=False)
     p.add_argument("--version", action="store_true")

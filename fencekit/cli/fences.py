@@ -13,15 +13,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from fencekit.cli import HelpFormatter, UsageError
-from fencekit.cli.core import _connect, _dsn, _dsn_option, _emit, _json_option, _table
+from fencekit.cli.common import connect, dsn_from, dsn_option, emit, json_option, parse_table
 from fencekit.spec import Scope
 
 if TYPE_CHECKING:
     import psycopg
 
-    from fencekit.catalog import ProtectedTable, Status
+    from fencekit.catalog import ProtectedTable
 
-__all__ = ["register", "status_lines"]
+__all__ = ["register"]
 
 _BIGINT_MAX = 2**63 - 1
 _TABLE_HELP = 'the protected table, as SQL writes it: billing, public.billing, "My Schema"."T"'
@@ -64,8 +64,8 @@ def _fences(subparsers: Any) -> None:
         metavar="N",
         help="how many of the highest fences to list (default: %(default)s)",
     )
-    _json_option(p)
-    _dsn_option(p)
+    json_option(p)
+    dsn_option(p)
     p.set_defaults(func=run_fences, prog=p.prog)
 
 
@@ -106,8 +106,8 @@ def _fence(subparsers: Any) -> None:
         help="allow setting a fence lower than it is (refused otherwise)",
     )
     s.add_argument("--reason", metavar="TEXT", help="why, recorded in fencekit.repairs")
-    _json_option(s)
-    _dsn_option(s)
+    json_option(s)
+    dsn_option(s)
     s.set_defaults(func=run_fence_set, prog=s.prog)
 
 
@@ -129,7 +129,7 @@ def _protected(conn: psycopg.Connection[Any], text: str) -> ProtectedTable:
     from fencekit import catalog
 
     catalog.require_core(conn)
-    _table(text)  # a malformed name is a usage error
+    parse_table(text)  # a malformed name is a usage error
     pt = catalog.protected_table(conn, text, "fencekit status lists the protected tables")
     return pt
 
@@ -139,9 +139,12 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def _primary_key(conn: psycopg.Connection[Any], table_sql: str) -> list[tuple[str, str]]:
-    """The primary key's columns and their types, in index order."""
+    """The primary key's columns and the built-in types their values are read as, in index
+    order (``fencekit.builtin_type``: a domain's base type; it refuses a type that is not built
+    in, whose input, casts and checks would be the table owner's code run as the admin)."""
     rows = conn.execute(
-        "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) "
+        "SELECT a.attname, fencekit.builtin_type(i.indrelid::pg_catalog.regclass, "
+        "a.attname::pg_catalog.text) "
         "FROM pg_catalog.pg_index i "
         "CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY u(attnum, o) "
         "JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = u.attnum "
@@ -166,13 +169,13 @@ def _lateness(conn: psycopg.Connection[Any], pt: ProtectedTable) -> float | None
 def run_fences(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise UsageError("--top must be 0 or more")
-    with _connect(_dsn(args)) as conn:
+    with connect(dsn_from(args)) as conn:
         pt = _protected(conn, args.table)
         if pt.spec.scope is Scope.ROW:
             doc = _row_fences(conn, pt, args.key, args.top)
         else:
             doc = _resource_fences(conn, pt, args.key, args.top)
-    _emit(args, doc, _fences_text(doc))
+    emit(args, doc, _fences_text(doc))
     return 0
 
 
@@ -183,6 +186,11 @@ def _row_fences(
 
     table = sql.SQL(pt.spec.table.sql)
     col = sql.Identifier(pt.spec.column)
+    # This reads the user's table as the admin: no policy of its owner is evaluated (with
+    # row_security off, one that would apply makes the read fail instead), and every operator
+    # and function below is pg_catalog's.
+    conn.execute("SET row_security = off")
+    conn.execute("SET search_path = pg_catalog, pg_temp")
     pk = _primary_key(conn, pt.spec.table.sql)
     doc: dict[str, Any] = {
         "table": pt.spec.table.dotted,
@@ -226,7 +234,9 @@ def _row_fences(
                 f"{len(pk)} --key value(s), not {len(key)}"
             )
         where = sql.SQL(" AND ").join(
-            sql.SQL("{} = CAST({} AS {})").format(sql.Identifier(c), sql.Literal(v), sql.SQL(t))
+            sql.SQL("{} OPERATOR(pg_catalog.=) CAST({} AS {})").format(
+                sql.Identifier(c), sql.Literal(v), sql.SQL(t)
+            )
             for (c, t), v in zip(pk, key, strict=True)
         )
         found = conn.execute(
@@ -363,7 +373,7 @@ def _new_fence(text: str) -> int:
 
 def run_fence_set(args: argparse.Namespace) -> int:
     to = _new_fence(args.to)
-    with _connect(_dsn(args)) as conn:
+    with connect(dsn_from(args)) as conn:
         pt = _protected(conn, args.table)
         row = conn.execute(
             "SELECT fencekit.set_fence(%s::pg_catalog.regclass, %s::pg_catalog.text[], %s, %s, %s)",
@@ -386,23 +396,5 @@ def run_fence_set(args: argparse.Namespace) -> int:
         + (" (lowered)" if doc["lowered"] else "")
         + "; recorded in fencekit.repairs"
     ]
-    _emit(args, doc, text)
+    emit(args, doc, text)
     return 0
-
-
-# ------------------------------------------------------------------------------- status
-
-
-def status_lines(st: Status) -> list[str]:
-    """Lines ``fencekit status`` adds: worst lateness per table, recent repairs."""
-    lines: list[str] = []
-    late = [(t, t.max_lateness_seconds) for t in st.tables if t.max_lateness_seconds is not None]
-    if late:
-        lines += ["", "Worst lateness of a rejected token (time since the fence passed it):"]
-        lines += [f"  {t.spec.table}: {v:.3f} s" for t, v in late]
-    r = st.repairs
-    if r is not None and r.count:
-        lines += ["", f"Repairs: {r.count} ({r.lowered} lowered) in fencekit.repairs"]
-        if r.last is not None:
-            lines.append(f"  last: {r.last}")
-    return lines

@@ -11,21 +11,21 @@ from typing import Any
 
 from fencekit import sqlgen
 from fencekit.cli import UsageError
-from fencekit.cli.core import (
-    _FMT,
-    _TABLE_HELP,
-    _connect,
-    _dsn,
-    _dsn_option,
-    _emit,
-    _json_option,
-    _lock_timeout,
-    _note,
-    _run_script,
-    _spec,
-    _spec_options,
-    _table,
-    _table_keys,
+from fencekit.cli.common import (
+    FMT,
+    TABLE_HELP,
+    connect,
+    dsn_from,
+    dsn_option,
+    emit,
+    json_option,
+    lock_timeout_from,
+    parse_table,
+    print_note,
+    run_script,
+    spec_from,
+    spec_options,
+    table_keys,
 )
 from fencekit.spec import FenceSpec, TableName
 
@@ -47,7 +47,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "move",
         help="change a protected table's scope, key, resource or fence column, fences kept",
-        formatter_class=_FMT,
+        formatter_class=FMT,
         description="Move TABLE from the spec it is protected with (read from fencekit.protected) "
         "to the spec the options describe, in one transaction: it locks the table (and the "
         "tables sharing its resource) against writers, removes the old triggers, carries the "
@@ -60,10 +60,10 @@ def register(subparsers: Any) -> None:
         '  fencekit move invoices --key account_id --resource billing --dsn "$DSN"\n'
         '  fencekit move ledger --scope table --dsn "$DSN"',
     )
-    p.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
-    _spec_options(p, from_ddl=False)
-    _dsn_option(p)
-    _json_option(p)
+    p.add_argument("table", metavar="TABLE", help=TABLE_HELP)
+    spec_options(p, from_ddl=False)
+    dsn_option(p)
+    json_option(p)
     p.set_defaults(func=run_move, prog=p.prog)
     _register_sql(subparsers)
 
@@ -81,7 +81,7 @@ def _register_sql(subparsers: Any) -> None:
     p = commands.add_parser(
         "move",
         help="the script that moves a table to another spec, fences kept",
-        formatter_class=_FMT,
+        formatter_class=FMT,
         description="Print the script `fencekit move` runs, for review and psql. The spec the "
         "table is protected with now comes from the database (--dsn: read-only) or from "
         "--from, written as the options of `fencekit sql protect` (`fencekit status` shows "
@@ -94,8 +94,8 @@ def _register_sql(subparsers: Any) -> None:
         "  fencekit sql move ledger --scope table --from='--key account_id' > move.sql\n"
         "  psql -v ON_ERROR_STOP=1 -f move.sql",
     )
-    p.add_argument("table", metavar="TABLE", help=_TABLE_HELP)
-    _spec_options(p, from_ddl=False)
+    p.add_argument("table", metavar="TABLE", help=TABLE_HELP)
+    spec_options(p, from_ddl=False)
     p.add_argument(
         "--from",
         dest="from_options",
@@ -104,14 +104,14 @@ def _register_sql(subparsers: Any) -> None:
         "default row fence, --from='--key account_id', --from='--scope table --resource "
         "billing' (instead of --dsn)",
     )
-    _dsn_option(p)
+    dsn_option(p)
     p.set_defaults(func=run_sql_move, prog=p.prog)
 
 
 def _old_from_options(table: TableName, text: str) -> FenceSpec:
     """The old spec from ``--from``: protect's options, parsed by protect's own parser."""
     parser = argparse.ArgumentParser(prog="fencekit sql move --from", add_help=False)
-    _spec_options(parser, from_ddl=False)
+    spec_options(parser, from_ddl=False)
     try:
         words = shlex.split(text)
     except ValueError as exc:
@@ -122,7 +122,7 @@ def _old_from_options(table: TableName, text: str) -> FenceSpec:
         raise UsageError(f"--from {text!r} is not a set of protect options") from None
     if extra:
         raise UsageError(f"--from: unrecognized options {' '.join(extra)}")
-    return _spec(parsed, table)
+    return spec_from(parsed, table)
 
 
 def _current(conn: Any, text: str) -> FenceSpec:
@@ -134,9 +134,9 @@ def _current(conn: Any, text: str) -> FenceSpec:
 
 
 def run_sql_move(args: argparse.Namespace) -> int:
-    table = _table(args.table)
-    _spec(args, table)  # usage errors first
-    lock_timeout = _lock_timeout(args)
+    table = parse_table(args.table)
+    spec_from(args, table)  # usage errors first
+    lock_timeout = lock_timeout_from(args)
     if args.from_options is not None and args.dsn is not None:
         raise UsageError(
             "give the current spec with --from OPTIONS or read it with --dsn, not both"
@@ -149,9 +149,9 @@ def run_sql_move(args: argparse.Namespace) -> int:
                 "give the current spec with --from OPTIONS, or read it from the database with "
                 "--dsn DSN (or FENCEKIT_DSN)"
             )
-        with _connect(_dsn(args)) as conn:
+        with connect(dsn_from(args)) as conn:
             old = _current(conn, args.table)
-    new = _spec(args, old.table)
+    new = spec_from(args, old.table)
     if old == new:
         raise UsageError(f"{old.table} is protected with exactly these options: nothing to move")
     sys.stdout.write(sqlgen.render_move(old, new, lock_timeout=lock_timeout))
@@ -161,18 +161,18 @@ def run_sql_move(args: argparse.Namespace) -> int:
 def run_move(args: argparse.Namespace) -> int:
     from fencekit import catalog
 
-    dsn, lock_timeout = _dsn(args), _lock_timeout(args)
-    _spec(args, _table(args.table))
-    with _connect(dsn) as conn:
+    dsn, lock_timeout = dsn_from(args), lock_timeout_from(args)
+    spec_from(args, parse_table(args.table))
+    with connect(dsn) as conn:
         old = _current(conn, args.table)
-        new = _spec(args, old.table)
+        new = spec_from(args, old.table)
         moved = sqlgen.is_move(old, new)
         notes = [] if old == new else catalog.check_spec(conn, new, moving=True)
         if old != new:
-            _run_script(conn, sqlgen.render_move(old, new, lock_timeout=lock_timeout), lock_timeout)
+            run_script(conn, sqlgen.render_move(old, new, lock_timeout=lock_timeout), lock_timeout)
     document = {
         "action": "move",
-        **_table_keys(new),
+        **table_keys(new),
         "from": old.to_dict(),
         "moved": moved,
         "changed": old != new,
@@ -180,19 +180,14 @@ def run_move(args: argparse.Namespace) -> int:
         "notes": notes,
     }
     if old == new:
-        text = [f"{new.table} is already protected with {catalog.describe(new)}: nothing to do"]
+        text = [f"{new.table} is already protected with {new.describe()}: nothing to do"]
     elif moved:
-        text = [
-            f"moved {new.table} from {catalog.describe(old)} to {catalog.describe(new)}, "
-            "fences carried over"
-        ]
+        text = [f"moved {new.table} from {old.describe()} to {new.describe()}, fences carried over"]
     else:
-        text = [
-            f"changed the policies of {new.table} in place ({catalog.describe(new)}), fences kept"
-        ]
-    _emit(args, document, text)
+        text = [f"changed the policies of {new.table} in place ({new.describe()}), fences kept"]
+    emit(args, document, text)
     if not args.json:
         for note in notes:
             if "policies change in place" not in note:
-                _note(args, note)
+                print_note(args, note)
     return 0

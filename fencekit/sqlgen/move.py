@@ -159,6 +159,16 @@ def _unbind(spec: FenceSpec, resource: str) -> str:
     )
 
 
+#: What the carry runs under: the key triggers' settings (a key's text must be the one they
+#: compute), pg_catalog's operators and functions only, and no row-level security (a policy
+#: that would apply to the mover makes the move fail instead of running the policy's code).
+_CARRY_SETTINGS: tuple[tuple[str, str], ...] = (
+    *KEY_SETTINGS,
+    ("search_path", "'pg_catalog, pg_temp'"),
+    ("row_security", "'off'"),
+)
+
+
 def _text(value: str) -> str:
     """A setting's value as :data:`KEY_SETTINGS` writes it (SQL after ``SET x TO``), as a
     text literal for set_config."""
@@ -183,12 +193,19 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
     declare += ["  top pg_catalog.int8;", "  orphan pg_catalog.int8;"]
     declare += [
         f"  saved_{i} pg_catalog.text := pg_catalog.current_setting({lit(name)});"
-        for i, (name, _) in enumerate(KEY_SETTINGS)
+        for i, (name, _) in enumerate(_CARRY_SETTINGS)
     ]
+    declare += ["  saved_role pg_catalog.text := pg_catalog.current_setting('role');"]
+    declare += ["  table_owner pg_catalog.text;"]
     body: list[str] = [
         f"  PERFORM pg_catalog.set_config({lit(name)}, {_text(value)}, true);"
-        for name, value in KEY_SETTINGS
+        for name, value in _CARRY_SETTINGS
     ]
+    body.append(
+        "  SELECT a.rolname INTO table_owner FROM pg_catalog.pg_class c\n"
+        "    JOIN pg_catalog.pg_roles a ON a.oid = c.relowner\n"
+        f"   WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass;"
+    )
     if old.scope is not Scope.ROW:
         body.append(
             f"  SELECT fl.floor INTO old_floor FROM fencekit.floors fl WHERE fl.resource = {src};"
@@ -222,18 +239,39 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
             "                     AND f.key = ''), old_floor);"
         )
     if new.scope is Scope.ROW:
+        # Writing the table runs its owner's triggers: as the owner, never with more rights
+        # (the mover may be a superuser) and never with the bypass (fencekit's triggers are gone
+        # here; the owner's must not find it on). The owner may not read fencekit.fences: the
+        # fences it needs are copied to a temporary table it may read.
         col = quote_ident(new.column)
+        as_owner = (
+            "  PERFORM pg_catalog.set_config('fencekit.bypass', '', true);\n"
+            "  PERFORM pg_catalog.set_config('role', table_owner, true);\n"
+        )
+        back = "  PERFORM pg_catalog.set_config('role', saved_role, true);"
+        rows = quote_ident(f"fencekit_move_{names_for(old).tag}_rows")
         if ok:
             body.append(
-                f"  UPDATE {t.sql} AS r SET {col} = f.fence FROM {fences} f\n"
-                f"   WHERE f.resource = {src} AND f.key = {old_key};\n"
+                f"  CREATE TEMPORARY TABLE {rows} (key pg_catalog.text PRIMARY KEY,\n"
+                "    fence pg_catalog.int8 NOT NULL);\n"
+                f"  INSERT INTO {rows} SELECT f.key, f.fence FROM {fences} f"
+                f" WHERE f.resource = {src};\n"
+                f"  EXECUTE pg_catalog.format('GRANT SELECT ON pg_temp.%I TO %I', "
+                f"{lit(f'fencekit_move_{names_for(old).tag}_rows')}, table_owner);\n"
+                + as_owner
+                + f"  UPDATE {t.sql} AS r SET {col} = f.fence FROM pg_temp.{rows} f\n"
+                f"   WHERE f.key = {old_key};\n"
                 "  IF old_floor IS NOT NULL THEN\n"
                 f"    UPDATE {t.sql} AS r SET {col} = old_floor WHERE r.{col} IS NULL;\n"
-                "  END IF;"
+                "  END IF;\n" + back + f"\n  DROP TABLE pg_temp.{rows};"
             )
         elif old.scope is Scope.TABLE:
             body.append(
-                f"  IF top IS NOT NULL THEN\n    UPDATE {t.sql} SET {col} = top;\n  END IF;"
+                "  IF top IS NOT NULL THEN\n"
+                + as_owner.replace("\n  ", "\n    ").replace("  PERFORM", "    PERFORM", 1)
+                + f"    UPDATE {t.sql} SET {col} = top;\n  "
+                + back
+                + "\n  END IF;"
             )
     elif new.scope is Scope.TABLE:
         body.append(
@@ -299,7 +337,7 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
         )
     body += [
         f"  PERFORM pg_catalog.set_config({lit(name)}, saved_{i}, true);"
-        for i, (name, _) in enumerate(KEY_SETTINGS)
+        for i, (name, _) in enumerate(_CARRY_SETTINGS)
     ]
     return do("\nDECLARE\n" + "\n".join(declare) + "\nBEGIN\n" + "\n".join(body) + "\nEND\n")
 

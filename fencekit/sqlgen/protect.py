@@ -347,7 +347,7 @@ def _sh(expr: str) -> str:
 
 def shell_args_sql(spec_expr: str, table_expr: str) -> str:
     """SQL: the command-line arguments that reproduce the spec ``spec_expr`` (jsonb) for the
-    table ``table_expr`` (text, as SQL writes it), shell-quoted: what ``catalog._cli_spec``
+    table ``table_expr`` (text, as SQL writes it), shell-quoted: what ``FenceSpec.cli_args``
     prints for the same spec (a test compares them)."""
     s = spec_expr
     cat = "OPERATOR(pg_catalog.||)"

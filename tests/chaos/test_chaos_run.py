@@ -1,6 +1,7 @@
-"""Short chaos runs on a PostgreSQL 15 the run starts, crashes and restarts itself: fenced with
-every fault (no violation), unfenced (lost updates found), lease-bound, on a given server,
-with a deliberately broken issuer (must fail), and with etcd and ZooKeeper clusters.
+"""Short chaos runs: the lab's (a PostgreSQL 15 the run starts, crashes and restarts itself,
+pgbouncer, faked clocks, etcd and ZooKeeper clusters) with every fault (no violation), and
+fencekit's own on a given server: unfenced (lost updates found), lease-bound, and with a
+deliberately broken issuer (must fail).
 
 The long runs are commands in docs/chaos.md, not tests.
 """
@@ -15,10 +16,12 @@ import psycopg
 import pytest
 
 from fencekit.chaos import ChaosConfig, run_chaos
-from fencekit.chaos.clocks import find_libfaketime
-from fencekit.chaos.server import bouncer_binary, find_bindir
 from fencekit.cli import main
-from tests.servers import IN_CI
+from tests.lab import IN_CI
+from tests.lab.__main__ import main as lab_main
+from tests.lab.chaos import LabEnvironment, LabOptions, find_bindir
+from tests.lab.clocks import find_libfaketime
+from tests.lab.pgbouncer import pgbouncer_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
@@ -28,7 +31,7 @@ def _needs_servers() -> None:
     missing = []
     if find_bindir() is None:
         missing.append("PostgreSQL binaries (apt-get install postgresql-15)")
-    if bouncer_binary() is None:
+    if pgbouncer_binary() is None:
         missing.append("pgbouncer (apt-get install pgbouncer)")
     if find_libfaketime() is None:
         missing.append("libfaketime (apt-get install faketime)")
@@ -44,7 +47,7 @@ def test_fenced_run_with_every_fault_has_no_violation(capsys, tmp_path: Path) ->
     the server's clocks stepped, skewed and frozen: the fence holds."""
     history, html = tmp_path / "history.jsonl", tmp_path / "run.html"
     argv = ["chaos", "--duration", "12", "--seed", "7", "--net-faults", "--clock-faults"]
-    code = main([*argv, "--json", "--history", str(history), "--report", str(html)])
+    code = lab_main([*argv, "--json", "--history", str(history), "--report", str(html)])
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
     assert code == 0, out
@@ -159,7 +162,7 @@ def test_lease_bound_run_on_your_server_has_no_lost_update(pg_dsn: str, tmp_path
 @pytest.mark.parametrize("issuer", ["etcd", "zookeeper"])
 def test_external_issuer_under_leader_kills_and_paused_members(issuer: str, pg_dsn: str) -> None:
     """Three-node cluster on loopback; its leader killed and members paused mid-run."""
-    from tests.issuer_servers import ServerBinaryMissing, etcd_binary, zookeeper_classpath
+    from tests.lab.issuers import ServerBinaryMissing, etcd_binary, zookeeper_classpath
 
     try:
         etcd_binary() if issuer == "etcd" else zookeeper_classpath()
@@ -168,11 +171,9 @@ def test_external_issuer_under_leader_kills_and_paused_members(issuer: str, pg_d
             pytest.fail(str(exc))
         pytest.skip(str(exc))
     out = io.StringIO()
-    result = run_chaos(
-        ChaosConfig(duration=7, seed=5, workers=4, resources=2, issuer=issuer, dsn=pg_dsn),
-        out=out,
-        progress=print,
-    )
+    cfg = ChaosConfig(duration=7, seed=5, workers=4, resources=2, issuer=issuer, dsn=pg_dsn)
+    lab = LabEnvironment(LabOptions(crashes=False), cfg)
+    result = run_chaos(cfg, out=out, progress=print, environment=lab)
     r = result.report
     assert result.ok, out.getvalue()
     assert r.issuer == issuer
@@ -184,3 +185,9 @@ def test_external_issuer_under_leader_kills_and_paused_members(issuer: str, pg_d
 def test_bad_options_are_usage_errors(capsys) -> None:
     assert main(["chaos", "--scope", "lease-bound", "--issuer", "etcd"]) == 2
     assert "needs the postgres issuer" in capsys.readouterr().err
+    # fencekit's own run takes etcd leases from the user's cluster: it must be named
+    assert main(["chaos", "--issuer", "etcd", "--duration", "1"]) == 1
+    assert "--endpoints host:port" in capsys.readouterr().err
+    # server faults are the lab's: the installed command does not offer them
+    assert main(["chaos", "--clock-faults"]) == 2
+    assert "unrecognized arguments: --clock-faults" in capsys.readouterr().err

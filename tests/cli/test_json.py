@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from fencekit import __version__, sqlgen
-from fencekit.cli.core import libpq_dsn
+from fencekit.cli.common import libpq_dsn
 
 from .conftest import Cli
 from .test_unprotect_exact import _run

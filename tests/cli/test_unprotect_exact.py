@@ -14,7 +14,6 @@ import psycopg
 import pytest
 
 from fencekit import sqlgen
-from fencekit.catalog import _cli_spec
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen.protect import shell_args_sql
 
@@ -163,7 +162,7 @@ SPECS = [
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.table.dotted)
 def test_the_hint_command_is_what_status_prints(db: Conn, spec: FenceSpec) -> None:
-    """The SQL that writes the hint's options agrees with catalog._cli_spec."""
+    """The SQL that writes the hint's options agrees with FenceSpec.cli_args."""
     import json
 
     expr = shell_args_sql("SPEC", "TBL").replace("%", "%%")
@@ -172,7 +171,7 @@ def test_the_hint_command_is_what_status_prints(db: Conn, spec: FenceSpec) -> No
         f"SELECT {expr}", {"spec": json.dumps(spec.to_dict()), "table": spec.table.sql}
     ).fetchone()
     assert row is not None
-    assert row[0] == _cli_spec(spec)
+    assert row[0] == spec.cli_args()
 
 
 def test_a_rerun_of_a_protect_script_is_quiet(cli: Cli, dsn: str, tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from fencekit.ha.cluster import ClusterError, PatroniCluster, patroni_binary
 from fencekit.sqlgen import render_install
+from tests.lab.patroni import ClusterError, PatroniCluster, patroni_binary
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 _names = itertools.count()

@@ -1,4 +1,4 @@
-"""``fencekit chaos --ha``, bounded: workers contend for leases of the built-in issuer while the
+"""``python -m tests.lab ha``, bounded: workers contend for leases of the built-in issuer while the
 primary of a Patroni cluster is killed, once with asynchronous and once with synchronous
 replication; the chaos checker must pass both, and the report must show the failover and what
 it lost. The longer run is a documented command (docs/ha.md).
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from fencekit.chaos.ha import HAConfig, format_ha, run_ha
 from fencekit.cli import main
-from fencekit.ha.cluster import PatroniCluster
+from tests.lab.__main__ import main as lab_main
+from tests.lab.chaos_ha import HAConfig, format_ha, run_ha
+from tests.lab.patroni import PatroniCluster
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -35,11 +36,21 @@ def test_chaos_ha_passes_and_reports_the_loss(cluster: PatroniCluster, mode: str
 
 
 def test_chaos_ha_command_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    """The CLI entry (`fencekit chaos --ha`) checks its input before starting any server; the
-    full command is the documented long run (docs/ha.md), too slow for the suite."""
-    assert main(["chaos", "--ha", "sometimes"]) == 2
+    """The lab's command (`python -m tests.lab ha`) checks its input before starting any
+    server; the full command is the documented long run (docs/ha.md), too slow for the suite."""
+    with pytest.raises(SystemExit) as exc:
+        lab_main(["ha", "sometimes"])
+    assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
-    assert main(["chaos", "--ha", "async", "--duration", "1"]) == 2
+    assert lab_main(["ha", "async", "--duration", "1"]) == 2
     assert "duration must exceed 2 s" in capsys.readouterr().out
-    assert main(["chaos", "--help"]) == 0
-    assert "--ha" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        lab_main(["ha", "--help"])
+    assert exc.value.code == 0
+    assert "Patroni" in capsys.readouterr().out
+
+
+def test_the_product_cli_has_no_lab_command() -> None:
+    """`fencekit chaos` runs against the user's database or the embedded server; the Patroni
+    run needs the lab (a checkout), so the installed command does not offer it."""
+    assert main(["chaos", "--ha"]) == 2

@@ -17,12 +17,12 @@ import psycopg
 import pytest
 
 from fencekit.errors import CommitOutcomeUnknownError, LeaseMismatchError, StaleTokenError
-from fencekit.ha.cluster import PatroniCluster
 from fencekit.leases import Lease, PostgresIssuer
 from fencekit.leases.claim import claim
 from fencekit.psycopg import transaction
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements
+from tests.lab.patroni import PatroniCluster
 
 
 def _protect(dsn: str) -> None:

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from tests.issuer_servers import (
-    IN_CI,
+from tests.lab import IN_CI
+from tests.lab.issuers import (
     EtcdCluster,
     ServerBinaryMissing,
     ServerStartError,

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from fencekit.demo import run_demo
-from tests.issuer_servers import IN_CI, free_ports
+from tests.lab import IN_CI
+from tests.lab.ports import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 

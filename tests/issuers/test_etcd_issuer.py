@@ -9,8 +9,8 @@ import time
 import pytest
 
 from fencekit.leases._external import Grant
-from tests.issuer_servers import IN_CI
 from tests.issuers.contention import assert_strictly_increasing, run_contention
+from tests.lab import IN_CI
 
 if not IN_CI:  # in CI a missing client library must fail, not skip
     pytest.importorskip("etcd3gw")
@@ -213,7 +213,7 @@ def test_leader_killed_during_contention(etcd_issuer, etcd, resource):
 def test_unreachable_cluster_raises_unavailable_quickly(etcd_issuer, resource):
     from fencekit.leases._external import IssuerUnavailable
     from fencekit.leases.etcd import EtcdIssuer
-    from tests.issuer_servers import free_ports
+    from tests.lab.ports import free_ports
 
     (port,) = free_ports(1)
     issuer = EtcdIssuer([f"127.0.0.1:{port}"], request_timeout=0.5, retry_deadline=1.0)

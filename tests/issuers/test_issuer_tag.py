@@ -17,8 +17,8 @@ import pytest
 import fencekit.psycopg as fk
 from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import IssuerMismatchError, StaleTokenError
-from tests.issuer_servers import IN_CI
 from tests.issuers.pgfence import make_counter
+from tests.lab import IN_CI
 
 if not IN_CI:
     pytest.importorskip("etcd3gw")

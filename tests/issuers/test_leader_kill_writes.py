@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 
 from fencekit.leases.base import Grant
-from tests.issuer_servers import IN_CI
 from tests.issuers.contention import assert_strictly_increasing
 from tests.issuers.pgfence import RESOURCE, make_counter, state
 from tests.issuers.procs import Events, Worker, workers
+from tests.lab import IN_CI
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 

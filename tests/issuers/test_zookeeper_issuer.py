@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tests.issuer_servers import IN_CI
 from tests.issuers.contention import assert_strictly_increasing, run_contention
+from tests.lab import IN_CI
 
 if not IN_CI:  # in CI a missing client library must fail, not skip
     pytest.importorskip("kazoo")
@@ -145,7 +145,7 @@ def test_kazoo_lock_users_and_fencekit_exclude_each_other(zk_issuer, resource):
 def test_unreachable_ensemble_raises_unavailable():
     from fencekit.leases._external import IssuerUnavailable
     from fencekit.leases.zookeeper import ZooKeeperIssuer
-    from tests.issuer_servers import free_ports
+    from tests.lab.ports import free_ports
 
     (port,) = free_ports(1)
     t0 = time.monotonic()

@@ -12,8 +12,8 @@ import pytest
 
 from fencekit.embedded import EmbeddedServer
 from fencekit.sqlgen import render_install
-from tests.servers import (
-    IN_CI,
+from tests.lab import IN_CI
+from tests.lab.postgres import (
     ServerUnavailable,
     _as_user_prefix,
     debian_bindir,

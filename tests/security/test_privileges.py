@@ -201,8 +201,8 @@ def test_cannot_disable_drop_or_replace_triggers(attacker, unchanged, victim, ta
 
 @pytest.mark.parametrize("table", sorted(VICTIMS))
 def test_session_replication_role_replica_is_refused(attacker, unchanged, table) -> None:
-    # Triggers do not fire under 'replica' (docs/dev/design.md); only superusers (or roles granted SET
-    # on the parameter) may switch to it.
+    # Triggers do not fire under 'replica' (docs/dev/design.md); only superusers (or roles
+    # granted SET on the parameter) may switch to it.
     for switch in (
         "SET session_replication_role = replica",
         "SET LOCAL session_replication_role = replica",

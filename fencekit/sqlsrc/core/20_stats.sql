@@ -21,6 +21,7 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('CREATE SEQUENCE IF NOT EXISTS fencekit.%I',
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
@@ -35,6 +36,7 @@ DECLARE
   r text;
 BEGIN
   FOREACH r IN ARRAY fencekit.counter_names() LOOP
+    -- dynamic SQL: a counter is a sequence named after the table's tag (%I quotes it)
     EXECUTE pg_catalog.format('DROP SEQUENCE IF EXISTS fencekit.%I', tag || ':' || r);
   END LOOP;
 END

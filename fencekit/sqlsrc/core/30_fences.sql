@@ -115,12 +115,18 @@ END
 $fn$;
 
 -- The highest fence of a resource (TRUNCATE must present a token not lower than it).
+-- Why definer: the statement check runs as the writer, who may not read fencekit.fences (its
+-- keys are other tables' key values). Touches: reads fencekit.fences only. Never runs: caller
+-- code of any kind: a text argument compared with pg_catalog's text equality, a bigint max.
 CREATE OR REPLACE FUNCTION fencekit.max_fence(resource text) RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT pg_catalog.max(f.fence) FROM fencekit.fences f WHERE f.resource = max_fence.resource
 $fn$;
 
 -- The current fence of one key ('' for a table fence); NULL when none was set.
+-- Why definer: as max_fence, for claim and for anyone checking one key (a key's fence is what
+-- a write under a token would learn from its rejection anyway). Touches: reads one row of
+-- fencekit.fences. Never runs: caller code: text arguments, pg_catalog's text equality.
 CREATE OR REPLACE FUNCTION fencekit.current_fence(resource text, key text DEFAULT '') RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT f.fence FROM fencekit.fences f

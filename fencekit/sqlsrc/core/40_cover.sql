@@ -4,17 +4,53 @@
 -- re-run, and `fencekit status` reports it. With auto-cover on, an event trigger covers it at
 -- once, in the transaction that creates it.
 
+-- It acts only on what the command touched (pg_event_trigger_ddl_commands): a protected table
+-- that is, or is an ancestor of, a table the command created or altered, and that has a
+-- descendant without the table's fencekit triggers. Any other DDL (a temporary table, an
+-- unrelated table, a protected table's new column) calls nothing, so it never fails for a role
+-- that may not run a cover function. It runs as the role that ran the command (no SECURITY
+-- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
 CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   p record;
+  touched oid[];
   cover regprocedure;
 BEGIN
-  FOR p IN SELECT pr.tag, pr.schema_name, pr.table_name FROM fencekit.protected pr LOOP
+  SELECT pg_catalog.array_agg(DISTINCT c.objid) INTO touched
+    FROM pg_catalog.pg_event_trigger_ddl_commands() c
+   WHERE c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND c.objsubid = 0;
+  IF touched IS NULL THEN
+    RETURN;
+  END IF;
+  FOR p IN
+    WITH RECURSIVE up(relid, top) AS (
+           SELECT t, t FROM pg_catalog.unnest(touched) AS t
+           UNION
+           SELECT i.inhparent, up.top FROM pg_catalog.pg_inherits i JOIN up ON i.inhrelid = up.relid),
+         mine AS (
+           SELECT DISTINCT pr.tag, pr.schema_name, pr.table_name, rel
+             FROM fencekit.protected pr
+            CROSS JOIN LATERAL pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name,
+                                                                        pr.table_name)) AS rel
+            WHERE rel IN (SELECT up.relid FROM up))
+    SELECT m.tag, m.schema_name, m.table_name FROM mine m
+     WHERE EXISTS (
+       WITH RECURSIVE down(relid) AS (
+              SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = m.rel
+              UNION
+              SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN down ON i.inhparent = down.relid)
+       SELECT FROM down JOIN pg_catalog.pg_class c ON c.oid = down.relid
+        WHERE c.relkind IN ('r', 'p')  -- what the cover function covers
+          AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger g
+                           WHERE g.tgrelid = down.relid
+                             AND g.tgname = 'fencekit_' || m.tag || '_trunc'))
+     ORDER BY m.schema_name, m.table_name
+  LOOP
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
-    CONTINUE WHEN cover IS NULL
-      OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name, p.table_name)) IS NULL;
+    CONTINUE WHEN cover IS NULL;
     BEGIN
+      -- dynamic SQL: each protected table has its own cover function (a regprocedure: quoted)
       EXECUTE pg_catalog.format('SELECT %s', cover);
     EXCEPTION WHEN insufficient_privilege THEN
       -- Fail closed: a child that would be written unfenced is not created.

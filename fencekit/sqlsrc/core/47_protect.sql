@@ -19,8 +19,10 @@ BEGIN
     RETURN;
   END IF;
   IF FOUND THEN
+    -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', name, rel);
   END IF;
+  -- dynamic SQL: the trigger definition and its table come from the caller (a regclass, quoted)
   EXECUTE pg_catalog.format(definition, rel);
   EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', name, rel, stamp);
 END
@@ -39,6 +41,7 @@ BEGIN
               WHERE t.tgrelid = rel AND NOT t.tgisinternal AND t.tgparentid = 0
                 AND pg_catalog.starts_with(t.tgname::text, prefix)
                 AND t.tgname::text <> ALL (keep) LOOP
+    -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
   END LOOP;
 END
@@ -55,6 +58,7 @@ BEGIN
               WHERE p.pronamespace = 'fencekit'::regnamespace AND p.pronargs = 0
                 AND pg_catalog.starts_with(p.proname::text, prefix)
                 AND p.proname::text <> ALL (keep) LOOP
+    -- dynamic SQL: the function is known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
   END LOOP;
 END
@@ -167,6 +171,7 @@ BEGIN
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
                   WHERE a.attrelid = rel AND a.attname = col AND a.attnum > 0
                     AND NOT a.attisdropped) THEN
+    -- dynamic SQL: the table and column are known only at run time (quoted by format)
     EXECUTE pg_catalog.format('ALTER TABLE %s ADD COLUMN %I bigint', rel, col);
   END IF;
 END

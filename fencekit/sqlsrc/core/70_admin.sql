@@ -18,11 +18,61 @@ $do$;
 
 -- ------------------------------------------------------------------ key text
 
+-- The built-in type a column's values are read as when an admin or a claim names them
+-- (format_type text, typmod included): the column's type, or for a domain the type under it.
+-- Raises for a type that is not built in all the way down (oid below FirstNormalObjectId):
+-- its input, output and casts would be the caller's code. Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.builtin_type(tbl regclass, col text) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  typ oid;
+  typmod integer;
+  t record;
+BEGIN
+  SELECT a.atttypid, a.atttypmod INTO typ, typmod
+    FROM pg_catalog.pg_attribute a
+   WHERE a.attrelid = tbl AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
+  IF typ IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s has no column %I', tbl, col);
+  END IF;
+  -- The type under the domains, and the typmod the innermost domain declares (a column of a
+  -- domain type has none of its own).
+  LOOP
+    SELECT ty.typtype, ty.typbasetype, ty.typtypmod INTO t FROM pg_catalog.pg_type ty
+     WHERE ty.oid = typ;
+    EXIT WHEN t.typtype <> 'd';
+    typ := t.typbasetype;
+    IF t.typtypmod <> -1 THEN
+      typmod := t.typtypmod;
+    END IF;
+  END LOOP;
+  IF typ >= 16384 THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: column %I of %s has type %s, which is not built '
+                                  'in: fencekit never reads values through code a user wrote '
+                                  '(input functions, casts, domain checks)', col, tbl,
+                                  pg_catalog.format_type(typ, typmod)),
+      HINT = 'Name the row or key by columns of built-in types (or domains over them).',
+      COLUMN = col;
+  END IF;
+  RETURN pg_catalog.format_type(typ, typmod);
+END
+$fn$;
+
 -- The text a key fence names a key by (fencekit/sqlgen/key.py, key_expression), from the key
--- columns' values written as text, in key-column order: each value is cast to its column's
--- type and printed under the settings the key triggers pin (the SET clauses below are
+-- columns' values written as text, in key-column order: each value is read as its column's
+-- BASE type and printed under the settings the key triggers pin (the SET clauses below are
 -- KEY_SETTINGS; a test keeps them equal), so '2024-01-01 00:00+02' names the same key as the
 -- trigger would. Raises when the table is not key-fenced or the values do not fit.
+--
+-- It runs no code the table's owner controls, whoever calls it (an admin's `fencekit fences
+-- --key` / `fence set --key`, fencekit.claim): a domain's CHECK, input function or cast is
+-- never evaluated. A domain key column is read as the built-in type under it (with its typmod),
+-- through that type's built-in input and output functions and pg_catalog's casts, which only a
+-- superuser can change; a key type that is not built-in all the way down is refused (protect
+-- refuses those anyway: fencekit.key_family). A value the domain's CHECK would refuse names a
+-- key no write can reach, so nothing is lost by not checking it.
 CREATE OR REPLACE FUNCTION fencekit.key_text(tbl regclass, key_values text[]) RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -32,10 +82,8 @@ AS $fn$
 DECLARE
   p record;
   cols text[];
-  texts text[] := '{}';
-  typ text;
+  texts text[] := ARRAY[]::text[];
   v text;
-  i integer;
 BEGIN
   SELECT pr.* INTO p FROM fencekit.protected pr
    WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name)) = tbl;
@@ -54,23 +102,20 @@ BEGIN
       HINT = 'Give one --key VALUE per key column, in key-column order.';
   END IF;
   FOR i IN 1 .. pg_catalog.cardinality(cols) LOOP
-    SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) INTO typ
-      FROM pg_catalog.pg_attribute a
-     WHERE a.attrelid = tbl AND a.attname = cols[i] AND a.attnum > 0 AND NOT a.attisdropped;
-    IF typ IS NULL THEN
-      RAISE EXCEPTION USING ERRCODE = 'YF000',
-        MESSAGE = pg_catalog.format('fencekit: %s has no key column %I any more', tbl, cols[i]);
-    END IF;
     IF key_values[i] IS NULL THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
         MESSAGE = pg_catalog.format('fencekit: key column %I cannot be NULL', cols[i]);
     END IF;
-    EXECUTE pg_catalog.format('SELECT (%L::%s)::pg_catalog.text', key_values[i], typ) INTO v;
+    PERFORM fencekit.key_family(tbl, cols[i]);  -- raises for a type that cannot be a key
+    -- dynamic SQL: the key column's built-in type is known only at run time (%L quotes it)
+    EXECUTE pg_catalog.format('SELECT (%L::%s)::pg_catalog.text', key_values[i],
+                              fencekit.builtin_type(tbl, cols[i])) INTO v;
     texts := texts || v;
   END LOOP;
   IF pg_catalog.cardinality(texts) = 1 THEN
     RETURN texts[1];
   END IF;
+  -- dynamic SQL: a record of as many texts as the key has columns, printed as a trigger does
   EXECUTE 'SELECT ROW(' || (SELECT pg_catalog.string_agg(pg_catalog.quote_literal(t)
                                                          || '::pg_catalog.text', ', ' ORDER BY o)
                               FROM pg_catalog.unnest(texts) WITH ORDINALITY u(t, o))
@@ -193,9 +238,21 @@ $fn$;
 
 -- Set the fence of a protected table's key (key fence: the key columns' values, in order), of
 -- the whole table (table fence: no values), or of one row (row fence: the primary key's values,
--- in index order; the row's fence column is written under fencekit.bypass, which the session
--- may use as a member of fencekit_admin, and counted once as a bypassed write). SECURITY
--- INVOKER: a row repair needs UPDATE on the table. Returns the old fence (NULL: none).
+-- in index order). SECURITY INVOKER. Returns the old fence (NULL: none).
+--
+-- Key and table fences live in fencekit.fences: the repair touches fencekit's own state only
+-- (the key is named by fencekit.key_text, which reads values as built-in types only).
+--
+-- A row fence lives in the user's table, so its repair writes that table, and writing a table
+-- runs its owner's code (triggers, rules, RLS policies). fencekit runs that code with the
+-- owner's rights and no more, and never with the bypass on: the row is found and written
+-- after SET ROLE to the table's owner (the session's role must be a member of it: the owner
+-- itself, a superuser, or a role granted the owner's role), with fencekit.bypass off and
+-- row_security off (a policy that would apply makes the repair fail instead of running it).
+-- A raise is a write under the new fence as its token; a lower fence (allow_lower) is written
+-- the same way with fencekit's own row trigger disabled for that one statement (the ALTER
+-- TABLE lock keeps every writer out until commit). The primary key's values are read as
+-- built-in types and compared with pg_catalog's operators (fencekit.builtin_type).
 CREATE OR REPLACE FUNCTION fencekit.set_fence(
   tbl regclass, key_values text[], fence bigint, allow_lower boolean DEFAULT false,
   reason text DEFAULT NULL)
@@ -211,8 +268,13 @@ DECLARE
   old bigint;
   lowered boolean;
   rowkey jsonb;
+  who name := fencekit.session_role();
+  owner name;
+  saved_role text := pg_catalog.current_setting('role');
   saved_token text := pg_catalog.current_setting('fencekit.token', true);
   saved_bypass text := pg_catalog.current_setting('fencekit.bypass', true);
+  saved_rls text := pg_catalog.current_setting('row_security');
+  upd_trigger text;
   what text;
 BEGIN
   PERFORM fencekit.repair_allowed(tbl::text, NULL, fence, false);
@@ -233,8 +295,20 @@ BEGIN
     END IF;
     RETURN fencekit.set_resource_fence(p.resource, '', fence, allow_lower, reason);
   END IF;
-  -- Row fence: find the row by its primary key.
+  -- Row fence: find the row by its primary key, as the table's owner.
   col := COALESCE(p.spec ->> 'column', 'fencekit_fence');
+  SELECT a.rolname INTO owner FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_roles a ON a.oid = c.relowner
+   WHERE c.oid = tbl;
+  IF NOT pg_catalog.pg_has_role(who, owner, 'MEMBER') THEN
+    PERFORM fencekit.repair_refused(
+      pg_catalog.format('permission denied to repair a row of %s: the repair writes the table, '
+                        'which runs its owner''s triggers, and fencekit runs them with the '
+                        'rights of the owner %I only; role %I is not a member of it', tbl,
+                        owner, who),
+      pg_catalog.format('Run the repair as the table''s owner (also a member of fencekit_admin), '
+                        'or as a role granted it: GRANT %I TO %I;', owner, who), '42501');
+  END IF;
   pk := ARRAY(SELECT a.attname::text
                 FROM pg_catalog.pg_index i
                 CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY u(attnum, o)
@@ -244,9 +318,9 @@ BEGIN
   IF pg_catalog.cardinality(pk) = 0 THEN
     PERFORM fencekit.repair_refused(
       pg_catalog.format('%s has no primary key to find the row by', tbl),
-      pg_catalog.format('Update the row as a member of fencekit_admin with fencekit.bypass on: '
-                        'SELECT set_config(''fencekit.bypass'', ''on'', true); UPDATE %s SET %I '
-                        '= <fence> WHERE ...;', tbl, col));
+      pg_catalog.format('Update the row as its owner under the new fence as the token: '
+                        'SELECT set_config(''fencekit.token'', ''<fence>'', true); UPDATE %s '
+                        'SET %I = <fence> WHERE ...;', tbl, col));
   END IF;
   IF pg_catalog.cardinality(COALESCE(key_values, '{}')) <> pg_catalog.cardinality(pk)
      OR pg_catalog.array_position(key_values, NULL) IS NOT NULL THEN
@@ -256,30 +330,58 @@ BEGIN
                         pg_catalog.cardinality(COALESCE(key_values, '{}'))),
       'Give one --key VALUE per primary key column, in index order.');
   END IF;
-  SELECT pg_catalog.string_agg(pg_catalog.format('%I = $1[%s]::%s', c, o,
-           (SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a
-             WHERE a.attrelid = tbl AND a.attname = c)), ' AND ' ORDER BY o)
+  SELECT pg_catalog.string_agg(pg_catalog.format('%I OPERATOR(pg_catalog.=) $1[%s]::%s', c, o,
+                                                 fencekit.builtin_type(tbl, c)),
+                               ' AND ' ORDER BY o)
     INTO conds FROM pg_catalog.unnest(pk) WITH ORDINALITY u(c, o);
   SELECT pg_catalog.jsonb_object_agg(c, key_values[o]) INTO rowkey
     FROM pg_catalog.unnest(pk) WITH ORDINALITY u(c, o);
   what := pg_catalog.format('%s row %s', tbl, rowkey);
-  EXECUTE pg_catalog.format('SELECT true, %I FROM %s WHERE %s FOR UPDATE', col, tbl, conds)
+  -- From here until the role is restored: the owner's rights, no bypass, no policy applied.
+  PERFORM pg_catalog.set_config('role', owner, true);
+  PERFORM pg_catalog.set_config('fencekit.bypass', '', true);
+  PERFORM pg_catalog.set_config('row_security', 'off', true);
+  -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
+  EXECUTE pg_catalog.format('SELECT true, %I FROM ONLY %s WHERE %s FOR UPDATE', col, tbl, conds)
     INTO found_row, old USING key_values;
   IF found_row IS NULL THEN
+    -- A row of a partition or child: look there (the triggers are the same ones).
+    -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
+    EXECUTE pg_catalog.format('SELECT true, %I FROM %s WHERE %s FOR UPDATE', col, tbl, conds)
+      INTO found_row, old USING key_values;
+  END IF;
+  IF found_row IS NULL THEN
+    PERFORM pg_catalog.set_config('role', saved_role, true);
     PERFORM fencekit.repair_refused(pg_catalog.format('%s has no row %s', tbl, rowkey),
                                     'Check the primary key values (in index order).');
   END IF;
+  PERFORM pg_catalog.set_config('role', saved_role, true);
   lowered := fencekit.repair_allowed(what, old, fence, allow_lower);
-  -- No token and the audited bypass: the row triggers let the fence column through as written.
-  PERFORM pg_catalog.set_config('fencekit.token', '', true);
-  PERFORM pg_catalog.set_config('fencekit.bypass', 'on', true);
-  EXECUTE pg_catalog.format('UPDATE %s SET %I = $2 WHERE %s', tbl, col, conds)
-    USING key_values, fence;
+  PERFORM pg_catalog.set_config('role', owner, true);
+  IF old IS DISTINCT FROM fence THEN
+    -- The new fence is the write's token: the row triggers accept it as any write (a raise).
+    PERFORM pg_catalog.set_config('fencekit.token', fence::text, true);
+    IF lowered THEN
+      -- A lower fence is stale to the row trigger: only for this statement, it is not run.
+      upd_trigger := 'fencekit_' || p.tag || '_upd';
+      -- dynamic SQL: the table and fencekit's trigger name are known only at run time
+      EXECUTE pg_catalog.format('ALTER TABLE %s DISABLE TRIGGER %I', tbl, upd_trigger);
+    END IF;
+    -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
+    EXECUTE pg_catalog.format('UPDATE %s SET %I = $2 WHERE %s', tbl, col, conds)
+      USING key_values, fence;
+    IF lowered THEN
+      -- dynamic SQL: the table and fencekit's trigger name are known only at run time
+      EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE TRIGGER %I', tbl, upd_trigger);
+    END IF;
+  END IF;
+  PERFORM pg_catalog.set_config('role', saved_role, true);
+  PERFORM pg_catalog.set_config('row_security', saved_rls, true);
   PERFORM pg_catalog.set_config('fencekit.token', COALESCE(saved_token, ''), true);
   PERFORM pg_catalog.set_config('fencekit.bypass', COALESCE(saved_bypass, ''), true);
   INSERT INTO fencekit.repairs (repaired_by, schema_name, table_name, scope, resource, key,
                                 old_fence, new_fence, lowered, reason)
-  VALUES (fencekit.session_role(), p.schema_name, p.table_name, 'row', NULL, rowkey::text,
+  VALUES (who, p.schema_name, p.table_name, 'row', NULL, rowkey::text,
           old, fence, COALESCE(lowered, false), reason);
   RETURN old;
 END
@@ -340,6 +442,6 @@ GRANT SELECT ON fencekit.repair_counts, fencekit.lateness, fencekit.drift TO PUB
 -- own error (42501) and, being SECURITY INVOKER, lend no rights.
 GRANT EXECUTE ON FUNCTION fencekit.repair_refused(text, text, text),
   fencekit.repair_allowed(text, bigint, bigint, boolean) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.key_text(regclass, text[]),
+GRANT EXECUTE ON FUNCTION fencekit.key_text(regclass, text[]), fencekit.builtin_type(regclass, text),
   fencekit.set_resource_fence(text, text, bigint, boolean, text),
   fencekit.set_fence(regclass, text[], bigint, boolean, text) TO PUBLIC;

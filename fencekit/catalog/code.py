@@ -1,0 +1,318 @@
+"""Code fencekit did not generate that runs on a protected table, triggers apart: defaults
+and generated columns, column types, constraints, indexes, row-level security policies, rules,
+what foreign keys cascade into, and views written through. Each is drift unless its code hash
+is allowed (``fencekit.allowed_code``)."""
+
+from __future__ import annotations
+
+from fencekit.catalog.codeinfo import FIRST_NORMAL_OID, Code, Inspector, code_hash
+from fencekit.catalog.model import Action, Command, Conn, Drift, DriftKind
+from fencekit.catalog.triggers import allow_fix, other_triggers
+from fencekit.ident import quote_ident
+from fencekit.spec import FenceSpec, Scope
+
+__all__ = ["foreign_code_drift"]
+
+#: One object that may run code: (kind, object, what, code, definition, effect).
+_Found = tuple[DriftKind, str, str, Code, str, str]
+
+_SWAPS = "it can set fencekit.token, and the check reads the swapped token"
+_RULE = Code(("rewrites the statements that name the relation",))
+_RULE_EFFECT = (
+    "its statements run with the writer's, can set fencekit.token or redirect the write past "
+    "fencekit's checks"
+)
+
+
+def foreign_code_drift(
+    conn: Conn,
+    insp: Inspector,
+    oid: int,
+    rel_sql: str,
+    spec: FenceSpec,
+    allowed: frozenset[str],
+) -> list[Drift]:
+    """Everything but the relation's own triggers that runs code fencekit did not generate:
+    column defaults and generated columns (the fence column's included), the types of its
+    columns, CHECK and exclusion constraints, index expressions, predicates and operator
+    classes, row-level security policies (when enabled), rules; the triggers, rules and
+    expressions of tables a foreign key cascades into; views over the table that run code
+    when written through."""
+    fence_col = spec.column if spec.scope is Scope.ROW else None
+    found = _expression_code(conn, insp, oid, rel_sql, fence_col) + _rules(conn, oid, rel_sql)
+    out = [d for f in found for d in _code_drift(*f, allowed)]
+    out += _cascade_drift(conn, insp, oid, rel_sql, allowed, {oid})
+    out += _view_drift(conn, insp, oid, rel_sql, allowed, {oid})
+    return out
+
+
+def _code_drift(
+    kind: DriftKind,
+    obj: str,
+    what: str,
+    code: Code,
+    definition: str,
+    effect: str,
+    allowed: frozenset[str],
+) -> list[Drift]:
+    """One object that runs code fencekit did not generate, unless its hash is allowed."""
+    if not code:
+        return []
+    sha = code_hash({"kind": kind, "definition": definition, "calls": list(code.hashes)})
+    if sha in allowed:
+        return []
+    return [
+        Drift(
+            kind,
+            obj,
+            f"{what} runs code fencekit did not generate ({'; '.join(code.reasons)}): {effect}",
+            allow_fix(what),
+            sha256=sha,
+            command=Command(Action.ALLOW, sha256=sha),
+        )
+    ]
+
+
+def _expression_code(
+    conn: Conn, insp: Inspector, oid: int, rel_sql: str, fence_col: str | None
+) -> list[_Found]:
+    """Defaults, generated columns, column types, constraints, indexes and (when row-level
+    security is on) policies of one relation, with what each runs."""
+    out: list[_Found] = []
+    for col, generated, tree, text in conn.execute(
+        "SELECT a.attname, a.attgenerated <> '', d.adbin::pg_catalog.text, "
+        "pg_catalog.pg_get_expr(d.adbin, d.adrelid) FROM pg_catalog.pg_attrdef d "
+        "JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
+        "WHERE d.adrelid = %s ORDER BY a.attnum",
+        (oid,),
+    ).fetchall():
+        what = (
+            f"the generated column {quote_ident(col)} of {rel_sql}"
+            if generated
+            else f"the DEFAULT of {'the fence column ' if col == fence_col else 'column '}"
+            f"{quote_ident(col)} of {rel_sql}"
+        )
+        kind = DriftKind.FENCE_DEFAULT_FOREIGN if col == fence_col else DriftKind.FOREIGN_DEFAULT
+        out.append((kind, f"{rel_sql}.{col}", what, insp.expression(tree), str(text), _SWAPS))
+    for col, typ, typname in conn.execute(
+        "SELECT attname, atttypid, atttypid::pg_catalog.regtype::pg_catalog.text "
+        "FROM pg_catalog.pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+        "ORDER BY attnum",
+        (oid,),
+    ).fetchall():
+        out.append(
+            (
+                DriftKind.FOREIGN_COLUMN_TYPE,
+                f"{rel_sql}.{col}",
+                f"the type {typname} of column {quote_ident(col)} of {rel_sql}",
+                insp.type_code(int(typ)),
+                str(typname),
+                "every value written to the column runs it, and it can set fencekit.token",
+            )
+        )
+    for name, contype, tree, definition, excl in conn.execute(
+        "SELECT conname, contype::pg_catalog.text, conbin::pg_catalog.text, "
+        "pg_catalog.pg_get_constraintdef(oid), conexclop::pg_catalog.oid[] "
+        "FROM pg_catalog.pg_constraint WHERE conrelid = %s AND contype IN ('c', 'x') "
+        "ORDER BY conname",
+        (oid,),
+    ).fetchall():
+        code = insp.expression(tree)
+        if excl:
+            code = _merge(code, insp.expression(" ".join(f":opno {o}" for o in excl)))
+        out.append(
+            (
+                DriftKind.FOREIGN_CONSTRAINT,
+                f"{rel_sql}: constraint {name}",
+                f"the {'CHECK' if contype == 'c' else 'exclusion'} constraint "
+                f"{quote_ident(name)} of {rel_sql}",
+                code,
+                str(definition),
+                _SWAPS,
+            )
+        )
+    for name, exprs, pred, classes, definition in conn.execute(
+        "SELECT i.indexrelid::pg_catalog.regclass::pg_catalog.text, "
+        "i.indexprs::pg_catalog.text, i.indpred::pg_catalog.text, "
+        "i.indclass::pg_catalog.oid[], pg_catalog.pg_get_indexdef(i.indexrelid) "
+        "FROM pg_catalog.pg_index i WHERE i.indrelid = %s ORDER BY 1",
+        (oid,),
+    ).fetchall():
+        code = _merge(insp.expression(exprs), insp.expression(pred))
+        code = _merge(code, _opclass_code(conn, insp, list(classes or [])))
+        out.append(
+            (
+                DriftKind.FOREIGN_INDEX,
+                f"{rel_sql}: index {name}",
+                f"the index {name} of {rel_sql}",
+                code,
+                str(definition),
+                "every row written runs it, and it can set fencekit.token",
+            )
+        )
+    for name, cmd, qual, check, qual_text, check_text in conn.execute(
+        "SELECT p.polname, p.polcmd::pg_catalog.text, p.polqual::pg_catalog.text, "
+        "p.polwithcheck::pg_catalog.text, pg_catalog.pg_get_expr(p.polqual, p.polrelid), "
+        "pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid) "
+        "FROM pg_catalog.pg_policy p JOIN pg_catalog.pg_class c ON c.oid = p.polrelid "
+        "WHERE p.polrelid = %s AND c.relrowsecurity ORDER BY p.polname",
+        (oid,),
+    ).fetchall():
+        out.append(
+            (
+                DriftKind.FOREIGN_POLICY,
+                f"{rel_sql}: policy {name}",
+                f"the row-level security policy {quote_ident(name)} of {rel_sql}",
+                _merge(insp.expression(qual), insp.expression(check)),
+                f"{cmd} USING ({qual_text}) WITH CHECK ({check_text})",
+                _SWAPS,
+            )
+        )
+    return out
+
+
+def _rules(
+    conn: Conn, oid: int, rel_sql: str, kind: DriftKind = DriftKind.FOREIGN_RULE
+) -> list[_Found]:
+    """Every enabled rule of a relation but a view's own (_RETURN): a rule rewrites the
+    statement itself (runs other statements, or replaces it)."""
+    return [
+        (
+            kind,
+            f"{rel_sql}: rule {name}",
+            f"the rule {quote_ident(name)} on {rel_sql}",
+            _RULE,
+            str(definition),
+            _RULE_EFFECT,
+        )
+        for name, definition in conn.execute(
+            "SELECT r.rulename, pg_catalog.pg_get_ruledef(r.oid) FROM pg_catalog.pg_rewrite r "
+            "WHERE r.ev_class = %s AND r.rulename <> '_RETURN' AND r.ev_enabled <> 'D' "
+            "ORDER BY r.rulename",
+            (oid,),
+        ).fetchall()
+    ]
+
+
+def _merge(a: Code, b: Code) -> Code:
+    return Code(
+        tuple(dict.fromkeys(a.reasons + b.reasons)), tuple(sorted(set(a.hashes + b.hashes)))
+    )
+
+
+def _opclass_code(conn: Conn, insp: Inspector, classes: list[int]) -> Code:
+    """User-defined operator classes of an index: their support functions and operators run
+    on every row the index takes."""
+    user = [c for c in classes if c >= FIRST_NORMAL_OID]
+    if not user:
+        return Code(())
+    rows = conn.execute(
+        "SELECT c.oid::pg_catalog.text, "
+        "ARRAY(SELECT p.amproc::pg_catalog.oid FROM pg_catalog.pg_amproc p "
+        "       WHERE p.amprocfamily = c.opcfamily), "
+        "ARRAY(SELECT o.amopopr FROM pg_catalog.pg_amop o WHERE o.amopfamily = c.opcfamily) "
+        "FROM pg_catalog.pg_opclass c WHERE c.oid = ANY(%s) AND NOT EXISTS ("
+        "  SELECT FROM pg_catalog.pg_depend d "
+        "   WHERE d.classid = 'pg_catalog.pg_opclass'::pg_catalog.regclass "
+        "     AND d.objid = c.oid AND d.deptype = 'e')",
+        (user,),
+    ).fetchall()
+    code = Code(())
+    for _, procs, ops in rows:
+        tree = " ".join([f":funcid {p}" for p in procs] + [f":opno {o}" for o in ops])
+        code = _merge(code, insp.expression(tree))
+    return code
+
+
+def _cascade_drift(
+    conn: Conn,
+    insp: Inspector,
+    oid: int,
+    rel_sql: str,
+    allowed: frozenset[str],
+    seen: set[int],
+) -> list[Drift]:
+    """Foreign keys that cascade a write on this relation (ON DELETE/UPDATE CASCADE, SET NULL,
+    SET DEFAULT) into another table, at any depth: its triggers (not fencekit's) and rules run
+    inside the writer's statement, and so, when the cascade updates its rows, its defaults,
+    constraints, indexes and column types."""
+    out: list[Drift] = []
+    for con, child, child_oid, updates in conn.execute(
+        "SELECT c.conname, c.conrelid::pg_catalog.regclass::pg_catalog.text, c.conrelid, "
+        "c.confupdtype IN ('c', 'n', 'd') OR c.confdeltype IN ('n', 'd') "
+        "FROM pg_catalog.pg_constraint c WHERE c.confrelid = %s AND c.contype = 'f' "
+        "AND (c.confdeltype IN ('c', 'n', 'd') OR c.confupdtype IN ('c', 'n', 'd')) "
+        "AND c.conparentid = 0 ORDER BY 1",
+        (oid,),
+    ).fetchall():
+        child_oid = int(child_oid)
+        if child_oid in seen:
+            continue
+        seen.add(child_oid)
+        obj = f"{rel_sql}: foreign key {child}.{con}"
+        where = (
+            f"a write on {rel_sql} cascades through the foreign key {quote_ident(con)} into {child}"
+        )
+        out += other_triggers(conn, insp, child_oid, DriftKind.FOREIGN_CASCADE, obj, where, allowed)
+        found = _rules(conn, child_oid, str(child))
+        if updates:
+            found += _expression_code(conn, insp, child_oid, str(child), None)
+        for _kind, _obj, what, code, definition, effect in found:
+            out += _code_drift(
+                DriftKind.FOREIGN_CASCADE,
+                obj,
+                f"{what} ({where})",
+                code,
+                definition,
+                effect,
+                allowed,
+            )
+        out += _cascade_drift(conn, insp, child_oid, str(child), allowed, seen)
+    return out
+
+
+def _view_drift(
+    conn: Conn,
+    insp: Inspector,
+    oid: int,
+    rel_sql: str,
+    allowed: frozenset[str],
+    seen: set[int],
+) -> list[Drift]:
+    """Views over this relation (at any depth) that run code when written through: INSTEAD
+    OF triggers, rules of their own, and functions in their query (an updatable view's WHERE
+    becomes the write's)."""
+    out: list[Drift] = []
+    for view, view_oid, tree, definition in conn.execute(
+        "SELECT DISTINCT c.oid::pg_catalog.regclass::pg_catalog.text, c.oid, "
+        "r.ev_action::pg_catalog.text, pg_catalog.pg_get_viewdef(c.oid) "
+        "FROM pg_catalog.pg_depend d "
+        "JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid AND r.rulename = '_RETURN' "
+        "JOIN pg_catalog.pg_class c ON c.oid = r.ev_class AND c.relkind = 'v' "
+        "WHERE d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass "
+        "AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = %s "
+        "ORDER BY 1",
+        (oid,),
+    ).fetchall():
+        view_oid = int(view_oid)
+        if view_oid in seen:
+            continue
+        seen.add(view_oid)
+        obj = f"{rel_sql}: view {view}"
+        where = f"a write through the view {view} reaches {rel_sql}"
+        out += other_triggers(conn, insp, view_oid, DriftKind.FOREIGN_VIEW, obj, where, allowed)
+        found = _rules(conn, view_oid, str(view), DriftKind.FOREIGN_VIEW)
+        found.append(
+            (
+                DriftKind.FOREIGN_VIEW,
+                obj,
+                f"the view {view} over {rel_sql}",
+                insp.expression(tree),
+                str(definition),
+                "a write through it runs that code: it can set fencekit.token",
+            )
+        )
+        for kind, _obj, what, code, definition_, effect in found:
+            out += _code_drift(kind, obj, what, code, definition_, effect, allowed)
+        out += _view_drift(conn, insp, view_oid, str(view), allowed, seen)
+    return out

@@ -1,0 +1,207 @@
+"""Who owns fencekit's objects: a restore by an application role leaves it owning the
+fences, the registry and the checks. Drift names each owner that is not the installing role
+(or is neither a superuser nor a member of fencekit_admin), with the SQL that gives the
+objects back."""
+
+from __future__ import annotations
+
+from fencekit.catalog.model import Conn, Drift, DriftKind
+from fencekit.ident import quote_ident, quote_literal
+
+__all__ = ["ownership_drift"]
+
+# Every object in schema fencekit with its owner and the ALTER that changes it (without OWNER
+# TO). Indexes and a table's own sequences follow their table; array types follow their element.
+_OWNED_SQL = """
+SELECT 'schema' AS kind, 'fencekit' AS name, n.nspowner AS owner,
+       'ALTER SCHEMA fencekit' AS alter_sql, n.nspname AS ident
+  FROM pg_catalog.pg_namespace n WHERE n.nspname = 'fencekit'
+UNION ALL
+SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view'
+                      WHEN 'm' THEN 'materialized view' WHEN 'f' THEN 'foreign table'
+                      WHEN 'c' THEN 'type' ELSE 'table' END,
+       'fencekit.' || pg_catalog.quote_ident(c.relname), c.relowner,
+       'ALTER ' || CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
+                                  WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'f' THEN 'FOREIGN TABLE'
+                                  WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END
+         || ' fencekit.' || pg_catalog.quote_ident(c.relname), c.relname
+  FROM pg_catalog.pg_class c
+ WHERE c.relnamespace = 'fencekit'::pg_catalog.regnamespace
+   AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c')
+   AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d
+                    WHERE c.relkind = 'S' AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.objid = c.oid AND d.deptype IN ('a', 'i')
+                      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass)
+UNION ALL
+SELECT CASE p.prokind WHEN 'p' THEN 'procedure' WHEN 'a' THEN 'aggregate' ELSE 'function' END,
+       'fencekit.' || pg_catalog.quote_ident(p.proname) || s.args, p.proowner,
+       'ALTER ' || CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE'
+                                  ELSE 'FUNCTION' END
+         || ' fencekit.' || pg_catalog.quote_ident(p.proname) || s.args, p.proname
+  FROM pg_catalog.pg_proc p,
+       LATERAL (SELECT CASE p.prokind
+                  WHEN 'a' THEN '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')'
+                  ELSE '(' || COALESCE((SELECT pg_catalog.string_agg(
+                                               pg_catalog.format_type(a.t, NULL), ', '
+                                               ORDER BY a.n)
+                                          FROM pg_catalog.unnest(p.proargtypes::pg_catalog.oid[])
+                                               WITH ORDINALITY AS a(t, n)), '') || ')'
+                  END) AS s(args)
+ WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace
+UNION ALL
+SELECT 'type', 'fencekit.' || pg_catalog.quote_ident(t.typname), t.typowner,
+       'ALTER TYPE fencekit.' || pg_catalog.quote_ident(t.typname), t.typname
+  FROM pg_catalog.pg_type t
+ WHERE t.typnamespace = 'fencekit'::pg_catalog.regnamespace AND t.typtype IN ('e', 'd', 'r')
+"""
+
+_SHOWN = 3  # object names a grouped ownership line shows before "and N more"
+_LISTED = 5  # up to this many objects the fix lists ALTER statements; beyond, a DO block
+
+
+def ownership_drift(conn: Conn) -> list[Drift]:
+    """fencekit's objects owned by another role than the one that installed it, or by a role
+    that is neither a superuser nor a member of fencekit_admin. A protected table's generated
+    functions and counters may also belong to any superuser or member of fencekit_admin (the
+    role that ran protect).
+
+    Whoever owns fencekit's tables and functions can lower fences, edit the registry and
+    replace the checks; a ``pg_restore`` run by an application role leaves them all owned by
+    it. The installing role is ``fencekit.meta``'s ``owner`` row; cores installed before it
+    existed fall back to the owner of schema fencekit.
+    """
+    schema = conn.execute(
+        "SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text FROM pg_catalog.pg_namespace n "
+        "WHERE n.nspname = 'fencekit'"
+    ).fetchone()
+    if schema is None:
+        return []
+    out: list[Drift] = []
+    recorded = conn.execute("SELECT value FROM fencekit.meta WHERE key = 'owner'").fetchone()
+    expected, source = str(schema[0]), "the owner of schema fencekit"
+    if recorded is not None:
+        exists = conn.execute(
+            "SELECT pg_catalog.quote_ident(rolname) FROM pg_catalog.pg_roles WHERE rolname = %s",
+            (recorded[0],),
+        ).fetchone()
+        if exists is not None:
+            expected, source = str(exists[0]), "the role that installed fencekit"
+        else:
+            out.append(
+                Drift(
+                    DriftKind.OWNER_ROLE_MISSING,
+                    "fencekit",
+                    f"role {recorded[0]!r}, recorded in fencekit.meta as the role that "
+                    f"installed fencekit, does not exist (renamed or dropped?); comparing "
+                    f"owners with {expected}, the owner of schema fencekit",
+                    "record the role that administers fencekit (as a member of fencekit_admin): "
+                    "UPDATE fencekit.meta SET value = '<admin_role>' WHERE key = 'owner'",
+                )
+            )
+    # A protected table's own functions and counters belong to whoever ran protect: the
+    # installing role, or a member of fencekit_admin such as the migration role.
+    rows = conn.execute(
+        "SELECT o.kind, o.name, o.alter_sql, r.rolname, r.rolsuper, "
+        "       pg_catalog.pg_has_role(r.oid, a.oid, 'MEMBER'), "
+        "       o.kind IN ('function', 'sequence') AND EXISTS ("
+        "         SELECT FROM fencekit.protected t WHERE pg_catalog.left(o.ident, "
+        "           pg_catalog.length(t.tag) + 1) IN (t.tag || '_', t.tag || ':')) "
+        f"FROM ({_OWNED_SQL}) o "
+        "JOIN pg_catalog.pg_roles r ON r.oid = o.owner "
+        "LEFT JOIN pg_catalog.pg_roles a ON a.rolname = 'fencekit_admin' "
+        "ORDER BY r.rolname, o.kind <> 'schema', o.kind, o.name"
+    ).fetchall()
+    by_owner: dict[str, list[tuple[str, str, str]]] = {}
+    privileged: dict[str, bool] = {}
+    for kind, name, alter_sql, owner, is_super, is_admin, per_table in rows:
+        role = quote_ident(owner)
+        privileged[role] = bool(is_super) or bool(is_admin)
+        if per_table and privileged[role] and role != expected:
+            continue
+        by_owner.setdefault(role, []).append((kind, name, alter_sql))
+    record = (
+        "UPDATE fencekit.meta SET value = {new} WHERE key = 'owner'" if recorded is not None else ""
+    )
+    for role, objects in by_owner.items():
+        names = tuple(f"{kind} {name}" for kind, name, _ in objects)
+        shown = ", ".join(names[:_SHOWN]) + (
+            f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+        )
+        unprivileged = (
+            f"{role} is neither a superuser nor a member of fencekit_admin"
+            if not privileged[role]
+            else ""
+        )
+        if role != expected:
+            # One line per owner: an unprivileged owner is said here, not on a line of its own.
+            out.append(
+                Drift(
+                    DriftKind.OWNER_CHANGED,
+                    f"owner {role}",
+                    f"{len(objects)} object(s) in schema fencekit are owned by {role}, not "
+                    f"{expected} ({source}): {shown}. Their owner can lower fences, edit the "
+                    "registry and replace the checks (a pg_restore run by an application role "
+                    "leaves them so)" + (f"; {unprivileged}" if unprivileged else ""),
+                    _owner_fix(role, expected, objects),
+                    names,
+                )
+            )
+        elif unprivileged:
+            admin = "<admin_role>"
+            give = _owner_fix(role, admin, objects)
+            if record:
+                give += "; " + record.format(new=quote_literal(admin))
+            out.append(
+                Drift(
+                    DriftKind.OWNER_UNPRIVILEGED,
+                    f"owner {role}",
+                    f"{role} owns {len(objects)} object(s) in schema fencekit ({shown}) but "
+                    "is neither a superuser nor a member of fencekit_admin: if applications "
+                    "log in as it (or as a member of it), they can lower fences, edit the "
+                    "registry and replace the checks",
+                    f"if {role} is an application role, give fencekit's objects to a role "
+                    "that administers fencekit (a superuser or a member of fencekit_admin that "
+                    f"applications never log in as): {give}\n"
+                    f"if {role} is that role already: GRANT fencekit_admin TO {role}",
+                    names,
+                )
+            )
+    return out
+
+
+def _owner_fix(old: str, new: str, objects: list[tuple[str, str, str]]) -> str:
+    """SQL a DBA runs (superuser, or member of both roles) to give ``old``'s objects to ``new``.
+
+    A few objects: their ALTER statements. More: a DO block over the catalog (REASSIGN OWNED
+    would also take the application's own tables, and its database, from ``old``).
+    """
+    if len(objects) <= _LISTED:
+        return "; ".join(f"{alter_sql} OWNER TO {new}" for _, _, alter_sql in objects)
+    by = f"{quote_literal(old)}::pg_catalog.regrole"
+    ns = "'fencekit'::pg_catalog.regnamespace"
+    return "\n".join(
+        [
+            "DO $fix$",
+            "DECLARE o text;",
+            "BEGIN",
+            f"  IF (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'fencekit') = {by}"
+            f" THEN ALTER SCHEMA fencekit OWNER TO {new}; END IF;",
+            "  FOR o IN SELECT c.oid::pg_catalog.regclass FROM pg_catalog.pg_class c",
+            f"    WHERE c.relnamespace = {ns} AND c.relowner = {by}",
+            "      AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S') AND NOT EXISTS (SELECT FROM",
+            "      pg_catalog.pg_depend d WHERE c.relkind = 'S' AND d.objid = c.oid",
+            "      AND d.deptype IN ('a', 'i')",
+            "      AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass",
+            "      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass)",
+            f"  LOOP EXECUTE 'ALTER TABLE ' || o || ' OWNER TO {new}'; END LOOP;",
+            "  FOR o IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p",
+            f"    WHERE p.pronamespace = {ns} AND p.proowner = {by}",
+            f"  LOOP EXECUTE 'ALTER ROUTINE ' || o || ' OWNER TO {new}'; END LOOP;",
+            "  FOR o IN SELECT t.oid::pg_catalog.regtype FROM pg_catalog.pg_type t",
+            f"    WHERE t.typnamespace = {ns} AND t.typowner = {by}",
+            "      AND t.typtype IN ('e', 'd', 'r')",
+            f"  LOOP EXECUTE 'ALTER TYPE ' || o || ' OWNER TO {new}'; END LOOP;",
+            "END",
+            "$fix$;",
+        ]
+    )

@@ -1,0 +1,84 @@
+"""Test your own workers: the pytest plugin that pauses a real worker past its lease and proves
+the stale write is rejected (docs/testing-your-workers.md).
+
+    pip install 'pg-fencekit[testing]'
+
+In the worker (production code; a no-op outside the kit's tests)::
+
+    from fencekit.testing import checkpoint
+    checkpoint("computing")
+
+In the tests (the plugin loads itself through its ``pytest11`` entry point)::
+
+    from fencekit.testing import takeover
+
+    def test_stale_rebuild_is_rejected(fenced_db):
+        takeover(rebuild_summary, fenced_db.app_dsn, 42, resource="billing:42",
+                 table="billing_summary")
+
+Only :func:`checkpoint` is imported eagerly: a worker importing it loads nothing else of the
+kit (and never pytest).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from fencekit.testing.channel import checkpoint
+
+__all__ = [
+    "DatabaseSetup",
+    "FencedDatabase",
+    "FencingAssertionError",
+    "ManyResult",
+    "Outcome",
+    "TakeoverResult",
+    "Worker",
+    "WorkerError",
+    "assert_fence",
+    "assert_no_rejections",
+    "assert_rejections",
+    "atakeover",
+    "checkpoint",
+    "describe",
+    "fenced_database",
+    "paused",
+    "run_many",
+    "spawn",
+    "spawn_command",
+    "takeover",
+    "wait_lease_expired",
+]
+
+_LAZY = {
+    "DatabaseSetup": "database",
+    "FencedDatabase": "database",
+    "FencingAssertionError": "assertions",
+    "ManyResult": "many",
+    "Outcome": "workers",
+    "TakeoverResult": "scenario",
+    "Worker": "workers",
+    "WorkerError": "workers",
+    "assert_fence": "assertions",
+    "assert_no_rejections": "assertions",
+    "assert_rejections": "assertions",
+    "atakeover": "scenario",
+    "describe": "assertions",
+    "fenced_database": "plugin",
+    "paused": "scenario",
+    "run_many": "many",
+    "spawn": "workers",
+    "spawn_command": "workers",
+    "takeover": "scenario",
+    "wait_lease_expired": "clocks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fencekit.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"fencekit.testing.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,90 @@
+"""The server-free tier: ``pytest --fast`` (docs/testing.md, "The fast tier").
+
+It runs every test that needs no server: spec, identifiers, DDL parsing, the SQL golden files,
+error translation, the chaos checker, argument parsing and drift formatting. Nothing but pip
+is needed, and it takes seconds. Which tests those are is decided, not listed: a test is left
+out when it is marked ``server`` / ``slow`` / ``multiproc`` / ``bench`` or when any fixture it
+uses (directly or through other fixtures) starts or reaches a server. A guard makes the
+classification honest: in the fast tier, starting a server or opening a connection fails the
+test with a message that says to mark it ``server``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+#: Fixtures that start or reach a server (the suite's and the test directories' conftests).
+SERVER_FIXTURES = frozenset(
+    {
+        "pg_server", "pg_dsn", "debian15_server", "target_server", "pg_target", "db", "dsn",
+        "raw_db", "raw_dsn", "make_role", "pgbouncer", "postgresql", "postgresql_proc",
+        "postgresql_noproc", *(f"pg{v}_server" for v in range(14, 19)),
+        # tests/ha, tests/issuers, tests/leases, tests/chaos
+        "cluster", "etcd", "zk", "etcd_cluster", "zk_ensemble", "restartable_pg", "_needs_servers",
+    }
+)  # fmt: skip
+#: Markers that say a test needs servers or real processes.
+SERVER_MARKERS = ("server", "slow", "multiproc", "bench", "all_servers")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="only the tests that need no server (seconds, nothing but pip; docs/testing.md)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "server: needs a server although it uses no server fixture (left out of --fast)",
+    )
+
+
+def needs_server(item: pytest.Item) -> bool:
+    if any(item.get_closest_marker(m) is not None for m in SERVER_MARKERS):
+        return True
+    names = set(getattr(item, "fixturenames", ()))
+    # Fixtures of the test directories' conftests that start servers are named for them.
+    servers = {n for n in names if n in SERVER_FIXTURES}
+    return bool(servers)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--fast"):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if needs_server(item) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """In the fast tier, reaching for a server is a misclassified test: say how to fix it."""
+    if not request.config.getoption("--fast"):
+        yield
+        return
+    import psycopg
+
+    import fencekit.embedded
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        pytest.fail(
+            f"{request.node.nodeid} reached for a PostgreSQL server in the fast tier (--fast): "
+            "mark it @pytest.mark.server (tests/fast_tier.py)",
+            pytrace=False,
+        )
+
+    monkeypatch.setattr(fencekit.embedded, "start_embedded", refuse)
+    monkeypatch.setattr(psycopg.Connection, "connect", classmethod(refuse))
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(refuse))
+    yield

@@ -1,0 +1,153 @@
+"""The product is not the lab, and the import graph runs one way (docs/dev/architecture.md).
+
+Server-free: reads the source with ``ast``, imports nothing it checks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fencekit"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, *, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_no_product_module_imports_the_lab_or_the_tests() -> None:
+    offenders = {
+        name: sorted(i for i in _imports(path, top_level_only=False) if i.split(".")[0] == "tests")
+        for name, path in _modules().items()
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_no_product_module_assumes_a_checkout() -> None:
+    """A path climbing out of the package (``parents[2]`` and the like) is site-packages once
+    installed: the wheel must not look for the repository."""
+    bad = []
+    for name, path in _modules().items():
+        text = path.read_text(encoding="utf-8")
+        for marker in ("parents[2]", "parents[3]", "scripts/_", '"scripts"'):
+            if marker in text:
+                bad.append(f"{name}: {marker}")
+    assert bad == []
+
+
+def test_module_level_imports_have_no_cycle() -> None:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for imp in _imports(path, top_level_only=True):
+            # "from fencekit.x import y" names fencekit.x.y when y is a module, else fencekit.x
+            if imp in modules:
+                deps.add(imp)
+        deps.discard(name)
+        # a package's __init__ importing its own submodules is not a cycle through them
+        graph[name] = {d for d in deps if not (d.startswith(name + ".") and name in modules)}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                cycles.append([*stack[stack.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert cycles == []
+
+
+def test_no_cli_command_imports_another() -> None:
+    """Each ``fencekit/cli/<command>.py`` imports only ``fencekit.cli``, ``fencekit.cli.common``
+    and ``fencekit.cli.hints``, at any depth (a command imported inside a function is still a
+    cycle in waiting): a new command never has to read another to be understood."""
+    cli = PACKAGE / "cli"
+    shared = {"__init__", "__main__", "common", "hints"}  # hints: catalog fixes as CLI text
+    commands = {f"fencekit.cli.{p.stem}" for p in cli.glob("*.py") if p.stem not in shared}
+    offenders = {
+        name: sorted(i for i in _imports(path, top_level_only=False) if i in commands - {name})
+        for name, path in _modules().items()
+        if name in commands
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+#: The layers of fencekit/, from pure data to I/O (docs/dev/architecture.md, "Layers"): a module
+#: imports only from its own layer or lower ones, at any depth.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("fencekit.spec", "fencekit.ident"),
+    ("fencekit.errors", "fencekit._psycopg_errors", "fencekit.context", "fencekit.sqlgen",
+     "fencekit.ddl"),
+    ("fencekit.catalog", "fencekit.embedded", "fencekit.declare"),
+    (
+        "fencekit.psycopg", "fencekit.psycopg2", "fencekit.asyncpg", "fencekit._psycopg_internals",
+        "fencekit.sqlalchemy", "fencekit.orm", "fencekit.django", "fencekit.alembic_plugin",
+        "fencekit._alembic_entry", "fencekit.leases", "fencekit.metrics", "fencekit.tasks",
+        "fencekit.chaos", "fencekit.testing",
+    ),
+    ("fencekit.cli", "fencekit.bench", "fencekit.demo"),
+)  # fmt: skip
+
+
+def _layer(module: str) -> int | None:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [name for name in _modules() if name != "fencekit" and _layer(name) is None]
+    assert unplaced == [], "add them to LAYERS (and to docs/dev/architecture.md)"
+
+
+def test_imports_run_from_pure_data_to_io() -> None:
+    """Nothing lower imports anything higher (the package's __init__ re-exports the public API
+    and is exempt)."""
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        mine = _layer(name)
+        if mine is None:
+            continue
+        for imp in _imports(path, top_level_only=False):
+            target = next((m for m in (imp, imp.rsplit(".", 1)[0]) if m in modules), None)
+            if target is None or target == "fencekit":
+                continue
+            theirs = _layer(target)
+            if theirs is not None and theirs > mine:
+                upward.append(f"{name} (layer {mine}) imports {target} (layer {theirs})")
+    assert sorted(set(upward)) == []
