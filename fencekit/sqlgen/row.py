@@ -59,7 +59,7 @@ def _checked(n: Names, accept: str) -> str:
         f"           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
         f"COALESCE(OLD.{n.col}, 1)\n"
         "           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw\n"
-        "           ELSE false END) THEN\n"
+        "           ELSE false END) THEN  -- a canonical positive bigint, not below the fence\n"
         + accept.replace("tok", "raw::pg_catalog.int8")
         + "  END IF;\n"
     )
