@@ -503,6 +503,10 @@ $do$;
 -- Every lock is taken in key order, in one pass, so writers never deadlock on fences.
 -- Key fences' triggers pass the common case themselves, inline (fencekit/sqlgen/key.py: every
 -- key already at the token), and call this for the rest; table fences call it with ARRAY[''].
+-- keys NULL means every key of the resource, seen or not (TRUNCATE): every fence of the
+-- resource and its floor (35_floors.sql, which unseen keys start at) are raised to the token,
+-- so no lower token is accepted anywhere in the resource afterwards. The floor's row is
+-- locked first, then the fences in key order.
 -- Returns the first offending key (highest fence first), or NULLs when every key accepts.
 CREATE OR REPLACE FUNCTION fencekit.advance_fences(
   resource text, keys text[], token bigint, on_equal text,
@@ -519,6 +523,26 @@ DECLARE
   held integer;
   k text;
 BEGIN
+  IF keys IS NULL THEN
+    INSERT INTO fencekit.floors AS fl (resource, floor, reason)
+    VALUES (advance_fences.resource, token, 'truncate')
+    ON CONFLICT ON CONSTRAINT floors_pkey DO UPDATE
+       SET floor = token, set_at = pg_catalog.now(), reason = excluded.reason
+     WHERE fl.floor < token;
+    SELECT f.key, f.fence, CASE WHEN f.fence > token THEN 'stale' ELSE 'reused' END
+      INTO bad_key, bad_fence, bad_reason
+      FROM (SELECT f.key, f.fence, f.writer_xact FROM fencekit.fences f
+             WHERE f.resource = advance_fences.resource
+             ORDER BY f.key FOR UPDATE) AS f
+     WHERE f.fence > token
+        OR (on_equal = 'reject' AND f.fence = token AND f.writer_xact IS DISTINCT FROM me)
+     ORDER BY f.fence DESC
+     LIMIT 1;
+    UPDATE fencekit.fences f
+       SET fence = token, writer_xact = me, updated_at = pg_catalog.now()
+     WHERE f.resource = advance_fences.resource AND f.fence < token;
+    RETURN;
+  END IF;
   IF pg_catalog.array_position(keys, NULL) IS NOT NULL THEN
     bad_reason := 'null_key';
     RETURN;
@@ -977,8 +1001,10 @@ $fn$;
 -- table fence had accepted tokens for every key) or split old keys into new ones (an unseen new
 -- key may be part of an old key that accepted higher tokens). advance_fences starts an unseen
 -- key at the larger of the token and the floor, so a token below the floor is stale there.
--- Keys that already have a fence are not affected. Written only by move scripts (and by
--- fencekit_admin members repairing fences); nobody else can lower or remove one.
+-- Keys that already have a fence are not affected. Written by move scripts, by a TRUNCATE that
+-- a key fence accepted (advance_fences raises the floor to its token: every key of the
+-- resource, seen or not, was written) and by fencekit_admin members repairing fences; nobody
+-- else can lower or remove one.
 CREATE TABLE IF NOT EXISTS fencekit.floors (
   resource text PRIMARY KEY,
   floor    bigint NOT NULL CHECK (floor > 0),
@@ -1082,6 +1108,388 @@ END
 $fn$;
 
 REVOKE ALL ON FUNCTION fencekit.set_auto_cover(boolean) FROM PUBLIC;
+
+-- 45_judge.sql
+-- What every protected table's generated checks share (fencekit/sqlgen): the token a statement
+-- is judged by, and the judgement of key and table fences. The generated functions keep only
+-- what differs per table: its name, its policies, and how a key fence reads its keys.
+
+-- The token a statement is judged by, read ONCE here (a statement may change the setting
+-- between two checks, so nothing trusts an earlier read): NULL when there is none and the
+-- write may go on (bypassed or on_missing=allow: counted once per statement, unless the caller
+-- counts each row itself: counted => false), else the token.
+-- Raises YF005 for a bypass asked for by a session that may not (even if unneeded), YF004 for
+-- a malformed token, YF007 for another issuer's token, YF003 for a missing one under
+-- on_missing=reject. SECURITY INVOKER: it runs as the writer and writes nothing itself.
+CREATE OR REPLACE FUNCTION fencekit.statement_token(
+  tag text, relid oid, trigger_name text, allow boolean, issuer text, counted boolean DEFAULT true)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  raw text := pg_catalog.current_setting('fencekit.token', true);
+  said text;
+BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') <> '' THEN
+    PERFORM fencekit.bypass_allowed(tag, relid, trigger_name);
+  END IF;
+  IF raw IS NULL OR raw = '' THEN
+    PERFORM fencekit.unfenced_write(tag, relid, trigger_name, allow, counted);
+    RETURN NULL;
+  END IF;
+  -- A token is a canonical positive bigint; the regular expression settles every token below
+  -- 10^18, is_valid_token the 19-digit ones.
+  IF NOT (raw ~ '^[1-9][0-9]{0,17}$' OR fencekit.is_valid_token(raw)) THEN
+    PERFORM fencekit.reject('malformed', tag, relid, trigger_name, NULL, NULL, NULL, NULL, NULL,
+                            raw);
+  END IF;
+  said := pg_catalog.current_setting('fencekit.issuer', true);
+  IF issuer IS NOT NULL AND said <> '' AND said <> issuer THEN
+    PERFORM fencekit.reject('issuer_mismatch', tag, relid, trigger_name, NULL, NULL, NULL,
+                            raw::bigint, NULL, issuer);
+  END IF;
+  RETURN raw::bigint;
+END
+$fn$;
+
+-- Judge a write of some keys (a key fence's statement; ARRAY[''] for a table fence; NULL for
+-- every key of the resource: TRUNCATE under a key fence) under the statement's token, and
+-- advance their fences. The common case ends in one query: every key's fence already holds
+-- the token (the holder writing again) and is share-locked, in key order, so writers under one
+-- token never wait for each other. Anything else goes to advance_fences (30_fences.sql),
+-- which takes every lock in key order in one pass, raises what is lower and reports the worst
+-- offender: rejected here, or counted when the session may bypass.
+-- SECURITY DEFINER (owner: the installer) because it writes fencekit.fences, which writers may
+-- not; EXECUTE only for fencekit_admin, whose members own the generated definer trigger
+-- functions that call it. It reads and writes fencekit's own tables and takes text keys and a
+-- bigint token as arguments: no cast, operator, policy or trigger of a user's table or type
+-- runs in it (the generated trigger computes the keys' text, under pinned settings, before).
+CREATE OR REPLACE FUNCTION fencekit.judge_fences(
+  tag text, relid oid, trigger_name text, resource text, keys text[], token bigint,
+  on_equal text, lease_bound boolean, key_column text DEFAULT NULL,
+  key_label text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  -- The call's collation is "C" (TG_NAME is a name): compare under the default collation, the
+  -- one fencekit.fences' index was built with, or no index is used at all.
+  res text COLLATE "default" := resource;
+  ks text[] COLLATE "default" := keys;
+  eq text COLLATE "default" := on_equal;
+  me xid8 := pg_catalog.pg_current_xact_id();
+  locked bigint;
+  bad record;
+  lb record;
+BEGIN
+  IF keys IS NOT NULL THEN
+    IF pg_catalog.cardinality(keys) = 0 THEN
+      RETURN;  -- no rows written
+    END IF;
+    IF pg_catalog.array_position(keys, NULL) IS NOT NULL THEN
+      PERFORM fencekit.reject('usage', tag, relid, trigger_name, key_column, resource, NULL,
+                              token, NULL,
+                              'a key column of a key fence is NULL; key columns must be NOT NULL');
+    END IF;
+    IF lease_bound THEN
+      SELECT * INTO lb FROM fencekit.lease_mismatch(res, ks, token);
+      IF lb.bad_key IS NOT NULL AND NOT fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+        PERFORM fencekit.reject('lease_mismatch', tag, relid, trigger_name, key_column,
+          fencekit.lease_resource(resource, lb.bad_key),
+          CASE WHEN key_label IS NOT NULL
+               THEN pg_catalog.jsonb_build_object(key_label, lb.bad_key) END,
+          token, lb.lease_token);
+      END IF;
+    END IF;
+    -- One query for the common case (OFFSET 0: one index lookup per key, however many fences
+    -- the resource has): count the keys whose fence holds the token, and only when that is
+    -- every key, share-lock them in the order given (the generated triggers sort the keys).
+    WITH j AS (
+           SELECT pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
+             FROM pg_catalog.unnest(ks) AS u(key)
+             LEFT JOIN LATERAL (
+                    SELECT true AS hit FROM fencekit.fences f
+                     WHERE f.resource = res AND f.key = u.key
+                       AND f.fence = token
+                       AND (on_equal <> 'reject' OR f.writer_xact = me) OFFSET 0) AS h ON true),
+         l AS (
+           SELECT FROM pg_catalog.unnest(ks) AS u(key), LATERAL (
+                    SELECT FROM fencekit.fences f
+                     WHERE f.resource = res AND f.key = u.key
+                       AND f.fence = token
+                       AND (on_equal <> 'reject' OR f.writer_xact = me)
+                     FOR SHARE) AS h
+            WHERE (SELECT j.todo FROM j) = 0)
+    SELECT pg_catalog.count(*) INTO locked FROM l;
+    IF locked = pg_catalog.cardinality(keys) THEN
+      RETURN;  -- every key's fence holds the token, and is share-locked
+    END IF;
+  END IF;
+  SELECT * INTO bad FROM fencekit.advance_fences(res, ks, token, eq);
+  IF bad.bad_reason IS NULL THEN
+    RETURN;
+  END IF;
+  IF fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+    PERFORM fencekit.count_event(tag, relid, 'bypassed');
+    RETURN;
+  END IF;
+  PERFORM fencekit.reject(bad.bad_reason, tag, relid, trigger_name, key_column, resource,
+    CASE WHEN key_label IS NOT NULL AND keys IS NOT NULL
+         THEN pg_catalog.jsonb_build_object(key_label, bad.bad_key) END,
+    token, bad.bad_fence);
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION fencekit.judge_fences(text, oid, text, text, text[], bigint, text, boolean,
+                                             text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.judge_fences(text, oid, text, text, text[], bigint, text,
+                                                boolean, text, text) TO fencekit_admin;
+
+-- TRUNCATE of a row-fenced table under `token`: stale when any row's fence (`fence`: the
+-- highest, which the generated definer reads with row_security off) is higher; counted when
+-- the session may bypass, else YF001. SECURITY INVOKER.
+CREATE OR REPLACE FUNCTION fencekit.judge_row_truncate(tag text, relid oid, trigger_name text,
+                                                       token bigint, fence bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF fence > token THEN
+    IF fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+      PERFORM fencekit.count_event(tag, relid, 'bypassed');
+    ELSE
+      PERFORM fencekit.reject('stale', tag, relid, trigger_name, NULL, NULL, NULL, token, fence);
+    END IF;
+  END IF;
+END
+$fn$;
+
+-- A row fence's column must still be a plain bigint before a definer reads it: reading another
+-- type's values could run its owner's cast or operator with the definer's rights. YF000 if not.
+CREATE OR REPLACE FUNCTION fencekit.check_fence_column(tag text, relid oid, trigger_name text,
+                                                       rel regclass, col name)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF (SELECT a.atttypid FROM pg_catalog.pg_attribute a
+       WHERE a.attrelid = rel AND a.attname = col AND NOT a.attisdropped)
+     IS DISTINCT FROM 'int8'::regtype THEN
+    PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
+                            'the fence column is no longer a bigint; protect the table again');
+  END IF;
+END
+$fn$;
+
+-- 47_protect.sql
+-- What a protect script runs to put a table's objects in place (fencekit/sqlgen/protect.py),
+-- written once here instead of in every script. SECURITY INVOKER: they run as whoever runs
+-- protect or the cover function, with that role's rights; anyone may call them, and they can
+-- do nothing the caller could not do with the DDL they run.
+
+-- Make trigger `name` on `rel` the one `definition` creates (a CREATE TRIGGER whose only format
+-- placeholder, %s, is the table) and stamped `stamp`: drop one with another stamp, create one
+-- that is missing, leave a current one alone.
+CREATE OR REPLACE FUNCTION fencekit.ensure_trigger(rel regclass, name text, stamp text,
+                                                   definition text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  have text;
+BEGIN
+  SELECT pg_catalog.obj_description(t.oid, 'pg_trigger') INTO have
+    FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = name;
+  IF FOUND AND have IS NOT DISTINCT FROM stamp THEN
+    RETURN;
+  END IF;
+  IF FOUND THEN
+    -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', name, rel);
+  END IF;
+  -- dynamic SQL: the trigger definition and its table come from the caller (a regclass, quoted)
+  EXECUTE pg_catalog.format(definition, rel);
+  EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', name, rel, stamp);
+END
+$fn$;
+
+-- Drop the triggers on `rel` named `prefix`* that are not in `keep` (made by another release
+-- of the template: re-protect must not leave an old one firing). Clones PostgreSQL made on
+-- partitions go with their parent's.
+CREATE OR REPLACE FUNCTION fencekit.drop_other_triggers(rel regclass, prefix text, keep text[])
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  old name;
+BEGIN
+  FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
+              WHERE t.tgrelid = rel AND NOT t.tgisinternal AND t.tgparentid = 0
+                AND pg_catalog.starts_with(t.tgname::text, prefix)
+                AND t.tgname::text <> ALL (keep) LOOP
+    -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
+  END LOOP;
+END
+$fn$;
+
+-- Drop the trigger functions fencekit.<prefix>* (no arguments) that are not in `keep`.
+CREATE OR REPLACE FUNCTION fencekit.drop_other_functions(prefix text, keep text[])
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  old name;
+BEGIN
+  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'fencekit'::regnamespace AND p.pronargs = 0
+                AND pg_catalog.starts_with(p.proname::text, prefix)
+                AND p.proname::text <> ALL (keep) LOOP
+    -- dynamic SQL: the function is known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
+  END LOOP;
+END
+$fn$;
+
+-- Give `child` (a partition or inheritance child of the protected table `root`) the root's
+-- fencekit triggers named `prefix`*: each statement trigger, and each row trigger when
+-- `with_row` (an inheritance child: PostgreSQL clones row triggers to partitions itself). A
+-- child's trigger is the root's, its definition as PostgreSQL prints it with the child put in
+-- place of the root, stamped as the root's is; a missing one is created, one with another stamp
+-- replaced, and a `prefix`* trigger the root does not have dropped. The root's row triggers
+-- with transition tables (<tag>_root, which keeps the root from becoming a child) stay there.
+CREATE OR REPLACE FUNCTION fencekit.cover_child(root regclass, child regclass, prefix text,
+                                                with_row boolean)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  t record;
+  def text;
+  pos integer;
+  here text := ' ON ' || root::text || ' ';
+BEGIN
+  PERFORM fencekit.drop_other_triggers(child, prefix,
+    ARRAY(SELECT r.tgname::text FROM pg_catalog.pg_trigger r
+           WHERE r.tgrelid = root AND pg_catalog.starts_with(r.tgname::text, prefix)));
+  FOR t IN SELECT r.oid, r.tgname::text AS name,
+                  pg_catalog.obj_description(r.oid, 'pg_trigger') AS stamp
+             FROM pg_catalog.pg_trigger r
+            WHERE r.tgrelid = root AND NOT r.tgisinternal
+              AND pg_catalog.starts_with(r.tgname::text, prefix)
+              AND (r.tgtype & 1 = 0
+                   OR (with_row AND r.tgoldtable IS NULL AND r.tgnewtable IS NULL)) LOOP
+    -- The definition names the root once, after the events: put the child there (as the
+    -- format() placeholder ensure_trigger fills, every other % escaped).
+    def := pg_catalog.pg_get_triggerdef(t.oid);
+    pos := pg_catalog.strpos(def, here);
+    IF pos = 0 THEN
+      RAISE EXCEPTION 'fencekit: cannot read the definition of trigger % on %', t.name, root;
+    END IF;
+    def := pg_catalog.replace(pg_catalog.left(def, pos - 1), '%', '%%') || ' ON %s '
+           || pg_catalog.replace(pg_catalog.substr(def, pos + pg_catalog.length(here)), '%', '%%');
+    PERFORM fencekit.ensure_trigger(child, t.name, t.stamp, def);
+  END LOOP;
+END
+$fn$;
+
+-- cover_child for every partition and inheritance child of `root`, at any depth: what each
+-- protected table's fencekit.<tag>_cover() does (protect runs it, and so does the auto-cover
+-- event trigger when a child is created or attached later).
+CREATE OR REPLACE FUNCTION fencekit.cover_descendants(root regclass, prefix text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  child regclass;
+  is_partition boolean;
+BEGIN
+  FOR child, is_partition IN
+      WITH RECURSIVE d(relid) AS (
+        SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root
+        UNION
+        SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
+      SELECT c.oid::regclass, c.relispartition FROM d
+        JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p') LOOP
+    PERFORM fencekit.cover_child(root, child, prefix, NOT is_partition);
+  END LOOP;
+END
+$fn$;
+
+-- Refuse to protect fencekit's own tables, or a table already protected with another scope, key,
+-- resource or fence column (`structure`: those four of the spec; that is a move, which carries
+-- the fences; policies alone change by re-running protect).
+CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  sch name;
+  tbl name;
+  have jsonb;
+BEGIN
+  SELECT n.nspname, c.relname INTO sch, tbl
+    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+   WHERE c.oid = rel;
+  IF sch = 'fencekit' THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
+      HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
+  END IF;
+  SELECT pg_catalog.jsonb_build_object('scope', p.spec -> 'scope', 'key', p.spec -> 'key',
+                                       'resource', p.spec -> 'resource',
+                                       'column', p.spec -> 'column')
+    INTO have
+    FROM fencekit.protected p WHERE p.schema_name = sch AND p.table_name = tbl;
+  IF have IS DISTINCT FROM structure AND have IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s is already protected with another scope, key, '
+                                  'resource or fence column', rel),
+      HINT = 'Move it in one transaction, fences carried: fencekit move TABLE <new options> '
+             '--dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone change by '
+             're-running protect.';
+  END IF;
+END
+$fn$;
+
+-- Add a row fence's column unless it exists: nullable, no default yet, so a catalog-only change
+-- (no table rewrite). ADD COLUMN IF NOT EXISTS would print a NOTICE on every re-run.
+CREATE OR REPLACE FUNCTION fencekit.add_fence_column(rel regclass, col name)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid = rel AND a.attname = col AND a.attnum > 0
+                    AND NOT a.attisdropped) THEN
+    -- dynamic SQL: the table and column are known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('ALTER TABLE %s ADD COLUMN %I bigint', rel, col);
+  END IF;
+END
+$fn$;
+
+-- A table's counters (fencekit.create_counters), created only while one is missing: that
+-- function uses CREATE SEQUENCE IF NOT EXISTS, which prints a NOTICE per existing sequence.
+CREATE OR REPLACE FUNCTION fencekit.ensure_counters(tag text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_names()) r
+              WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || r))
+                    IS NULL) THEN
+    PERFORM fencekit.create_counters(tag);
+  END IF;
+END
+$fn$;
+
+-- Record (or update) a protected table in the registry; a re-run with the same spec, template
+-- and key families changes nothing.
+CREATE OR REPLACE FUNCTION fencekit.register_table(schema_name text, table_name text, tag text,
+                                                   resource text, spec jsonb,
+                                                   template_version integer,
+                                                   key_families text[])
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+  INSERT INTO fencekit.protected AS p
+         (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
+  VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
+          key_families)
+  ON CONFLICT (schema_name, table_name) DO UPDATE
+    SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
+        spec = excluded.spec, template_version = excluded.template_version,
+        key_families = excluded.key_families, protected_at = pg_catalog.now()
+    WHERE (p.spec, p.template_version, p.key_families)
+          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families)
+$fn$;
 
 -- 50_leases.sql
 -- fencekit core: leases and fencing tokens issued by PostgreSQL itself.

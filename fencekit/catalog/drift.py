@@ -125,7 +125,17 @@ def table_drift(
             )
         ]
     oid = row[0]
-    out += _trigger_drift(conn, oid, t.sql, t.dotted, objs.triggers, protect)
+    # The root guard exists only where PostgreSQL allows it (sqlgen.protect.root_guard).
+    guarded = conn.execute(
+        "SELECT c.relkind = 'r' AND NOT c.relispartition AND NOT EXISTS "
+        "(SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid) "
+        "FROM pg_catalog.pg_class c WHERE c.oid = %s",
+        (oid,),
+    ).fetchone()
+    root_triggers = tuple(
+        tr for tr in objs.triggers if not tr.root_only or (guarded is not None and guarded[0])
+    )
+    out += _trigger_drift(conn, oid, t.sql, t.dotted, root_triggers, protect)
     out += _function_drift(conn, objs.functions, protect)
     if pt.spec.scope is Scope.ROW:
         out += _column_drift(conn, oid, pt.spec)
@@ -405,7 +415,11 @@ def _descendant_drift(
     but an inheritance child gets none unless protect put them there.
     """
     # Foreign tables cannot have TRUNCATE triggers.
-    usable = [tr for tr in objs.triggers if not (desc.relkind == "f" and "TRUNCATE" in tr.timing)]
+    usable = [
+        tr
+        for tr in objs.triggers
+        if not tr.root_only and not (desc.relkind == "f" and "TRUNCATE" in tr.timing)
+    ]
     wanted = {tr.name for tr in usable if tr.level == "STATEMENT" or not desc.is_partition}
     present = _triggers_of(conn, desc.oid)
     label = f"partition {desc.sql}" if desc.is_partition else f"child table {desc.sql}"

@@ -14,9 +14,9 @@ __all__ = [
     "PINNED_SEARCH_PATH",
     "Names",
     "definer_function",
-    "issuer_check",
+    "judge_fences",
     "names_for",
-    "validate_token",
+    "statement_token",
 ]
 
 #: What SECURITY DEFINER functions run under (docs/dev/design.md, principle 8).
@@ -73,33 +73,32 @@ def definer_function(
     return make(suffix, "\n" + header + body.lstrip("\n"), definer=True, settings=pinned)
 
 
-def validate_token(n: Names, var: str = "raw", indent: str = "  ") -> str:
-    """PL/pgSQL: reject ``var`` unless it is a canonical positive bigint (YF004).
-
-    The caller has already handled a missing token. The cheap test comes first; only tokens of
-    19 digits (10^18 and up) pay for the full check.
+def statement_token(n: Names, *, counted: bool = True) -> str:
+    """SQL: the statement's token, read once and judged by ``fencekit.statement_token``
+    (45_judge.sql): NULL when the write goes on without one, else a valid token.
+    ``counted=False``: an allowed or bypassed write is not counted here, because the row
+    triggers count each row they let through (a row fence's check before INSERT/UPDATE/DELETE).
     """
-    i = indent
+    issuer = lit(n.spec.issuer) if n.spec.issuer is not None else "NULL"
+    count = "" if counted else ", counted => false"
     return (
-        f"{i}IF NOT ({var} OPERATOR(pg_catalog.~) '^[1-9][0-9]{{0,17}}$'\n"
-        f"{i}        OR fencekit.is_valid_token({var})) THEN\n"
-        f"{i}  PERFORM fencekit.reject('malformed', {n.lit_tag}, TG_RELID, TG_NAME, NULL, NULL, "
-        "NULL, NULL,\n"
-        f"{i}                          NULL, {var});\n"
-        f"{i}END IF;\n"
+        f"fencekit.statement_token(tag => {n.lit_tag}, relid => TG_RELID, "
+        f"trigger_name => TG_NAME,\n      allow => {n.allow}, issuer => {issuer}{count})"
     )
 
 
-def issuer_check(n: Names) -> str:
-    """PL/pgSQL: reject a token the adapter marked as another issuer's (``tok`` is set)."""
-    if n.spec.issuer is None:
-        return ""
+def judge_fences(n: Names, keys: str, key_label: str | None = None, indent: str = "    ") -> str:
+    """PL/pgSQL: judge and advance the fences of ``keys`` (SQL: a text[]; NULL for every key
+    of the resource) under ``tok`` (``fencekit.judge_fences``, 45_judge.sql)."""
+    i = indent
+    spec = n.spec
+    column = lit(spec.key[0]) if spec.key else "NULL"
+    label = lit(key_label) if key_label is not None else "NULL"
     return (
-        "  IF pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.<>) ''\n"
-        "     AND pg_catalog.current_setting('fencekit.issuer', true) "
-        f"OPERATOR(pg_catalog.<>) {lit(n.spec.issuer)} THEN\n"
-        f"    PERFORM fencekit.reject('issuer_mismatch', {n.lit_tag}, TG_RELID, TG_NAME, NULL, "
-        f"{n.resource}, NULL, tok,\n"
-        f"                            NULL, {lit(n.spec.issuer)});\n"
-        "  END IF;\n"
+        f"{i}PERFORM fencekit.judge_fences(tag => {n.lit_tag}, relid => TG_RELID, "
+        "trigger_name => TG_NAME,\n"
+        f"{i}  resource => {n.resource}, token => tok, on_equal => {lit(spec.on_equal)}, "
+        f"lease_bound => {'true' if spec.lease_bound else 'false'},\n"
+        f"{i}  key_column => {column}, key_label => {label},\n"
+        f"{i}  keys => {keys});\n"
     )

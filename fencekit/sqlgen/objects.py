@@ -52,12 +52,15 @@ class Trigger:
     function: Function
     when: str | None = None
     referencing: str | None = None
+    #: Only on the protected table itself, and only where PostgreSQL allows it (see
+    #: protect.root_guard): never on a descendant.
+    root_only: bool = False
 
     @property
     def on_partitions(self) -> bool:
         """Statement triggers go on every partition and child: PostgreSQL fires a parent's
         statement triggers only for statements that name the parent."""
-        return self.level == "STATEMENT"
+        return self.level == "STATEMENT" and not self.root_only
 
 
 @dataclass(frozen=True)

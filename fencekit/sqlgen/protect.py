@@ -43,21 +43,44 @@ def table_objects(spec: FenceSpec) -> TableObjects:
         more = key_objects(n)
     else:
         more = ([], [])
-    triggers += more[1]
+    triggers += [*more[1], root_guard(n, functions[0])]
     partial = TableObjects(spec, TEMPLATE_VERSION, n.tag, (), tuple(triggers))
     functions += [*more[0], cover_function(partial, n)]
     return TableObjects(spec, TEMPLATE_VERSION, n.tag, tuple(functions), tuple(triggers))
 
 
+def root_guard(n: Names, function: Function) -> Trigger:
+    """A trigger that keeps the protected table from becoming a child of another table.
+
+    PostgreSQL fires a table's statement triggers only for statements that name it, so a
+    protected table made an inheritance child (``ALTER TABLE t INHERIT other``) or a partition
+    (``ATTACH PARTITION``) of a table fencekit does not protect would take writes through that
+    parent without its statement checks. PostgreSQL refuses both for a table with a row trigger
+    that has a transition table; this one is never queued (``WHEN (false)``) and never runs. It
+    uses DELETE, whose transition rows a key fence captures anyway. PostgreSQL allows it only
+    on a plain table that has no parent yet: a partitioned table or a table already a child
+    goes without (status reports a protected table with an unprotected ancestor)."""
+    return Trigger(
+        n.trigger("root"),
+        "AFTER DELETE",
+        "ROW",
+        function,
+        when="false",
+        referencing="OLD TABLE AS fencekit_old",
+        root_only=True,
+    )
+
+
 def create_trigger_sql(trigger: Trigger, on: str) -> str:
-    parts = [f"CREATE TRIGGER {quote_ident(trigger.name)} {trigger.timing} ON {on}"]
+    middle = f"FOR EACH {trigger.level}"
     if trigger.referencing:
-        parts.append(f"REFERENCING {trigger.referencing}")
-    parts.append(f"FOR EACH {trigger.level}")
+        middle = f"REFERENCING {trigger.referencing} {middle}"
     if trigger.when:
-        parts.append(f"WHEN ({trigger.when})")
-    parts.append(f"EXECUTE FUNCTION {trigger.function.sql_name}()")
-    return "\n      ".join(parts)
+        middle += f" WHEN ({trigger.when})"
+    return (
+        f"CREATE TRIGGER {quote_ident(trigger.name)} {trigger.timing} ON {on}\n"
+        f"  {middle}\n  EXECUTE FUNCTION {trigger.function.sql_name}()"
+    )
 
 
 def _format_template(trigger: Trigger) -> str:
@@ -80,102 +103,53 @@ def _create_function_sql(f: Function) -> list[str]:
         f"COMMENT ON FUNCTION {f.sql_name}() IS "
         + lit(stamp("function", f" sha256={f.body_hash}")),
     ]
+    return out
+
+
+def _grants_sql(functions: tuple[Function, ...]) -> list[str]:
     # Trigger functions fire whatever EXECUTE says, cannot be called directly, and CREATE
     # TRIGGER needs EXECUTE: with it kept from PUBLIC, nobody but the owner and fencekit_admin
     # can attach a definer function (and its rights) to another table, and a trigger calling a
     # fencekit.<tag>_* function marks a table as the one protected under <tag>
     # (fencekit.writing relies on that).
-    out.append(f"REVOKE ALL ON FUNCTION {f.sql_name}() FROM PUBLIC")
-    out.append(f"GRANT EXECUTE ON FUNCTION {f.sql_name}() TO fencekit_admin")
-    return out
+    names = ", ".join(f"{f.sql_name}()" for f in functions)
+    return [
+        f"REVOKE ALL ON FUNCTION {names} FROM PUBLIC",
+        f"GRANT EXECUTE ON FUNCTION {names} TO fencekit_admin",
+    ]
 
 
 def _guard(spec: FenceSpec) -> str:
-    """Refuse fencekit's own tables, and a structural change over an existing protection.
+    """Refuse fencekit's own tables, and a structural change over an existing protection
+    (``fencekit.protect_guard``, 47_protect.sql).
 
     Policies (on_missing, on_equal, lease_bound, issuer) change by re-running protect; another
     scope, key, resource or fence column would strand fences and columns: that is a move
     (:mod:`fencekit.sqlgen.move`), whose script removes the registry row before it protects.
     """
-    t = spec.table
     d = spec.as_dict()
-    structure = ("scope", "key", "resource", "column")
-    current = ", ".join(f"p.spec -> {lit(k)}" for k in structure)
-    wanted = ", ".join(f"{lit(json.dumps(d[k]))}::pg_catalog.jsonb" for k in structure)
-    message = (
-        f"fencekit: {t.sql} is already protected with another scope, key, resource or fence column"
-    )
-    return do(
-        "\nBEGIN\n"
-        "  IF (SELECT c.relnamespace FROM pg_catalog.pg_class c\n"
-        f"       WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass)\n"
-        "     OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        "      MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',\n"
-        "      HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';\n"
-        "  END IF;\n"
-        "  IF EXISTS (SELECT FROM fencekit.protected p\n"
-        f"             WHERE p.schema_name OPERATOR(pg_catalog.=) {lit(t.schema)}"
-        f" AND p.table_name OPERATOR(pg_catalog.=) {lit(t.name)}\n"
-        f"               AND ({current})\n"
-        f"                   IS DISTINCT FROM ({wanted})) THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        f"      MESSAGE = {lit(message)},\n"
-        "      HINT = 'Move it in one transaction, fences carried: fencekit move TABLE "
-        "<new options> --dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone "
-        "change by re-running protect.';\n"
-        "  END IF;\nEND\n"
-    )
-
-
-# The reason every EXECUTE in PL/pgSQL states (tests/security/test_plpgsql_check.py).
-_DYNAMIC = "-- dynamic SQL: the table or child is known only at run time (a regclass: quoted)"
-
-
-def _ensure_triggers(triggers: list[Trigger], on: str, indent: str) -> str:
-    """PL/pgSQL ensuring ``triggers`` on ``on`` (a SQL expression yielding the regclass):
-    replace one whose stamp differs, create one that is missing."""
-    i = indent
-    out = ""
-    for tr in triggers:
-        name = lit(tr.name)
-        st = lit(trigger_stamp(tr))
-        out += (
-            f"{i}IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = {on}\n"
-            f"{i}           AND t.tgname = {name}\n"
-            f"{i}           AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-            f"{i}               {st}) THEN\n"
-            f"{i}  {_DYNAMIC}\n"
-            f"{i}  EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', {name}, {on});\n"
-            f"{i}END IF;\n"
-            f"{i}IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n"
-            f"{i}               WHERE t.tgrelid = {on} AND t.tgname = {name}) THEN\n"
-            f"{i}  {_DYNAMIC}\n"
-            f"{i}  EXECUTE pg_catalog.format({lit(_format_template(tr))}, {on});\n"
-            f"{i}  EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', {name}, {on}, "
-            f"{st});\n"
-            f"{i}END IF;\n"
-        )
-    return out
-
-
-def _drop_foreign_generations(n: Names, keep: set[str], on: str, indent: str) -> str:
-    """PL/pgSQL dropping ``fencekit_<tag>_*`` triggers on ``on`` that this template does not
-    make (another release made them): re-protect must not leave an old trigger firing."""
-    i = indent
-    prefix = f"fencekit_{n.tag}_"
-    keep_sql = ", ".join(lit(k) for k in sorted(keep))
+    structure = {k: d[k] for k in ("scope", "key", "resource", "column")}
     return (
-        f"{i}FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t\n"
-        f"{i}            WHERE t.tgrelid = {on} AND NOT t.tgisinternal AND t.tgparentid = 0\n"
-        f"{i}              AND pg_catalog.left(t.tgname::pg_catalog.text, {len(prefix)})\n"
-        f"{i}                  OPERATOR(pg_catalog.=) {lit(prefix)}\n"
-        f"{i}              AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL "
-        f"(ARRAY[{keep_sql}]) LOOP\n"
-        f"{i}  {_DYNAMIC}\n"
-        f"{i}  EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, {on});\n"
-        f"{i}END LOOP;\n"
+        f"SELECT fencekit.protect_guard({lit(spec.table.sql)}::pg_catalog.regclass,\n"
+        f"  {lit(json.dumps(structure, sort_keys=True))}::pg_catalog.jsonb)"
     )
+
+
+def _ensure(tr: Trigger, on: str) -> str:
+    """SQL: ``fencekit.ensure_trigger`` for ``tr`` on ``on`` (an expression yielding a
+    regclass): replaced when its stamp differs, created when missing (47_protect.sql)."""
+    return (
+        f"fencekit.ensure_trigger({on}, {lit(tr.name)},\n"
+        f"      {lit(trigger_stamp(tr))},\n"
+        f"      {lit(_format_template(tr))})"
+    )
+
+
+def _drop_foreign_generations(n: Names, keep: set[str], on: str) -> str:
+    """SQL: drop the ``fencekit_<tag>_*`` triggers on ``on`` that this template does not make
+    (another release made them): re-protect must not leave an old trigger firing."""
+    keep_sql = ", ".join(lit(k) for k in sorted(keep))
+    return f"fencekit.drop_other_triggers({on}, {lit(f'fencekit_{n.tag}_')}, ARRAY[{keep_sql}])"
 
 
 _DESCENDANTS = (
@@ -190,60 +164,53 @@ _DESCENDANTS = (
 
 def cover_function(objs: TableObjects, n: Names) -> Function:
     """``fencekit.<tag>_cover()``: put the table's triggers on every partition and inheritance
-    child that lacks them. Protect calls it; so does the optional auto-cover event trigger
-    when a child is created or attached later (PostgreSQL fires a parent's statement triggers
-    only for statements naming the parent, and clones row triggers to partitions but not to
-    inheritance children)."""
+    child that lacks them (``fencekit.cover_descendants``, 47_protect.sql, copies the root's).
+    Protect calls it; so does the optional auto-cover event trigger when a child is created or
+    attached later (PostgreSQL fires a parent's statement triggers only for statements naming
+    the parent, and clones row triggers to partitions but not to inheritance children)."""
     root = f"{lit(objs.spec.table.sql)}::pg_catalog.regclass"
-    keep = {tr.name for tr in objs.triggers}
-    statement = [tr for tr in objs.triggers if tr.on_partitions]
-    row = [tr for tr in objs.triggers if not tr.on_partitions]
     body = (
-        "\n" + n.title("partition and child coverage") + "DECLARE\n"
-        "  old pg_catalog.name;\n"
-        "  child pg_catalog.regclass;\n"
-        "  is_partition pg_catalog.bool;\n"
-        "BEGIN\n"
-        f"  FOR child, is_partition IN {_DESCENDANTS.format(root=root)} LOOP\n"
-        + _drop_foreign_generations(n, keep, "child", "    ")
-        + _ensure_triggers(statement, "child", "    ")
-        + "    IF NOT is_partition THEN\n"
-        + _ensure_triggers(row, "child", "      ")
-        + "    END IF;\n"
-        "  END LOOP;\n"
+        "\n" + n.title("partition and child coverage") + "BEGIN\n"
+        f"  PERFORM fencekit.cover_descendants({root}, {lit(f'fencekit_{n.tag}_')});\n"
         "END\n"
     )
     return n.function("cover", body, returns="void")
 
 
-def _triggers_sql(objs: TableObjects, n: Names) -> str:
-    """One DO block: the table's triggers, its descendants' (the cover function), then the
-    functions of another generation."""
+def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
+    """The table's triggers (plain DDL, replaced in place on a re-run), its descendants' (the
+    cover function), then the functions of another generation dropped."""
     t = objs.spec.table
     root = f"{lit(t.sql)}::pg_catalog.regclass"
     keep = {tr.name for tr in objs.triggers}
     keep_functions = ", ".join(lit(f.name) for f in objs.functions)
-    fn_prefix = f"{n.tag}_"
     cover = next(f for f in objs.functions if f.returns == "void")
-    body = (
-        "\nDECLARE\n"
-        "  old pg_catalog.name;\n"
-        "BEGIN\n"
-        + _drop_foreign_generations(n, keep, root, "  ")
-        + _ensure_triggers(list(objs.triggers), root, "  ")
-        + f"  PERFORM {cover.sql_name}();\n"
-        "  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n"
-        "              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace\n"
-        "                AND p.pronargs = 0\n"
-        f"                AND pg_catalog.left(p.proname::pg_catalog.text, {len(fn_prefix)})\n"
-        f"                    OPERATOR(pg_catalog.=) {lit(fn_prefix)}\n"
-        "                AND p.proname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL\n"
-        f"                    (ARRAY[{keep_functions}]) LOOP\n"
-        "    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);\n"
-        "  END LOOP;\n"
-        "END\n"
+    out = []
+    for tr in objs.triggers:
+        if tr.root_only:
+            continue
+        out.append(
+            create_trigger_sql(tr, t.sql).replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1)
+        )
+        out.append(
+            f"COMMENT ON TRIGGER {quote_ident(tr.name)} ON {t.sql} IS {lit(trigger_stamp(tr))}"
+        )
+    for tr in objs.triggers:
+        if tr.root_only:
+            # Only where PostgreSQL allows it: see root_guard.
+            out.append(
+                f"SELECT {_ensure(tr, 'c.oid::pg_catalog.regclass')}\n"
+                f"  FROM pg_catalog.pg_class c\n"
+                f" WHERE c.oid = {root} AND c.relkind = 'r' AND NOT c.relispartition\n"
+                "   AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid)"
+            )
+    out.append(f"SELECT {cover.sql_name}()")
+    # What an older template made and this one does not: dropped, so none keeps firing.
+    out.append(
+        f"SELECT {_drop_foreign_generations(n, keep, root)},\n"
+        f"       fencekit.drop_other_functions({lit(f'{n.tag}_')}, ARRAY[{keep_functions}])"
     )
-    return do(body)
+    return out
 
 
 def protect_statements(spec: FenceSpec) -> list[str]:
@@ -272,7 +239,8 @@ def protect_statements(spec: FenceSpec) -> list[str]:
     out.append(create_counters_quietly(n.tag))
     for f in objs.functions:
         out += _create_function_sql(f)
-    out.append(_triggers_sql(objs, n))
+    out += _grants_sql(objs.functions)
+    out += _triggers_sql(objs, n)
     spec_json = json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)
     resource = n.resource if spec.scope is not Scope.ROW else "NULL"
     families = "NULL"
@@ -280,17 +248,8 @@ def protect_statements(spec: FenceSpec) -> list[str]:
         keys = ", ".join(lit(k) for k in spec.key)
         families = f"fencekit.key_families({lit(t.sql)}::pg_catalog.regclass, ARRAY[{keys}])"
     out.append(
-        "INSERT INTO fencekit.protected AS p "
-        "(schema_name, table_name, tag, scope, resource, spec, template_version, key_families)\n"
-        f"VALUES ({lit(t.schema)}, {lit(t.name)}, {n.lit_tag}, "
-        f"{lit(spec.scope.value)}, {resource}, {lit(spec_json)}, {TEMPLATE_VERSION},\n"
-        f"        {families})\n"
-        "ON CONFLICT (schema_name, table_name) DO UPDATE\n"
-        "  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,\n"
-        "      spec = excluded.spec, template_version = excluded.template_version,\n"
-        "      key_families = excluded.key_families, protected_at = pg_catalog.now()\n"
-        "  WHERE (p.spec, p.template_version, p.key_families)\n"
-        "        IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families)"
+        f"SELECT fencekit.register_table({lit(t.schema)}, {lit(t.name)}, {n.lit_tag}, "
+        f"{resource},\n  {lit(spec_json)},\n  {TEMPLATE_VERSION}, {families})"
     )
     return out
 
@@ -360,30 +319,18 @@ def drop_objects(tag: str, root: str) -> str:
 
 
 def add_column_quietly(spec: FenceSpec) -> str:
-    """Add a row fence's column unless it exists: ``ADD COLUMN IF NOT EXISTS`` would print a
-    NOTICE on every re-run, and a re-run of a protect script is meant to be quiet."""
-    t = spec.table
-    add = f"ALTER TABLE {t.sql} ADD COLUMN {names_for(spec).col} bigint"
-    return do(
-        "\nBEGIN\n"
-        "  IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a\n"
-        f"                 WHERE a.attrelid = {lit(t.sql)}::pg_catalog.regclass\n"
-        f"                   AND a.attname OPERATOR(pg_catalog.=) {lit(spec.column)}\n"
-        "                   AND a.attnum > 0 AND NOT a.attisdropped) THEN\n"
-        f"    EXECUTE {lit(add)};\n"
-        "  END IF;\nEND\n"
+    """Add a row fence's column unless it exists (``fencekit.add_fence_column``: ``ADD COLUMN
+    IF NOT EXISTS`` would print a NOTICE on every re-run, and a re-run is meant to be quiet)."""
+    return (
+        f"SELECT fencekit.add_fence_column({lit(spec.table.sql)}::pg_catalog.regclass, "
+        f"{lit(spec.column)})"
     )
 
 
 def create_counters_quietly(tag: str) -> str:
-    """``fencekit.create_counters(tag)`` only while one of its sequences is missing: it uses
-    ``CREATE SEQUENCE IF NOT EXISTS``, which prints a NOTICE per existing sequence."""
-    return (
-        f"SELECT fencekit.create_counters({lit(tag)})\n"
-        " WHERE EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_names()) r\n"
-        "                WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I',\n"
-        f"                        {lit(tag + ':')} OPERATOR(pg_catalog.||) r)) IS NULL)"
-    )
+    """``fencekit.create_counters(tag)`` only while one of its sequences is missing
+    (``fencekit.ensure_counters``: the other prints a NOTICE per existing sequence)."""
+    return f"SELECT fencekit.ensure_counters({lit(tag)})"
 
 
 _SHELL_SAFE = "'^[A-Za-z0-9_@%+=:,./-]+$'"

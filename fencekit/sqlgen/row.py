@@ -9,7 +9,7 @@ validates the token it read itself: a statement can change the token after the s
 
 from __future__ import annotations
 
-from fencekit.sqlgen.common import Names, validate_token
+from fencekit.sqlgen.common import Names, statement_token
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.text import TOKEN, lit
 
@@ -28,65 +28,64 @@ DIGITS_ONLY = (
 
 #: The fence column's default: the token as a bigint when it is all digits, else NULL (the
 #: INSERT trigger then runs and judges the token). A non-canonical spelling (``0005``) gets a
-#: value whose text differs from the token, so the trigger runs and refuses it.
+#: value whose text differs from the token, so the trigger runs and refuses it. It reads the
+#: setting three times rather than ``NULLIF(..., '')::int8`` (cheaper) because it must not
+#: raise: another column's default or a VALUES expression can switch the token to ``abc``
+#: after the statement check and before this default, and the cast would then fail with 22P02,
+#: uncounted, where the trigger rejects with YF004 (tests/security/test_token_mid_statement.py,
+#: "the table's column DEFAULT").
 FENCE_DEFAULT = f"CASE WHEN {DIGITS_ONLY.format(t=TOKEN)} THEN {TOKEN}::pg_catalog.int8 END"
 
 
-def _declare(title: str) -> str:
-    return "\n" + title + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\nBEGIN\n"
-
-
-def _unfenced(n: Names, row: str, unfenced: str) -> str:
-    """No token: bypass (the row passes as written), on_missing=allow, or YF003."""
-    return (
-        "  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN\n"
-        f"    IF fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow}) THEN\n"
-        f"      RETURN {row};  -- bypassed\n"
-        "    END IF;\n"
-        f"{unfenced}"
-        "  END IF;\n"
-    )
+def _declare(title: str, fast: bool) -> str:
+    raw = f"  raw pg_catalog.text := {TOKEN};  -- read once, for the fast path\n" if fast else ""
+    return "\n" + title + f"DECLARE\n{raw}  tok pg_catalog.int8;\nBEGIN\n"
 
 
 def _accepts(n: Names) -> str:
     return ">" if n.spec.on_equal == "reject" else ">="
 
 
-def _checked(n: Names, row: str, accept: str) -> str:
+def _checked(n: Names, accept: str) -> str:
     """The fast path: a canonical token (all digits, and the bigint it casts to prints as the
     token itself, so no sign, space or leading zero) not lower than the fence (higher, under
-    on_equal=reject). Nothing in it can raise: anything else, a missing token included, falls
-    through to the slow path, which says what is wrong. A row never fenced compares as 1, so a
-    token must be positive."""
+    on_equal=reject). Written inline, without a call, for speed; nothing in it can raise:
+    anything else, a missing token included, falls through to the slow path, which reads the
+    token again (fencekit.statement_token) and says what is wrong. A row never fenced compares
+    as 1, so a token must be positive."""
     return (
         # Parenthesised: PL/pgSQL ends an IF condition at the first THEN outside parentheses.
         f"  IF (CASE WHEN NOT ({DIGITS_ONLY.format(t='raw')}) THEN false\n"
         f"           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
         f"COALESCE(OLD.{n.col}, 1)\n"
         "           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw\n"
-        "           ELSE false END) THEN\n"
-        f"{accept}"
-        "  END IF;\n"
+        "           ELSE false END) THEN  -- a canonical positive bigint, not below the fence\n"
+        + accept.replace("tok", "raw::pg_catalog.int8")
+        + "  END IF;\n"
     )
 
 
-def _rejected(n: Names, row: str, accept: str) -> str:
-    """The slow path with a token: validate it, accept a long one that passes, else reject."""
+def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
+    """The slow path: the token judged by fencekit.statement_token (NULL: none, and the write
+    may go on), then compared with the row's fence; a stale write is rejected unless the
+    session may bypass (rejected_row), and then passes as written."""
     reason = (
-        f"CASE WHEN OLD.{n.col} OPERATOR(pg_catalog.>) raw::pg_catalog.int8 "
-        "THEN 'stale' ELSE 'reused' END"
+        f"CASE WHEN OLD.{n.col} OPERATOR(pg_catalog.>) tok THEN 'stale' ELSE 'reused' END"
         if n.spec.on_equal == "reject"
         else "'stale'"
     )
     return (
-        validate_token(n)
-        + f"  IF raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) COALESCE(OLD.{n.col}, 0) "
-        "THEN\n"
+        f"  tok := {statement_token(n)};\n"
+        "  IF tok IS NULL THEN\n"
+        f"{unfenced}"
+        f"    RETURN {row};\n"
+        "  END IF;\n"
+        f"  IF tok OPERATOR(pg_catalog.{_accepts(n)}) COALESCE(OLD.{n.col}, 0) THEN\n"
         f"{accept}"
         "  END IF;\n"
-        f"  PERFORM fencekit.rejected_row({reason}, {n.lit_tag}, TG_RELID, TG_NAME,\n"
-        f"    {lit(n.spec.column)}, pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, "
-        f"OLD.{n.col});\n"
+        f"  PERFORM fencekit.rejected_row(reason => {reason}, tag => {n.lit_tag},\n"
+        f"    relid => TG_RELID, trigger_name => TG_NAME, column_name => {lit(n.spec.column)},\n"
+        f"    row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.{n.col});\n"
         f"  RETURN {row};  -- bypassed: the row passes as written\n"
         "END\n"
     )
@@ -95,28 +94,36 @@ def _rejected(n: Names, row: str, accept: str) -> str:
 def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     col = n.col
     title = n.title(f"row fence ({n.spec.column})")
-    advance = f"    NEW.{col} := raw::pg_catalog.int8;\n    RETURN NEW;\n"
+    advance = f"    NEW.{col} := tok;\n    RETURN NEW;\n"
     upd = n.function(
         "upd",
-        _declare(title)
-        + _checked(n, "NEW", advance)
-        # Without a token the fence column cannot be written (NEW keeps OLD's fence).
-        + _unfenced(n, "NEW", f"    NEW.{col} := OLD.{col};\n    RETURN NEW;\n")
-        + _rejected(n, "NEW", advance),
+        _declare(title, fast=True)
+        + _checked(n, advance)
+        + _slow(
+            n,
+            "NEW",
+            advance,
+            # Without a token the fence column cannot be written (NEW keeps OLD's fence),
+            # unless the session may bypass: then the row passes as written.
+            f"    IF NOT fencekit.bypass_allowed({n.lit_tag}, TG_RELID, TG_NAME) THEN\n"
+            f"      NEW.{col} := OLD.{col};\n"
+            "    END IF;\n",
+        ),
     )
     dele = n.function(
         "del",
-        _declare(title)
-        + _checked(n, "OLD", "    RETURN OLD;\n")
-        + _unfenced(n, "OLD", "    RETURN OLD;\n")
-        + _rejected(n, "OLD", "    RETURN OLD;\n"),
+        _declare(title, fast=True)
+        + _checked(n, "    RETURN OLD;\n")
+        + _slow(n, "OLD", "    RETURN OLD;\n", ""),
     )
+    # Without a token the row keeps the fence it carries: a row that a tokenless UPDATE moves
+    # to another partition arrives here with its fence, which must not be cleared; a new row's
+    # fence is then only what its own writer wrote (nothing else's is lowered).
     ins = n.function(
         "ins",
-        _declare(title)
-        + _unfenced(n, "NEW", f"    NEW.{col} := NULL;\n    RETURN NEW;\n")
-        + validate_token(n)
-        + f"  NEW.{col} := raw::pg_catalog.int8;\n  RETURN NEW;\nEND\n",
+        f"\n{title}BEGIN\n"
+        f"  NEW.{col} := COALESCE({statement_token(n)},\n    NEW.{col});\n"
+        "  RETURN NEW;\nEND\n",
     )
     # A row that already carries the token as its fence needs nothing: the WHEN clause,
     # evaluated in C, skips the trigger. An INSERT's row gets it from the column default; an

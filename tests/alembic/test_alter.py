@@ -44,7 +44,7 @@ def test_changed_fence_autogenerates_alter_and_downgrade_restores(project: Proje
     assert "op.move_fence(" in downgrade
     for direction in (upgrade, downgrade):
         sql = direction.split("sql=", 1)[1]
-        assert sql.index("LOCK TABLE") < sql.index("INSERT INTO fencekit.protected")
+        assert sql.index("LOCK TABLE") < sql.index("fencekit.register_table(")
     assert "op.create_fence" not in text
     assert "op.drop_fence" not in text
 

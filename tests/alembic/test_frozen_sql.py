@@ -123,7 +123,7 @@ def test_autogenerate_freezes_readable_sql(project: Project) -> None:
     # Readable: one SQL line per source line, the statements a reviewer knows from psql.
     assert re.search(r'^ +"BEGIN\\n"$', text, re.M)
     assert re.search(r'^ +"CREATE OR REPLACE FUNCTION fencekit\.\S+_stmt\(\) RETURNS', text, re.M)
-    assert re.search(r"""^ +"SELECT fencekit\.create_counters\('[^']+'\)\\n"$""", text, re.M)
+    assert re.search(r"""^ +"SELECT fencekit\.ensure_counters\('[^']+'\)",?$""", text, re.M)
 
     project.alembic("upgrade", "head")
     with project.connect() as conn:

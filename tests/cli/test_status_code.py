@@ -334,20 +334,30 @@ def test_a_protected_table_under_an_unprotected_ancestor_is_reported(
             "CREATE TABLE te (id bigint NOT NULL, account_id bigint NOT NULL)",
         )
     extra = ["--scope", scope]
+    if how == "attach_partition":
+        # Refused both ways: protect refuses a partition (protect its parent), and a protected
+        # plain table cannot become one (fencekit_<tag>_root, issue 23 item 12).
+        assert cli("protect", "te", *extra, "--dsn", dsn).code == 0
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            _sql(dsn, "ALTER TABLE shadow ATTACH PARTITION te FOR VALUES FROM (0) TO (100)")
+        assert _status(cli, dsn)[0] == 0
+        return
+    # A protected plain table cannot become an inheritance child either: the ancestor is one it
+    # had when it was protected, and status reports it.
     assert cli("protect", "te", *extra, "--dsn", dsn).code == 0
-    assert _status(cli, dsn)[0] == 0
-    if how == "inherit":
+    with pytest.raises(psycopg.errors.FeatureNotSupported):
         _sql(dsn, "ALTER TABLE te INHERIT shadow")
-        undo = "ALTER TABLE public.te NO INHERIT shadow"
-    else:
-        _sql(dsn, "ALTER TABLE shadow ATTACH PARTITION te FOR VALUES FROM (0) TO (100)")
-        undo = "ALTER TABLE shadow DETACH PARTITION public.te"
+    assert cli("unprotect", "te", "--dsn", dsn).code == 0
+    _sql(dsn, "ALTER TABLE te INHERIT shadow")
+    undo = "ALTER TABLE public.te NO INHERIT shadow"
+    assert cli("protect", "te", *extra, "--dsn", dsn).code == 0
     code, doc = _status(cli, dsn)
     assert code == 1
     (d,) = _drift(doc)
     assert (d["kind"], d["object"]) == ("unprotected_ancestor", "public.te: ancestor shadow")
     assert undo in d["fix"]
     _sql(dsn, undo)
+    assert cli("protect", "te", *extra, "--dsn", dsn).code == 0  # now with its guard
     assert _status(cli, dsn)[0] == 0
 
 

@@ -51,8 +51,13 @@ def _allow(cli: Cli, dsn: str, *drift: dict[str, Any]) -> None:
 
 
 def _triggers(spec: FenceSpec) -> dict[str, str]:
-    """suffix (stmt, trunc, ins, upd, del) -> trigger name, from the generator."""
-    return {t.name.rsplit("_", 1)[1]: t.name for t in sqlgen.table_objects(spec).triggers}
+    """suffix (stmt, trunc, ins, upd, del) -> trigger name, from the generator (not the root
+    guard, which only the protected table itself carries)."""
+    return {
+        t.name.rsplit("_", 1)[1]: t.name
+        for t in sqlgen.table_objects(spec).triggers
+        if not t.root_only
+    }
 
 
 def _record_owner(dsn: str) -> str:

@@ -362,14 +362,16 @@ def test_missing_token_policy(db: Conn) -> None:
     reject(db, MISSING, "", "UPDATE strict SET v = 'empty string is missing'")
     assert rows(db, "SELECT id, v, fencekit_fence FROM strict") == [(1, "a", 5)]
     assert rejection_count(db, "strict", "missing") == 4
-    # on_missing = allow: the write passes, keeps its fence, cannot touch the fence column.
+    # on_missing = allow: the write passes and keeps its fence (an UPDATE cannot touch the fence
+    # column); a new row keeps what its writer wrote there (a row moved between partitions
+    # arrives as an INSERT carrying its fence, which must not be cleared; issue 23 item 6).
     write(db, None, "UPDATE lax SET v = 'unfenced', fencekit_fence = 1")
     write(db, None, "INSERT INTO lax VALUES (2, 'b')")
     write(db, "", "INSERT INTO lax (id, v, fencekit_fence) VALUES (3, 'c', 42)")
     assert rows(db, "SELECT id, v, fencekit_fence FROM lax ORDER BY id") == [
         (1, "unfenced", 5),
         (2, "b", None),
-        (3, "c", None),
+        (3, "c", 42),
     ]
     assert rejection_count(db, "lax", "unfenced") == 3  # counted once per statement
     # A stale token is still refused where a missing one is allowed.

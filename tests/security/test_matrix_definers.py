@@ -94,6 +94,10 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
     "counter_value": lambda t: f"SELECT fencekit.counter_value('{t.tag}', 'stale')",
     "current_fence": lambda t: f"SELECT fencekit.current_fence('{t.resource}', '{t.key}')",
     "max_fence": lambda t: f"SELECT fencekit.max_fence('{t.resource}')",
+    "judge_fences": lambda t: (
+        f"SELECT fencekit.judge_fences('{t.tag}', '{t.table}'::regclass, 'x', '{t.resource}', "
+        f"ARRAY['{t.key}'], 1, 'accept', false)"
+    ),
     # Writes (token 50): they fire the generated definer functions <tag>_ins/_upd/_del (key
     # fences) and <tag>_stmt (table fences), and the row fences' invoker triggers beside them.
     "write-insert": lambda t: f"INSERT INTO {t.table} (id, k) VALUES ('2', '1')",
@@ -118,6 +122,8 @@ DEFINERS = {
     "<tag>_upd": "write-update",
     "<tag>_del": "write-delete",
     "<tag>_stmt": "write-update",
+    "<tag>_trunc": "write-truncate",  # a row fence's TRUNCATE check (reads every row's fence)
+    "judge_fences": "judge_fences",
 }
 
 # (entry, kind, scope, role) -> issue-23 item; "*" matches any value.

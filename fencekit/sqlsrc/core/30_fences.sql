@@ -12,6 +12,10 @@
 -- Every lock is taken in key order, in one pass, so writers never deadlock on fences.
 -- Key fences' triggers pass the common case themselves, inline (fencekit/sqlgen/key.py: every
 -- key already at the token), and call this for the rest; table fences call it with ARRAY[''].
+-- keys NULL means every key of the resource, seen or not (TRUNCATE): every fence of the
+-- resource and its floor (35_floors.sql, which unseen keys start at) are raised to the token,
+-- so no lower token is accepted anywhere in the resource afterwards. The floor's row is
+-- locked first, then the fences in key order.
 -- Returns the first offending key (highest fence first), or NULLs when every key accepts.
 CREATE OR REPLACE FUNCTION fencekit.advance_fences(
   resource text, keys text[], token bigint, on_equal text,
@@ -28,6 +32,26 @@ DECLARE
   held integer;
   k text;
 BEGIN
+  IF keys IS NULL THEN
+    INSERT INTO fencekit.floors AS fl (resource, floor, reason)
+    VALUES (advance_fences.resource, token, 'truncate')
+    ON CONFLICT ON CONSTRAINT floors_pkey DO UPDATE
+       SET floor = token, set_at = pg_catalog.now(), reason = excluded.reason
+     WHERE fl.floor < token;
+    SELECT f.key, f.fence, CASE WHEN f.fence > token THEN 'stale' ELSE 'reused' END
+      INTO bad_key, bad_fence, bad_reason
+      FROM (SELECT f.key, f.fence, f.writer_xact FROM fencekit.fences f
+             WHERE f.resource = advance_fences.resource
+             ORDER BY f.key FOR UPDATE) AS f
+     WHERE f.fence > token
+        OR (on_equal = 'reject' AND f.fence = token AND f.writer_xact IS DISTINCT FROM me)
+     ORDER BY f.fence DESC
+     LIMIT 1;
+    UPDATE fencekit.fences f
+       SET fence = token, writer_xact = me, updated_at = pg_catalog.now()
+     WHERE f.resource = advance_fences.resource AND f.fence < token;
+    RETURN;
+  END IF;
   IF pg_catalog.array_position(keys, NULL) IS NOT NULL THEN
     bad_reason := 'null_key';
     RETURN;

@@ -4,80 +4,34 @@
 BEGIN;
 SET LOCAL lock_timeout = '5s';
 
-DO $do$
-BEGIN
-  IF (SELECT c.relnamespace FROM pg_catalog.pg_class c
-       WHERE c.oid = 'app.invoices'::pg_catalog.regclass)
-     OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace THEN
-    RAISE EXCEPTION USING ERRCODE = 'YF000',
-      MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
-      HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
-  END IF;
-  IF EXISTS (SELECT FROM fencekit.protected p
-             WHERE p.schema_name OPERATOR(pg_catalog.=) 'app' AND p.table_name OPERATOR(pg_catalog.=) 'invoices'
-               AND (p.spec -> 'scope', p.spec -> 'key', p.spec -> 'resource', p.spec -> 'column')
-                   IS DISTINCT FROM ('"key"'::pg_catalog.jsonb, '["account_id"]'::pg_catalog.jsonb, 'null'::pg_catalog.jsonb, '"fencekit_fence"'::pg_catalog.jsonb)) THEN
-    RAISE EXCEPTION USING ERRCODE = 'YF000',
-      MESSAGE = 'fencekit: app.invoices is already protected with another scope, key, resource or fence column',
-      HINT = 'Move it in one transaction, fences carried: fencekit move TABLE <new options> --dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone change by re-running protect.';
-  END IF;
-END
-$do$;
+SELECT fencekit.protect_guard('app.invoices'::pg_catalog.regclass,
+  '{"column": "fencekit_fence", "key": ["account_id"], "resource": null, "scope": "key"}'::pg_catalog.jsonb);
 
 SELECT fencekit.check_key_columns('app.invoices'::pg_catalog.regclass, ARRAY['account_id'], 'app.invoices');
 
-SELECT fencekit.create_counters('invoices_883e1d3584')
- WHERE EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_names()) r
-                WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I',
-                        'invoices_883e1d3584:' OPERATOR(pg_catalog.||) r)) IS NULL);
+SELECT fencekit.ensure_counters('invoices_883e1d3584');
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
 AS $fn$
+-- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp
 -- fencekit: statement check (key fence) on app.invoices. Generated; do not edit.
 DECLARE
-  raw pg_catalog.text;
-  tok pg_catalog.int8;
-  byp pg_catalog.bool;
-  fence pg_catalog.int8;
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
 BEGIN
-  raw := pg_catalog.current_setting('fencekit.token', true);  -- read once: everything below judges this value
-  byp := false;
-  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
-    byp := fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
-  END IF;
-  IF raw OPERATOR(pg_catalog.<>) '' THEN
-    IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-            OR fencekit.is_valid_token(raw)) THEN
-      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
-                              NULL, raw);
-    END IF;
-    tok := raw::pg_catalog.int8;
-  END IF;
-  IF tok IS NULL THEN
-    PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
-    RETURN NULL;
-  END IF;
-  IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
-    fence := fencekit.max_fence('app.invoices');
-    IF fence OPERATOR(pg_catalog.>) tok THEN
-      IF NOT byp THEN
-        PERFORM fencekit.reject('stale', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, tok,
-                                fence);
-      END IF;
-      PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
-    END IF;
-    RETURN NULL;
+  IF tok IS NOT NULL THEN
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
+      key_column => 'account_id', key_label => NULL,
+      keys => NULL);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=7 sha256=6ffd11aff4e5d49ccdf8d5f0688c44046388d35ce52cb45b60c2863752f51c47; generated, do not edit';
-
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
-
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt() TO fencekit_admin;
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=7 sha256=9c5e7a2ba667ef13499dd278f1717acc4d413948af615e857e5f71704caf27a3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -91,83 +45,22 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once: the statement is judged by this value
-  tok pg_catalog.int8;
-  s pg_catalog.record;
-  bad pg_catalog.record;
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
 BEGIN
-  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
-    -- A bypass asked for by a session that may not is refused, even if unneeded.
-    PERFORM fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
+  IF tok IS NOT NULL THEN
+    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
+      key_column => 'account_id', key_label => 'account_id',
+      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_new AS x ORDER BY 1));
   END IF;
-  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    -- No token: bypass, allow, or YF003.
-    PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
-    RETURN NULL;
-  END IF;
-  IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-          OR fencekit.is_valid_token(raw)) THEN
-    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
-                            NULL, raw);
-  END IF;
-  tok := raw::pg_catalog.int8;
-  -- Before any key's text is computed (plpgsql plans the query below only now): a
-  -- key column retyped to a type of the owner's would run its cast as our owner.
-  PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.
-  WITH k AS MATERIALIZED (
-         SELECT DISTINCT x.account_id::pg_catalog.text AS key
-           FROM (SELECT account_id FROM fencekit_new) AS x
-          ORDER BY 1),
-       j AS (
-         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,
-                pg_catalog.array_agg(k.key) AS keys,
-                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
-           FROM k LEFT JOIN LATERAL (
-                  SELECT true AS hit FROM fencekit.fences f
-                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                     AND f.key OPERATOR(pg_catalog.=) k.key
-                     AND f.fence OPERATOR(pg_catalog.=) tok OFFSET 0) AS h ON true),
-       l AS (
-         SELECT FROM k, LATERAL (
-                  SELECT FROM fencekit.fences f
-                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                     AND f.key OPERATOR(pg_catalog.=) k.key
-                     AND f.fence OPERATOR(pg_catalog.=) tok
-                   FOR SHARE) AS h
-          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)
-  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked
-    INTO s FROM j;
-  IF s.keys IS NULL THEN
-    RETURN NULL;  -- no rows written
-  END IF;
-  IF s.null_key THEN
-    PERFORM fencekit.reject('usage', 'invoices_883e1d3584', TG_RELID, TG_NAME, 'account_id',
-      'app.invoices', NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
-  END IF;
-  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN
-    RETURN NULL;  -- every key's fence holds the token, and is share-locked
-  END IF;
-  SELECT * INTO bad
-    FROM fencekit.advance_fences('app.invoices', s.keys, tok, 'accept');
-  IF bad.bad_reason IS NULL THEN
-    RETURN NULL;
-  END IF;
-  IF fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
-    PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
-    RETURN NULL;
-  END IF;
-  PERFORM fencekit.reject(bad.bad_reason, 'invoices_883e1d3584', TG_RELID, TG_NAME, 'account_id', 'app.invoices',
-    pg_catalog.json_build_object('account_id', bad.bad_key)::pg_catalog.jsonb, tok, bad.bad_fence);
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=7 sha256=716f646da4edd35c2c8259b8fc6a4047d51f2b3f2c49987bc144b05ae917562d; generated, do not edit';
-
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
-
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_ins() TO fencekit_admin;
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=7 sha256=c5625d7cbe7bc296e2d65c4e50d958147db661a0b810f9373daf64a810bad14d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -181,84 +74,22 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once: the statement is judged by this value
-  tok pg_catalog.int8;
-  s pg_catalog.record;
-  bad pg_catalog.record;
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
 BEGIN
-  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
-    -- A bypass asked for by a session that may not is refused, even if unneeded.
-    PERFORM fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
+  IF tok IS NOT NULL THEN
+    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
+      key_column => 'account_id', key_label => 'account_id',
+      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM (SELECT account_id FROM fencekit_new UNION ALL SELECT account_id FROM fencekit_old) AS x ORDER BY 1));
   END IF;
-  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    -- No token: bypass, allow, or YF003.
-    PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
-    RETURN NULL;
-  END IF;
-  IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-          OR fencekit.is_valid_token(raw)) THEN
-    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
-                            NULL, raw);
-  END IF;
-  tok := raw::pg_catalog.int8;
-  -- Before any key's text is computed (plpgsql plans the query below only now): a
-  -- key column retyped to a type of the owner's would run its cast as our owner.
-  PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.
-  WITH k AS MATERIALIZED (
-         SELECT DISTINCT x.account_id::pg_catalog.text AS key
-           FROM (SELECT account_id FROM fencekit_new
-                      UNION ALL SELECT account_id FROM fencekit_old) AS x
-          ORDER BY 1),
-       j AS (
-         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,
-                pg_catalog.array_agg(k.key) AS keys,
-                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
-           FROM k LEFT JOIN LATERAL (
-                  SELECT true AS hit FROM fencekit.fences f
-                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                     AND f.key OPERATOR(pg_catalog.=) k.key
-                     AND f.fence OPERATOR(pg_catalog.=) tok OFFSET 0) AS h ON true),
-       l AS (
-         SELECT FROM k, LATERAL (
-                  SELECT FROM fencekit.fences f
-                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                     AND f.key OPERATOR(pg_catalog.=) k.key
-                     AND f.fence OPERATOR(pg_catalog.=) tok
-                   FOR SHARE) AS h
-          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)
-  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked
-    INTO s FROM j;
-  IF s.keys IS NULL THEN
-    RETURN NULL;  -- no rows written
-  END IF;
-  IF s.null_key THEN
-    PERFORM fencekit.reject('usage', 'invoices_883e1d3584', TG_RELID, TG_NAME, 'account_id',
-      'app.invoices', NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
-  END IF;
-  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN
-    RETURN NULL;  -- every key's fence holds the token, and is share-locked
-  END IF;
-  SELECT * INTO bad
-    FROM fencekit.advance_fences('app.invoices', s.keys, tok, 'accept');
-  IF bad.bad_reason IS NULL THEN
-    RETURN NULL;
-  END IF;
-  IF fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
-    PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
-    RETURN NULL;
-  END IF;
-  PERFORM fencekit.reject(bad.bad_reason, 'invoices_883e1d3584', TG_RELID, TG_NAME, 'account_id', 'app.invoices',
-    pg_catalog.json_build_object('account_id', bad.bad_key)::pg_catalog.jsonb, tok, bad.bad_fence);
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=7 sha256=33b2575342ccc6c4d422b3d77bc28a40575a2971329cb8c2deca7bf86776f612; generated, do not edit';
-
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
-
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_upd() TO fencekit_admin;
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=7 sha256=0c2c63069ac314cdb9e2700a5f1e95132f05f1d6eb7c468ff77d5558fe9bde34; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -272,279 +103,79 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once: the statement is judged by this value
-  tok pg_catalog.int8;
-  s pg_catalog.record;
-  bad pg_catalog.record;
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
 BEGIN
-  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
-    -- A bypass asked for by a session that may not is refused, even if unneeded.
-    PERFORM fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
+  IF tok IS NOT NULL THEN
+    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
+      key_column => 'account_id', key_label => 'account_id',
+      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_old AS x ORDER BY 1));
   END IF;
-  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    -- No token: bypass, allow, or YF003.
-    PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
-    RETURN NULL;
-  END IF;
-  IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-          OR fencekit.is_valid_token(raw)) THEN
-    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
-                            NULL, raw);
-  END IF;
-  tok := raw::pg_catalog.int8;
-  -- Before any key's text is computed (plpgsql plans the query below only now): a
-  -- key column retyped to a type of the owner's would run its cast as our owner.
-  PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.
-  WITH k AS MATERIALIZED (
-         SELECT DISTINCT x.account_id::pg_catalog.text AS key
-           FROM (SELECT account_id FROM fencekit_old) AS x
-          ORDER BY 1),
-       j AS (
-         SELECT pg_catalog.bool_or(k.key IS NULL) AS null_key,
-                pg_catalog.array_agg(k.key) AS keys,
-                pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
-           FROM k LEFT JOIN LATERAL (
-                  SELECT true AS hit FROM fencekit.fences f
-                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                     AND f.key OPERATOR(pg_catalog.=) k.key
-                     AND f.fence OPERATOR(pg_catalog.=) tok OFFSET 0) AS h ON true),
-       l AS (
-         SELECT FROM k, LATERAL (
-                  SELECT FROM fencekit.fences f
-                   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                     AND f.key OPERATOR(pg_catalog.=) k.key
-                     AND f.fence OPERATOR(pg_catalog.=) tok
-                   FOR SHARE) AS h
-          WHERE (SELECT j.todo FROM j) OPERATOR(pg_catalog.=) 0)
-  SELECT j.null_key, j.keys, (SELECT pg_catalog.count(*) FROM l) AS locked
-    INTO s FROM j;
-  IF s.keys IS NULL THEN
-    RETURN NULL;  -- no rows written
-  END IF;
-  IF s.null_key THEN
-    PERFORM fencekit.reject('usage', 'invoices_883e1d3584', TG_RELID, TG_NAME, 'account_id',
-      'app.invoices', NULL, tok, NULL, 'a key column of a key fence is NULL; key columns must be NOT NULL');
-  END IF;
-  IF s.locked OPERATOR(pg_catalog.=) pg_catalog.cardinality(s.keys) THEN
-    RETURN NULL;  -- every key's fence holds the token, and is share-locked
-  END IF;
-  SELECT * INTO bad
-    FROM fencekit.advance_fences('app.invoices', s.keys, tok, 'accept');
-  IF bad.bad_reason IS NULL THEN
-    RETURN NULL;
-  END IF;
-  IF fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
-    PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
-    RETURN NULL;
-  END IF;
-  PERFORM fencekit.reject(bad.bad_reason, 'invoices_883e1d3584', TG_RELID, TG_NAME, 'account_id', 'app.invoices',
-    pg_catalog.json_build_object('account_id', bad.bad_key)::pg_catalog.jsonb, tok, bad.bad_fence);
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=7 sha256=60ec855ecedcaac4c656abead076c94812af0b5d7211b7b760af13d6227ad502; generated, do not edit';
-
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
-
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_del() TO fencekit_admin;
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=7 sha256=5c0d17dc9387a44131c6c13e7cad247e4d77e503cbedd34477f76d9f54130a82; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: partition and child coverage on app.invoices. Generated; do not edit.
-DECLARE
-  old pg_catalog.name;
-  child pg_catalog.regclass;
-  is_partition pg_catalog.bool;
 BEGIN
-  FOR child, is_partition IN WITH RECURSIVE d(relid) AS (
-      SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = 'app.invoices'::pg_catalog.regclass
-      UNION
-      SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
-    SELECT c.oid::pg_catalog.regclass, c.relispartition FROM d
-      JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p') LOOP
-    FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
-                WHERE t.tgrelid = child AND NOT t.tgisinternal AND t.tgparentid = 0
-                  AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
-                      OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                  AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
-    END LOOP;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_trunc', child, 'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit');
-    END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=7 sha256=8de4c5695f74af12c2f712edcf0fcaca05500276b561b38c8ff635cbdcbd5c92; generated, do not edit') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
-      REFERENCING NEW TABLE AS fencekit_new
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_ins', child, 'fencekit trigger template=7 sha256=8de4c5695f74af12c2f712edcf0fcaca05500276b561b38c8ff635cbdcbd5c92; generated, do not edit');
-    END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=7 sha256=d480dcd0ece96f70d872185ce6a5e31bc2f6b267ce0e89a269b50db513746c52; generated, do not edit') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
-      REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', child, 'fencekit trigger template=7 sha256=d480dcd0ece96f70d872185ce6a5e31bc2f6b267ce0e89a269b50db513746c52; generated, do not edit');
-    END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_del'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=7 sha256=b164831f3bfab7b23fe3638f0e2ff1c1fe7c998db4be3ead1237916732ac1afe; generated, do not edit') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
-      REFERENCING OLD TABLE AS fencekit_old
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_del', child, 'fencekit trigger template=7 sha256=b164831f3bfab7b23fe3638f0e2ff1c1fe7c998db4be3ead1237916732ac1afe; generated, do not edit');
-    END IF;
-    IF NOT is_partition THEN
-    END IF;
-  END LOOP;
+  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_');
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=7 sha256=f2c7ec3361e6f9ad21fe473b551bd787ad75108bf53048a003149aaca5170aea; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=7 sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
 
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
-DO $do$
-DECLARE
-  old pg_catalog.name;
-BEGIN
-  FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
-              WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND NOT t.tgisinternal AND t.tgparentid = 0
-                AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
-                    OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
-  END LOOP;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit');
-  END IF;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=8de4c5695f74af12c2f712edcf0fcaca05500276b561b38c8ff635cbdcbd5c92; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
-      REFERENCING NEW TABLE AS fencekit_new
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_ins', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=8de4c5695f74af12c2f712edcf0fcaca05500276b561b38c8ff635cbdcbd5c92; generated, do not edit');
-  END IF;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=d480dcd0ece96f70d872185ce6a5e31bc2f6b267ce0e89a269b50db513746c52; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
-      REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=d480dcd0ece96f70d872185ce6a5e31bc2f6b267ce0e89a269b50db513746c52; generated, do not edit');
-  END IF;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_del'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=b164831f3bfab7b23fe3638f0e2ff1c1fe7c998db4be3ead1237916732ac1afe; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
-      REFERENCING OLD TABLE AS fencekit_old
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_del', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=b164831f3bfab7b23fe3638f0e2ff1c1fe7c998db4be3ead1237916732ac1afe; generated, do not edit');
-  END IF;
-  PERFORM fencekit.invoices_883e1d3584_cover();
-  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace
-                AND p.pronargs = 0
-                AND pg_catalog.left(p.proname::pg_catalog.text, 20)
-                    OPERATOR(pg_catalog.=) 'invoices_883e1d3584_'
-                AND p.proname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL
-                    (ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_ins', 'invoices_883e1d3584_upd', 'invoices_883e1d3584_del', 'invoices_883e1d3584_cover']) LOOP
-    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
-  END LOOP;
-END
-$do$;
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-INSERT INTO fencekit.protected AS p (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
-VALUES ('app', 'invoices', 'invoices_883e1d3584', 'key', 'app.invoices', '{"column": "fencekit_fence", "issuer": null, "key": ["account_id"], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "key", "table": {"name": "invoices", "schema": "app"}}', 7,
-        fencekit.key_families('app.invoices'::pg_catalog.regclass, ARRAY['account_id']))
-ON CONFLICT (schema_name, table_name) DO UPDATE
-  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
-      spec = excluded.spec, template_version = excluded.template_version,
-      key_families = excluded.key_families, protected_at = pg_catalog.now()
-  WHERE (p.spec, p.template_version, p.key_families)
-        IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families);
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS 'fencekit trigger template=7 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; generated, do not edit';
+
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON app.invoices
+  REFERENCING NEW TABLE AS fencekit_new FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS 'fencekit trigger template=7 sha256=2a153e037f474560f13c6eca01f6a456c31999665fbb2589bac4e2b82f6b6558; generated, do not edit';
+
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON app.invoices
+  REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS 'fencekit trigger template=7 sha256=cdec902b1cfabfe6733bbb016e1d345cc4e28b9d338591b81d76e19a01e8b8d4; generated, do not edit';
+
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON app.invoices
+  REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_del();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS 'fencekit trigger template=7 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; generated, do not edit';
+
+SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
+      'fencekit trigger template=7 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; generated, do not edit',
+      'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
+  REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
+  FROM pg_catalog.pg_class c
+ WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'r' AND NOT c.relispartition
+   AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid);
+
+SELECT fencekit.invoices_883e1d3584_cover();
+
+SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_', ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_root', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']),
+       fencekit.drop_other_functions('invoices_883e1d3584_', ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_ins', 'invoices_883e1d3584_upd', 'invoices_883e1d3584_del', 'invoices_883e1d3584_cover']);
+
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'app.invoices',
+  '{"column": "fencekit_fence", "issuer": null, "key": ["account_id"], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "key", "table": {"name": "invoices", "schema": "app"}}',
+  7, fencekit.key_families('app.invoices'::pg_catalog.regclass, ARRAY['account_id']));
 
 COMMIT;
 

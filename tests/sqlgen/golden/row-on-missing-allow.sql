@@ -4,435 +4,203 @@
 BEGIN;
 SET LOCAL lock_timeout = '5s';
 
-DO $do$
-BEGIN
-  IF (SELECT c.relnamespace FROM pg_catalog.pg_class c
-       WHERE c.oid = 'app.invoices'::pg_catalog.regclass)
-     OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace THEN
-    RAISE EXCEPTION USING ERRCODE = 'YF000',
-      MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
-      HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
-  END IF;
-  IF EXISTS (SELECT FROM fencekit.protected p
-             WHERE p.schema_name OPERATOR(pg_catalog.=) 'app' AND p.table_name OPERATOR(pg_catalog.=) 'invoices'
-               AND (p.spec -> 'scope', p.spec -> 'key', p.spec -> 'resource', p.spec -> 'column')
-                   IS DISTINCT FROM ('"row"'::pg_catalog.jsonb, '[]'::pg_catalog.jsonb, 'null'::pg_catalog.jsonb, '"fencekit_fence"'::pg_catalog.jsonb)) THEN
-    RAISE EXCEPTION USING ERRCODE = 'YF000',
-      MESSAGE = 'fencekit: app.invoices is already protected with another scope, key, resource or fence column',
-      HINT = 'Move it in one transaction, fences carried: fencekit move TABLE <new options> --dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone change by re-running protect.';
-  END IF;
-END
-$do$;
+SELECT fencekit.protect_guard('app.invoices'::pg_catalog.regclass,
+  '{"column": "fencekit_fence", "key": [], "resource": null, "scope": "row"}'::pg_catalog.jsonb);
 
-DO $do$
-BEGIN
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
-                 WHERE a.attrelid = 'app.invoices'::pg_catalog.regclass
-                   AND a.attname OPERATOR(pg_catalog.=) 'fencekit_fence'
-                   AND a.attnum > 0 AND NOT a.attisdropped) THEN
-    EXECUTE 'ALTER TABLE app.invoices ADD COLUMN fencekit_fence bigint';
-  END IF;
-END
-$do$;
+SELECT fencekit.add_fence_column('app.invoices'::pg_catalog.regclass, 'fencekit_fence');
 
 ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.<) 19 THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
 
 COMMENT ON COLUMN app.invoices.fencekit_fence IS 'fencekit: the fence of this row (highest token accepted); managed by fencekit';
 
-SELECT fencekit.create_counters('invoices_883e1d3584')
- WHERE EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_names()) r
-                WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I',
-                        'invoices_883e1d3584:' OPERATOR(pg_catalog.||) r)) IS NULL);
+SELECT fencekit.ensure_counters('invoices_883e1d3584');
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
-DECLARE
-  raw pg_catalog.text;
-  tok pg_catalog.int8;
-  byp pg_catalog.bool;
-  fence pg_catalog.int8;
 BEGIN
+  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
+  -- anything else goes to fencekit.statement_token, which judges the rest.
   IF (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       OR COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '')
-     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-     AND TG_OP OPERATOR(pg_catalog.<>) 'TRUNCATE' THEN
+     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  raw := pg_catalog.current_setting('fencekit.token', true);  -- read once: everything below judges this value
-  byp := false;
-  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
-    byp := fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
-  END IF;
-  IF raw OPERATOR(pg_catalog.<>) '' THEN
-    IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-            OR fencekit.is_valid_token(raw)) THEN
-      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
-                              NULL, raw);
-    END IF;
-    tok := raw::pg_catalog.int8;
-  END IF;
-  IF tok IS NULL THEN
-    PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, true,
-                                    TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE');
-    RETURN NULL;
-  END IF;
-  IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
+  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL, counted => false);
+  RETURN NULL;
+END
+$fn$;
+
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=7 sha256=d526424d36bff7e470a77fada5ad8b9114d4c21121d7e7312f43bdf40245f417; generated, do not edit';
+
+CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+SET row_security TO off
+AS $fn$
+-- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, row_security=off
+-- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
+DECLARE
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL);
+  fence pg_catalog.int8;
+BEGIN
+  IF tok IS NOT NULL THEN
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, 'app.invoices', 'fencekit_fence');
     SELECT pg_catalog.max(fencekit_fence) INTO fence FROM app.invoices;
-    IF fence OPERATOR(pg_catalog.>) tok THEN
-      IF NOT byp THEN
-        PERFORM fencekit.reject('stale', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, tok,
-                                fence);
-      END IF;
-      PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
-    END IF;
-    RETURN NULL;
+    PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=7 sha256=50fadbe07c1aeb16c065432547eb9880ec282e3fcf6ab2a73f59850666de7eca; generated, do not edit';
-
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
-
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt() TO fencekit_admin;
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=7 sha256=32f2e381403ac87dc8be8e02a3221eb8ddbcd540208f68a73567be35a05d6023; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: row fence (fencekit_fence) on app.invoices. Generated; do not edit.
-DECLARE
-  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
 BEGIN
-  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    IF fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, true) THEN
-      RETURN NEW;  -- bypassed
-    END IF;
-    NEW.fencekit_fence := NULL;
-    RETURN NEW;
-  END IF;
-  IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-          OR fencekit.is_valid_token(raw)) THEN
-    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
-                            NULL, raw);
-  END IF;
-  NEW.fencekit_fence := raw::pg_catalog.int8;
+  NEW.fencekit_fence := COALESCE(fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL),
+    NEW.fencekit_fence);
   RETURN NEW;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=7 sha256=3a350060a5db91134cfce24c39d2bf87bf180e7052f7acec64c3a36c8673e5a2; generated, do not edit';
-
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_ins() FROM PUBLIC;
-
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_ins() TO fencekit_admin;
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=7 sha256=e61c2be13566db5377ac8cf4604b79198b5e0cc176de90cd8cd65f326d4f7a84; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: row fence (fencekit_fence) on app.invoices. Generated; do not edit.
 DECLARE
-  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
+  tok pg_catalog.int8;
 BEGIN
   IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN
+           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
-  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    IF fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, true) THEN
-      RETURN NEW;  -- bypassed
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL);
+  IF tok IS NULL THEN
+    IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
+      NEW.fencekit_fence := OLD.fencekit_fence;
     END IF;
-    NEW.fencekit_fence := OLD.fencekit_fence;
     RETURN NEW;
   END IF;
-  IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-          OR fencekit.is_valid_token(raw)) THEN
-    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
-                            NULL, raw);
-  END IF;
-  IF raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
-    NEW.fencekit_fence := raw::pg_catalog.int8;
+  IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
+    NEW.fencekit_fence := tok;
     RETURN NEW;
   END IF;
-  PERFORM fencekit.rejected_row('stale', 'invoices_883e1d3584', TG_RELID, TG_NAME,
-    'fencekit_fence', pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, OLD.fencekit_fence);
+  PERFORM fencekit.rejected_row(reason => 'stale', tag => 'invoices_883e1d3584',
+    relid => TG_RELID, trigger_name => TG_NAME, column_name => 'fencekit_fence',
+    row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.fencekit_fence);
   RETURN NEW;  -- bypassed: the row passes as written
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=7 sha256=369a6212fe85fe837e9a284b57eca77dbde5430be192a3d2d1c77948bf4368e0; generated, do not edit';
-
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_upd() FROM PUBLIC;
-
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_upd() TO fencekit_admin;
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=7 sha256=2bb8e4f454d3df20e3bdef00c64bb1de9dd94f1f423d736ccfdaa9adac5b574a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: row fence (fencekit_fence) on app.invoices. Generated; do not edit.
 DECLARE
-  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
+  tok pg_catalog.int8;
 BEGIN
   IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN
+           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
     RETURN OLD;
   END IF;
-  IF raw IS NULL OR raw OPERATOR(pg_catalog.=) '' THEN
-    IF fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, true) THEN
-      RETURN OLD;  -- bypassed
-    END IF;
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL);
+  IF tok IS NULL THEN
     RETURN OLD;
   END IF;
-  IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-          OR fencekit.is_valid_token(raw)) THEN
-    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
-                            NULL, raw);
-  END IF;
-  IF raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
+  IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
     RETURN OLD;
   END IF;
-  PERFORM fencekit.rejected_row('stale', 'invoices_883e1d3584', TG_RELID, TG_NAME,
-    'fencekit_fence', pg_catalog.to_jsonb(OLD), raw::pg_catalog.int8, OLD.fencekit_fence);
+  PERFORM fencekit.rejected_row(reason => 'stale', tag => 'invoices_883e1d3584',
+    relid => TG_RELID, trigger_name => TG_NAME, column_name => 'fencekit_fence',
+    row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.fencekit_fence);
   RETURN OLD;  -- bypassed: the row passes as written
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=7 sha256=906b829e93bd59e238f93f4738656a2600de2dfa8588dd4c7bafffe82c35050d; generated, do not edit';
-
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_del() FROM PUBLIC;
-
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_del() TO fencekit_admin;
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=7 sha256=ce56c39299a49becab037035762b64fe4579a840e08db340cf8312631f60ea2f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: partition and child coverage on app.invoices. Generated; do not edit.
-DECLARE
-  old pg_catalog.name;
-  child pg_catalog.regclass;
-  is_partition pg_catalog.bool;
 BEGIN
-  FOR child, is_partition IN WITH RECURSIVE d(relid) AS (
-      SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = 'app.invoices'::pg_catalog.regclass
-      UNION
-      SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
-    SELECT c.oid::pg_catalog.regclass, c.relispartition FROM d
-      JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p') LOOP
-    FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
-                WHERE t.tgrelid = child AND NOT t.tgisinternal AND t.tgparentid = 0
-                  AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
-                      OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                  AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
-    END LOOP;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=7 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_stmt', child, 'fencekit trigger template=7 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit');
-    END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_trunc', child, 'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit');
-    END IF;
-    IF NOT is_partition THEN
-      IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-                 AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
-                 AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                     'fencekit trigger template=7 sha256=eacc39d6163c1973cb0485d579c9aebe2856d37db2b553db78654cdfbff15ced; generated, do not edit') THEN
-        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', child);
-      END IF;
-      IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                     WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
-        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-        EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
-      FOR EACH ROW
-      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins()', child);
-        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_ins', child, 'fencekit trigger template=7 sha256=eacc39d6163c1973cb0485d579c9aebe2856d37db2b553db78654cdfbff15ced; generated, do not edit');
-      END IF;
-      IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-                 AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
-                 AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                     'fencekit trigger template=7 sha256=3a15c51c36716b32ef8c180ba4486fc579d868e7459e38c3594357db834f4597; generated, do not edit') THEN
-        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', child);
-      END IF;
-      IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                     WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
-        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-        EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
-      FOR EACH ROW
-      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', child);
-        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', child, 'fencekit trigger template=7 sha256=3a15c51c36716b32ef8c180ba4486fc579d868e7459e38c3594357db834f4597; generated, do not edit');
-      END IF;
-      IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-                 AND t.tgname = 'fencekit_invoices_883e1d3584_del'
-                 AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                     'fencekit trigger template=7 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit') THEN
-        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', child);
-      END IF;
-      IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                     WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
-        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-        EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
-      FOR EACH ROW
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', child);
-        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_del', child, 'fencekit trigger template=7 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit');
-      END IF;
-    END IF;
-  END LOOP;
+  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_');
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=7 sha256=a760b3ffa5e693591cbabff14bc7b0ac53620d26dbaf0cc0e3bc7ca4c9c91d6a; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=7 sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
 
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_trunc(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_trunc(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
-DO $do$
-DECLARE
-  old pg_catalog.name;
-BEGIN
-  FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
-              WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND NOT t.tgisinternal AND t.tgparentid = 0
-                AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
-                    OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']) LOOP
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
-  END LOOP;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit');
-  END IF;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit');
-  END IF;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_ins'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=eacc39d6163c1973cb0485d579c9aebe2856d37db2b553db78654cdfbff15ced; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_ins', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_ins') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
-      FOR EACH ROW
-      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_ins', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=eacc39d6163c1973cb0485d579c9aebe2856d37db2b553db78654cdfbff15ced; generated, do not edit');
-  END IF;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_upd'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=3a15c51c36716b32ef8c180ba4486fc579d868e7459e38c3594357db834f4597; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_upd') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
-      FOR EACH ROW
-      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_upd', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=3a15c51c36716b32ef8c180ba4486fc579d868e7459e38c3594357db834f4597; generated, do not edit');
-  END IF;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_del'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_del', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_del') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
-      FOR EACH ROW
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_del', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=6b5d23bd8f18639bb22bad4af2badce7f851e3c620dd7423a7b12f6cff79728f; generated, do not edit');
-  END IF;
-  PERFORM fencekit.invoices_883e1d3584_cover();
-  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace
-                AND p.pronargs = 0
-                AND pg_catalog.left(p.proname::pg_catalog.text, 20)
-                    OPERATOR(pg_catalog.=) 'invoices_883e1d3584_'
-                AND p.proname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL
-                    (ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_ins', 'invoices_883e1d3584_upd', 'invoices_883e1d3584_del', 'invoices_883e1d3584_cover']) LOOP
-    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
-  END LOOP;
-END
-$do$;
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON app.invoices
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-INSERT INTO fencekit.protected AS p (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
-VALUES ('app', 'invoices', 'invoices_883e1d3584', 'row', NULL, '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "allow", "resource": null, "scope": "row", "table": {"name": "invoices", "schema": "app"}}', 7,
-        NULL)
-ON CONFLICT (schema_name, table_name) DO UPDATE
-  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
-      spec = excluded.spec, template_version = excluded.template_version,
-      key_families = excluded.key_families, protected_at = pg_catalog.now()
-  WHERE (p.spec, p.template_version, p.key_families)
-        IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families);
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=7 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; generated, do not edit';
+
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_trunc();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS 'fencekit trigger template=7 sha256=a99640b8b0c0c4e32a7c8e8efda6d696179199a509fca95e6212b27bfc3157f5; generated, do not edit';
+
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
+  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS 'fencekit trigger template=7 sha256=f0c757eb8c4899457056c50a14a8e48dbb0f75e22cc4dc4e40d9bf8b92443475; generated, do not edit';
+
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
+  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS 'fencekit trigger template=7 sha256=a2f41ce0ed24836e450c3c1884fe4ee64e1622e790a2d31fdf5079de78858dae; generated, do not edit';
+
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices
+  FOR EACH ROW
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_del();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS 'fencekit trigger template=7 sha256=86059e4f4ad8956c119956ecacf782119ca8b4c09da6bcf225a0ec66723438d7; generated, do not edit';
+
+SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
+      'fencekit trigger template=7 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; generated, do not edit',
+      'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
+  REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
+  FROM pg_catalog.pg_class c
+ WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'r' AND NOT c.relispartition
+   AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid);
+
+SELECT fencekit.invoices_883e1d3584_cover();
+
+SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_', ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_root', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']),
+       fencekit.drop_other_functions('invoices_883e1d3584_', ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_trunc', 'invoices_883e1d3584_ins', 'invoices_883e1d3584_upd', 'invoices_883e1d3584_del', 'invoices_883e1d3584_cover']);
+
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', NULL,
+  '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "allow", "resource": null, "scope": "row", "table": {"name": "invoices", "schema": "app"}}',
+  7, NULL);
 
 COMMIT;
 

@@ -4,30 +4,10 @@
 BEGIN;
 SET LOCAL lock_timeout = '5s';
 
-DO $do$
-BEGIN
-  IF (SELECT c.relnamespace FROM pg_catalog.pg_class c
-       WHERE c.oid = 'app.invoices'::pg_catalog.regclass)
-     OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace THEN
-    RAISE EXCEPTION USING ERRCODE = 'YF000',
-      MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
-      HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
-  END IF;
-  IF EXISTS (SELECT FROM fencekit.protected p
-             WHERE p.schema_name OPERATOR(pg_catalog.=) 'app' AND p.table_name OPERATOR(pg_catalog.=) 'invoices'
-               AND (p.spec -> 'scope', p.spec -> 'key', p.spec -> 'resource', p.spec -> 'column')
-                   IS DISTINCT FROM ('"table"'::pg_catalog.jsonb, '[]'::pg_catalog.jsonb, 'null'::pg_catalog.jsonb, '"fencekit_fence"'::pg_catalog.jsonb)) THEN
-    RAISE EXCEPTION USING ERRCODE = 'YF000',
-      MESSAGE = 'fencekit: app.invoices is already protected with another scope, key, resource or fence column',
-      HINT = 'Move it in one transaction, fences carried: fencekit move TABLE <new options> --dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone change by re-running protect.';
-  END IF;
-END
-$do$;
+SELECT fencekit.protect_guard('app.invoices'::pg_catalog.regclass,
+  '{"column": "fencekit_fence", "key": [], "resource": null, "scope": "table"}'::pg_catalog.jsonb);
 
-SELECT fencekit.create_counters('invoices_883e1d3584')
- WHERE EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_names()) r
-                WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I',
-                        'invoices_883e1d3584:' OPERATOR(pg_catalog.||) r)) IS NULL);
+SELECT fencekit.ensure_counters('invoices_883e1d3584');
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -36,193 +16,65 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp
 -- fencekit: statement check (table fence) on app.invoices. Generated; do not edit.
 DECLARE
-  raw pg_catalog.text;
-  tok pg_catalog.int8;
-  byp pg_catalog.bool;
-  fence pg_catalog.int8;
-  bad pg_catalog.record;
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
 BEGIN
-  raw := pg_catalog.current_setting('fencekit.token', true);  -- read once: everything below judges this value
-  byp := false;
-  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN
-    byp := fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME);
-  END IF;
-  IF raw OPERATOR(pg_catalog.<>) '' THEN
-    IF NOT (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-            OR fencekit.is_valid_token(raw)) THEN
-      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, NULL,
-                              NULL, raw);
-    END IF;
-    tok := raw::pg_catalog.int8;
-  END IF;
-  IF tok IS NULL THEN
-    PERFORM fencekit.unfenced_write('invoices_883e1d3584', TG_RELID, TG_NAME, false);
-    RETURN NULL;
-  END IF;
-  IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
-    fence := fencekit.max_fence('app.invoices');
-    IF fence OPERATOR(pg_catalog.>) tok THEN
-      IF NOT byp THEN
-        PERFORM fencekit.reject('stale', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL, NULL, tok,
-                                fence);
-      END IF;
-      PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
-    END IF;
-    RETURN NULL;
-  END IF;
-  PERFORM FROM fencekit.fences f
-   WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices' AND f.key OPERATOR(pg_catalog.=) ''
-     AND f.fence OPERATOR(pg_catalog.=) tok
-     FOR SHARE;
-  IF FOUND THEN
-    RETURN NULL;
-  END IF;
-  SELECT * INTO bad FROM fencekit.advance_fences('app.invoices', ARRAY[''], tok, 'accept');
-  IF bad.bad_reason IS NOT NULL AND NOT byp THEN
-    PERFORM fencekit.reject(bad.bad_reason, 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, 'app.invoices', NULL,
-                            tok, bad.bad_fence);
-  ELSIF bad.bad_reason IS NOT NULL THEN
-    PERFORM fencekit.count_event('invoices_883e1d3584', TG_RELID, 'bypassed');
+  IF tok IS NOT NULL THEN
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
+      key_column => NULL, key_label => NULL,
+      keys => ARRAY['']);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=7 sha256=4aff18563e2dc963d514799ab97bc2133e85a2e0b813b2f2b1080434fd1a5973; generated, do not edit';
-
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt() FROM PUBLIC;
-
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt() TO fencekit_admin;
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=7 sha256=7c37595a98606dbcaa621eaea37b02a2a162da367e12bc31b77a398f211cd4d0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: partition and child coverage on app.invoices. Generated; do not edit.
-DECLARE
-  old pg_catalog.name;
-  child pg_catalog.regclass;
-  is_partition pg_catalog.bool;
 BEGIN
-  FOR child, is_partition IN WITH RECURSIVE d(relid) AS (
-      SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = 'app.invoices'::pg_catalog.regclass
-      UNION
-      SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
-    SELECT c.oid::pg_catalog.regclass, c.relispartition FROM d
-      JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p') LOOP
-    FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
-                WHERE t.tgrelid = child AND NOT t.tgisinternal AND t.tgparentid = 0
-                  AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
-                      OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                  AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc']) LOOP
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);
-    END LOOP;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=7 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_stmt', child, 'fencekit trigger template=7 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit');
-    END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child
-               AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
-               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                   'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', child);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
-      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', child);
-      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_trunc', child, 'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit');
-    END IF;
-    IF NOT is_partition THEN
-    END IF;
-  END LOOP;
+  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_');
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=7 sha256=f1bf863d50038a3bb80c3959b70aec72407034d00499bd5019714da00cabe838; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=7 sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
 
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
 
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
+GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
-DO $do$
-DECLARE
-  old pg_catalog.name;
-BEGIN
-  FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
-              WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND NOT t.tgisinternal AND t.tgparentid = 0
-                AND pg_catalog.left(t.tgname::pg_catalog.text, 29)
-                    OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_'
-                AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc']) LOOP
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'app.invoices'::pg_catalog.regclass);
-  END LOOP;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_stmt'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_stmt') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_stmt', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=658ce0db6e27455b72a4aabcba98c905786fc87d269b8559804af82110fd06d8; generated, do not edit');
-  END IF;
-  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass
-             AND t.tgname = 'fencekit_invoices_883e1d3584_trunc'
-             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM
-                 'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass);
-  END IF;
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = 'app.invoices'::pg_catalog.regclass AND t.tgname = 'fencekit_invoices_883e1d3584_trunc') THEN
-    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
-      FOR EACH STATEMENT
-      EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', 'app.invoices'::pg_catalog.regclass);
-    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_invoices_883e1d3584_trunc', 'app.invoices'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=03f7a4156f581e2fa90e92c4b8fb4148c9d43971a0c91eb5e6b935fc5fa1e000; generated, do not edit');
-  END IF;
-  PERFORM fencekit.invoices_883e1d3584_cover();
-  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace
-                AND p.pronargs = 0
-                AND pg_catalog.left(p.proname::pg_catalog.text, 20)
-                    OPERATOR(pg_catalog.=) 'invoices_883e1d3584_'
-                AND p.proname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL
-                    (ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_cover']) LOOP
-    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
-  END LOOP;
-END
-$do$;
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON app.invoices
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-INSERT INTO fencekit.protected AS p (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
-VALUES ('app', 'invoices', 'invoices_883e1d3584', 'table', 'app.invoices', '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "table", "table": {"name": "invoices", "schema": "app"}}', 7,
-        NULL)
-ON CONFLICT (schema_name, table_name) DO UPDATE
-  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
-      spec = excluded.spec, template_version = excluded.template_version,
-      key_families = excluded.key_families, protected_at = pg_catalog.now()
-  WHERE (p.spec, p.template_version, p.key_families)
-        IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families);
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=7 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; generated, do not edit';
+
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS 'fencekit trigger template=7 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; generated, do not edit';
+
+SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
+      'fencekit trigger template=7 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; generated, do not edit',
+      'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
+  REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
+  FROM pg_catalog.pg_class c
+ WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'r' AND NOT c.relispartition
+   AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid);
+
+SELECT fencekit.invoices_883e1d3584_cover();
+
+SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_', ARRAY['fencekit_invoices_883e1d3584_root', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc']),
+       fencekit.drop_other_functions('invoices_883e1d3584_', ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_cover']);
+
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'app.invoices',
+  '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "table", "table": {"name": "invoices", "schema": "app"}}',
+  7, NULL);
 
 COMMIT;
 

@@ -1,0 +1,166 @@
+-- What every protected table's generated checks share (fencekit/sqlgen): the token a statement
+-- is judged by, and the judgement of key and table fences. The generated functions keep only
+-- what differs per table: its name, its policies, and how a key fence reads its keys.
+
+-- The token a statement is judged by, read ONCE here (a statement may change the setting
+-- between two checks, so nothing trusts an earlier read): NULL when there is none and the
+-- write may go on (bypassed or on_missing=allow: counted once per statement, unless the caller
+-- counts each row itself: counted => false), else the token.
+-- Raises YF005 for a bypass asked for by a session that may not (even if unneeded), YF004 for
+-- a malformed token, YF007 for another issuer's token, YF003 for a missing one under
+-- on_missing=reject. SECURITY INVOKER: it runs as the writer and writes nothing itself.
+CREATE OR REPLACE FUNCTION fencekit.statement_token(
+  tag text, relid oid, trigger_name text, allow boolean, issuer text, counted boolean DEFAULT true)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  raw text := pg_catalog.current_setting('fencekit.token', true);
+  said text;
+BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') <> '' THEN
+    PERFORM fencekit.bypass_allowed(tag, relid, trigger_name);
+  END IF;
+  IF raw IS NULL OR raw = '' THEN
+    PERFORM fencekit.unfenced_write(tag, relid, trigger_name, allow, counted);
+    RETURN NULL;
+  END IF;
+  -- A token is a canonical positive bigint; the regular expression settles every token below
+  -- 10^18, is_valid_token the 19-digit ones.
+  IF NOT (raw ~ '^[1-9][0-9]{0,17}$' OR fencekit.is_valid_token(raw)) THEN
+    PERFORM fencekit.reject('malformed', tag, relid, trigger_name, NULL, NULL, NULL, NULL, NULL,
+                            raw);
+  END IF;
+  said := pg_catalog.current_setting('fencekit.issuer', true);
+  IF issuer IS NOT NULL AND said <> '' AND said <> issuer THEN
+    PERFORM fencekit.reject('issuer_mismatch', tag, relid, trigger_name, NULL, NULL, NULL,
+                            raw::bigint, NULL, issuer);
+  END IF;
+  RETURN raw::bigint;
+END
+$fn$;
+
+-- Judge a write of some keys (a key fence's statement; ARRAY[''] for a table fence; NULL for
+-- every key of the resource: TRUNCATE under a key fence) under the statement's token, and
+-- advance their fences. The common case ends in one query: every key's fence already holds
+-- the token (the holder writing again) and is share-locked, in key order, so writers under one
+-- token never wait for each other. Anything else goes to advance_fences (30_fences.sql),
+-- which takes every lock in key order in one pass, raises what is lower and reports the worst
+-- offender: rejected here, or counted when the session may bypass.
+-- SECURITY DEFINER (owner: the installer) because it writes fencekit.fences, which writers may
+-- not; EXECUTE only for fencekit_admin, whose members own the generated definer trigger
+-- functions that call it. It reads and writes fencekit's own tables and takes text keys and a
+-- bigint token as arguments: no cast, operator, policy or trigger of a user's table or type
+-- runs in it (the generated trigger computes the keys' text, under pinned settings, before).
+CREATE OR REPLACE FUNCTION fencekit.judge_fences(
+  tag text, relid oid, trigger_name text, resource text, keys text[], token bigint,
+  on_equal text, lease_bound boolean, key_column text DEFAULT NULL,
+  key_label text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  -- The call's collation is "C" (TG_NAME is a name): compare under the default collation, the
+  -- one fencekit.fences' index was built with, or no index is used at all.
+  res text COLLATE "default" := resource;
+  ks text[] COLLATE "default" := keys;
+  eq text COLLATE "default" := on_equal;
+  me xid8 := pg_catalog.pg_current_xact_id();
+  locked bigint;
+  bad record;
+  lb record;
+BEGIN
+  IF keys IS NOT NULL THEN
+    IF pg_catalog.cardinality(keys) = 0 THEN
+      RETURN;  -- no rows written
+    END IF;
+    IF pg_catalog.array_position(keys, NULL) IS NOT NULL THEN
+      PERFORM fencekit.reject('usage', tag, relid, trigger_name, key_column, resource, NULL,
+                              token, NULL,
+                              'a key column of a key fence is NULL; key columns must be NOT NULL');
+    END IF;
+    IF lease_bound THEN
+      SELECT * INTO lb FROM fencekit.lease_mismatch(res, ks, token);
+      IF lb.bad_key IS NOT NULL AND NOT fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+        PERFORM fencekit.reject('lease_mismatch', tag, relid, trigger_name, key_column,
+          fencekit.lease_resource(resource, lb.bad_key),
+          CASE WHEN key_label IS NOT NULL
+               THEN pg_catalog.jsonb_build_object(key_label, lb.bad_key) END,
+          token, lb.lease_token);
+      END IF;
+    END IF;
+    -- One query for the common case (OFFSET 0: one index lookup per key, however many fences
+    -- the resource has): count the keys whose fence holds the token, and only when that is
+    -- every key, share-lock them in the order given (the generated triggers sort the keys).
+    WITH j AS (
+           SELECT pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
+             FROM pg_catalog.unnest(ks) AS u(key)
+             LEFT JOIN LATERAL (
+                    SELECT true AS hit FROM fencekit.fences f
+                     WHERE f.resource = res AND f.key = u.key
+                       AND f.fence = token
+                       AND (on_equal <> 'reject' OR f.writer_xact = me) OFFSET 0) AS h ON true),
+         l AS (
+           SELECT FROM pg_catalog.unnest(ks) AS u(key), LATERAL (
+                    SELECT FROM fencekit.fences f
+                     WHERE f.resource = res AND f.key = u.key
+                       AND f.fence = token
+                       AND (on_equal <> 'reject' OR f.writer_xact = me)
+                     FOR SHARE) AS h
+            WHERE (SELECT j.todo FROM j) = 0)
+    SELECT pg_catalog.count(*) INTO locked FROM l;
+    IF locked = pg_catalog.cardinality(keys) THEN
+      RETURN;  -- every key's fence holds the token, and is share-locked
+    END IF;
+  END IF;
+  SELECT * INTO bad FROM fencekit.advance_fences(res, ks, token, eq);
+  IF bad.bad_reason IS NULL THEN
+    RETURN;
+  END IF;
+  IF fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+    PERFORM fencekit.count_event(tag, relid, 'bypassed');
+    RETURN;
+  END IF;
+  PERFORM fencekit.reject(bad.bad_reason, tag, relid, trigger_name, key_column, resource,
+    CASE WHEN key_label IS NOT NULL AND keys IS NOT NULL
+         THEN pg_catalog.jsonb_build_object(key_label, bad.bad_key) END,
+    token, bad.bad_fence);
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION fencekit.judge_fences(text, oid, text, text, text[], bigint, text, boolean,
+                                             text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.judge_fences(text, oid, text, text, text[], bigint, text,
+                                                boolean, text, text) TO fencekit_admin;
+
+-- TRUNCATE of a row-fenced table under `token`: stale when any row's fence (`fence`: the
+-- highest, which the generated definer reads with row_security off) is higher; counted when
+-- the session may bypass, else YF001. SECURITY INVOKER.
+CREATE OR REPLACE FUNCTION fencekit.judge_row_truncate(tag text, relid oid, trigger_name text,
+                                                       token bigint, fence bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF fence > token THEN
+    IF fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+      PERFORM fencekit.count_event(tag, relid, 'bypassed');
+    ELSE
+      PERFORM fencekit.reject('stale', tag, relid, trigger_name, NULL, NULL, NULL, token, fence);
+    END IF;
+  END IF;
+END
+$fn$;
+
+-- A row fence's column must still be a plain bigint before a definer reads it: reading another
+-- type's values could run its owner's cast or operator with the definer's rights. YF000 if not.
+CREATE OR REPLACE FUNCTION fencekit.check_fence_column(tag text, relid oid, trigger_name text,
+                                                       rel regclass, col name)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF (SELECT a.atttypid FROM pg_catalog.pg_attribute a
+       WHERE a.attrelid = rel AND a.attname = col AND NOT a.attisdropped)
+     IS DISTINCT FROM 'int8'::regtype THEN
+    PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
+                            'the fence column is no longer a bigint; protect the table again');
+  END IF;
+END
+$fn$;

@@ -1,0 +1,212 @@
+-- What a protect script runs to put a table's objects in place (fencekit/sqlgen/protect.py),
+-- written once here instead of in every script. SECURITY INVOKER: they run as whoever runs
+-- protect or the cover function, with that role's rights; anyone may call them, and they can
+-- do nothing the caller could not do with the DDL they run.
+
+-- Make trigger `name` on `rel` the one `definition` creates (a CREATE TRIGGER whose only format
+-- placeholder, %s, is the table) and stamped `stamp`: drop one with another stamp, create one
+-- that is missing, leave a current one alone.
+CREATE OR REPLACE FUNCTION fencekit.ensure_trigger(rel regclass, name text, stamp text,
+                                                   definition text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  have text;
+BEGIN
+  SELECT pg_catalog.obj_description(t.oid, 'pg_trigger') INTO have
+    FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = name;
+  IF FOUND AND have IS NOT DISTINCT FROM stamp THEN
+    RETURN;
+  END IF;
+  IF FOUND THEN
+    -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', name, rel);
+  END IF;
+  -- dynamic SQL: the trigger definition and its table come from the caller (a regclass, quoted)
+  EXECUTE pg_catalog.format(definition, rel);
+  EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', name, rel, stamp);
+END
+$fn$;
+
+-- Drop the triggers on `rel` named `prefix`* that are not in `keep` (made by another release
+-- of the template: re-protect must not leave an old one firing). Clones PostgreSQL made on
+-- partitions go with their parent's.
+CREATE OR REPLACE FUNCTION fencekit.drop_other_triggers(rel regclass, prefix text, keep text[])
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  old name;
+BEGIN
+  FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
+              WHERE t.tgrelid = rel AND NOT t.tgisinternal AND t.tgparentid = 0
+                AND pg_catalog.starts_with(t.tgname::text, prefix)
+                AND t.tgname::text <> ALL (keep) LOOP
+    -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
+  END LOOP;
+END
+$fn$;
+
+-- Drop the trigger functions fencekit.<prefix>* (no arguments) that are not in `keep`.
+CREATE OR REPLACE FUNCTION fencekit.drop_other_functions(prefix text, keep text[])
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  old name;
+BEGIN
+  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'fencekit'::regnamespace AND p.pronargs = 0
+                AND pg_catalog.starts_with(p.proname::text, prefix)
+                AND p.proname::text <> ALL (keep) LOOP
+    -- dynamic SQL: the function is known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
+  END LOOP;
+END
+$fn$;
+
+-- Give `child` (a partition or inheritance child of the protected table `root`) the root's
+-- fencekit triggers named `prefix`*: each statement trigger, and each row trigger when
+-- `with_row` (an inheritance child: PostgreSQL clones row triggers to partitions itself). A
+-- child's trigger is the root's, its definition as PostgreSQL prints it with the child put in
+-- place of the root, stamped as the root's is; a missing one is created, one with another stamp
+-- replaced, and a `prefix`* trigger the root does not have dropped. The root's row triggers
+-- with transition tables (<tag>_root, which keeps the root from becoming a child) stay there.
+CREATE OR REPLACE FUNCTION fencekit.cover_child(root regclass, child regclass, prefix text,
+                                                with_row boolean)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  t record;
+  def text;
+  pos integer;
+  here text := ' ON ' || root::text || ' ';
+BEGIN
+  PERFORM fencekit.drop_other_triggers(child, prefix,
+    ARRAY(SELECT r.tgname::text FROM pg_catalog.pg_trigger r
+           WHERE r.tgrelid = root AND pg_catalog.starts_with(r.tgname::text, prefix)));
+  FOR t IN SELECT r.oid, r.tgname::text AS name,
+                  pg_catalog.obj_description(r.oid, 'pg_trigger') AS stamp
+             FROM pg_catalog.pg_trigger r
+            WHERE r.tgrelid = root AND NOT r.tgisinternal
+              AND pg_catalog.starts_with(r.tgname::text, prefix)
+              AND (r.tgtype & 1 = 0
+                   OR (with_row AND r.tgoldtable IS NULL AND r.tgnewtable IS NULL)) LOOP
+    -- The definition names the root once, after the events: put the child there (as the
+    -- format() placeholder ensure_trigger fills, every other % escaped).
+    def := pg_catalog.pg_get_triggerdef(t.oid);
+    pos := pg_catalog.strpos(def, here);
+    IF pos = 0 THEN
+      RAISE EXCEPTION 'fencekit: cannot read the definition of trigger % on %', t.name, root;
+    END IF;
+    def := pg_catalog.replace(pg_catalog.left(def, pos - 1), '%', '%%') || ' ON %s '
+           || pg_catalog.replace(pg_catalog.substr(def, pos + pg_catalog.length(here)), '%', '%%');
+    PERFORM fencekit.ensure_trigger(child, t.name, t.stamp, def);
+  END LOOP;
+END
+$fn$;
+
+-- cover_child for every partition and inheritance child of `root`, at any depth: what each
+-- protected table's fencekit.<tag>_cover() does (protect runs it, and so does the auto-cover
+-- event trigger when a child is created or attached later).
+CREATE OR REPLACE FUNCTION fencekit.cover_descendants(root regclass, prefix text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  child regclass;
+  is_partition boolean;
+BEGIN
+  FOR child, is_partition IN
+      WITH RECURSIVE d(relid) AS (
+        SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root
+        UNION
+        SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
+      SELECT c.oid::regclass, c.relispartition FROM d
+        JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p') LOOP
+    PERFORM fencekit.cover_child(root, child, prefix, NOT is_partition);
+  END LOOP;
+END
+$fn$;
+
+-- Refuse to protect fencekit's own tables, or a table already protected with another scope, key,
+-- resource or fence column (`structure`: those four of the spec; that is a move, which carries
+-- the fences; policies alone change by re-running protect).
+CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  sch name;
+  tbl name;
+  have jsonb;
+BEGIN
+  SELECT n.nspname, c.relname INTO sch, tbl
+    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+   WHERE c.oid = rel;
+  IF sch = 'fencekit' THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
+      HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
+  END IF;
+  SELECT pg_catalog.jsonb_build_object('scope', p.spec -> 'scope', 'key', p.spec -> 'key',
+                                       'resource', p.spec -> 'resource',
+                                       'column', p.spec -> 'column')
+    INTO have
+    FROM fencekit.protected p WHERE p.schema_name = sch AND p.table_name = tbl;
+  IF have IS DISTINCT FROM structure AND have IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s is already protected with another scope, key, '
+                                  'resource or fence column', rel),
+      HINT = 'Move it in one transaction, fences carried: fencekit move TABLE <new options> '
+             '--dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone change by '
+             're-running protect.';
+  END IF;
+END
+$fn$;
+
+-- Add a row fence's column unless it exists: nullable, no default yet, so a catalog-only change
+-- (no table rewrite). ADD COLUMN IF NOT EXISTS would print a NOTICE on every re-run.
+CREATE OR REPLACE FUNCTION fencekit.add_fence_column(rel regclass, col name)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid = rel AND a.attname = col AND a.attnum > 0
+                    AND NOT a.attisdropped) THEN
+    -- dynamic SQL: the table and column are known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('ALTER TABLE %s ADD COLUMN %I bigint', rel, col);
+  END IF;
+END
+$fn$;
+
+-- A table's counters (fencekit.create_counters), created only while one is missing: that
+-- function uses CREATE SEQUENCE IF NOT EXISTS, which prints a NOTICE per existing sequence.
+CREATE OR REPLACE FUNCTION fencekit.ensure_counters(tag text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.unnest(fencekit.counter_names()) r
+              WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || r))
+                    IS NULL) THEN
+    PERFORM fencekit.create_counters(tag);
+  END IF;
+END
+$fn$;
+
+-- Record (or update) a protected table in the registry; a re-run with the same spec, template
+-- and key families changes nothing.
+CREATE OR REPLACE FUNCTION fencekit.register_table(schema_name text, table_name text, tag text,
+                                                   resource text, spec jsonb,
+                                                   template_version integer,
+                                                   key_families text[])
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+  INSERT INTO fencekit.protected AS p
+         (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
+  VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
+          key_families)
+  ON CONFLICT (schema_name, table_name) DO UPDATE
+    SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
+        spec = excluded.spec, template_version = excluded.template_version,
+        key_families = excluded.key_families, protected_at = pg_catalog.now()
+    WHERE (p.spec, p.template_version, p.key_families)
+          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families)
+$fn$;
