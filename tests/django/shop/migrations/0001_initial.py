@@ -92,8 +92,6 @@ class Migration(migrations.Migration):
                     '  tok pg_catalog.int8;\n'
                     '  byp pg_catalog.bool;\n'
                     '  fence pg_catalog.int8;\n'
-                    '  bad pg_catalog.record;\n'
-                    '  lb pg_catalog.record;\n'
                     'BEGIN\n'
                     "  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'\n"
                     "     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''\n"
@@ -132,7 +130,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_stmt() IS 'fencekit function template=5 sha256=d3ed169cbb43cefb86d0a4eee526b2d47001be825ea9097ddc88a9b43dadf610; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_stmt() IS 'fencekit function template=6 sha256=3bc6bd8c7f2ebb8a3d217a81da449fcf7378c0ba3f5b44ec2ffb63b84f279ac6; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_stmt() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_stmt() TO fencekit_admin',
                 (
@@ -160,7 +158,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_ins() IS 'fencekit function template=5 sha256=3b82f45f4ec37ae0624b30362c632b89c11e24ca8dc43f2cea1cd6fc0060cdfc; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_ins() IS 'fencekit function template=6 sha256=3b82f45f4ec37ae0624b30362c632b89c11e24ca8dc43f2cea1cd6fc0060cdfc; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_ins() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_ins() TO fencekit_admin',
                 (
@@ -200,7 +198,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_upd() IS 'fencekit function template=5 sha256=463d05538dc36df9fa467d0e8436083ac45182a1b0b148c8d0a0b3ea2afd9454; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_upd() IS 'fencekit function template=6 sha256=463d05538dc36df9fa467d0e8436083ac45182a1b0b148c8d0a0b3ea2afd9454; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_upd() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_upd() TO fencekit_admin',
                 (
@@ -237,12 +235,13 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_del() IS 'fencekit function template=5 sha256=3c8f5351720e9cbb74f093c841fa36fa03f400f0a3a17961795d2c6f3b680405; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_del() IS 'fencekit function template=6 sha256=3c8f5351720e9cbb74f093c841fa36fa03f400f0a3a17961795d2c6f3b680405; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_del() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_del() TO fencekit_admin',
                 (
                     'CREATE OR REPLACE FUNCTION fencekit.shop_job_c9c55cb2e5_cover() RETURNS void\n'
                     'LANGUAGE plpgsql\n'
+                    'SET search_path TO pg_catalog, pg_temp\n'
                     'AS $fn$\n'
                     '-- fencekit: partition and child coverage on public.shop_job. Generated; do not edit.\n'
                     'DECLARE\n'
@@ -261,82 +260,93 @@ class Migration(migrations.Migration):
                     '                  AND pg_catalog.left(t.tgname::pg_catalog.text, 29)\n'
                     "                      OPERATOR(pg_catalog.=) 'fencekit_shop_job_c9c55cb2e5_'\n"
                     "                  AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_shop_job_c9c55cb2e5_del', 'fencekit_shop_job_c9c55cb2e5_ins', 'fencekit_shop_job_c9c55cb2e5_stmt', 'fencekit_shop_job_c9c55cb2e5_trunc', 'fencekit_shop_job_c9c55cb2e5_upd']) LOOP\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);\n"
                     '    END LOOP;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_stmt'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=5 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=6 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_stmt', child);\n"
                     '    END IF;\n'
                     '    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_stmt') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_stmt()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_stmt', child, 'fencekit trigger template=5 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_stmt', child, 'fencekit trigger template=6 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_trunc'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=5 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=6 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_trunc', child);\n"
                     '    END IF;\n'
                     '    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_trunc') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_trunc BEFORE TRUNCATE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_stmt()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_trunc', child, 'fencekit trigger template=5 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_trunc', child, 'fencekit trigger template=6 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF NOT is_partition THEN\n'
                     '      IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "                 AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_ins'\n"
                     "                 AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                     'fencekit trigger template=5 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit') THEN\n"
+                    "                     'fencekit trigger template=6 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit') THEN\n"
+                    '        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_ins', child);\n"
                     '      END IF;\n'
                     '      IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                     WHERE t.tgrelid = child AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_ins') THEN\n"
+                    '        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "        EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_ins BEFORE INSERT ON %s\n"
                     '      FOR EACH ROW\n'
                     "      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)\n"
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_ins()', child);\n"
-                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_ins', child, 'fencekit trigger template=5 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit');\n"
+                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_ins', child, 'fencekit trigger template=6 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit');\n"
                     '      END IF;\n'
                     '      IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "                 AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_upd'\n"
                     "                 AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                     'fencekit trigger template=5 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit') THEN\n"
+                    "                     'fencekit trigger template=6 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit') THEN\n"
+                    '        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_upd', child);\n"
                     '      END IF;\n'
                     '      IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                     WHERE t.tgrelid = child AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_upd') THEN\n"
+                    '        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "        EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_upd BEFORE UPDATE ON %s\n"
                     '      FOR EACH ROW\n'
                     "      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)\n"
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_upd()', child);\n"
-                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_upd', child, 'fencekit trigger template=5 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit');\n"
+                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_upd', child, 'fencekit trigger template=6 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit');\n"
                     '      END IF;\n'
                     '      IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "                 AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_del'\n"
                     "                 AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                     'fencekit trigger template=5 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit') THEN\n"
+                    "                     'fencekit trigger template=6 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit') THEN\n"
+                    '        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_del', child);\n"
                     '      END IF;\n'
                     '      IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                     WHERE t.tgrelid = child AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_del') THEN\n"
+                    '        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "        EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_del BEFORE DELETE ON %s\n"
                     '      FOR EACH ROW\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_del()', child);\n"
-                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_del', child, 'fencekit trigger template=5 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit');\n"
+                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_del', child, 'fencekit trigger template=6 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit');\n"
                     '      END IF;\n'
                     '    END IF;\n'
                     '  END LOOP;\n'
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_cover() IS 'fencekit function template=5 sha256=7de318de1c0bf959aae3beaf67c6354e979beac4fd86267bd6d0b6988984ed0b; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_cover() IS 'fencekit function template=6 sha256=9a7227936d708b1426212e4661f29f4e578f4d7ac87b4d4b1c8c4785926865e0; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_cover() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_cover() TO fencekit_admin',
                 (
@@ -349,74 +359,85 @@ class Migration(migrations.Migration):
                     '                AND pg_catalog.left(t.tgname::pg_catalog.text, 29)\n'
                     "                    OPERATOR(pg_catalog.=) 'fencekit_shop_job_c9c55cb2e5_'\n"
                     "                AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_shop_job_c9c55cb2e5_del', 'fencekit_shop_job_c9c55cb2e5_ins', 'fencekit_shop_job_c9c55cb2e5_stmt', 'fencekit_shop_job_c9c55cb2e5_trunc', 'fencekit_shop_job_c9c55cb2e5_upd']) LOOP\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END LOOP;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_stmt'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=5 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=6 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_stmt', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
                     '  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                 WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_stmt') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_stmt()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_stmt', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_stmt', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=6 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_trunc'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=5 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=6 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_trunc', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
                     '  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                 WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_trunc') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_trunc BEFORE TRUNCATE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_stmt()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_trunc', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_trunc', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=6 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_ins'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=5 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=6 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_ins', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
                     '  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                 WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_ins') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_ins BEFORE INSERT ON %s\n"
                     '      FOR EACH ROW\n'
                     "      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)\n"
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_ins()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_ins', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_ins', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=6 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_upd'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=5 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=6 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_upd', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
                     '  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                 WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_upd') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_upd BEFORE UPDATE ON %s\n"
                     '      FOR EACH ROW\n'
                     "      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)\n"
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_upd()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_upd', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_upd', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=6 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_del'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=5 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=6 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_del', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
                     '  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                 WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_del') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_del BEFORE DELETE ON %s\n"
                     '      FOR EACH ROW\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_del()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_del', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_del', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=6 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit');\n"
                     '  END IF;\n'
                     '  PERFORM fencekit.shop_job_c9c55cb2e5_cover();\n'
                     '  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n'
@@ -433,7 +454,7 @@ class Migration(migrations.Migration):
                 ),
                 (
                     'INSERT INTO fencekit.protected AS p (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)\n'
-                    'VALUES (\'public\', \'shop_job\', \'shop_job_c9c55cb2e5\', \'row\', NULL, \'{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row", "table": {"name": "shop_job", "schema": "public"}}\', 5,\n'
+                    'VALUES (\'public\', \'shop_job\', \'shop_job_c9c55cb2e5\', \'row\', NULL, \'{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row", "table": {"name": "shop_job", "schema": "public"}}\', 6,\n'
                     '        NULL)\n'
                     'ON CONFLICT (schema_name, table_name) DO UPDATE\n'
                     '  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,\n'
@@ -567,8 +588,6 @@ class Migration(migrations.Migration):
                     '  tok pg_catalog.int8;\n'
                     '  byp pg_catalog.bool;\n'
                     '  fence pg_catalog.int8;\n'
-                    '  bad pg_catalog.record;\n'
-                    '  lb pg_catalog.record;\n'
                     'BEGIN\n'
                     "  raw := pg_catalog.current_setting('fencekit.token', true);  -- read once: everything below judges this value\n"
                     '  byp := false;\n'
@@ -602,7 +621,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_stmt() IS 'fencekit function template=5 sha256=71316ccd25c5e794bbbd979dacd18ee04b54deef4ffc5e82a1cc96afc04dd91a; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_stmt() IS 'fencekit function template=6 sha256=d129fa8e8d54e00ef3217b87bf0cc0c51085b5c34f3cf30ef0d35c45276021db; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_stmt() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_stmt() TO fencekit_admin',
                 (
@@ -622,7 +641,6 @@ class Migration(migrations.Migration):
                     '  tok pg_catalog.int8;\n'
                     '  s pg_catalog.record;\n'
                     '  bad pg_catalog.record;\n'
-                    '  lb pg_catalog.record;\n'
                     'BEGIN\n'
                     "  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN\n"
                     '    -- A bypass asked for by a session that may not is refused, even if unneeded.\n'
@@ -688,7 +706,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_ins() IS 'fencekit function template=5 sha256=6ce9d9e32d93d76c63ae4936921daadc93d52c5d98b4b1767e7be131598dcab3; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_ins() IS 'fencekit function template=6 sha256=f2d30880f3957febc33bd84c24a6a2aba2e88432f015fafc965e9e9286023ba8; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_ins() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_ins() TO fencekit_admin',
                 (
@@ -708,7 +726,6 @@ class Migration(migrations.Migration):
                     '  tok pg_catalog.int8;\n'
                     '  s pg_catalog.record;\n'
                     '  bad pg_catalog.record;\n'
-                    '  lb pg_catalog.record;\n'
                     'BEGIN\n'
                     "  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN\n"
                     '    -- A bypass asked for by a session that may not is refused, even if unneeded.\n'
@@ -775,7 +792,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_upd() IS 'fencekit function template=5 sha256=cb5f5c88bd35c8cae728211a8f1247318b806602f168e55d7eef53af61516889; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_upd() IS 'fencekit function template=6 sha256=8b62b0a853fc3e9e280de9697e392e1fd61ca266a0b947e2b32822577e880a1a; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_upd() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_upd() TO fencekit_admin',
                 (
@@ -795,7 +812,6 @@ class Migration(migrations.Migration):
                     '  tok pg_catalog.int8;\n'
                     '  s pg_catalog.record;\n'
                     '  bad pg_catalog.record;\n'
-                    '  lb pg_catalog.record;\n'
                     'BEGIN\n'
                     "  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) '' THEN\n"
                     '    -- A bypass asked for by a session that may not is refused, even if unneeded.\n'
@@ -861,12 +877,13 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_del() IS 'fencekit function template=5 sha256=fe81beafeb1412b76c0e1c53ada1daa275eaf50e8d6a31450b43a38e0416862c; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_del() IS 'fencekit function template=6 sha256=41d629d1ec6aa362bafc91322d8c0330855371ec1812625ab5bee4329883dcff; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_del() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_del() TO fencekit_admin',
                 (
                     'CREATE OR REPLACE FUNCTION fencekit.shop_billingsummary_79929d6903_cover() RETURNS void\n'
                     'LANGUAGE plpgsql\n'
+                    'SET search_path TO pg_catalog, pg_temp\n'
                     'AS $fn$\n'
                     '-- fencekit: partition and child coverage on public.shop_billingsummary. Generated; do not edit.\n'
                     'DECLARE\n'
@@ -885,62 +902,71 @@ class Migration(migrations.Migration):
                     '                  AND pg_catalog.left(t.tgname::pg_catalog.text, 40)\n'
                     "                      OPERATOR(pg_catalog.=) 'fencekit_shop_billingsummary_79929d6903_'\n"
                     "                  AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_shop_billingsummary_79929d6903_del', 'fencekit_shop_billingsummary_79929d6903_ins', 'fencekit_shop_billingsummary_79929d6903_trunc', 'fencekit_shop_billingsummary_79929d6903_upd']) LOOP\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, child);\n"
                     '    END LOOP;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_trunc'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=5 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=6 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_trunc', child);\n"
                     '    END IF;\n'
                     '    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_trunc') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_trunc BEFORE TRUNCATE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_stmt()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_trunc', child, 'fencekit trigger template=5 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_trunc', child, 'fencekit trigger template=6 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_ins'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=5 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=6 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_ins', child);\n"
                     '    END IF;\n'
                     '    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_ins') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_ins AFTER INSERT ON %s\n"
                     '      REFERENCING NEW TABLE AS fencekit_new\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_ins()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_ins', child, 'fencekit trigger template=5 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_ins', child, 'fencekit trigger template=6 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_upd'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=5 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=6 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_upd', child);\n"
                     '    END IF;\n'
                     '    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_upd') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_upd AFTER UPDATE ON %s\n"
                     '      REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_upd()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_upd', child, 'fencekit trigger template=5 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_upd', child, 'fencekit trigger template=6 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_del'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=5 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=6 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_del', child);\n"
                     '    END IF;\n'
                     '    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                   WHERE t.tgrelid = child AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_del') THEN\n"
+                    '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_del AFTER DELETE ON %s\n"
                     '      REFERENCING OLD TABLE AS fencekit_old\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_del()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_del', child, 'fencekit trigger template=5 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_del', child, 'fencekit trigger template=6 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF NOT is_partition THEN\n'
                     '    END IF;\n'
@@ -948,7 +974,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_cover() IS 'fencekit function template=5 sha256=ae9cd194eaa632e065d5fc1e0021c172e3a4be49f7bc9bc8a748784100903cff; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_cover() IS 'fencekit function template=6 sha256=7c66816b731ff1a49218999cde8c97553d4f9b013b3fb20b8c0ad3a75d25f0a5; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_cover() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_cover() TO fencekit_admin',
                 (
@@ -961,62 +987,71 @@ class Migration(migrations.Migration):
                     '                AND pg_catalog.left(t.tgname::pg_catalog.text, 40)\n'
                     "                    OPERATOR(pg_catalog.=) 'fencekit_shop_billingsummary_79929d6903_'\n"
                     "                AND t.tgname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL (ARRAY['fencekit_shop_billingsummary_79929d6903_del', 'fencekit_shop_billingsummary_79929d6903_ins', 'fencekit_shop_billingsummary_79929d6903_trunc', 'fencekit_shop_billingsummary_79929d6903_upd']) LOOP\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, 'public.shop_billingsummary'::pg_catalog.regclass);\n"
                     '  END LOOP;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_trunc'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=5 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=6 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_trunc', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
                     '  END IF;\n'
                     '  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                 WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_trunc') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_trunc BEFORE TRUNCATE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_stmt()', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_trunc', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_trunc', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=6 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_ins'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=5 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=6 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_ins', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
                     '  END IF;\n'
                     '  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                 WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_ins') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_ins AFTER INSERT ON %s\n"
                     '      REFERENCING NEW TABLE AS fencekit_new\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_ins()', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_ins', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_ins', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=6 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_upd'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=5 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=6 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_upd', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
                     '  END IF;\n'
                     '  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                 WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_upd') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_upd AFTER UPDATE ON %s\n"
                     '      REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_upd()', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_upd', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_upd', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=6 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_del'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=5 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=6 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_del', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
                     '  END IF;\n'
                     '  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t\n'
                     "                 WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_del') THEN\n"
+                    '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_del AFTER DELETE ON %s\n"
                     '      REFERENCING OLD TABLE AS fencekit_old\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_del()', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_del', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=5 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_del', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=6 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit');\n"
                     '  END IF;\n'
                     '  PERFORM fencekit.shop_billingsummary_79929d6903_cover();\n'
                     '  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n'
@@ -1033,7 +1068,7 @@ class Migration(migrations.Migration):
                 ),
                 (
                     'INSERT INTO fencekit.protected AS p (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)\n'
-                    'VALUES (\'public\', \'shop_billingsummary\', \'shop_billingsummary_79929d6903\', \'key\', \'public.shop_billingsummary\', \'{"column": "fencekit_fence", "issuer": null, "key": ["account_id"], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "key", "table": {"name": "shop_billingsummary", "schema": "public"}}\', 5,\n'
+                    'VALUES (\'public\', \'shop_billingsummary\', \'shop_billingsummary_79929d6903\', \'key\', \'public.shop_billingsummary\', \'{"column": "fencekit_fence", "issuer": null, "key": ["account_id"], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "key", "table": {"name": "shop_billingsummary", "schema": "public"}}\', 6,\n'
                     "        fencekit.key_families('public.shop_billingsummary'::pg_catalog.regclass, ARRAY['account_id']))\n"
                     'ON CONFLICT (schema_name, table_name) DO UPDATE\n'
                     '  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,\n'
