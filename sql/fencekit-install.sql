@@ -189,7 +189,13 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT fencekit.counter_reasons() || ARRAY['last_at', 'max_gap', 'max_late_ms']
 $fn$;
 
--- Per-table counters (fencekit.counter_names). Called by the generated protect script.
+-- Per-table counters (fencekit.counter_names). Called by the generated protect script, and by
+-- the install for every protected table (below). Everyone may read them (they are what the
+-- fencekit.rejections view shows) and may add to 'unfenced' and 'bypassed': USAGE allows
+-- nextval(), never setval() or a reset, so a writer counts its own tokenless or bypassed write
+-- as itself, with no SECURITY DEFINER function between (fencekit.count_event). What that lends:
+-- anyone may make those two counts larger, never smaller; a write is never left out. The
+-- rejection counters and the gauges are written only by fencekit.reject.
 CREATE OR REPLACE FUNCTION fencekit.create_counters(tag text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -201,6 +207,12 @@ BEGIN
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
                               tag || ':' || r);
+    EXECUTE pg_catalog.format('GRANT SELECT ON SEQUENCE fencekit.%I TO PUBLIC', tag || ':' || r);
+    IF r IN ('unfenced', 'bypassed') THEN
+      -- dynamic SQL: the same sequence, named after the table's tag (%I quotes it)
+      EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE fencekit.%I TO PUBLIC',
+                                tag || ':' || r);
+    END IF;
   END LOOP;
 END
 $fn$;
@@ -221,9 +233,10 @@ $fn$;
 -- and ``relid`` is the table protected under ``tag`` or one of its partitions or children: it
 -- has a trigger calling one of fencekit.<tag>_*'s functions, which nobody but their owner and
 -- fencekit_admin may attach (EXECUTE is revoked from PUBLIC), and which follow the table
--- through a rename. The SECURITY DEFINER entry points below act only for such callers: a
--- definer function cannot see who called it, but a role that may not write a table cannot
--- hold RowExclusiveLock on it.
+-- through a rename. fencekit.reject acts only for such callers: a definer function cannot see
+-- who called it, but a role that may not write a table cannot hold RowExclusiveLock on it.
+-- It reads pg_locks, the whole server's lock table, so it runs on the rejection path only,
+-- never for a write that passes (fencekit.count_event needs no such check).
 CREATE OR REPLACE FUNCTION fencekit.writing(tag text, relid oid) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT EXISTS (SELECT FROM pg_catalog.pg_locks l
@@ -243,39 +256,55 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
   RAISE EXCEPTION USING ERRCODE = '42501',
     MESSAGE = pg_catalog.format('fencekit: %s acts only for a transaction that is writing the '
-                                'table protected as %L', what, tag),
+                                'table protected as %L (called for %s)', what, tag,
+                                relid::pg_catalog.regclass),
     HINT = 'fencekit counts and raises rejections itself; nothing else needs to call it.';
 END
 $fn$;
 
--- SECURITY DEFINER: the counters are readable through the view, not writable by anyone else.
+-- A counter's value, NULL when the table has no such counter. Runs as the caller: SELECT on
+-- every counter is granted to PUBLIC (create_counters).
 CREATE OR REPLACE FUNCTION fencekit.counter_value(tag text, counter text) RETURNS bigint
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT pg_catalog.pg_sequence_last_value(
            pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || counter)))
 $fn$;
 
--- Count one event for a table. SECURITY DEFINER so that writers can count without being able to
--- reset counters (they hold no rights on the sequences), and only while writing that table.
-DROP FUNCTION IF EXISTS fencekit.count_event(text, text, bigint);  -- before core version 3
-CREATE OR REPLACE FUNCTION fencekit.count_event(tag text, relid oid, reason text,
-                                                gap bigint DEFAULT NULL)
+-- Count one write that fencekit let through without judging a token: 'unfenced' (no token,
+-- on_missing = allow) or 'bypassed' (the audited bypass). Every such write calls it; no setting
+-- decides whether it counts. Runs as the writer, who may nextval() these two counters and no
+-- other (create_counters): a sequence, so that the count costs the same whatever other sessions
+-- do, and survives a rollback like the rejection counts. A table protected by a template without
+-- the counter is not counted rather than failed.
+DROP FUNCTION IF EXISTS fencekit.count_event(text, oid, text, bigint);  -- before core 5
+CREATE OR REPLACE FUNCTION fencekit.count_event(tag text, relid oid, reason text)
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF reason IS DISTINCT FROM 'unfenced' AND reason IS DISTINCT FROM 'bypassed' THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = pg_catalog.format('fencekit.count_event counts writes let through (unfenced, '
+                                  'bypassed) on %s, not %L', relid::pg_catalog.regclass, reason),
+      HINT = 'fencekit counts rejections itself (fencekit.reject).';
+  END IF;
+  PERFORM pg_catalog.nextval(
+    pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || reason)));
+END
+$fn$;
+
+-- Count a rejection: its reason's counter, the last rejection time (epoch ms) and the largest
+-- token gap. Called by fencekit.reject only (as its owner: writers hold no rights on these).
+CREATE OR REPLACE FUNCTION fencekit.count_rejection(tag text, reason text, gap bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   seq regclass := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || reason));
   cur bigint;
 BEGIN
-  IF NOT fencekit.writing(tag, relid) THEN
-    PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.count_event');
-  END IF;
   IF seq IS NULL THEN
     RETURN;  -- table protected by a template without this counter; never fail a write over it
   END IF;
   PERFORM pg_catalog.nextval(seq);
-  IF reason IN ('unfenced', 'bypassed') THEN
-    RETURN;
-  END IF;
   PERFORM pg_catalog.setval(pg_catalog.format('fencekit.%I', tag || ':last_at')::regclass,
     (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint);
   IF gap IS NOT NULL AND gap > 0 THEN
@@ -317,6 +346,18 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 $fn$;
 
 -- Count a rejection and raise its error. Never returns.
+--
+-- Trusted surface (docs/security.md): SECURITY DEFINER because a rejection is counted in
+-- sequences that writers must not write (nextval on the reason's counter, setval on the
+-- last_at / max_gap / max_late_ms gauges: a writer with those rights could forge or reset
+-- them), and its lateness reads fencekit.fences, which writers cannot read. It touches only
+-- those sequences (fencekit."<tag>:<counter>"), one row of fencekit.fences, and the catalogs
+-- (pg_class, pg_namespace for the message; pg_locks, pg_trigger, pg_proc in
+-- fencekit.writing). It acts only for a transaction writing the table it names
+-- (fencekit.writing). It never runs caller code: it reads no user table, casts no user type
+-- (the key arrives as jsonb built by the caller's trigger and is only printed, with jsonb's
+-- own output function), and every function and operator it calls is pg_catalog's or
+-- fencekit's own, under a pinned search_path.
 CREATE OR REPLACE FUNCTION fencekit.reject(
   reason text, tag text, relid oid, trigger_name text, column_name text, resource text,
   key jsonb, token bigint, fence bigint, extra text DEFAULT NULL)
@@ -352,7 +393,7 @@ BEGIN
    WHERE c.oid = relid;
   what := pg_catalog.format('%I.%I', sch, tbl)
           || CASE WHEN key IS NULL THEN '' ELSE ' key ' || key::text END;
-  PERFORM fencekit.count_event(tag, relid, reason, fence - token);
+  PERFORM fencekit.count_rejection(tag, reason, fence - token);
   IF late_ms IS NOT NULL THEN
     PERFORM fencekit.record_lateness(tag, late_ms);
   END IF;
@@ -426,12 +467,27 @@ REVOKE ALL ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(te
 GRANT EXECUTE ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(text)
   TO fencekit_admin;
 REVOKE ALL ON FUNCTION fencekit.writing(text, oid), fencekit.refuse_caller(text, oid, text),
-  fencekit.record_lateness(text, bigint) FROM PUBLIC;
--- Writers need no grant: the triggers run as the writer and call these, which act only for a
--- transaction writing the table they name (fencekit.writing).
-GRANT EXECUTE ON FUNCTION fencekit.count_event(text, oid, text, bigint) TO PUBLIC;
+  fencekit.record_lateness(text, bigint), fencekit.count_rejection(text, text, bigint)
+  FROM PUBLIC;
+-- Writers need no grant: the triggers run as the writer and call these. count_event runs as
+-- the writer (what it may count: create_counters); reject acts only for a transaction writing
+-- the table it names (fencekit.writing).
+GRANT EXECUTE ON FUNCTION fencekit.count_event(text, oid, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
   TO PUBLIC;
+
+-- Counters of tables protected before core 5 lack the grants above (and before core 4 the
+-- lateness gauge): give them. A counter owned by a role the installer cannot act for is left
+-- with a warning from GRANT; re-run the install as a superuser.
+DO $do$
+DECLARE
+  p record;
+BEGIN
+  FOR p IN SELECT pr.tag FROM fencekit.protected pr LOOP
+    PERFORM fencekit.create_counters(p.tag);
+  END LOOP;
+END
+$do$;
 
 -- 30_fences.sql
 -- Key and table fences: advancing the high-water mark and checking writes against it.
@@ -571,29 +627,33 @@ $fn$;
 -- SECURITY INVOKER: they run as the writer; bypass is judged by the session (bypass_allowed).
 
 -- No token (even when the statement check saw one: a statement may clear it): true when the
--- session may bypass, false when on_missing=allow, else raises YF003. An allowed or bypassed
--- write is counted once per statement and table, however many triggers ask.
+-- session may bypass, false when on_missing=allow, else raises YF003. Every write it lets
+-- through is counted ('bypassed' or 'unfenced', as fencekit.count_event counts) each time it
+-- is asked with `counted`; no session setting decides whether it counts. Each check that
+-- judges a write asks once: a key or table fence's statement check once per statement, a row
+-- fence's row trigger once per row (the row fence's statement check asks without counting,
+-- bar a TRUNCATE, which has no row triggers; under on_missing=allow it does not ask at all).
+-- The bypass test reads the setting first: a plain tokenless write pays no call for it.
 DROP FUNCTION IF EXISTS fencekit.unfenced_row(text, oid, text, boolean);  -- before core 3
+DROP FUNCTION IF EXISTS fencekit.unfenced_write(text, oid, text, boolean);  -- before core 5
 CREATE OR REPLACE FUNCTION fencekit.unfenced_write(tag text, relid oid, trigger_name text,
-                                                   allow boolean)
+                                                   allow boolean, counted boolean DEFAULT true)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   what text;
-  here text;
 BEGIN
-  IF fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') <> ''
+     AND fencekit.bypass_allowed(tag, relid, trigger_name) THEN
     what := 'bypassed';
   ELSIF allow THEN
     what := 'unfenced';
   ELSE
     PERFORM fencekit.reject('missing', tag, relid, trigger_name, NULL, NULL, NULL, NULL, NULL);
   END IF;
-  here := pg_catalog.concat_ws(' ', what, tag,
-                               pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()));
-  IF pg_catalog.current_setting('fencekit.counted', true) IS DISTINCT FROM here THEN
-    PERFORM pg_catalog.set_config('fencekit.counted', here, true);
-    PERFORM fencekit.count_event(tag, relid, what);
+  IF counted THEN  -- fencekit.count_event's count, inline: one call less per write
+    PERFORM pg_catalog.nextval(
+      pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || what)));
   END IF;
   RETURN what = 'bypassed';
 END
@@ -912,9 +972,11 @@ CREATE TABLE IF NOT EXISTS fencekit.leases (
     CONSTRAINT leases_holder_has_expiry CHECK (holder IS NULL OR expires_at IS NOT NULL)
 );
 
--- The login role that acquired the current grant: renew and release by another role are refused
--- (members of fencekit_admin excepted), so one application cannot free another's leases.
--- session_user, not current_user: these functions are SECURITY DEFINER.
+-- The role that acquired the current grant: the session's role (fencekit.session_role(): the
+-- SET ROLE role, else the login role), never current_user, which inside these SECURITY DEFINER
+-- functions is their owner. A live grant belongs to it: another role cannot take it over by
+-- sending its holder name to acquire, nor renew or release it (members of fencekit_admin may
+-- renew and release, never take), so one application cannot take another's leases.
 ALTER TABLE fencekit.leases ADD COLUMN IF NOT EXISTS acquired_by name;
 
 -- Tokens are also unique across resources on this server: a grant takes the larger of the
@@ -981,6 +1043,18 @@ COMMENT ON TABLE fencekit.leases IS
     'never delete rows (tokens would restart).';
 
 -- Application roles never touch the table: they call the SECURITY DEFINER functions below.
+--
+-- Trusted surface (docs/security.md): acquire, renew and release are SECURITY DEFINER because
+-- they write fencekit.leases, which no application may write (lowering a token there would let
+-- an old token pass a fence again), and take tokens from fencekit.lease_token_seq. They touch
+-- only that table and sequence, and read the WAL position (lease_epoch). Before any lock they
+-- check the session's role (_lease_require_writer), and a grant is its role's
+-- (_lease_owned). lease_token is SECURITY DEFINER because it locks a lease row FOR SHARE, which
+-- needs a right on fencekit.leases that nobody else holds; it only reads that row, for
+-- fencekit_admin and the lease-bound fences' definer triggers. None of them runs caller code:
+-- their arguments are text, bigint and interval, compared with pg_catalog's operators written
+-- as OPERATOR(pg_catalog.x), no user type, table, trigger or policy is reached (fencekit.leases
+-- has none: only its owner could add one), and search_path is pinned.
 REVOKE ALL ON TABLE fencekit.leases FROM PUBLIC;
 
 -- ------------------------------------------------------------------ input checks
@@ -1042,14 +1116,24 @@ BEGIN
 END;
 $fn$;
 
--- Whether the session may renew or release a grant made by role `owner` (NULL: a grant from
--- before roles were recorded).
+-- Whether the session's role acquired a grant made by role `owner` (NULL: a grant from before
+-- roles were recorded, anyone's). Equality, not membership: a member of `owner` acts as it
+-- only after SET ROLE.
+CREATE OR REPLACE FUNCTION fencekit._lease_owned(owner name) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT owner IS NULL OR owner OPERATOR(pg_catalog.=) fencekit.session_role()
+$fn$;
+
+-- Whether the session may renew or release a grant made by role `owner`: its own, or any as a
+-- member of fencekit_admin (to free a crashed worker's lease by hand).
 CREATE OR REPLACE FUNCTION fencekit._lease_caller_may(owner name) RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-    SELECT owner IS NULL OR owner OPERATOR(pg_catalog.=) session_user
-        OR pg_catalog.pg_has_role(session_user, 'fencekit_admin', 'MEMBER')
+    SELECT fencekit._lease_owned(owner)
+        OR pg_catalog.pg_has_role(fencekit.session_role(), 'fencekit_admin', 'MEMBER')
 $fn$;
 
 -- Only members of fencekit_writer may take, renew or release leases from this issuer. Judged by
@@ -1063,11 +1147,8 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    r text := pg_catalog.current_setting('role');
+    r text := fencekit.session_role();
 BEGIN
-    IF r IS NULL OR r OPERATOR(pg_catalog.=) 'none' THEN
-        r := session_user;
-    END IF;
     IF pg_catalog.pg_has_role(r::pg_catalog.name, 'fencekit_writer', 'MEMBER') THEN
         RETURN;
     END IF;
@@ -1088,7 +1169,10 @@ $fn$;
 
 -- The token of a new grant, or NULL when another holder's lease is live. The current holder
 -- calling again gets a NEW token (its old one stops renewing): that is how a client recovers
--- after a lost reply, so give every lease instance its own holder name.
+-- after a lost reply, so give every lease instance its own holder name. "The current holder" is
+-- the holder name AND the role that acquired the grant (fencekit._lease_owned): another role
+-- sending the same name gets NULL while the grant is live, like any other holder. No exception
+-- for fencekit_admin: an administrator releases a lease, then acquires it under its own name.
 CREATE OR REPLACE FUNCTION fencekit.acquire(resource text, holder text, ttl interval)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1109,7 +1193,7 @@ BEGIN
            (resource, holder, token, acquired_at, renewed_at, expires_at, acquired_by)
     VALUES (acquire.resource, acquire.holder, fencekit._lease_next_token(),
             t_now, t_now,
-            t_now OPERATOR(pg_catalog.+) acquire.ttl, session_user)
+            t_now OPERATOR(pg_catalog.+) acquire.ttl, fencekit.session_role())
     ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
     RETURNING l.token INTO t_next;
     IF t_next IS NOT NULL THEN
@@ -1125,9 +1209,10 @@ BEGIN
     t_now := pg_catalog.clock_timestamp();
 
     IF cur.holder IS NOT NULL
-       AND cur.holder OPERATOR(pg_catalog.<>) acquire.holder
-       AND cur.expires_at OPERATOR(pg_catalog.>) t_now THEN
-        RETURN NULL;  -- held by another live holder
+       AND cur.expires_at OPERATOR(pg_catalog.>) t_now
+       AND (cur.holder OPERATOR(pg_catalog.<>) acquire.holder
+            OR NOT fencekit._lease_owned(cur.acquired_by)) THEN
+        RETURN NULL;  -- held by another live holder (another name, or the name of another role)
     END IF;
 
     IF cur.token OPERATOR(pg_catalog.>=) 9223372036854775807 THEN
@@ -1139,7 +1224,7 @@ BEGIN
     UPDATE fencekit.leases AS l
        SET holder = acquire.holder, token = t_next, acquired_at = t_now, renewed_at = t_now,
            expires_at = t_now OPERATOR(pg_catalog.+) acquire.ttl, released_at = NULL,
-           acquired_by = session_user
+           acquired_by = fencekit.session_role()
      WHERE l.resource OPERATOR(pg_catalog.=) acquire.resource;
     PERFORM fencekit._lease_durable_commit();
     RETURN t_next;
@@ -1269,6 +1354,7 @@ REVOKE ALL ON FUNCTION fencekit._lease_durable_commit() FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencekit._lease_next_token() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.lease_epoch() TO PUBLIC;
 REVOKE ALL ON FUNCTION fencekit._lease_require_writer(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit._lease_owned(name), fencekit._lease_caller_may(name) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.acquire(text, text, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.renew(text, text, bigint, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.release(text, text, bigint) TO PUBLIC;
@@ -1306,9 +1392,12 @@ $fn$;
 -- The first key (in key order, the order leases are locked in) whose lease is not live under
 -- exactly this token, with that lease's live token (NULL when nobody holds it); NULLs when all
 -- match. fencekit.lease_token() locks each lease row FOR SHARE until the writer commits.
+-- SECURITY INVOKER (a definer before core 5): its callers, the trigger functions of lease-bound
+-- fences and fencekit.claim, are SECURITY DEFINER functions owned by a superuser or a member of
+-- fencekit_admin, who may call lease_token; nobody else may call it (grants below).
 CREATE OR REPLACE FUNCTION fencekit.lease_mismatch(
   resource text, keys text[], token bigint, OUT bad_key text, OUT lease_token bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   k text;
   live bigint;
@@ -1324,8 +1413,8 @@ BEGIN
 END
 $fn$;
 
--- It locks lease rows: only for the definer trigger functions of lease-bound fences (owned by
--- whoever ran protect: a superuser or a member of fencekit_admin).
+-- It locks lease rows (through lease_token): only for the definer trigger functions of
+-- lease-bound fences (owned by whoever ran protect: a superuser or a member of fencekit_admin).
 REVOKE ALL ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) FROM fencekit_writer;  -- granted before core 3
 GRANT EXECUTE ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) TO fencekit_admin;

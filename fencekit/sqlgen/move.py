@@ -56,7 +56,7 @@ STRUCTURE = ("scope", "key", "resource", "column")
 def is_move(old: FenceSpec, new: FenceSpec) -> bool:
     """True when going from ``old`` to ``new`` changes the structure (see :data:`STRUCTURE`),
     not only the policies."""
-    a, b = old.to_dict(), new.to_dict()
+    a, b = old.as_dict(), new.as_dict()
     return any(a[k] != b[k] for k in STRUCTURE)
 
 
@@ -99,9 +99,9 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
     """Refuse (YF000) unless the registry holds exactly ``old`` for the table: a script
     generated for another spec would carry the wrong fences."""
     t = old.table
-    wanted = json.dumps(old.to_dict(), sort_keys=True, ensure_ascii=False)
-    base = json.dumps(FenceSpec(t).to_dict(), sort_keys=True, ensure_ascii=False)
-    target = shell_args_sql(lit(json.dumps(new.to_dict())) + "::pg_catalog.jsonb", "tbl")
+    wanted = json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)
+    base = json.dumps(FenceSpec(t).as_dict(), sort_keys=True, ensure_ascii=False)
+    target = shell_args_sql(lit(json.dumps(new.as_dict())) + "::pg_catalog.jsonb", "tbl")
     return do(
         "\nDECLARE\n"
         "  have pg_catalog.jsonb;\n"
@@ -384,8 +384,8 @@ def render_move(old: FenceSpec, new: FenceSpec, *, lock_timeout: str = DEFAULT_L
     title = [
         f"fencekit: {what} {old.table.sql} ({old.scope} -> {new.scope} fence, "
         f"template {TEMPLATE_VERSION})",
-        f"from: {json.dumps(old.to_dict(), sort_keys=True, ensure_ascii=False)}",
-        f"to:   {json.dumps(new.to_dict(), sort_keys=True, ensure_ascii=False)}",
+        f"from: {json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)}",
+        f"to:   {json.dumps(new.as_dict(), sort_keys=True, ensure_ascii=False)}",
         "Writers of the table (and of tables sharing its resource) wait until it commits.",
     ]
     return _script(title, move_statements(old, new), lock_timeout)
