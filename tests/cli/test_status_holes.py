@@ -473,7 +473,7 @@ def test_disabled_trigger_and_foreign_trigger_on_a_partition_are_reported(
     code, doc = _status(cli, dsn)
     assert code == 1
     (d,) = _table_drift(doc, "public.events")
-    assert (d["kind"], d["object"]) == ("foreign_trigger_first", "events_1: trigger a_first")
+    assert (d["kind"], d["object"]) == ("foreign_trigger_first", "public.events_1: trigger a_first")
 
 
 def test_children_that_exist_at_protect_time_are_covered(cli: Cli, dsn: str) -> None:
