@@ -167,7 +167,7 @@ def test_upgrade_then_status(dsn: str, evil: str) -> None:
 
 
 def test_protect_status_fences_move_unprotect(dsn: str, evil: str) -> None:
-    """F10: every command a DBA runs on a table, in the default search_path."""
+    """F10: every command a DBA runs, in the default search_path."""
     _tables(dsn)
     _plant(evil)
     steps = [
@@ -178,7 +178,6 @@ def test_protect_status_fences_move_unprotect(dsn: str, evil: str) -> None:
         ("move", "public.oh_t", "--key", "k"),
         ("fences", "public.oh_t"),
         ("unprotect", "public.oh_t"),
-        ("unprotect", "public.oh_kids"),
         ("status",),
     ]
     for argv in steps:
@@ -186,6 +185,15 @@ def test_protect_status_fences_move_unprotect(dsn: str, evil: str) -> None:
         _assert_clean(dsn, f"fencekit {' '.join(argv)}")
         if argv[0] != "status":
             assert code == 0, argv
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE public.oh_kids RENAME TO oh_kids2")
+    for argv in [
+        ("rename", "oh_kids", "oh_kids2"),
+        ("unprotect", "oh_kids2"),
+        ("uninstall",),
+    ]:
+        assert _cli(*argv, "--dsn", dsn) == 0, argv
+        _assert_clean(dsn, f"fencekit {' '.join(argv)}")
 
 
 # --------------------------------------------------------------- scripts and statement lists
