@@ -420,3 +420,13 @@ def _assert_no_outside_dependency(dsn: str) -> None:
             """
         ).fetchall()
     assert rows == [], rows
+
+
+def test_the_dependency_check_sees_a_view_bound_to_public(dsn: str, evil: str) -> None:
+    """The check above can fail: a view created in schema fencekit under the default path, as
+    the install did before, binds public./(bigint, numeric) and is reported."""
+    _plant(evil)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE VIEW fencekit.oh_v AS SELECT 1::bigint / 1000.0 AS x")
+    with pytest.raises(AssertionError, match="oh_v"):
+        _assert_no_outside_dependency(dsn)
