@@ -124,8 +124,29 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         f"        OPERATOR(pg_catalog.||) {target}\n"
         "        OPERATOR(pg_catalog.||) ' --dsn DSN (it reads the current spec from the "
         "registry)';\n"
-        "  END IF;\n" + _column_free(old, new) + "END\n"
+        "  END IF;\n" + _column_types(old, new) + _column_free(old, new) + "END\n"
     )
+
+
+def _column_types(old: FenceSpec, new: FenceSpec) -> str:
+    """The carry computes key texts and compares fences as the mover (a DBA, an admin): only
+    of columns whose types are built in. The old key's columns must still have the types
+    protect recorded (``fencekit.check_key_types``: the owner may have retyped one to a type
+    of its own, whose cast to text is its code); the old fence column and the new key's
+    columns must be built in (``fencekit.builtin_type``; the protect that follows the carry
+    checks the rest)."""
+    out = ""
+    if old.scope is Scope.KEY:
+        out += (
+            f"  PERFORM fencekit.check_key_types({lit(names_for(old).tag)}, "
+            "tbl::pg_catalog.regclass);\n"
+        )
+    cols = [old.column] if old.scope is Scope.ROW else []
+    cols += list(new.key) if new.scope is Scope.KEY else []
+    out += "".join(
+        f"  PERFORM fencekit.builtin_type(tbl::pg_catalog.regclass, {lit(c)});\n" for c in cols
+    )
+    return out
 
 
 def _column_free(old: FenceSpec, new: FenceSpec) -> str:

@@ -131,7 +131,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_stmt() IS 'fencekit function template=7 sha256=1e8b7182600c77e945545b451817bbdaa292c73e6a9e0b135376ef893748658f; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_stmt() IS 'fencekit function template=8 sha256=1e8b7182600c77e945545b451817bbdaa292c73e6a9e0b135376ef893748658f; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_stmt() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_stmt() TO fencekit_admin',
                 (
@@ -159,7 +159,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_ins() IS 'fencekit function template=7 sha256=3b82f45f4ec37ae0624b30362c632b89c11e24ca8dc43f2cea1cd6fc0060cdfc; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_ins() IS 'fencekit function template=8 sha256=3b82f45f4ec37ae0624b30362c632b89c11e24ca8dc43f2cea1cd6fc0060cdfc; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_ins() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_ins() TO fencekit_admin',
                 (
@@ -199,7 +199,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_upd() IS 'fencekit function template=7 sha256=463d05538dc36df9fa467d0e8436083ac45182a1b0b148c8d0a0b3ea2afd9454; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_upd() IS 'fencekit function template=8 sha256=463d05538dc36df9fa467d0e8436083ac45182a1b0b148c8d0a0b3ea2afd9454; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_upd() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_upd() TO fencekit_admin',
                 (
@@ -236,7 +236,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_del() IS 'fencekit function template=7 sha256=3c8f5351720e9cbb74f093c841fa36fa03f400f0a3a17961795d2c6f3b680405; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_del() IS 'fencekit function template=8 sha256=3c8f5351720e9cbb74f093c841fa36fa03f400f0a3a17961795d2c6f3b680405; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_del() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_del() TO fencekit_admin',
                 (
@@ -267,7 +267,7 @@ class Migration(migrations.Migration):
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_stmt'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=7 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=8 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit') THEN\n"
                     '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_stmt', child);\n"
                     '    END IF;\n'
@@ -277,12 +277,12 @@ class Migration(migrations.Migration):
                     "      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_stmt()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_stmt', child, 'fencekit trigger template=7 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_stmt', child, 'fencekit trigger template=8 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_trunc'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=7 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=8 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit') THEN\n"
                     '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_trunc', child);\n"
                     '    END IF;\n'
@@ -292,13 +292,13 @@ class Migration(migrations.Migration):
                     "      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_trunc BEFORE TRUNCATE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_stmt()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_trunc', child, 'fencekit trigger template=7 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_trunc', child, 'fencekit trigger template=8 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF NOT is_partition THEN\n'
                     '      IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "                 AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_ins'\n"
                     "                 AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                     'fencekit trigger template=7 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit') THEN\n"
+                    "                     'fencekit trigger template=8 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit') THEN\n"
                     '        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_ins', child);\n"
                     '      END IF;\n'
@@ -309,12 +309,12 @@ class Migration(migrations.Migration):
                     '      FOR EACH ROW\n'
                     "      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)\n"
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_ins()', child);\n"
-                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_ins', child, 'fencekit trigger template=7 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit');\n"
+                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_ins', child, 'fencekit trigger template=8 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit');\n"
                     '      END IF;\n'
                     '      IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "                 AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_upd'\n"
                     "                 AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                     'fencekit trigger template=7 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit') THEN\n"
+                    "                     'fencekit trigger template=8 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit') THEN\n"
                     '        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_upd', child);\n"
                     '      END IF;\n'
@@ -325,12 +325,12 @@ class Migration(migrations.Migration):
                     '      FOR EACH ROW\n'
                     "      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)\n"
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_upd()', child);\n"
-                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_upd', child, 'fencekit trigger template=7 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit');\n"
+                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_upd', child, 'fencekit trigger template=8 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit');\n"
                     '      END IF;\n'
                     '      IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "                 AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_del'\n"
                     "                 AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                     'fencekit trigger template=7 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit') THEN\n"
+                    "                     'fencekit trigger template=8 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit') THEN\n"
                     '        -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_del', child);\n"
                     '      END IF;\n'
@@ -340,14 +340,14 @@ class Migration(migrations.Migration):
                     "        EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_del BEFORE DELETE ON %s\n"
                     '      FOR EACH ROW\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_del()', child);\n"
-                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_del', child, 'fencekit trigger template=7 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit');\n"
+                    "        EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_del', child, 'fencekit trigger template=8 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit');\n"
                     '      END IF;\n'
                     '    END IF;\n'
                     '  END LOOP;\n'
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_cover() IS 'fencekit function template=7 sha256=6476f6c068baabd1ea7d8ba54d0e23f14859faca56227650f063f503a810c925; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_job_c9c55cb2e5_cover() IS 'fencekit function template=8 sha256=94ae756b7edc117e9083bc5a289b066b9e80f2cf107b54624b40235e5ef8c57b; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_job_c9c55cb2e5_cover() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_job_c9c55cb2e5_cover() TO fencekit_admin',
                 (
@@ -366,7 +366,7 @@ class Migration(migrations.Migration):
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_stmt'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=7 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=8 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit') THEN\n"
                     '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_stmt', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
@@ -376,12 +376,12 @@ class Migration(migrations.Migration):
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_stmt()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_stmt', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_stmt', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=8 sha256=1f9957886a3592a076fe5ef200b2a74fac0d274384b22f2a546ff813f293170a; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_trunc'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=7 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=8 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit') THEN\n"
                     '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_trunc', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
@@ -391,12 +391,12 @@ class Migration(migrations.Migration):
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_trunc BEFORE TRUNCATE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_stmt()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_trunc', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_trunc', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=8 sha256=8a7f9d75dc2634c57c14f0ad1d8febc93207465b39173baafa49c64e5a4802ed; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_ins'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=7 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=8 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit') THEN\n"
                     '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_ins', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
@@ -407,12 +407,12 @@ class Migration(migrations.Migration):
                     '      FOR EACH ROW\n'
                     "      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)\n"
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_ins()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_ins', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_ins', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=8 sha256=5fc39cc390a219a29f6946475a06a85afd021d7f01b9a51882afeffdbdebdb9a; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_upd'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=7 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=8 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit') THEN\n"
                     '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_upd', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
@@ -423,12 +423,12 @@ class Migration(migrations.Migration):
                     '      FOR EACH ROW\n'
                     "      WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting(''fencekit.token'', true)) IS NOT TRUE)\n"
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_upd()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_upd', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_upd', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=8 sha256=8fbbab9a3d92927b07e79d31a1cbba87c9c99849083642de60281dd7e293ca27; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_job'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_job_c9c55cb2e5_del'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=7 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=8 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit') THEN\n"
                     '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_job_c9c55cb2e5_del', 'public.shop_job'::pg_catalog.regclass);\n"
                     '  END IF;\n'
@@ -438,7 +438,7 @@ class Migration(migrations.Migration):
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_job_c9c55cb2e5_del BEFORE DELETE ON %s\n"
                     '      FOR EACH ROW\n'
                     "      EXECUTE FUNCTION fencekit.shop_job_c9c55cb2e5_del()', 'public.shop_job'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_del', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_job_c9c55cb2e5_del', 'public.shop_job'::pg_catalog.regclass, 'fencekit trigger template=8 sha256=56363dcd566fc5b54cf49f29d258c76be4748ed4e629a75194f926bb4f6b87fe; generated, do not edit');\n"
                     '  END IF;\n'
                     '  PERFORM fencekit.shop_job_c9c55cb2e5_cover();\n'
                     '  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n'
@@ -455,7 +455,7 @@ class Migration(migrations.Migration):
                 ),
                 (
                     'INSERT INTO fencekit.protected AS p (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)\n'
-                    'VALUES (\'public\', \'shop_job\', \'shop_job_c9c55cb2e5\', \'row\', NULL, \'{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row", "table": {"name": "shop_job", "schema": "public"}}\', 7,\n'
+                    'VALUES (\'public\', \'shop_job\', \'shop_job_c9c55cb2e5\', \'row\', NULL, \'{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row", "table": {"name": "shop_job", "schema": "public"}}\', 8,\n'
                     '        NULL)\n'
                     'ON CONFLICT (schema_name, table_name) DO UPDATE\n'
                     '  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,\n'
@@ -622,7 +622,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_stmt() IS 'fencekit function template=7 sha256=d129fa8e8d54e00ef3217b87bf0cc0c51085b5c34f3cf30ef0d35c45276021db; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_stmt() IS 'fencekit function template=8 sha256=d129fa8e8d54e00ef3217b87bf0cc0c51085b5c34f3cf30ef0d35c45276021db; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_stmt() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_stmt() TO fencekit_admin',
                 (
@@ -658,6 +658,9 @@ class Migration(migrations.Migration):
                     '                            NULL, raw);\n'
                     '  END IF;\n'
                     '  tok := raw::pg_catalog.int8;\n'
+                    "  -- Before any key's text is computed (plpgsql plans the query below only now): a\n"
+                    "  -- key column retyped to a type of the owner's would run its cast as our owner.\n"
+                    "  PERFORM fencekit.check_key_types('shop_billingsummary_79929d6903', TG_RELID);\n"
                     '  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.\n'
                     '  WITH k AS MATERIALIZED (\n'
                     '         SELECT DISTINCT x.account_id::pg_catalog.text AS key\n'
@@ -707,7 +710,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_ins() IS 'fencekit function template=7 sha256=f2d30880f3957febc33bd84c24a6a2aba2e88432f015fafc965e9e9286023ba8; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_ins() IS 'fencekit function template=8 sha256=e0c71bd4631598969e6108eb7da4ab39599f6280e65c3fb7f8564c6ee4e332a9; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_ins() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_ins() TO fencekit_admin',
                 (
@@ -743,6 +746,9 @@ class Migration(migrations.Migration):
                     '                            NULL, raw);\n'
                     '  END IF;\n'
                     '  tok := raw::pg_catalog.int8;\n'
+                    "  -- Before any key's text is computed (plpgsql plans the query below only now): a\n"
+                    "  -- key column retyped to a type of the owner's would run its cast as our owner.\n"
+                    "  PERFORM fencekit.check_key_types('shop_billingsummary_79929d6903', TG_RELID);\n"
                     '  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.\n'
                     '  WITH k AS MATERIALIZED (\n'
                     '         SELECT DISTINCT x.account_id::pg_catalog.text AS key\n'
@@ -793,7 +799,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_upd() IS 'fencekit function template=7 sha256=8b62b0a853fc3e9e280de9697e392e1fd61ca266a0b947e2b32822577e880a1a; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_upd() IS 'fencekit function template=8 sha256=292c839f569e37e5599c79ccf801c1a25955e1529008d92b436d8ceb2bffff2f; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_upd() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_upd() TO fencekit_admin',
                 (
@@ -829,6 +835,9 @@ class Migration(migrations.Migration):
                     '                            NULL, raw);\n'
                     '  END IF;\n'
                     '  tok := raw::pg_catalog.int8;\n'
+                    "  -- Before any key's text is computed (plpgsql plans the query below only now): a\n"
+                    "  -- key column retyped to a type of the owner's would run its cast as our owner.\n"
+                    "  PERFORM fencekit.check_key_types('shop_billingsummary_79929d6903', TG_RELID);\n"
                     '  -- OFFSET 0 keeps one index lookup per key, however many fences the resource has.\n'
                     '  WITH k AS MATERIALIZED (\n'
                     '         SELECT DISTINCT x.account_id::pg_catalog.text AS key\n'
@@ -878,7 +887,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_del() IS 'fencekit function template=7 sha256=41d629d1ec6aa362bafc91322d8c0330855371ec1812625ab5bee4329883dcff; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_del() IS 'fencekit function template=8 sha256=5754803b885ac68396c107b840f309a98511a2efdd94965f59c4c6300912836b; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_del() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_del() TO fencekit_admin',
                 (
@@ -909,7 +918,7 @@ class Migration(migrations.Migration):
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_trunc'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=7 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=8 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit') THEN\n"
                     '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_trunc', child);\n"
                     '    END IF;\n'
@@ -919,12 +928,12 @@ class Migration(migrations.Migration):
                     "      EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_trunc BEFORE TRUNCATE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_stmt()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_trunc', child, 'fencekit trigger template=7 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_trunc', child, 'fencekit trigger template=8 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_ins'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=7 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=8 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit') THEN\n"
                     '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_ins', child);\n"
                     '    END IF;\n'
@@ -935,12 +944,12 @@ class Migration(migrations.Migration):
                     '      REFERENCING NEW TABLE AS fencekit_new\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_ins()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_ins', child, 'fencekit trigger template=7 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_ins', child, 'fencekit trigger template=8 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_upd'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=7 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=8 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit') THEN\n"
                     '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_upd', child);\n"
                     '    END IF;\n'
@@ -951,12 +960,12 @@ class Migration(migrations.Migration):
                     '      REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_upd()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_upd', child, 'fencekit trigger template=7 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_upd', child, 'fencekit trigger template=8 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = child\n'
                     "               AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_del'\n"
                     "               AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                   'fencekit trigger template=7 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit') THEN\n"
+                    "                   'fencekit trigger template=8 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit') THEN\n"
                     '      -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "      EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_del', child);\n"
                     '    END IF;\n'
@@ -967,7 +976,7 @@ class Migration(migrations.Migration):
                     '      REFERENCING OLD TABLE AS fencekit_old\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_del()', child);\n"
-                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_del', child, 'fencekit trigger template=7 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit');\n"
+                    "      EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_del', child, 'fencekit trigger template=8 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit');\n"
                     '    END IF;\n'
                     '    IF NOT is_partition THEN\n'
                     '    END IF;\n'
@@ -975,7 +984,7 @@ class Migration(migrations.Migration):
                     'END\n'
                     '$fn$'
                 ),
-                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_cover() IS 'fencekit function template=7 sha256=e980b6c53fa3eb8cb6a930804a4210d488a76dd19fc81a731d0a1c275968f3c4; generated, do not edit'",
+                "COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_cover() IS 'fencekit function template=8 sha256=476e62e59c639afb13caa5d3dad3041d42af4f5e6b4057bc2c6a8a08e14c7a30; generated, do not edit'",
                 'REVOKE ALL ON FUNCTION fencekit.shop_billingsummary_79929d6903_cover() FROM PUBLIC',
                 'GRANT EXECUTE ON FUNCTION fencekit.shop_billingsummary_79929d6903_cover() TO fencekit_admin',
                 (
@@ -994,7 +1003,7 @@ class Migration(migrations.Migration):
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_trunc'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=7 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=8 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit') THEN\n"
                     '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_trunc', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
                     '  END IF;\n'
@@ -1004,12 +1013,12 @@ class Migration(migrations.Migration):
                     "    EXECUTE pg_catalog.format('CREATE TRIGGER fencekit_shop_billingsummary_79929d6903_trunc BEFORE TRUNCATE ON %s\n"
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_stmt()', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_trunc', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_trunc', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=8 sha256=f7eceebc653ad9674fd3c982ad8a7e1c082c1753042ed8c5b42b0c0161fc6926; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_ins'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=7 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=8 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit') THEN\n"
                     '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_ins', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
                     '  END IF;\n'
@@ -1020,12 +1029,12 @@ class Migration(migrations.Migration):
                     '      REFERENCING NEW TABLE AS fencekit_new\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_ins()', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_ins', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_ins', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=8 sha256=8699f91a276772ee12cb04318b9b0d502d05c74b66d0397f68ae16cfc3b240ad; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_upd'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=7 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=8 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit') THEN\n"
                     '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_upd', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
                     '  END IF;\n'
@@ -1036,12 +1045,12 @@ class Migration(migrations.Migration):
                     '      REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_upd()', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_upd', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_upd', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=8 sha256=d89e2f922b3869bc69f94d26fae79b502f7619e693fde562a56464cc55f0e454; generated, do not edit');\n"
                     '  END IF;\n'
                     "  IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = 'public.shop_billingsummary'::pg_catalog.regclass\n"
                     "             AND t.tgname = 'fencekit_shop_billingsummary_79929d6903_del'\n"
                     "             AND pg_catalog.obj_description(t.oid, 'pg_trigger') IS DISTINCT FROM\n"
-                    "                 'fencekit trigger template=7 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit') THEN\n"
+                    "                 'fencekit trigger template=8 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit') THEN\n"
                     '    -- dynamic SQL: the table or child is known only at run time (a regclass: quoted)\n'
                     "    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', 'fencekit_shop_billingsummary_79929d6903_del', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
                     '  END IF;\n'
@@ -1052,7 +1061,7 @@ class Migration(migrations.Migration):
                     '      REFERENCING OLD TABLE AS fencekit_old\n'
                     '      FOR EACH STATEMENT\n'
                     "      EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_del()', 'public.shop_billingsummary'::pg_catalog.regclass);\n"
-                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_del', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=7 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit');\n"
+                    "    EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', 'fencekit_shop_billingsummary_79929d6903_del', 'public.shop_billingsummary'::pg_catalog.regclass, 'fencekit trigger template=8 sha256=1a28c9556f9637bcab4b022f2d1dd871f1cae085c59d90a71cb736a3ccba330a; generated, do not edit');\n"
                     '  END IF;\n'
                     '  PERFORM fencekit.shop_billingsummary_79929d6903_cover();\n'
                     '  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n'
@@ -1069,7 +1078,7 @@ class Migration(migrations.Migration):
                 ),
                 (
                     'INSERT INTO fencekit.protected AS p (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)\n'
-                    'VALUES (\'public\', \'shop_billingsummary\', \'shop_billingsummary_79929d6903\', \'key\', \'public.shop_billingsummary\', \'{"column": "fencekit_fence", "issuer": null, "key": ["account_id"], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "key", "table": {"name": "shop_billingsummary", "schema": "public"}}\', 7,\n'
+                    'VALUES (\'public\', \'shop_billingsummary\', \'shop_billingsummary_79929d6903\', \'key\', \'public.shop_billingsummary\', \'{"column": "fencekit_fence", "issuer": null, "key": ["account_id"], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "key", "table": {"name": "shop_billingsummary", "schema": "public"}}\', 8,\n'
                     "        fencekit.key_families('public.shop_billingsummary'::pg_catalog.regclass, ARRAY['account_id']))\n"
                     'ON CONFLICT (schema_name, table_name) DO UPDATE\n'
                     '  SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,\n'
