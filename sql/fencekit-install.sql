@@ -4,6 +4,7 @@
 -- Idempotent: re-running it (or a newer version) upgrades in place.
 BEGIN;
 SET LOCAL lock_timeout = '5s';
+SET LOCAL search_path = pg_catalog, pg_temp;
 
 -- 00_schema.sql
 -- Schema, admin role and fencekit's own tables. Idempotent: safe to re-run, and re-running a

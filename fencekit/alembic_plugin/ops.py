@@ -21,6 +21,7 @@ from alembic.operations import MigrateOperation, Operations
 from fencekit import sqlgen
 from fencekit.ident import quote_ident
 from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, SpecError, TableName
+from fencekit.sqlgen.pin import pinned
 
 __all__ = [
     "AlterFenceOp",
@@ -73,7 +74,12 @@ def run_sql(operations: Operations, statements: Iterable[str], title: str = "") 
     Verbatim matters: PL/pgSQL bodies contain ``%`` (``format('%I')``, RAISE) and ``:`` that
     SQLAlchemy's ``text()`` and the driver's parameter formatting would rewrite. A DB-API cursor
     given no parameters sends the string untouched, on alembic's connection and transaction.
+
+    The statements run under ``search_path = pg_catalog, pg_temp``, pinned for them and the
+    migration's own path restored after (:func:`fencekit.sqlgen.pin.pinned`), so the SQL a
+    migration file embeds never binds an operator planted in ``public`` (issue 23).
     """
+    statements = pinned(statements)
     context = operations.get_context()
     if context.as_sql:
         impl = context.impl

@@ -213,7 +213,7 @@ def _opclass_code(conn: Conn, insp: Inspector, classes: list[int]) -> Code:
         "ARRAY(SELECT o.amopopr FROM pg_catalog.pg_amop o WHERE o.amopfamily = c.opcfamily) "
         "FROM pg_catalog.pg_opclass c WHERE c.oid = ANY(%s) AND NOT EXISTS ("
         "  SELECT FROM pg_catalog.pg_depend d "
-        "   WHERE d.classid = 'pg_catalog.pg_opclass'::pg_catalog.regclass "
+        "   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_opclass'::pg_catalog.regclass "
         "     AND d.objid = c.oid AND d.deptype = 'e')",
         (user,),
     ).fetchall()
@@ -289,8 +289,9 @@ def _view_drift(
         "FROM pg_catalog.pg_depend d "
         "JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid AND r.rulename = '_RETURN' "
         "JOIN pg_catalog.pg_class c ON c.oid = r.ev_class AND c.relkind = 'v' "
-        "WHERE d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass "
-        "AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = %s "
+        "WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass "
+        "AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
+        "AND d.refobjid = %s "
         "ORDER BY 1",
         (oid,),
     ).fetchall():

@@ -114,12 +114,14 @@ class Inspector:
                                                pg_catalog.pg_get_function_identity_arguments(p.oid)),
                           p.oid >= %s AND n.nspname <> 'fencekit' AND NOT EXISTS (
                             SELECT FROM pg_catalog.pg_depend d
-                             WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                             WHERE d.classid OPERATOR(pg_catalog.=)
+                                   'pg_catalog.pg_proc'::pg_catalog.regclass
                                AND d.objid = p.oid AND d.deptype = 'e'),
                           n.nspname = 'pg_catalog' AND p.proname = ANY(%s),
                           p.oid < %s OR EXISTS (
                             SELECT FROM pg_catalog.pg_depend d
-                             WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                             WHERE d.classid OPERATOR(pg_catalog.=)
+                                   'pg_catalog.pg_proc'::pg_catalog.regclass
                                AND d.objid = p.oid AND d.deptype = 'e'),
                           l.lanname, p.prosrc, p.probin, p.prosecdef,
                           CASE WHEN p.prosecdef THEN p.proowner::pg_catalog.regrole::pg_catalog.text

@@ -88,7 +88,7 @@ def table_drift(
     out: list[Drift] = []
     row = conn.execute(
         "SELECT c.oid, c.relkind::text FROM pg_catalog.pg_class c "
-        "WHERE c.oid = pg_catalog.to_regclass(%s)",
+        "WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s)",
         (t.sql,),
     ).fetchone()
     if row is None:

@@ -26,12 +26,15 @@ SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view'
                                   WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END
          || ' fencekit.' || pg_catalog.quote_ident(c.relname), c.relname
   FROM pg_catalog.pg_class c
- WHERE c.relnamespace = 'fencekit'::pg_catalog.regnamespace
+ WHERE c.relnamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace
    AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c')
    AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d
-                    WHERE c.relkind = 'S' AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                    WHERE c.relkind = 'S'
+                      AND d.classid OPERATOR(pg_catalog.=)
+                          'pg_catalog.pg_class'::pg_catalog.regclass
                       AND d.objid = c.oid AND d.deptype IN ('a', 'i')
-                      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass)
+                      AND d.refclassid OPERATOR(pg_catalog.=)
+                          'pg_catalog.pg_class'::pg_catalog.regclass)
 UNION ALL
 SELECT CASE p.prokind WHEN 'p' THEN 'procedure' WHEN 'a' THEN 'aggregate' ELSE 'function' END,
        'fencekit.' || pg_catalog.quote_ident(p.proname) || s.args, p.proowner,
@@ -47,12 +50,13 @@ SELECT CASE p.prokind WHEN 'p' THEN 'procedure' WHEN 'a' THEN 'aggregate' ELSE '
                                           FROM pg_catalog.unnest(p.proargtypes::pg_catalog.oid[])
                                                WITH ORDINALITY AS a(t, n)), '') || ')'
                   END) AS s(args)
- WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace
+ WHERE p.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace
 UNION ALL
 SELECT 'type', 'fencekit.' || pg_catalog.quote_ident(t.typname), t.typowner,
        'ALTER TYPE fencekit.' || pg_catalog.quote_ident(t.typname), t.typname
   FROM pg_catalog.pg_type t
- WHERE t.typnamespace = 'fencekit'::pg_catalog.regnamespace AND t.typtype IN ('e', 'd', 'r')
+ WHERE t.typnamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace
+   AND t.typtype IN ('e', 'd', 'r')
 """
 
 _SHOWN = 3  # object names a grouped ownership line shows before "and N more"
@@ -178,27 +182,31 @@ def _owner_fix(old: str, new: str, objects: list[tuple[str, str, str]]) -> str:
     if len(objects) <= _LISTED:
         return "; ".join(f"{alter_sql} OWNER TO {new}" for _, _, alter_sql in objects)
     by = f"{quote_literal(old)}::pg_catalog.regrole"
+    # oid = regrole/regnamespace has no exact match in pg_catalog: qualified, or an operator
+    # planted in public would run as the DBA who pastes this (issue 23).
+    eq = "OPERATOR(pg_catalog.=)"
     ns = "'fencekit'::pg_catalog.regnamespace"
     return "\n".join(
         [
             "DO $fix$",
             "DECLARE o text;",
             "BEGIN",
-            f"  IF (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'fencekit') = {by}"
-            f" THEN ALTER SCHEMA fencekit OWNER TO {new}; END IF;",
+            "  IF (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'fencekit')",
+            f"     {eq} {by} THEN ALTER SCHEMA fencekit OWNER TO {new}; END IF;",
             "  FOR o IN SELECT c.oid::pg_catalog.regclass FROM pg_catalog.pg_class c",
-            f"    WHERE c.relnamespace = {ns} AND c.relowner = {by}",
+            f"    WHERE c.relnamespace {eq} {ns} AND c.relowner {eq} {by}",
             "      AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S') AND NOT EXISTS (SELECT FROM",
             "      pg_catalog.pg_depend d WHERE c.relkind = 'S' AND d.objid = c.oid",
             "      AND d.deptype IN ('a', 'i')",
-            "      AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass",
-            "      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass)",
+            "      AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass",
+            "      AND d.refclassid OPERATOR(pg_catalog.=)",
+            "          'pg_catalog.pg_class'::pg_catalog.regclass)",
             f"  LOOP EXECUTE 'ALTER TABLE ' || o || ' OWNER TO {new}'; END LOOP;",
             "  FOR o IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p",
-            f"    WHERE p.pronamespace = {ns} AND p.proowner = {by}",
+            f"    WHERE p.pronamespace {eq} {ns} AND p.proowner {eq} {by}",
             f"  LOOP EXECUTE 'ALTER ROUTINE ' || o || ' OWNER TO {new}'; END LOOP;",
             "  FOR o IN SELECT t.oid::pg_catalog.regtype FROM pg_catalog.pg_type t",
-            f"    WHERE t.typnamespace = {ns} AND t.typowner = {by}",
+            f"    WHERE t.typnamespace {eq} {ns} AND t.typowner {eq} {by}",
             "      AND t.typtype IN ('e', 'd', 'r')",
             f"  LOOP EXECUTE 'ALTER TYPE ' || o || ' OWNER TO {new}'; END LOOP;",
             "END",

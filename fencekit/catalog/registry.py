@@ -7,6 +7,7 @@ from typing import Any
 
 from fencekit import sqlgen
 from fencekit.catalog.model import Action, CatalogError, Command, Conn, ProtectedTable
+from fencekit.catalog.session import caller_search_path, regclass_oid
 from fencekit.ident import quote_ident
 from fencekit.spec import FenceSpec, Scope, SpecError, TableName
 
@@ -94,11 +95,14 @@ def resolve_table(conn: Conn, text: str) -> tuple[TableName, str] | None:
     Returns the table's real name and ``relkind``, or None when no such relation exists.
     """
     TableName.parse(text)  # raises SpecError with a clear message on a malformed name
+    oid = regclass_oid(conn, text)
+    if oid is None:
+        return None
     row = conn.execute(
         "SELECT n.nspname, c.relname, c.relkind::text FROM pg_catalog.pg_class c "
-        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.oid = pg_catalog.to_regclass(%s)",
-        (text,),
+        "JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace "
+        "WHERE c.oid OPERATOR(pg_catalog.=) %s::pg_catalog.oid",
+        (oid,),
     ).fetchone()
     if row is None:
         return None
@@ -123,8 +127,8 @@ def protected_table(conn: Conn, text: str, hint: str) -> ProtectedTable:
 
 
 def search_path(conn: Conn) -> str:
-    row = conn.execute("SELECT pg_catalog.current_setting('search_path')").fetchone()
-    return str(row[0]) if row else ""
+    """The search_path a user's table names resolve through (the CLI pins its own)."""
+    return caller_search_path(conn)
 
 
 def check_spec(conn: Conn, spec: FenceSpec, *, moving: bool = False) -> list[str]:
@@ -138,7 +142,7 @@ def check_spec(conn: Conn, spec: FenceSpec, *, moving: bool = False) -> list[str
     t = spec.table
     row = conn.execute(
         "SELECT c.oid, c.relkind::text, c.relispartition FROM pg_catalog.pg_class c "
-        "WHERE c.oid = pg_catalog.to_regclass(%s)",
+        "WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s)",
         (t.sql,),
     ).fetchone()
     if row is None:

@@ -202,9 +202,21 @@ def print_note(args: argparse.Namespace, text: str) -> None:
 
 
 def connect(dsn: str) -> psycopg.Connection[Any]:
+    """An autocommit connection whose search_path is pinned to ``pg_catalog, pg_temp``: no
+    query the CLI runs (catalog reads, generated scripts) resolves an operator or function
+    through the user's path, where anyone with CREATE on ``public`` can plant one. The TABLE
+    arguments still resolve through the user's path (fencekit.catalog.session)."""
     import psycopg
 
-    return psycopg.connect(dsn, autocommit=True)
+    from fencekit.catalog.session import pin_search_path
+
+    conn = psycopg.connect(dsn, autocommit=True)
+    try:
+        pin_search_path(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def run_script(conn: psycopg.Connection[Any], script: str, lock_timeout: str) -> None:

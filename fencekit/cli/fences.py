@@ -148,7 +148,8 @@ def _primary_key(conn: psycopg.Connection[Any], table_sql: str) -> list[tuple[st
         "FROM pg_catalog.pg_index i "
         "CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY u(attnum, o) "
         "JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = u.attnum "
-        "WHERE i.indrelid = %s::pg_catalog.regclass AND i.indisprimary ORDER BY u.o",
+        "WHERE i.indrelid OPERATOR(pg_catalog.=) %s::pg_catalog.regclass AND i.indisprimary "
+        "ORDER BY u.o",
         (table_sql,),
     ).fetchall()
     return [(str(r[0]), str(r[1])) for r in rows]

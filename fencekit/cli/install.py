@@ -19,6 +19,7 @@ from fencekit.cli.common import (
     run_script,
 )
 from fencekit.ident import quote_literal
+from fencekit.sqlgen.pin import SCRIPT_PIN
 
 __all__ = ["register", "run_install"]
 
@@ -78,7 +79,8 @@ def run_install(args: argparse.Namespace) -> int:
             else ""
         )
         script = (
-            f"BEGIN;\nSET LOCAL lock_timeout = {quote_literal(lock_timeout)};\n{untested}"
+            f"BEGIN;\nSET LOCAL lock_timeout = {quote_literal(lock_timeout)};\n"
+            f"{SCRIPT_PIN};\n{untested}"
             + ";\n".join(s.rstrip().rstrip(";") for s in statements)
             + ";\nCOMMIT;\n"
         )

@@ -24,6 +24,7 @@ from django.db.migrations.writer import MigrationWriter
 from fencekit import sqlgen
 from fencekit.django.fences import META_OPTION, Fence
 from fencekit.spec import FenceSpec, SpecError
+from fencekit.sqlgen.pin import pinned
 
 __all__ = [
     "InstallFencekit",
@@ -116,7 +117,9 @@ class _FencekitOperation(Operation):
         # No DDL here waits long for its lock (a protect must not queue every writer behind
         # it); the migration's later operations get the server's default back.
         schema_editor.execute(_lock_timeout(), params=None)
-        for statement in statements:
+        # Parsed under search_path = pg_catalog, pg_temp, the migration's own restored after:
+        # no operator planted in public is bound (fencekit.sqlgen.pin, issue 23).
+        for statement in pinned(statements):
             schema_editor.execute(statement, params=None)
         schema_editor.execute("SET LOCAL lock_timeout TO DEFAULT", params=None)
 

@@ -13,7 +13,7 @@ import json
 
 from fencekit.ident import quote_ident
 from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope
-from fencekit.sqlgen.common import Names, names_for
+from fencekit.sqlgen.common import PINNED_SEARCH_PATH, Names, names_for
 from fencekit.sqlgen.key import key_objects
 from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger, stamp
 from fencekit.sqlgen.row import FENCE_DEFAULT, row_objects
@@ -174,7 +174,9 @@ def cover_function(objs: TableObjects, n: Names) -> Function:
         f"  PERFORM fencekit.cover_descendants({root}, {lit(f'fencekit_{n.tag}_')});\n"
         "END\n"
     )
-    return n.function("cover", body, returns="void")
+    # Not on the hot path (protect and the auto-cover event trigger call it): it pins its
+    # search_path rather than qualify every operator (issue 23, F10).
+    return n.function("cover", body, returns="void", settings=(PINNED_SEARCH_PATH,))
 
 
 def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:

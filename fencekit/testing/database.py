@@ -231,8 +231,10 @@ def build_template(server: Server, setup: DatabaseSetup, name: str) -> Template:
             for spec in _fence_specs(setup.fences):
                 if spec.table not in have:
                     from fencekit.sqlgen import protect_statements
+                    from fencekit.sqlgen.pin import pinned
 
-                    _run(conn, protect_statements(spec))
+                    # search_path pinned for them (issue 23): this transaction, then restored
+                    _run(conn, pinned(protect_statements(spec)))
             conn.commit()
             specs = list(_protected(conn).values())
             step = f"granting the application role {setup.app_role}"

@@ -212,7 +212,7 @@ def test_partition_attached_after_protect_is_drift(cli: Cli, dsn: str) -> None:
     assert code == 1
     (d,) = doc["tables"][0]["drift"]
     assert d["kind"] == "partition_triggers_missing"
-    assert d["object"] == "partition events_2"
+    assert d["object"] == "partition public.events_2"  # the CLI pins search_path: qualified
     assert cli("protect", "events", "--dsn", dsn).code == 0  # re-run covers the new partition
     assert _status(cli, dsn)[0] == 0
 

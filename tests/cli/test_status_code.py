@@ -146,13 +146,13 @@ PLACES = {
     "index_expression": (
         ["CREATE INDEX accounts_twin ON accounts ((swap_int(id)))"],
         "foreign_index",
-        "public.accounts: index accounts_twin",
+        "public.accounts: index public.accounts_twin",
         "INSERT INTO accounts VALUES (2, 0)",
     ),
     "partial_index_predicate": (
         ["CREATE INDEX accounts_some ON accounts (id) WHERE swap_check(balance)"],
         "foreign_index",
-        "public.accounts: index accounts_some",
+        "public.accounts: index public.accounts_some",
         "INSERT INTO accounts VALUES (2, 0)",
     ),
     "rls_policy": (
@@ -184,7 +184,7 @@ PLACES = {
             "INSERT INTO notes VALUES (1, 3)",
         ],
         "foreign_cascade",
-        "public.accounts: foreign key notes.notes_account_id_fkey",
+        "public.accounts: foreign key public.notes.notes_account_id_fkey",
         "DELETE FROM accounts WHERE id = 3",
     ),
     "cascade_set_null_into_a_check": (
@@ -197,7 +197,7 @@ PLACES = {
             "INSERT INTO notes VALUES (1, 3)",
         ],
         "foreign_cascade",
-        "public.accounts: foreign key notes.notes_account_id_fkey",
+        "public.accounts: foreign key public.notes.notes_account_id_fkey",
         "DELETE FROM accounts WHERE id = 3",
     ),
     "view_instead_of_trigger": (
@@ -207,13 +207,13 @@ PLACES = {
             "EXECUTE FUNCTION swap_trigger()",
         ],
         "foreign_view",
-        "public.accounts: view accounts_v",
+        "public.accounts: view public.accounts_v",
         "INSERT INTO accounts_v VALUES (2, 0)",
     ),
     "view_where": (
         ["CREATE VIEW accounts_w AS SELECT id, balance FROM accounts WHERE swap_bool()"],
         "foreign_view",
-        "public.accounts: view accounts_w",
+        "public.accounts: view public.accounts_w",
         "SELECT count(*) FROM accounts_w",
     ),
 }
@@ -349,12 +349,12 @@ def test_a_protected_table_under_an_unprotected_ancestor_is_reported(
         _sql(dsn, "ALTER TABLE te INHERIT shadow")
     assert cli("unprotect", "te", "--dsn", dsn).code == 0
     _sql(dsn, "ALTER TABLE te INHERIT shadow")
-    undo = "ALTER TABLE public.te NO INHERIT shadow"
+    undo = "ALTER TABLE public.te NO INHERIT public.shadow"
     assert cli("protect", "te", *extra, "--dsn", dsn).code == 0
     code, doc = _status(cli, dsn)
     assert code == 1
     (d,) = _drift(doc)
-    assert (d["kind"], d["object"]) == ("unprotected_ancestor", "public.te: ancestor shadow")
+    assert (d["kind"], d["object"]) == ("unprotected_ancestor", "public.te: ancestor public.shadow")
     assert undo in d["fix"]
     _sql(dsn, undo)
     assert cli("protect", "te", *extra, "--dsn", dsn).code == 0  # now with its guard

@@ -435,13 +435,13 @@ def test_child_and_partition_created_after_protect_are_reported(
     assert code == 1
     (child,) = _table_drift(doc, "public.accounts")
     assert child["kind"] == "child_triggers_missing"
-    assert child["object"] == "child table accounts_archive"
+    assert child["object"] == "child table public.accounts_archive"
     for name in _triggers(accounts).values():  # statement and row triggers alike
         assert name in child["message"]
     assert child["fix"].startswith("fencekit protect public.accounts --dsn DSN")
     (part,) = _table_drift(doc, "public.events")
     assert part["kind"] == "partition_triggers_missing"
-    assert part["object"] == "partition events_2"
+    assert part["object"] == "partition public.events_2"
     assert part["fix"].startswith("fencekit protect public.events --scope table --dsn DSN")
     human = cli("status", "--dsn", dsn)
     assert "[child_triggers_missing]" in human.out
@@ -464,8 +464,8 @@ def test_disabled_trigger_and_foreign_trigger_on_a_partition_are_reported(
     assert code == 1
     (d,) = _table_drift(doc, "public.events")
     assert d["kind"] == "trigger_disabled"
-    assert d["object"] == f"partition events_1: trigger {upd}"
-    assert d["message"].startswith("on partition events_1: ")
+    assert d["object"] == f"partition public.events_1: trigger {upd}"
+    assert d["message"].startswith("on partition public.events_1: ")
     _sql(dsn, d["fix"])
     assert _status(cli, dsn)[0] == 0
 
@@ -478,7 +478,7 @@ def test_disabled_trigger_and_foreign_trigger_on_a_partition_are_reported(
     code, doc = _status(cli, dsn)
     assert code == 1
     (d,) = _table_drift(doc, "public.events")
-    assert (d["kind"], d["object"]) == ("foreign_trigger_first", "events_1: trigger a_first")
+    assert (d["kind"], d["object"]) == ("foreign_trigger_first", "public.events_1: trigger a_first")
 
 
 def test_children_that_exist_at_protect_time_are_covered(cli: Cli, dsn: str) -> None:

@@ -34,6 +34,7 @@ INTERNAL = {
     "__init__",
     "__main__",
     "_alembic_entry",
+    "_psycopg_errors",
     "_psycopg_internals",
     "bench",
     "catalog",
