@@ -48,7 +48,7 @@ class fencing:  # lower case: reads as a function, `with fencing(34):`
 
     Usable as ``with``/``async with`` block and as a decorator on sync or async functions.
     Scopes nest: leaving one restores the outer token (or none). The token is validated here,
-    before anything reaches the database (:class:`~fencekit.errors.InvalidTokenError`).
+    before anything reaches the database (:class:`~fencekit.errors.MalformedTokenError`).
     ``issuer`` names where the token came from (``"etcd"``, ``"zookeeper"``, ``"postgres"``);
     an inner scope without one is untagged, whatever the outer scope said.
     """

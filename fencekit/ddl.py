@@ -22,6 +22,7 @@ import pglast
 from pglast import ast
 from pglast.enums import AlterTableType, ConstrType, ObjectType
 
+from fencekit.errors import FencekitError
 from fencekit.ident import quote_ident
 from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, Scope, SpecError, TableName
 
@@ -40,7 +41,7 @@ _IMPLICIT_NOT_NULL = {"serial", "serial4", "bigserial", "serial8", "smallserial"
 _TYPE_ALIASES = {"bigint": "int8", "integer": "int4", "int": "int4", "smallint": "int2"}
 
 
-class DdlError(ValueError):
+class DdlError(FencekitError, ValueError):
     """A schema file cannot be read, or the spec does not fit the tables it defines."""
 
 

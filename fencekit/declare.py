@@ -1,7 +1,7 @@
 """Declare a fence on a SQLAlchemy ``Table`` or ORM class, next to the table's definition.
 
 The declaration is a :class:`~fencekit.spec.FenceSpec`, kept in ``Table.info`` in its JSON form
-(``FenceSpec.to_dict()``, as the registry stores it): plain data, so anything that copies or
+(``FenceSpec.as_dict()``, as the registry stores it): plain data, so anything that copies or
 renders ``Table.info`` (alembic's ``create_table`` does) still produces valid Python. alembic's
 autogenerate (``fencekit.alembic_plugin``) compares it with the database. Nothing here talks to
 a database or adds columns: the generator owns the fence column and the triggers, and the alembic
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["INFO_KEY", "declare_fence", "declared_fence", "declared_fences", "fenced"]
 
 INFO_KEY = "fencekit.fence"
-"""The ``Table.info`` key that holds a table's declared spec (``FenceSpec.to_dict()``)."""
+"""The ``Table.info`` key that holds a table's declared spec (``FenceSpec.as_dict()``)."""
 
 _T = TypeVar("_T")
 
@@ -95,7 +95,7 @@ def declare_fence(
         lease_bound=lease_bound,
         issuer=issuer,
     )
-    table.info[INFO_KEY] = spec.to_dict()
+    table.info[INFO_KEY] = spec.as_dict()
     return spec
 
 

@@ -31,10 +31,12 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+from fencekit.errors import FencekitError
+
 __all__ = ["EmbeddedServer", "EmbeddedServerError", "start_embedded"]
 
 
-class EmbeddedServerError(RuntimeError):
+class EmbeddedServerError(FencekitError, RuntimeError):
     """The throwaway PostgreSQL server could not be started or stopped."""
 
 

@@ -1,11 +1,14 @@
-"""Typed fencing errors, translated from driver errors by SQLSTATE.
+"""fencekit's exceptions: one root, :class:`FencekitError`; typed rejections by SQLSTATE.
 
 PostgreSQL raises every rejection with a SQLSTATE in class ``YF`` (docs/dev/contracts.md), a
-one-line JSON ``DETAIL`` and the standard diagnostic fields. :func:`translate` turns a psycopg
-error, or SQLAlchemy's wrapper around one (``exc.orig``), into the matching :class:`FenceError`.
+one-line JSON ``DETAIL`` and the standard diagnostic fields. Each reason has its class under
+:class:`FenceError`. psycopg 3 raises them itself (:mod:`fencekit._psycopg_errors` registers
+them); :func:`translate` turns a psycopg2 or asyncpg error, or SQLAlchemy's wrapper around one
+(``exc.orig``), into the matching class.
 
-This module imports neither psycopg nor SQLAlchemy: the DBA path and the CLI use it without them,
-so driver errors are read by duck typing (``.sqlstate``, ``.diag``).
+Driver errors are read by duck typing (``.sqlstate``/``.pgcode``, ``.diag``, asyncpg's fields):
+this module imports no driver (pure data, the lowest layer). ``import fencekit`` registers the
+psycopg classes (:mod:`fencekit._psycopg_errors`).
 """
 
 from __future__ import annotations
@@ -20,15 +23,15 @@ __all__ = [
     "CommitOutcomeUnknownError",
     "FenceError",
     "FenceUsageError",
-    "InvalidTokenError",
+    "FencekitError",
     "IssuerMismatchError",
     "LeaseMismatchError",
     "MalformedTokenError",
     "MissingTokenError",
     "ReusedTokenError",
     "StaleTokenError",
-    "TokenNotSetError",
     "commit_outcome_unknown",
+    "fields_of",
     "translate",
     "validate_token",
 ]
@@ -36,26 +39,79 @@ __all__ = [
 BIGINT_MAX = 2**63 - 1
 
 _NO_TOKEN_ADVICE = (
-    "no fencing token is set: wrap the write in `with fencekit.fencing(token):` or install the "
-    "session plugin (fencekit.orm.install / fencekit.psycopg.install), or pass the token to "
-    "fencekit.psycopg.transaction(conn, token)"
+    "no fencing token is set: wrap the write in `with fencekit.fencing(token):` with the "
+    "driver's adapter installed (fencekit.psycopg / psycopg2 / asyncpg / sqlalchemy .install), "
+    "or pass the token to the adapter's transaction(conn, token)"
 )
 
 
-class FenceError(Exception):
-    """A write PostgreSQL rejected because of its fencing token (SQLSTATE class ``YF``).
+class FencekitError(Exception):
+    """The root of every exception fencekit raises: ``except fencekit.FencekitError`` catches
+    rejections, lease and issuer errors, spec and catalog errors alike."""
+
+
+class FenceError(FencekitError):
+    """A write refused because of its fencing token: by PostgreSQL (SQLSTATE class ``YF``,
+    ``orig`` is the driver's error), or before anything was sent, by fencekit (``orig`` is None:
+    no token in scope, a token that is not a positive bigint).
 
     Attributes come from the error's DETAIL JSON, falling back to the diagnostic fields:
     ``table`` is schema-qualified (``public.billing_summary``), ``key`` a dict of key column to
     text value (``None`` for table fences), ``token``/``fence`` ints or ``None`` when unknown.
-    ``orig`` is the driver error (also chained as ``__cause__``).
+
+    Raised by a driver fencekit registers with (psycopg 3; asyncpg once ``fencekit.asyncpg`` is
+    imported) the error is an instance of a subclass that is also that driver's error class, so
+    ``except psycopg.Error`` catches it too (docs/errors-and-metrics.md).
     """
 
     sqlstate: ClassVar[str] = "YF000"
     reason: ClassVar[str] = "usage"
     advice: ClassVar[str] = ""
 
+    message: str
+    table: str | None
+    key: dict[str, Any] | None
+    token: int | None
+    fence: int | None
+    resource: str | None
+    hint: str | None
+    column: str | None
+    constraint: str | None
+    detail: dict[str, Any]
+    orig: BaseException | None
+
     def __init__(
+        self,
+        message: str = "",
+        *,
+        table: str | None = None,
+        key: dict[str, Any] | None = None,
+        token: int | None = None,
+        fence: int | None = None,
+        resource: str | None = None,
+        hint: str | None = None,
+        column: str | None = None,
+        constraint: str | None = None,
+        detail: dict[str, Any] | None = None,
+        orig: BaseException | None = None,
+    ) -> None:
+        message = message or self.advice
+        super().__init__(message)
+        self._set_fields(
+            message,
+            table=table,
+            key=key,
+            token=token,
+            fence=fence,
+            resource=resource,
+            hint=hint,
+            column=column,
+            constraint=constraint,
+            detail=detail,
+            orig=orig,
+        )
+
+    def _set_fields(
         self,
         message: str,
         *,
@@ -70,7 +126,8 @@ class FenceError(Exception):
         detail: dict[str, Any] | None = None,
         orig: BaseException | None = None,
     ) -> None:
-        super().__init__(message)
+        # Separate from __init__: the driver subclasses (fencekit._psycopg_errors, ...) are
+        # built by the driver's own constructor and fill these from its diagnostics.
         self.message = message
         self.table = table
         self.key = key
@@ -97,6 +154,23 @@ class FenceError(Exception):
             f"key={self.key!r}, token={self.token!r}, fence={self.fence!r})"
         )
 
+    def as_dict(self) -> dict[str, Any]:
+        """The rejection as plain data (for logs and JSON): reason, SQLSTATE and the fields."""
+        return {
+            "reason": self.reason,
+            "sqlstate": self.sqlstate,
+            "message": self.message,
+            "table": self.table,
+            "key": self.key,
+            "token": self.token,
+            "fence": self.fence,
+            "resource": self.resource,
+            "hint": self.hint,
+            "column": self.column,
+            "constraint": self.constraint,
+            "detail": self.detail,
+        }
+
 
 class StaleTokenError(FenceError):
     """The token is lower than the fence: a newer lease holder has written since."""
@@ -118,7 +192,8 @@ class ReusedTokenError(FenceError):
 
 
 class MissingTokenError(FenceError):
-    """No token was set and the table rejects unfenced writes."""
+    """No token was set and the table rejects unfenced writes; or, raised before sending, a
+    fenced operation was asked for with no token given and no :func:`fencing` scope active."""
 
     sqlstate = "YF003"
     reason = "missing"
@@ -126,7 +201,8 @@ class MissingTokenError(FenceError):
 
 
 class MalformedTokenError(FenceError):
-    """``fencekit.token`` is not a canonical positive bigint."""
+    """``fencekit.token`` is not a canonical positive bigint; or, raised before sending
+    (:func:`validate_token`), a token that is not an int between 1 and ``2**63 - 1``."""
 
     sqlstate = "YF004"
     reason = "malformed"
@@ -182,7 +258,7 @@ SQLSTATES: dict[str, type[FenceError]] = {
 }
 
 
-class CommitOutcomeUnknownError(Exception):
+class CommitOutcomeUnknownError(FencekitError):
     """The connection was lost while a fenced transaction's COMMIT was in flight.
 
     Not a rejection (no SQLSTATE, not a :class:`FenceError`) and not a success: the server may
@@ -212,6 +288,12 @@ class CommitOutcomeUnknownError(Exception):
         self.orig = orig
 
 
+# Connection lost, by driver: psycopg and psycopg2 raise OperationalError (with no SQLSTATE, or
+# class 08 / 57P); asyncpg raises ConnectionDoesNotExistError, or an InterfaceError-derived
+# "connection is closed", or a PostgresConnectionError (class 08).
+_LOST_CLASSES = ("OperationalError", "ConnectionDoesNotExistError", "PostgresConnectionError")
+
+
 def commit_outcome_unknown(
     exc: BaseException, token: int | None = None, issuer: str | None = None
 ) -> CommitOutcomeUnknownError | None:
@@ -221,56 +303,108 @@ def commit_outcome_unknown(
     A lost connection has no SQLSTATE (psycopg), or one of class 08 (connection exception) or
     57P (the server shutting down or crashing under the client).
     """
-    driver = _driver_error(exc) or getattr(exc, "orig", None) or exc
-    sqlstate = getattr(driver, "sqlstate", None)
-    lost = sqlstate is None or sqlstate.startswith(("08", "57P"))
-    operational = any(c.__name__ == "OperationalError" for c in type(driver).__mro__)
-    if not (lost and operational):
+    candidates = _candidates(exc)  # SQLAlchemy's asyncpg errors wrap asyncpg's as __cause__
+    if any(
+        state is not None and not state.startswith(("08", "57P"))
+        for state in map(_sqlstate, candidates)
+    ):
+        return None  # the server answered: the transaction was rolled back
+    driver = next(
+        (
+            c
+            for c in candidates
+            if isinstance(c, ConnectionError)
+            or {k.__name__ for k in type(c).__mro__}.intersection(_LOST_CLASSES)
+        ),
+        None,
+    )
+    if driver is None:
         return None
     error = CommitOutcomeUnknownError(token=token, issuer=issuer, orig=driver)
     error.__cause__ = exc
     return error
 
 
-class InvalidTokenError(ValueError):
-    """A token rejected on the client, before anything was sent to the database."""
-
-
-class TokenNotSetError(InvalidTokenError):
-    """A fenced operation was asked for, but no token was given and no scope is active."""
-
-    def __init__(self, message: str = _NO_TOKEN_ADVICE) -> None:
-        super().__init__(message)
-
-
 def validate_token(token: object) -> int:
-    """Return ``token`` if it is a valid fencing token, else raise :class:`InvalidTokenError`.
+    """Return ``token`` if it is a valid fencing token, else raise :class:`MalformedTokenError`.
 
-    Valid: an ``int`` (not ``bool``), ``1 <= token <= 2**63 - 1`` (PostgreSQL ``bigint``).
+    Valid: an ``int`` (not ``bool``), ``1 <= token <= 2**63 - 1`` (PostgreSQL ``bigint``). The
+    same rule the database applies to ``fencekit.token`` (YF004), checked before sending.
     """
     if isinstance(token, bool) or not isinstance(token, int):
-        raise InvalidTokenError(
+        raise MalformedTokenError(
             f"a fencing token must be an int, got {type(token).__name__} {token!r}; "
             "convert it where the lease is granted (e.g. int(lease.token))"
         )
     if token <= 0:
-        raise InvalidTokenError(f"a fencing token must be positive, got {token}")
+        raise MalformedTokenError(f"a fencing token must be positive, got {token}")
     if token > BIGINT_MAX:
-        raise InvalidTokenError(
+        raise MalformedTokenError(
             f"a fencing token must fit in PostgreSQL bigint (<= {BIGINT_MAX}), got {token}"
         )
     return token
 
 
 # ---------------------------------------------------------------- translation
+#
+# Three drivers, two shapes of diagnostics: psycopg 3 and psycopg2 carry them in ``.diag``
+# (``message_primary``, ``schema_name``, ...) with the SQLSTATE in ``.sqlstate`` / ``.pgcode``;
+# asyncpg sets them on the error itself (``message``, ``detail``, ``schema_name``, ...).
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    for attribute in ("sqlstate", "pgcode"):
+        value = getattr(exc, attribute, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _candidates(exc: BaseException) -> list[BaseException]:
+    """``exc``, SQLAlchemy's ``.orig`` inside it, and what each was raised from: SQLAlchemy's
+    asyncpg dialect raises its own DBAPI-style error (a SQLSTATE, no diagnostics) from
+    asyncpg's, which has them."""
+    found: list[BaseException] = []
+    for candidate in (exc, getattr(exc, "orig", None)):
+        for one in (candidate, getattr(candidate, "__cause__", None)):
+            if isinstance(one, BaseException) and one not in found:
+                found.append(one)
+    return found
+
+
+def _has_diagnostics(exc: BaseException) -> bool:
+    return hasattr(exc, "diag") or "schema_name" in getattr(exc, "__dict__", {})
 
 
 def _driver_error(exc: BaseException) -> BaseException | None:
-    """The psycopg error inside ``exc``: itself, or SQLAlchemy's ``.orig``."""
-    for candidate in (exc, getattr(exc, "orig", None)):
-        if candidate is not None and isinstance(getattr(candidate, "sqlstate", None), str):
-            return candidate
-    return None
+    """The driver error inside ``exc`` that best describes it: one with diagnostics first."""
+    with_state = [c for c in _candidates(exc) if _sqlstate(c) is not None]
+    return next((c for c in with_state if _has_diagnostics(c)), None) or next(
+        iter(with_state), None
+    )
+
+
+def _diagnostics(driver: BaseException) -> dict[str, Any]:
+    """The error fields of ``driver``, named as psycopg names them, whatever the driver."""
+    names = (
+        "message_primary",
+        "message_detail",
+        "message_hint",
+        "schema_name",
+        "table_name",
+        "column_name",
+        "constraint_name",
+    )
+    diag = getattr(driver, "diag", None)
+    if diag is not None:  # psycopg 3, psycopg2
+        return {name: getattr(diag, name, None) for name in names}
+    fields = vars(driver) if hasattr(driver, "__dict__") else {}  # asyncpg: set on the error
+    return {
+        "message_primary": fields.get("message"),
+        "message_detail": fields.get("detail"),
+        "message_hint": fields.get("hint"),
+        **{name: fields.get(name) for name in names[3:]},
+    }
 
 
 def _as_int(value: object) -> int | None:
@@ -293,42 +427,48 @@ def _parse_detail(text: object) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def translate(exc: BaseException) -> FenceError | None:
-    """The :class:`FenceError` for a psycopg (or SQLAlchemy-wrapped) error, else ``None``.
-
-    The returned error has ``__cause__`` set to ``exc`` so a plain ``raise`` keeps the chain;
-    ``raise translate(e) from e`` is equivalent.
-    """
-    if isinstance(exc, FenceError):
-        return exc
-    driver = _driver_error(exc)
-    if driver is None:
-        return None
-    sqlstate: str = getattr(driver, "sqlstate", "")
-    cls = SQLSTATES.get(sqlstate)
-    if cls is None:
-        return None
-    diag = getattr(driver, "diag", None)
-    detail = _parse_detail(getattr(diag, "message_detail", None))
-    message = getattr(diag, "message_primary", None) or str(driver).splitlines()[0]
+def fields_of(driver: BaseException) -> tuple[str, dict[str, Any]]:
+    """(message, FenceError keyword arguments) read from a driver error's diagnostics."""
+    diag = _diagnostics(driver)
+    detail = _parse_detail(diag["message_detail"])
+    message = diag["message_primary"] or (str(driver).splitlines() or [""])[0]
     table = detail.get("table")
     if not isinstance(table, str):
-        schema, name = getattr(diag, "schema_name", None), getattr(diag, "table_name", None)
+        schema, name = diag["schema_name"], diag["table_name"]
         table = f"{schema}.{name}" if schema and name else name
     key = detail.get("key")
     resource = detail.get("resource")
-    error = cls(
-        str(message),
-        table=table,
-        key=key if isinstance(key, dict) else None,
-        token=_as_int(detail.get("token")),
-        fence=_as_int(detail.get("fence")),
-        resource=resource if isinstance(resource, str) else None,
-        hint=getattr(diag, "message_hint", None),
-        column=getattr(diag, "column_name", None),
-        constraint=getattr(diag, "constraint_name", None),
-        detail=detail,
-        orig=driver,
-    )
+    return str(message), {
+        "table": table,
+        "key": key if isinstance(key, dict) else None,
+        "token": _as_int(detail.get("token")),
+        "fence": _as_int(detail.get("fence")),
+        "resource": resource if isinstance(resource, str) else None,
+        "hint": diag["message_hint"],
+        "column": diag["column_name"],
+        "constraint": diag["constraint_name"],
+        "detail": detail,
+    }
+
+
+def translate(exc: BaseException) -> FenceError | None:
+    """The :class:`FenceError` for a driver error (psycopg 3, psycopg2, asyncpg, or SQLAlchemy's
+    wrapper around one), else ``None``.
+
+    An error that already is a :class:`FenceError` (psycopg 3 raises fencekit's classes itself)
+    is returned as it is. Otherwise the returned error has ``__cause__`` set to ``exc`` so a
+    plain ``raise`` keeps the chain; ``raise translate(e) from e`` is equivalent.
+    """
+    for candidate in _candidates(exc):
+        if isinstance(candidate, FenceError):
+            return candidate
+    driver = _driver_error(exc)
+    if driver is None:
+        return None
+    cls = SQLSTATES.get(_sqlstate(driver) or "")
+    if cls is None:
+        return None
+    message, fields = fields_of(driver)
+    error = cls(message, orig=driver, **fields)
     error.__cause__ = exc
     return error

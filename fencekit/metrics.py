@@ -31,6 +31,7 @@ from fencekit.errors import FenceError
 
 __all__ = [
     "MetricEvent",
+    "RejectionCount",
     "add_listener",
     "counts",
     "enable_opentelemetry",
@@ -38,6 +39,7 @@ __all__ = [
     "lateness_of",
     "record_rejection",
     "record_unfenced",
+    "rejections",
     "remove_listener",
     "reset",
 ]
@@ -103,7 +105,15 @@ def lateness_of(error: FenceError) -> float | None:
     return float(late) / 1000.0
 
 
+_COUNTED = "_fencekit_counted"  # set on an error once it has been recorded
+
+
 def record_rejection(error: FenceError) -> None:
+    """Record ``error``, once: the layers it passes through (a fenced cursor, then SQLAlchemy's
+    error hook) may each see the same error object."""
+    if getattr(error, _COUNTED, False):
+        return
+    setattr(error, _COUNTED, True)
     _emit(
         MetricEvent(
             "rejected",
@@ -118,6 +128,33 @@ def record_rejection(error: FenceError) -> None:
 
 def record_unfenced(table: str | None) -> None:
     _emit(MetricEvent("unfenced", table or _UNKNOWN_TABLE, "unfenced"))
+
+
+@dataclass(frozen=True)
+class RejectionCount:
+    """One row of the database's ``fencekit.rejections`` view."""
+
+    #: Schema-qualified (``public.billing_summary``): the name FenceError.table and MetricEvent
+    #: carry, and ``fencekit status`` shows, so the three line up.
+    table: str
+    reason: str
+    count: int
+    last_rejected_at: Any = None  # datetime of the table's last rejection, any reason
+    max_token_gap: int | None = None
+
+
+def rejections(conn: Any) -> list[RejectionCount]:
+    """Every client's rejections, by table and reason, from the database (``fencekit.rejections``,
+    readable by everyone): what survives the rolled-back transactions. ``conn`` is a psycopg
+    connection. Rows with a count of zero are left out."""
+    rows = conn.execute(
+        "SELECT schema_name, table_name, reason, count, last_rejected_at, max_token_gap "
+        "FROM fencekit.rejections WHERE count > 0 ORDER BY schema_name, table_name, reason"
+    ).fetchall()
+    return [
+        RejectionCount(f"{schema}.{name}", reason, int(count), last, gap)
+        for schema, name, reason, count, last, gap in rows
+    ]
 
 
 def counts() -> dict[tuple[Kind, str, str], int]:

@@ -38,7 +38,7 @@ from contextlib import (
 )
 from functools import cache
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import psycopg
 from psycopg import sql
@@ -48,9 +48,15 @@ from psycopg.pq import PipelineStatus, TransactionStatus
 from fencekit import _psycopg_internals as _internals
 from fencekit import metrics
 from fencekit.context import current_issuer, current_token, fencing
-from fencekit.errors import TokenNotSetError, commit_outcome_unknown, translate, validate_token
+from fencekit.errors import (
+    FenceError,
+    MissingTokenError,
+    commit_outcome_unknown,
+    validate_token,
+)
 
 __all__ = [
+    "AnyConnection",
     "AsyncFencedCursor",
     "FencedCursor",
     "async_set_token",
@@ -59,7 +65,11 @@ __all__ = [
     "set_token",
     "transaction",
     "uninstall",
+    "use_begin_path",
 ]
+
+AnyConnection: TypeAlias = "psycopg.Connection[Any] | psycopg.AsyncConnection[Any]"
+"""A psycopg 3 connection, sync or async: what the helpers shared by the twins take."""
 
 SET_TOKEN = "SELECT set_config('fencekit.token', %s, true), set_config('fencekit.issuer', %s, true)"
 _CLEAR = ("", "")  # (token, issuer) sent to clear what an earlier statement set
@@ -98,7 +108,7 @@ class _State:
         self.pinned: tuple[str, str] | None = None
 
 
-def _state(conn: Any) -> _State:
+def _state(conn: AnyConnection) -> _State:
     state: _State | None = getattr(conn, _STATE, None)
     if state is None:
         state = _State()
@@ -106,20 +116,20 @@ def _state(conn: Any) -> _State:
     return state
 
 
-def forget_transaction(conn: Any) -> None:
+def _forget_transaction(conn: AnyConnection) -> None:
     """A transaction boundary or savepoint rollback: what was set may no longer hold."""
     state = _state(conn)
     state.tx_value = None
 
 
-def track_transactions(conn: Any) -> None:
-    """Declare that :func:`forget_transaction` is called at every boundary of ``conn``."""
+def _track_transactions(conn: AnyConnection) -> None:
+    """Declare that :func:`_forget_transaction` is called at every boundary of ``conn``."""
     state = _state(conn)
     state.tracked = True
 
 
-def is_tracked(conn: Any) -> bool:
-    """True when ``conn`` is installed and :func:`track_transactions` was declared for it."""
+def _is_tracked(conn: AnyConnection) -> bool:
+    """True when ``conn`` is installed and :func:`_track_transactions` was declared for it."""
     state: _State | None = getattr(conn, _STATE, None)
     return state is not None and state.installed and state.tracked
 
@@ -135,7 +145,7 @@ def _checked_value(token: int, issuer: str | None) -> tuple[str, str]:
     return str(token), fencing(token, issuer).issuer or ""
 
 
-def _wanted(conn: Any) -> tuple[bool, tuple[str, str]]:
+def _wanted(conn: AnyConnection) -> tuple[bool, tuple[str, str]]:
     """(must send set_config before the next statement, (token, issuer) to send)."""
     state = _state(conn)
     status = conn.pgconn.transaction_status
@@ -160,11 +170,30 @@ def _wanted(conn: Any) -> tuple[bool, tuple[str, str]]:
 # "BEGIN; SET LOCAL fencekit.token = ..." in that round trip instead, as one simple query: the token
 # costs no round trip, no pipeline and no extra protocol message. The token is a validated int
 # and the issuer a quoted literal, so the query is built client-side like psycopg's own BEGIN.
-# Sending it takes psycopg internals, kept in fencekit._psycopg_internals; when its import-time
-# check fails (_internals.AVAILABLE is False) every transaction takes the pipeline path.
+# Sending it takes psycopg internals, kept in fencekit._psycopg_internals, so it is opt-in
+# (use_begin_path()); when its import-time check fails (_internals.AVAILABLE is False) every
+# transaction takes the pipeline path, opted in or not.
 
 
-def _set_token_sql(conn: Any, value: tuple[str, str]) -> bytes:
+def _begin_path() -> bool:
+    return _internals.ENABLED and _internals.AVAILABLE
+
+
+def use_begin_path(enabled: bool = True) -> bool:
+    """Opt in to (or out of) sending the token inside psycopg's own ``BEGIN``.
+
+    Off by default: fencekit then uses psycopg's public API only, and the token rides a pipeline
+    with the transaction's first statement (the same round trips, one statement more). On, it
+    saves that statement by overriding private psycopg ``Transaction`` internals, checked at
+    import (:mod:`fencekit._psycopg_internals`; docs/psycopg.md has the measured difference).
+    Returns whether the BEGIN path is now in use: False when turned off, or when this psycopg
+    lacks an internal it needs (``fencekit._psycopg_internals.missing()`` names them).
+    """
+    _internals.ENABLED = bool(enabled)
+    return _begin_path()
+
+
+def _set_token_sql(conn: AnyConnection, value: tuple[str, str]) -> bytes:
     # SET LOCAL, not SELECT set_config(): a utility statement is neither planned nor answered
     # with rows, which measured ~10 us against ~40 us of server time per transaction here.
     # Built by hand: psycopg's sql.Literal costs ~10 us a call, as much as the statement.
@@ -180,7 +209,7 @@ def _set_token_sql(conn: Any, value: tuple[str, str]) -> bytes:
     )
 
 
-def _begin_sql(conn: Any) -> bytes:
+def _begin_sql(conn: AnyConnection) -> bytes:
     """The BEGIN psycopg would send for ``conn`` (isolation level, read only, deferrable)."""
     parts = [b"BEGIN"]
     if conn.isolation_level is not None:
@@ -193,30 +222,34 @@ def _begin_sql(conn: Any) -> bytes:
     return b" ".join(parts)
 
 
-def _idle_outside_pipeline(conn: Any) -> bool:
+def _idle_outside_pipeline(conn: AnyConnection) -> bool:
     pgconn = conn.pgconn
     return bool(pgconn.transaction_status == _IDLE and pgconn.pipeline_status == PipelineStatus.OFF)
 
 
-def _opens_with_begin(conn: Any) -> bool:
+def _opens_with_begin(conn: AnyConnection) -> bool:
     """True when psycopg is about to send a BEGIN of its own before the next statement, and
     fencekit can send it instead, with the token (see :mod:`fencekit._psycopg_internals`)."""
-    return _internals.AVAILABLE and not conn.autocommit and _idle_outside_pipeline(conn)
+    return _begin_path() and not conn.autocommit and _idle_outside_pipeline(conn)
 
 
-def _begin_with_token(conn: Any, value: tuple[str, str]) -> None:
+def _begin_with_token(conn: psycopg.Connection[Any], value: tuple[str, str]) -> None:
     _internals.begin(conn, _begin_sql(conn) + b"; " + _set_token_sql(conn, value))
 
 
-async def _async_begin_with_token(conn: Any, value: tuple[str, str]) -> None:
+async def _async_begin_with_token(
+    conn: psycopg.AsyncConnection[Any], value: tuple[str, str]
+) -> None:
     await _internals.async_begin(conn, _begin_sql(conn) + b"; " + _set_token_sql(conn, value))
 
 
-def _setter(conn: Any) -> Any:
+def _setter(conn: AnyConnection) -> Any:
     state = _state(conn)
     if state.setter is None or state.setter.closed:
-        cls = psycopg.AsyncCursor if isinstance(conn, psycopg.AsyncConnection) else psycopg.Cursor
-        state.setter = cls(conn)
+        if isinstance(conn, psycopg.AsyncConnection):
+            state.setter = psycopg.AsyncCursor(conn)
+        else:
+            state.setter = psycopg.Cursor(conn)
     return state.setter
 
 
@@ -237,7 +270,7 @@ def _q(query: Query) -> Any:
     return query
 
 
-def _after(conn: Any, value: tuple[str, str]) -> None:
+def _after(conn: AnyConnection, value: tuple[str, str]) -> None:
     state = _state(conn)
     if state.pinned != value:
         state.pinned = None  # another value was sent: the block's token no longer holds
@@ -246,12 +279,11 @@ def _after(conn: Any, value: tuple[str, str]) -> None:
     state.tx_value = value if open_tx else None
 
 
-def _translated(exc: psycopg.Error) -> BaseException:
-    error = translate(exc)
-    if error is None:
-        return exc
-    metrics.record_rejection(error)
-    return error
+def _count(exc: BaseException) -> None:
+    """Count a rejection psycopg raised (it raises fencekit's classes itself:
+    :mod:`fencekit._psycopg_errors`); metrics count each error object once."""
+    if isinstance(exc, FenceError):
+        metrics.record_rejection(exc)
 
 
 # ---------------------------------------------------------------- cursors
@@ -260,7 +292,7 @@ def _translated(exc: psycopg.Error) -> BaseException:
 class FencedCursor(psycopg.Cursor[Any]):
     """A cursor whose statements carry :func:`fencekit.current_token` (see :func:`install`)."""
 
-    translate_errors = True
+    count_rejections = True
 
     def _fence_now(self, value: tuple[str, str]) -> None:
         _setter(self.connection).execute(SET_TOKEN, value)
@@ -292,9 +324,9 @@ class FencedCursor(psycopg.Cursor[Any]):
             _after(conn, value)
             return self
         except psycopg.Error as exc:
-            if not self.translate_errors:
-                raise
-            raise _translated(exc) from exc
+            if self.count_rejections:
+                _count(exc)
+            raise
 
     def executemany(
         self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
@@ -310,15 +342,15 @@ class FencedCursor(psycopg.Cursor[Any]):
                 super().executemany(query, params_seq, returning=returning)
             _after(conn, value)
         except psycopg.Error as exc:
-            if not self.translate_errors:
-                raise
-            raise _translated(exc) from exc
+            if self.count_rejections:
+                _count(exc)
+            raise
 
 
 class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
     """Async twin of :class:`FencedCursor`."""
 
-    translate_errors = True
+    count_rejections = True
 
     async def execute(
         self,
@@ -347,9 +379,9 @@ class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
             _after(conn, value)
             return self
         except psycopg.Error as exc:
-            if not self.translate_errors:
-                raise
-            raise _translated(exc) from exc
+            if self.count_rejections:
+                _count(exc)
+            raise
 
     async def executemany(
         self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
@@ -365,30 +397,30 @@ class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
                 await super().executemany(query, params_seq, returning=returning)
             _after(conn, value)
         except psycopg.Error as exc:
-            if not self.translate_errors:
-                raise
-            raise _translated(exc) from exc
+            if self.count_rejections:
+                _count(exc)
+            raise
 
 
 @cache
-def fenced_cursor_class(base: type[Any], *, translate_errors: bool = True) -> type[Any]:
+def fenced_cursor_class(base: type[Any], *, count_rejections: bool = True) -> type[Any]:
     """The fenced variant of a cursor class (``ClientCursor``, ``RawCursor``, a subclass...)."""
     fenced: type[Any] = AsyncFencedCursor if issubclass(base, psycopg.AsyncCursor) else FencedCursor
     if issubclass(base, fenced):
         return base  # already fenced: keep its error translation as it is
     if base in (psycopg.Cursor, psycopg.AsyncCursor):
-        if translate_errors:
+        if count_rejections:
             return fenced
         bases: tuple[type[Any], ...] = (fenced,)
     else:
         bases = (fenced, base)
-    return type(f"Fenced{base.__name__}", bases, {"translate_errors": translate_errors})
+    return type(f"Fenced{base.__name__}", bases, {"count_rejections": count_rejections})
 
 
 def install(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     *,
-    translate_errors: bool = True,
+    count_rejections: bool = True,
 ) -> None:
     """Automatic mode: statements on ``conn`` carry the current :func:`fencing` token.
 
@@ -400,7 +432,7 @@ def install(
     """
     state = _state(conn)
     factory = conn.cursor_factory
-    fenced = fenced_cursor_class(cast(Any, factory), translate_errors=translate_errors)
+    fenced = fenced_cursor_class(cast(Any, factory), count_rejections=count_rejections)
     if factory is not fenced:
         if not state.installed:
             state.previous_factory = factory
@@ -427,7 +459,7 @@ def _resolve(token: int | None, issuer: str | None = None) -> tuple[int, str | N
     if token is None:
         token = current_token()
         if token is None:
-            raise TokenNotSetError()
+            raise MissingTokenError()
         issuer = issuer or current_issuer()
     return validate_token(token), issuer
 
@@ -437,14 +469,14 @@ def _outer() -> tuple[str, str]:
 
 
 @contextmanager
-def _fenced_factory(conn: Any) -> Iterator[None]:
+def _fenced_factory(conn: AnyConnection) -> Iterator[None]:
     """Temporarily install the fenced cursor on a connection that is not in automatic mode."""
     state = _state(conn)
     if state.installed:
         yield
         return
     factory = conn.cursor_factory
-    conn.cursor_factory = fenced_cursor_class(factory)
+    conn.cursor_factory = fenced_cursor_class(cast(Any, factory))
     try:
         yield
     finally:
@@ -457,7 +489,7 @@ def _fenced_factory(conn: Any) -> Iterator[None]:
 # is one such layer.
 
 
-def _token_tx(cls: Any, conn: Any, value: tuple[str, str], *args: Any) -> Any:
+def _token_tx(cls: Any, conn: AnyConnection, value: tuple[str, str], *args: Any) -> Any:
     """A ``cls`` block on ``conn`` whose BEGIN carries ``value``; see :class:`_TokenBlock`."""
     tx = cls(conn, *args)
     tx._fk_value = value
@@ -512,11 +544,9 @@ class _TokenBlock:
             self._fk_scope.__exit__(None, None, None)
 
     def _fk_raise(self, exc: BaseException | None) -> None:
-        """Raise the fence error ``exc`` stands for, if this block translates errors."""
-        if self._fk_translate and isinstance(exc, psycopg.Error):
-            error = _translated(exc)
-            if error is not exc:
-                raise error from exc
+        """Count the rejection ``exc`` is, if this block counts them (psycopg raises it)."""
+        if self._fk_translate and exc is not None:
+            _count(exc)
 
     def _fk_failed(self, exc: BaseException) -> None:
         """psycopg's enter or exit raised (COMMIT failed, the connection broke): undo, translate."""
@@ -593,7 +623,7 @@ class _AsyncTokenTransaction(_TokenBlock, _internals.BeginHook, psycopg.AsyncTra
         return self._fk_exited(suppressed, exc_val)
 
 
-def _wrap_transaction(conn: Any) -> None:
+def _wrap_transaction(conn: AnyConnection) -> None:
     """Automatic mode: ``conn.transaction()`` inside a scope sends the token with its BEGIN.
 
     An instance attribute shadowing the method, removed by :func:`uninstall`; outside a scope,
@@ -601,7 +631,7 @@ def _wrap_transaction(conn: Any) -> None:
     """
     if "transaction" in vars(conn):
         return
-    original = type(conn).transaction
+    original: Any = type(conn).transaction
     cls = _AsyncTokenTransaction if isinstance(conn, psycopg.AsyncConnection) else _TokenTransaction
 
     def transaction(savepoint_name: str | None = None, force_rollback: bool = False) -> Any:
@@ -613,15 +643,15 @@ def _wrap_transaction(conn: Any) -> None:
     vars(conn)["transaction"] = transaction
 
 
-def _begins_with_token(conn: Any) -> bool:
+def _begins_with_token(conn: AnyConnection) -> bool:
     """True when a transaction block opened now can send the token with its BEGIN."""
-    return _internals.AVAILABLE and _idle_outside_pipeline(conn)
+    return _begin_path() and _idle_outside_pipeline(conn)
 
 
 def _block(
     cls: Any,
     nested: Callable[..., Any],
-    conn: Any,
+    conn: AnyConnection,
     token: int | None,
     issuer: str | None,
     savepoint_name: str | None,
@@ -663,7 +693,7 @@ def transaction(
     return block
 
 
-def _outer_to_restore(conn: Any, nested: bool) -> tuple[str, str] | None:
+def _outer_to_restore(conn: AnyConnection, nested: bool) -> tuple[str, str] | None:
     """After a nested block set its token: the outer one to set again (None: nothing to do)."""
     state = _state(conn)
     if nested and state.dirty and not state.installed and _in_transaction(conn):
@@ -671,7 +701,7 @@ def _outer_to_restore(conn: Any, nested: bool) -> tuple[str, str] | None:
     return None
 
 
-def _restored(conn: Any, outer: tuple[str, str]) -> None:
+def _restored(conn: AnyConnection, outer: tuple[str, str]) -> None:
     state = _state(conn)
     state.dirty = bool(outer[0])
     state.tx_value = None
@@ -687,7 +717,8 @@ def _nested_transaction(
         with scope, _fenced_factory(conn), conn.transaction(savepoint_name, force_rollback) as tx:
             yield tx
     except psycopg.Error as exc:
-        raise _translated(exc) from exc
+        _count(exc)
+        raise
     finally:
         outer = _outer_to_restore(conn, nested)
         if outer is not None:
@@ -729,7 +760,8 @@ async def _async_nested_transaction(
             async with conn.transaction(savepoint_name, force_rollback) as atx:
                 yield atx
     except psycopg.Error as exc:
-        raise _translated(exc) from exc
+        _count(exc)
+        raise
     finally:
         outer = _outer_to_restore(conn, nested)
         if outer is not None:
@@ -737,18 +769,18 @@ async def _async_nested_transaction(
             _restored(conn, outer)
 
 
-def _in_transaction(conn: Any) -> bool:
+def _in_transaction(conn: AnyConnection) -> bool:
     return bool(conn.pgconn.transaction_status == _INTRANS)
 
 
-def _explicit(conn: Any) -> None:
+def _explicit(conn: AnyConnection) -> None:
     state = _state(conn)
     state.pinned = None
     state.dirty = False  # set by hand: automatic mode must not clear it
     state.tx_value = None  # and a scope's token must still be sent over it
 
 
-def _check_open(conn: Any) -> None:
+def _check_open(conn: AnyConnection) -> None:
     if conn.autocommit and conn.pgconn.transaction_status == _IDLE:
         raise psycopg.ProgrammingError(
             "set_token() needs an open transaction: in autocommit mode the setting would end "

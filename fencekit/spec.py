@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Literal
 
+from fencekit.errors import FencekitError
 from fencekit.ident import quote_ident
 
 __all__ = [
@@ -31,7 +32,7 @@ OnMissing = Literal["reject", "allow"]
 OnEqual = Literal["accept", "reject"]
 
 
-class SpecError(ValueError):
+class SpecError(FencekitError, ValueError):
     """A fence spec or a table name is invalid; the message says which part and why."""
 
 
@@ -223,7 +224,7 @@ class FenceSpec:
             args += ["--issuer", self.issuer]
         return " ".join(shlex.quote(a) for a in args)
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; the registry stores it and alembic renders it."""
         d: dict[str, Any] = {
             "table": {"schema": self.table.schema, "name": self.table.name},

@@ -103,3 +103,50 @@ def test_no_cli_command_imports_another() -> None:
         if name in commands
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+#: The layers of fencekit/, from pure data to I/O (docs/dev/architecture.md, "Layers"): a module
+#: imports only from its own layer or lower ones, at any depth.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("fencekit.spec", "fencekit.ident", "fencekit.errors"),
+    ("fencekit._psycopg_errors", "fencekit.context", "fencekit.sqlgen", "fencekit.ddl"),
+    ("fencekit.catalog", "fencekit.embedded", "fencekit.declare"),
+    (
+        "fencekit.psycopg", "fencekit.psycopg2", "fencekit.asyncpg", "fencekit._psycopg_internals",
+        "fencekit.sqlalchemy", "fencekit.django", "fencekit.alembic_plugin",
+        "fencekit._alembic_entry", "fencekit.leases", "fencekit.metrics", "fencekit.tasks",
+        "fencekit.chaos", "fencekit.testing",
+    ),
+    ("fencekit.cli", "fencekit.bench", "fencekit.demo"),
+)  # fmt: skip
+
+
+def _layer(module: str) -> int | None:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [name for name in _modules() if name != "fencekit" and _layer(name) is None]
+    assert unplaced == [], "add them to LAYERS (and to docs/dev/architecture.md)"
+
+
+def test_imports_run_from_pure_data_to_io() -> None:
+    """Nothing lower imports anything higher (the package's __init__ re-exports the public API
+    and is exempt)."""
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        mine = _layer(name)
+        if mine is None:
+            continue
+        for imp in _imports(path, top_level_only=False):
+            target = next((m for m in (imp, imp.rsplit(".", 1)[0]) if m in modules), None)
+            if target is None or target == "fencekit":
+                continue
+            theirs = _layer(target)
+            if theirs is not None and theirs > mine:
+                upward.append(f"{name} (layer {mine}) imports {target} (layer {theirs})")
+    assert sorted(set(upward)) == []

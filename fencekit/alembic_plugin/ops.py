@@ -44,7 +44,7 @@ __all__ = [
 
 def spec_options(spec: FenceSpec) -> dict[str, Any]:
     """The spec's options as migration-file keyword arguments (the table is passed apart)."""
-    options = spec.to_dict()
+    options = spec.as_dict()
     del options["table"]
     return options
 

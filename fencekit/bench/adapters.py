@@ -1,4 +1,5 @@
-"""Adapter benchmarks: what carrying the token costs a psycopg or SQLAlchemy application.
+"""Adapter benchmarks: what carrying the token costs a psycopg, psycopg2, asyncpg or SQLAlchemy
+application, each against the same driver unfenced.
 
 Baseline: the same work on an identical unprotected table, without fencekit. Fenced: the
 protected table, the token carried by the adapter (``fencing()`` scope, fenced cursor, trigger
@@ -215,7 +216,7 @@ def _orm_case(dsn: str, transactions: int, rounds: int) -> dict[str, Any]:
     from sqlalchemy.engine import URL
     from sqlalchemy.orm import DeclarativeBase, mapped_column, sessionmaker
 
-    from fencekit import orm
+    from fencekit import sqlalchemy as fk_sqlalchemy
 
     class Base(DeclarativeBase):
         pass
@@ -252,7 +253,7 @@ def _orm_case(dsn: str, transactions: int, rounds: int) -> dict[str, Any]:
     engine = create_engine(url, pool_size=1)
     fenced_sessions = sessionmaker(engine)
     plain_sessions = sessionmaker(engine)
-    orm.install(fenced_sessions)
+    fk_sqlalchemy.install(fenced_sessions)
 
     def unit_of_work(sessions: Any, model: Any, row: int) -> None:
         with sessions() as session:
@@ -279,13 +280,114 @@ def _orm_case(dsn: str, transactions: int, rounds: int) -> dict[str, Any]:
         engine.dispose()
 
 
+_UPDATE = "UPDATE {} SET total = total + 1, updated_at = now() WHERE id = {}"
+
+
+def _psycopg2_case(dsn: str, transactions: int, rounds: int) -> dict[str, Any]:
+    import psycopg2
+
+    from fencekit import psycopg2 as fk_psycopg2
+
+    plain_sql = _UPDATE.format(f"{SCHEMA}.plain", "%s")
+    fenced_sql = _UPDATE.format(f"{SCHEMA}.fenced", "%s")
+    conn = psycopg2.connect(dsn)  # one connection for both sides (see _psycopg_cases)
+
+    def baseline(row: int, token: int) -> None:
+        with conn.cursor() as cur:
+            cur.execute(plain_sql, (row,))
+        conn.commit()
+
+    def fenced(row: int, token: int) -> None:
+        with fk_psycopg2.transaction(conn, token), conn.cursor() as cur:
+            cur.execute(fenced_sql, (row,))
+
+    try:
+        return _compare(
+            "psycopg2: single-row transaction, fencekit.psycopg2.transaction() vs unfenced",
+            baseline,
+            fenced,
+            transactions,
+            rounds,
+        )
+    finally:
+        conn.close()
+
+
+def _asyncpg_cases(dsn: str, transactions: int, rounds: int) -> list[dict[str, Any]]:
+    import asyncio
+
+    import asyncpg
+
+    from fencekit import asyncpg as fk_asyncpg
+
+    plain_sql = _UPDATE.format(f"{SCHEMA}.plain", "$1")
+    fenced_sql = _UPDATE.format(f"{SCHEMA}.fenced", "$1")
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    kwargs = {
+        "host": params.get("host"),
+        "port": int(str(params["port"])) if params.get("port") else None,
+        "user": params.get("user"),
+        "password": params.get("password"),
+        "database": params.get("dbname"),
+    }
+    loop = asyncio.new_event_loop()
+    # One connection for both sides; the fenced side installs it for its block only.
+    conn = loop.run_until_complete(
+        asyncpg.connect(**{k: v for k, v in kwargs.items() if v is not None})
+    )
+
+    async def baseline(row: int) -> None:
+        async with conn.transaction():
+            await conn.execute(plain_sql, row)
+
+    async def fenced(row: int, token: int) -> None:
+        async with fk_asyncpg.transaction(conn, token):
+            await conn.execute(fenced_sql, row)
+
+    async def baseline_statement(row: int) -> None:
+        await conn.execute(plain_sql, row)  # autocommit: its own implicit transaction
+
+    async def fenced_statement(row: int, token: int) -> None:
+        fk_asyncpg.install(conn)
+        try:
+            with fencing(token):  # outside a transaction, with arguments: wrapped in one
+                await conn.execute(fenced_sql, row)
+        finally:
+            fk_asyncpg.uninstall(conn)
+
+    try:
+        return [
+            _compare(
+                "asyncpg: single-row transaction, fencekit.asyncpg.transaction() vs unfenced",
+                lambda row, token: loop.run_until_complete(baseline(row)),
+                lambda row, token: loop.run_until_complete(fenced(row, token)),
+                transactions,
+                rounds,
+            ),
+            {
+                **_compare(
+                    "asyncpg: one statement with arguments outside a transaction "
+                    "(wrapped: BEGIN and COMMIT added) vs unfenced",
+                    lambda row, token: loop.run_until_complete(baseline_statement(row)),
+                    lambda row, token: loop.run_until_complete(fenced_statement(row, token)),
+                    transactions,
+                    rounds,
+                ),
+                "target": "",  # the documented cost of that path (docs/asyncpg.md)
+            },
+        ]
+    finally:
+        loop.run_until_complete(conn.close())
+        loop.close()
+
+
 def run(
     dsn: str, *, quick: bool = False, progress: Callable[[str], None] = lambda _: None
 ) -> list[dict[str, Any]]:
     """Run the adapter benchmarks against ``dsn`` (a database with fencekit's core installed).
 
-    Creates and drops schema ``fencekit_bench_adapters``. The ORM case needs SQLAlchemy and is
-    left out when it is not installed.
+    Creates and drops schema ``fencekit_bench_adapters``. The ORM case needs SQLAlchemy, the
+    psycopg2 and asyncpg cases their driver; each is left out when it is not installed.
     """
     transactions = 200 if quick else 1000
     rounds = 3 if quick else 7
@@ -301,6 +403,19 @@ def run(
             else:
                 progress("adapters: SQLAlchemy ORM unit of work")
                 results.append(_orm_case(dsn, transactions, rounds))
+            # The other drivers, each against itself unfenced (extras: left out when absent).
+            for module, label, case in (
+                ("psycopg2", "psycopg2 single-row transactions", _psycopg2_case),
+                ("asyncpg", "asyncpg single-row transactions", _asyncpg_cases),
+            ):
+                try:
+                    __import__(module)
+                except ImportError:
+                    progress(f"adapters: {module} not installed, its case skipped")
+                    continue
+                progress(f"adapters: {label}")
+                found = case(dsn, transactions, rounds)
+                results.extend(found if isinstance(found, list) else [found])
         finally:
             _teardown(conn)
     return results

@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = ["GROUPS", "Report", "format_ratios", "format_scaling", "run_all", "to_markdown"]
 
-GROUPS = ("core", "adapters", "leases", "scaling")
+GROUPS = ("core", "adapters", "leases", "rollout", "scaling")
 Progress = Callable[[str], None]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from fencekit import sqlgen
+from fencekit.errors import FencekitError
 from fencekit.spec import FenceSpec, TableName
 
 __all__ = [
@@ -114,7 +115,7 @@ class Command:
     sha256: str | None = None
 
 
-class CatalogError(Exception):
+class CatalogError(FencekitError):
     """The database does not fit the request (core missing, table missing, bad key column).
 
     ``command``: the fencekit command that would fix it (the CLI appends it as a hint)."""
@@ -145,7 +146,7 @@ class Drift:
             return self.fix
         return self.fix.replace(COMMAND, render(self.command))
 
-    def to_dict(self, render: Callable[[Command], str]) -> dict[str, Any]:
+    def as_dict(self, render: Callable[[Command], str]) -> dict[str, Any]:
         return {
             "kind": self.kind.value,
             "object": self.object,
@@ -169,16 +170,16 @@ class ProtectedTable:
     #: Worst lateness of a rejected token, seconds (key and table fences; fencekit.lateness).
     max_lateness_seconds: float | None = None
 
-    def to_dict(self, render: Callable[[Command], str]) -> dict[str, Any]:
+    def as_dict(self, render: Callable[[Command], str]) -> dict[str, Any]:
         return {
             "table": self.spec.table.dotted,
             "schema": self.spec.table.schema,
             "name": self.spec.table.name,
-            "spec": self.spec.to_dict(),
+            "spec": self.spec.as_dict(),
             "template_version": self.template_version,
             "tag": self.tag,
             "protected_at": iso(self.protected_at),
-            "drift": [d.to_dict(render) for d in self.drift],
+            "drift": [d.as_dict(render) for d in self.drift],
             "rejections": dict(self.rejections),
             "last_rejected_at": iso(self.last_rejected_at),
             "max_token_gap": self.max_token_gap,
@@ -196,7 +197,7 @@ class Repairs:
     #: The last repair in one line; None when this role may not read the audit rows.
     last: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "count": self.count,
             "lowered": self.lowered,
@@ -222,7 +223,7 @@ class Status:
     def all_drift(self) -> list[Drift]:
         return list(self.drift) + [d for t in self.tables for d in t.drift]
 
-    def to_dict(self, render: Callable[[Command], str]) -> dict[str, Any]:
+    def as_dict(self, render: Callable[[Command], str]) -> dict[str, Any]:
         return {
             "core": {
                 "installed": self.core_version is not None,
@@ -231,10 +232,10 @@ class Status:
             },
             "template_version": sqlgen.TEMPLATE_VERSION,
             "drift": self.has_drift,
-            "core_drift": [d.to_dict(render) for d in self.drift],
+            "core_drift": [d.as_dict(render) for d in self.drift],
             "warnings": list(self.warnings),
-            "repairs": self.repairs.to_dict() if self.repairs is not None else None,
-            "tables": [t.to_dict(render) for t in self.tables],
+            "repairs": self.repairs.as_dict() if self.repairs is not None else None,
+            "tables": [t.as_dict(render) for t in self.tables],
         }
 
 

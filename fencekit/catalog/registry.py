@@ -202,13 +202,40 @@ def check_spec(conn: Conn, spec: FenceSpec, *, moving: bool = False) -> list[str
         # Policies change in place (protect re-runs keep the fences); another scope, key,
         # resource or fence column is a move, which carries the fences in one transaction.
         raise CatalogError(
-            f"{t} is protected with another scope, key, resource or fence column "
+            f"{t} is protected with another {_changed(current.spec, spec, moves=True)} "
             f"({current.spec.describe()}): move it in one transaction, its fences carried",
             Command(Action.MOVE, spec),
         )
     if current is not None and current.spec != spec:
         notes.append(
-            f"{t} was protected with {current.spec.describe()}: its policies change in place, "
-            "its fences are kept"
+            f"{t} was protected with {current.spec.describe()}: its policies change in place "
+            f"({_changed(current.spec, spec, moves=False)}), its fences are kept"
         )
     return notes
+
+
+# The spec fields whose change is a move (sqlgen.is_move); any other field changes in place.
+_MOVE_FIELDS = ("scope", "key", "resource", "column")
+
+
+def _changed(old: FenceSpec, new: FenceSpec, *, moves: bool) -> str:
+    """The fields that differ between two specs of one table, named with both values."""
+    import dataclasses
+
+    names = [
+        f.name
+        for f in dataclasses.fields(old)
+        if f.name != "table"
+        and (f.name in _MOVE_FIELDS) == moves
+        and getattr(old, f.name) != getattr(new, f.name)
+    ]
+    shown = ", ".join(
+        f"{n} ({_shown(getattr(old, n))} -> {_shown(getattr(new, n))})" for n in names
+    )
+    return shown or ("fence column" if moves else "policies")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, tuple):
+        return ", ".join(map(str, value)) or "none"
+    return "none" if value is None else str(getattr(value, "value", value))

@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from fencekit.errors import FencekitError
+
 __all__ = [
     "Event",
     "HistoryError",
@@ -53,7 +55,7 @@ __all__ = [
 ]
 
 
-class HistoryError(ValueError):
+class HistoryError(FencekitError, ValueError):
     """A history cannot be read or checked (the message says where and why)."""
 
 

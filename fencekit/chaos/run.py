@@ -38,6 +38,7 @@ from fencekit.chaos.checker import (
 from fencekit.chaos.history import HistoryWriter, merge, write_merged
 from fencekit.chaos.nemesis import Fault, Nemesis
 from fencekit.chaos.worker import LEASE_PREFIX
+from fencekit.errors import FencekitError
 
 __all__ = [
     "ISSUERS",
@@ -111,7 +112,7 @@ class ChaosConfig:
             raise ValueError("ttl must be 0.1 to 30 s")
 
 
-class ChaosSetupError(RuntimeError):
+class ChaosSetupError(FencekitError, RuntimeError):
     """The run could not prepare what it needs on the server (e.g. its worker role)."""
 
 

@@ -18,6 +18,8 @@ import sys
 import textwrap
 from typing import Any, NoReturn
 
+from fencekit.errors import FencekitError
+
 __all__ = ["GROUPS", "main"]
 
 #: Subcommand modules, in the order ``fencekit --help`` lists them.
@@ -53,7 +55,7 @@ _EXTRAS = {
 }
 
 
-class UsageError(Exception):
+class UsageError(FencekitError):
     """Bad command-line input detected after parsing; exit code 2."""
 
 
@@ -186,8 +188,36 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if args.debug or not _expected(exc):
             raise
-        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        if args.command == "fences" and _bad_key_value(exc):
+            print(
+                f"{prog}: error: --key {' '.join(getattr(args, 'key', None) or [])} does not fit "
+                f"the table's key columns: {_one_line(exc)} (see: {prog} --help)",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"{prog}: error: {_one_line(exc)}{_needs_admin(args.command, exc)}", file=sys.stderr)
         return 1
+
+
+# Commands that read fencekit's own tables (fencekit.fences, the registry), which only members
+# of fencekit_admin may read: a permission error there means the role is not one.
+_ADMIN_READS = ("status", "fences")
+
+
+def _needs_admin(command: str, exc: Exception) -> str:
+    """What to add to a permission error of a command that needs fencekit_admin."""
+    if command not in _ADMIN_READS or getattr(exc, "sqlstate", None) != "42501":
+        return ""
+    return (
+        f"; fencekit {command} reads fencekit's own tables, which only members of "
+        "fencekit_admin may read: run it as one (GRANT fencekit_admin TO <role>)"
+    )
+
+
+def _bad_key_value(exc: Exception) -> bool:
+    """A --key value the key column's type refused (class 22: data exception)."""
+    state = getattr(exc, "sqlstate", None)
+    return isinstance(state, str) and state.startswith("22")
 
 
 def _version(args_list: list[str]) -> int:

@@ -229,5 +229,5 @@ def table_keys(spec: FenceSpec) -> dict[str, Any]:
         "table": spec.table.dotted,
         "schema": spec.table.schema,
         "name": spec.table.name,
-        "spec": spec.to_dict(),
+        "spec": spec.as_dict(),
     }

@@ -56,4 +56,4 @@ def error_text(exc: CatalogError) -> str:
 
 def status_document(st: Status) -> dict[str, Any]:
     """``fencekit status --json``."""
-    return st.to_dict(command_text)
+    return st.as_dict(command_text)

@@ -173,7 +173,7 @@ def run_move(args: argparse.Namespace) -> int:
     document = {
         "action": "move",
         **table_keys(new),
-        "from": old.to_dict(),
+        "from": old.as_dict(),
         "moved": moved,
         "changed": old != new,
         "template_version": sqlgen.TEMPLATE_VERSION,

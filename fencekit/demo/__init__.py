@@ -40,6 +40,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from fencekit.errors import FencekitError
+
 __all__ = ["DemoError", "DemoResult", "run_demo"]
 
 RESOURCE = "billing"  # the named resource of the key fence
@@ -72,7 +74,7 @@ ON CONFLICT (account_id) DO UPDATE
 """
 
 
-class DemoError(RuntimeError):
+class DemoError(FencekitError, RuntimeError):
     """The demo could not run (server, privileges, a worker that misbehaved)."""
 
 
@@ -433,13 +435,13 @@ def run_demo(
     throwaway embedded server. Returns what happened; ``result.ok`` says whether the outcome
     is the one expected for the mode. ``issuer``: where the leases come from (postgres, etcd,
     zookeeper; see fencekit.demo.issuers for how an external server is found)."""
-    from fencekit.demo.issuers import IssuerNotReachable, check_reachable, endpoints_for
+    from fencekit.demo.issuers import IssuerNotReachableError, check_reachable, endpoints_for
 
     out = out or sys.stdout
     try:
         issuer_endpoints = endpoints_for(issuer, issuer_endpoints)
         source = check_reachable(issuer, issuer_endpoints)
-    except (IssuerNotReachable, ValueError) as exc:
+    except (IssuerNotReachableError, ValueError) as exc:
         raise DemoError(str(exc)) from exc
     story = _Story(out, fence, issuer, issuer_endpoints)
     mode = "fenced" if fence else "NOT fenced (--no-fence)"

@@ -6,7 +6,7 @@ The demo's story is the same with every issuer; only three things differ, and li
 - where an external server is (:func:`endpoints_for`: ``--issuer-endpoints``, else the
   environment variable ``FENCEKIT_ETCD_ENDPOINTS`` / ``FENCEKIT_ZOOKEEPER_HOSTS``, else the
   server's default port on loopback) and whether it answers (:func:`check_reachable`, which
-  raises :class:`IssuerNotReachable` with a message saying how to start one);
+  raises :class:`IssuerNotReachableError` with a message saying how to start one);
 - how the demo knows that the paused worker's lease is gone (:func:`wait_released`): for the
   built-in issuer the database's lease table says so; for etcd and ZooKeeper the issuer's
   own view (a linearizable read of the lock's current holder) says so.
@@ -26,7 +26,7 @@ __all__ = [
     "DEFAULT_ENDPOINTS",
     "ENDPOINTS_ENV",
     "ISSUERS",
-    "IssuerNotReachable",
+    "IssuerNotReachableError",
     "check_reachable",
     "endpoints_for",
     "make_issuer",
@@ -43,7 +43,7 @@ _HOW_TO_START = {
 }
 
 
-class IssuerNotReachable(IssuerError):
+class IssuerNotReachableError(IssuerError):
     """The demo's external issuer is not installed (client library) or does not answer."""
 
 
@@ -82,11 +82,11 @@ def make_issuer(kind: str, dsn: str, endpoints: str | None, ttl: float) -> Issue
         # The lease length is the session timeout; the server may raise it to its minimum.
         return ZooKeeperIssuer(endpoints, session_timeout=ttl, connect_timeout=5.0)
     except ImportError as exc:
-        raise IssuerNotReachable(str(exc)) from exc
+        raise IssuerNotReachableError(str(exc)) from exc
 
 
 def check_reachable(kind: str, endpoints: str | None, timeout: float = 3.0) -> str:
-    """Raise :class:`IssuerNotReachable` unless the ``kind`` server answers; describe it."""
+    """Raise :class:`IssuerNotReachableError` unless the ``kind`` server answers; describe it."""
     _check_kind(kind)
     if kind == "postgres":
         return "the built-in PostgreSQL issuer"
@@ -116,9 +116,9 @@ def check_reachable(kind: str, endpoints: str | None, timeout: float = 3.0) -> s
             finally:
                 kazoo_log.setLevel(level)
     except ImportError as exc:
-        raise IssuerNotReachable(f"--issuer {kind}: {exc}") from exc
+        raise IssuerNotReachableError(f"--issuer {kind}: {exc}") from exc
     except Exception as exc:  # unreachable, refused, timed out, not that kind of server
-        raise IssuerNotReachable(f"{hint} ({type(exc).__name__}: {exc})") from exc
+        raise IssuerNotReachableError(f"{hint} ({type(exc).__name__}: {exc})") from exc
     return f"{kind} at {where}"
 
 

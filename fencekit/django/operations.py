@@ -1,7 +1,7 @@
 """Django migration operations: ``InstallFencekit``, ``ProtectTable``, ``MoveFence`` and
 ``UnprotectTable``.
 
-Each fence operation carries its spec (a :meth:`FenceSpec.to_dict` dict) and the SQL it runs,
+Each fence operation carries its spec (a :meth:`FenceSpec.as_dict` dict) and the SQL it runs,
 frozen into the migration file by ``makemigrations``: the statements ``fencekit.sqlgen``
 produced then, and the ones its reverse runs. An old migration does what it did when it was
 written, whatever fencekit's templates have become since. An operation written by hand without
@@ -245,7 +245,7 @@ class ProtectTable(_TableOperation):
         return f"protect_{self.model_name_lower}"
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        kwargs: dict[str, Any] = {"model_name": self.model_name, "spec": self.spec.to_dict()}
+        kwargs: dict[str, Any] = {"model_name": self.model_name, "spec": self.spec.as_dict()}
         if self.sql is not None:
             kwargs["sql"] = Statements(self.sql)
         if self.reverse_sql is not None:
@@ -368,8 +368,8 @@ class MoveFence(_TableOperation):
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         kwargs: dict[str, Any] = {
             "model_name": self.model_name,
-            "old": self.old.to_dict(),
-            "new": self.new.to_dict(),
+            "old": self.old.as_dict(),
+            "new": self.new.as_dict(),
         }
         if self.sql is not None:
             kwargs["sql"] = Statements(self.sql)

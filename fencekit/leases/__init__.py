@@ -15,12 +15,13 @@ from fencekit.leases.base import (
     Grant,
     Issuer,
     IssuerError,
-    IssuerUnavailable,
+    IssuerUnavailableError,
     LeaseError,
     LeaseLostError,
-    LeaseTimeout,
+    LeaseTimeoutError,
     LossCallback,
 )
+from fencekit.leases.claim import async_claim, claim
 from fencekit.leases.lease import AsyncLease, Lease
 from fencekit.leases.postgres import AsyncPostgresIssuer, PostgresIssuer
 
@@ -32,11 +33,13 @@ __all__ = [
     "Grant",
     "Issuer",
     "IssuerError",
-    "IssuerUnavailable",
+    "IssuerUnavailableError",
     "Lease",
     "LeaseError",
     "LeaseLostError",
-    "LeaseTimeout",
+    "LeaseTimeoutError",
     "LossCallback",
     "PostgresIssuer",
+    "async_claim",
+    "claim",
 ]

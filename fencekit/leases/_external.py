@@ -21,7 +21,7 @@ from fencekit.leases.base import (
     Grant,
     Issuer,
     IssuerError,
-    IssuerUnavailable,
+    IssuerUnavailableError,
     LossCallback,
     check_resource,
 )
@@ -33,7 +33,7 @@ __all__ = [
     "Grant",
     "Issuer",
     "IssuerError",
-    "IssuerUnavailable",
+    "IssuerUnavailableError",
     "LossCallback",
     "LossTracker",
     "check_resource",

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from fencekit.errors import FencekitError
+
 log = logging.getLogger("fencekit.leases")
 
 MAX_TOKEN = 2**63 - 1
@@ -35,11 +37,11 @@ __all__ = [
     "Grant",
     "Issuer",
     "IssuerError",
-    "IssuerUnavailable",
+    "IssuerUnavailableError",
     "LeaseError",
     "LeaseLostError",
     "LeaseState",
-    "LeaseTimeout",
+    "LeaseTimeoutError",
     "LossCallback",
     "check_resource",
     "check_ttl",
@@ -103,11 +105,11 @@ class AsyncIssuer(Protocol):
 # ---------------------------------------------------------------- errors
 
 
-class IssuerError(Exception):
+class IssuerError(FencekitError):
     """Base class of issuer errors."""
 
 
-class IssuerUnavailable(IssuerError):
+class IssuerUnavailableError(IssuerError):
     """The issuer could not be reached in time.
 
     Not a verdict on the lease: the attempt may or may not have taken effect, and a held lease
@@ -115,11 +117,11 @@ class IssuerUnavailable(IssuerError):
     """
 
 
-class LeaseError(Exception):
+class LeaseError(FencekitError):
     """Base class of lease errors (a lease used while not held, ...)."""
 
 
-class LeaseTimeout(LeaseError, TimeoutError):
+class LeaseTimeoutError(LeaseError, TimeoutError):
     """The resource stayed held by someone else for the whole wait."""
 
 

@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 from fencekit.leases._external import (
     Grant,
     IssuerError,
-    IssuerUnavailable,
+    IssuerUnavailableError,
     LossCallback,
     LossTracker,
     check_resource,
@@ -171,7 +171,7 @@ class _Members:
                         self._current = (idx + 1) % len(self.clients)
             now = time.monotonic()
             if now >= deadline:
-                raise IssuerUnavailable(
+                raise IssuerUnavailableError(
                     f"etcd: {what} failed on every member for {tried} attempts: {last}"
                 ) from last
             # One quick pass over the members, then back off.
@@ -319,7 +319,7 @@ class EtcdIssuer:
     def try_acquire(self, resource: str, holder: str, ttl: float) -> Grant | None:
         """One non-blocking attempt. Returns a Grant, or None when another holder has it.
 
-        Raises IssuerUnavailable when etcd cannot be reached within ``retry_deadline`` (the
+        Raises IssuerUnavailableError when etcd cannot be reached within ``retry_deadline`` (the
         lease granted for the attempt, if any, is revoked or left to expire).
         """
         check_resource(resource)
@@ -366,7 +366,7 @@ class EtcdIssuer:
                 # revision, the token, is unknown: another holder may still have held the lock
                 # then, so the key would have been a waiter's. Withdraw; the caller tries again
                 # with a fresh key, whose revision is read in the same transaction.
-                with contextlib.suppress(IssuerUnavailable):
+                with contextlib.suppress(IssuerUnavailableError):
                     self._revoke(lease_id, deadline)
                 return None
             my_rev = int(resp["header"]["revision"])
@@ -377,7 +377,7 @@ class EtcdIssuer:
             raise
         if owners and int(owners[0]["create_revision"]) != my_rev:
             # Someone else holds it: withdraw (revoking the lease deletes our key).
-            with contextlib.suppress(IssuerUnavailable):
+            with contextlib.suppress(IssuerUnavailableError):
                 self._revoke(lease_id, deadline)
             return None
         grant = Grant(
@@ -407,7 +407,7 @@ class EtcdIssuer:
                 "lease keep-alive",
                 deadline=max(tracker.valid_until, t0 + 0.5),
             )
-        except IssuerUnavailable as exc:
+        except IssuerUnavailableError as exc:
             tracker.mark_lost(f"etcd unreachable until the lease's TTL ran out: {exc}")
             return False
         left = int(result.get("result", {}).get("TTL", -1))
@@ -426,7 +426,7 @@ class EtcdIssuer:
                 "lock key read",
                 deadline=max(tracker.valid_until, time.monotonic() + 0.5),
             )
-        except IssuerUnavailable as exc:
+        except IssuerUnavailableError as exc:
             if tracker.lost:
                 tracker.mark_lost(f"etcd unreachable until the lease's TTL ran out: {exc}")
                 return False
@@ -462,7 +462,7 @@ class EtcdIssuer:
         try:
             self._call(lambda c: c.transaction(txn), "unlock transaction")
             self._revoke(handle.lease_id)
-        except IssuerUnavailable as exc:
+        except IssuerUnavailableError as exc:
             log.warning(
                 "etcd release of %s failed (the lease expires by its TTL): %s", grant.resource, exc
             )

@@ -28,10 +28,10 @@ from fencekit.leases.base import (
     Backoff,
     Grant,
     Issuer,
-    IssuerUnavailable,
+    IssuerUnavailableError,
     LeaseError,
     LeaseState,
-    LeaseTimeout,
+    LeaseTimeoutError,
     LossCallback,
     check_resource,
     check_ttl,
@@ -210,7 +210,7 @@ class Lease(_LeaseBase):
         return True
 
     def acquire(self, wait: float | _Unset | None = _UNSET) -> Lease:
-        """Acquire, waiting up to ``wait`` seconds with backoff; raise LeaseTimeout after."""
+        """Acquire, waiting up to ``wait`` seconds with backoff; raise LeaseTimeoutError after."""
         wait = self.wait if isinstance(wait, _Unset) else wait
         deadline = None if wait is None else time.monotonic() + wait
         self.backoff.reset()
@@ -218,11 +218,11 @@ class Lease(_LeaseBase):
             try:
                 if self.try_acquire():
                     return self
-            except IssuerUnavailable as exc:
+            except IssuerUnavailableError as exc:
                 log.info("lease %s: issuer unavailable, retrying: %s", self.resource, exc)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise LeaseTimeout(
+                raise LeaseTimeoutError(
                     f"lease on {self.resource!r} still held by another holder after {wait:g}s"
                 )
             time.sleep(self.backoff.next_delay(remaining))
@@ -324,8 +324,10 @@ class Lease(_LeaseBase):
         """Raise ``table``'s fence (of key ``key``; none for a table fence) to this lease's
         token now, so that every older token is stale there before the first write: what a
         new holder does at grant (docs/leases.md#claim-at-grant). Runs ``fencekit.claim`` on
-        ``conn`` (psycopg); returns the fence before the claim. Raises ``StaleTokenError``
-        when a newer token already holds the resource, ``LeaseLostError`` when lost."""
+        ``conn``: a psycopg 3 or psycopg2 connection, a SQLAlchemy Connection, Session or
+        Engine, or a URL (:func:`fencekit.leases.claim`); returns the fence before the claim.
+        Raises ``StaleTokenError`` when a newer token already holds the resource,
+        ``LeaseLostError`` when lost."""
         from fencekit.leases.claim import claim
 
         self.check()
@@ -412,7 +414,7 @@ class AsyncLease(_LeaseBase):
         return True
 
     async def acquire(self, wait: float | _Unset | None = _UNSET) -> AsyncLease:
-        """Acquire, waiting up to ``wait`` seconds with backoff; raise LeaseTimeout after."""
+        """Acquire, waiting up to ``wait`` seconds with backoff; raise LeaseTimeoutError after."""
         wait = self.wait if isinstance(wait, _Unset) else wait
         deadline = None if wait is None else time.monotonic() + wait
         self.backoff.reset()
@@ -420,11 +422,11 @@ class AsyncLease(_LeaseBase):
             try:
                 if await self.try_acquire():
                     return self
-            except IssuerUnavailable as exc:
+            except IssuerUnavailableError as exc:
                 log.info("lease %s: issuer unavailable, retrying: %s", self.resource, exc)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise LeaseTimeout(
+                raise LeaseTimeoutError(
                     f"lease on {self.resource!r} still held by another holder after {wait:g}s"
                 )
             await asyncio.sleep(self.backoff.next_delay(remaining))
@@ -511,7 +513,9 @@ class AsyncLease(_LeaseBase):
             log.warning("lease %s: release failed (it will expire): %s", self.resource, exc)
 
     async def claim(self, conn: Any, table: str, *key: object) -> int | None:
-        """Async twin of :meth:`Lease.claim` (psycopg ``AsyncConnection``)."""
+        """Async twin of :meth:`Lease.claim`: a psycopg ``AsyncConnection``, an asyncpg
+        connection or pool, a SQLAlchemy ``AsyncConnection``, ``AsyncSession`` or
+        ``AsyncEngine``, or a URL (:func:`fencekit.leases.async_claim`)."""
         from fencekit.leases.claim import async_claim
 
         self.check()

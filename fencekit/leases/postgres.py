@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -29,10 +29,11 @@ from psycopg import errors as pg_errors
 from fencekit.errors import translate
 from fencekit.leases.base import (
     Grant,
-    IssuerUnavailable,
+    IssuerUnavailableError,
     check_resource,
     check_ttl,
 )
+from fencekit.leases.claim import conninfo as libpq_conninfo
 
 __all__ = ["AsyncPostgresIssuer", "PostgresIssuer"]
 
@@ -82,8 +83,10 @@ class PostgresIssuer:
 
     name = "postgres"
 
-    def __init__(self, conninfo: str = "", *, timeout: float = 5.0, **connect_kwargs: Any) -> None:
-        self.conninfo = conninfo
+    def __init__(self, conninfo: Any = "", *, timeout: float = 5.0, **connect_kwargs: Any) -> None:
+        # A conninfo, a URL in either spelling (postgresql://, postgresql+psycopg://...) or a
+        # SQLAlchemy engine: the issuer opens its own autocommit connection from it.
+        self.conninfo = libpq_conninfo(conninfo)
         self._kwargs = _connect_kwargs(timeout, connect_kwargs)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
@@ -113,13 +116,15 @@ class PostgresIssuer:
                         self._conn.close()
                         self._conn = None
                     if attempt == 2 or not broken:
-                        raise IssuerUnavailable(f"PostgreSQL lease call failed: {exc}") from exc
+                        raise IssuerUnavailableError(
+                            f"PostgreSQL lease call failed: {exc}"
+                        ) from exc
                 except psycopg.Error as exc:
                     # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
                     # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.
-                    refused = translate(exc)
-                    if refused is None:
-                        raise
+                    refused: BaseException | None = translate(exc)
+                    if refused is None or refused is cast(BaseException, exc):
+                        raise  # not fencekit's, or psycopg raised fencekit's class itself
                     raise refused from exc
         raise AssertionError("unreachable")
 
@@ -180,8 +185,10 @@ class AsyncPostgresIssuer:
 
     name = "postgres"
 
-    def __init__(self, conninfo: str = "", *, timeout: float = 5.0, **connect_kwargs: Any) -> None:
-        self.conninfo = conninfo
+    def __init__(self, conninfo: Any = "", *, timeout: float = 5.0, **connect_kwargs: Any) -> None:
+        # A conninfo, a URL in either spelling (postgresql://, postgresql+psycopg://...) or a
+        # SQLAlchemy engine: the issuer opens its own autocommit connection from it.
+        self.conninfo = libpq_conninfo(conninfo)
         self._kwargs = _connect_kwargs(timeout, connect_kwargs)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
@@ -210,13 +217,15 @@ class AsyncPostgresIssuer:
                         await self._conn.close()
                         self._conn = None
                     if attempt == 2 or not broken:
-                        raise IssuerUnavailable(f"PostgreSQL lease call failed: {exc}") from exc
+                        raise IssuerUnavailableError(
+                            f"PostgreSQL lease call failed: {exc}"
+                        ) from exc
                 except psycopg.Error as exc:
                     # fencekit's own refusals (class YF) as typed errors, e.g. a role outside
                     # fencekit_writer: FenceUsageError naming the role, hinting the GRANT.
-                    refused = translate(exc)
-                    if refused is None:
-                        raise
+                    refused: BaseException | None = translate(exc)
+                    if refused is None or refused is cast(BaseException, exc):
+                        raise  # not fencekit's, or psycopg raised fencekit's class itself
                     raise refused from exc
         raise AssertionError("unreachable")
 

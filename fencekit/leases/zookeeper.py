@@ -55,7 +55,7 @@ from typing import Any
 from fencekit.leases._external import (
     Grant,
     IssuerError,
-    IssuerUnavailable,
+    IssuerUnavailableError,
     LossCallback,
     LossTracker,
     check_resource,
@@ -138,7 +138,7 @@ class ZooKeeperIssuer:
                 with contextlib.suppress(Exception):
                     self.client.stop()
                     self.client.close()
-                raise IssuerUnavailable(f"ZooKeeper not reachable at {hosts}: {exc}") from exc
+                raise IssuerUnavailableError(f"ZooKeeper not reachable at {hosts}: {exc}") from exc
 
     # ------------------------------------------------------------ session state
 
@@ -214,7 +214,7 @@ class ZooKeeperIssuer:
     def try_acquire(self, resource: str, holder: str, ttl: float | None = None) -> Grant | None:
         """One non-blocking attempt; None when another holder has the lock.
 
-        Raises IssuerUnavailable when ZooKeeper cannot be reached within ``op_timeout``.
+        Raises IssuerUnavailableError when ZooKeeper cannot be reached within ``op_timeout``.
         """
         check_resource(resource)
         if self._closed:
@@ -241,7 +241,9 @@ class ZooKeeperIssuer:
             found = retry(self._attempt, path, prefix, holder, state)
         except (RetryFailedError, KazooException, KazooTimeoutError) as exc:
             self._cleanup_attempt(path, prefix)
-            raise IssuerUnavailable(f"ZooKeeper: lock attempt on {path} failed: {exc}") from exc
+            raise IssuerUnavailableError(
+                f"ZooKeeper: lock attempt on {path} failed: {exc}"
+            ) from exc
         if found is None:
             return None
         node, stat = found

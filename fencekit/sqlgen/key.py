@@ -134,6 +134,9 @@ def _body(n: Names, sources: list[str]) -> str:
         + validate_token(n)
         + "  tok := raw::pg_catalog.int8;\n"
         + issuer_check(n)
+        + "  -- Before any key's text is computed (plpgsql plans the query below only now): a\n"
+        "  -- key column retyped to a type of the owner's would run its cast as our owner.\n"
+        f"  PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID);\n"
         + _judge_keys(n, sources)
         + "  IF s.keys IS NULL THEN\n"
         "    RETURN NULL;  -- no rows written\n"

@@ -56,7 +56,7 @@ STRUCTURE = ("scope", "key", "resource", "column")
 def is_move(old: FenceSpec, new: FenceSpec) -> bool:
     """True when going from ``old`` to ``new`` changes the structure (see :data:`STRUCTURE`),
     not only the policies."""
-    a, b = old.to_dict(), new.to_dict()
+    a, b = old.as_dict(), new.as_dict()
     return any(a[k] != b[k] for k in STRUCTURE)
 
 
@@ -99,9 +99,9 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
     """Refuse (YF000) unless the registry holds exactly ``old`` for the table: a script
     generated for another spec would carry the wrong fences."""
     t = old.table
-    wanted = json.dumps(old.to_dict(), sort_keys=True, ensure_ascii=False)
-    base = json.dumps(FenceSpec(t).to_dict(), sort_keys=True, ensure_ascii=False)
-    target = shell_args_sql(lit(json.dumps(new.to_dict())) + "::pg_catalog.jsonb", "tbl")
+    wanted = json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)
+    base = json.dumps(FenceSpec(t).as_dict(), sort_keys=True, ensure_ascii=False)
+    target = shell_args_sql(lit(json.dumps(new.as_dict())) + "::pg_catalog.jsonb", "tbl")
     return do(
         "\nDECLARE\n"
         "  have pg_catalog.jsonb;\n"
@@ -128,9 +128,31 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         # The name must still be the protected table, not a view (whose functions would run as
         # the mover) or another relation the owner put under it after renaming the table.
         "  PERFORM fencekit.registered_table(tbl::pg_catalog.regclass);\n"
+        + _column_types(old, new)
         + _column_free(old, new)
         + "END\n"
     )
+
+
+def _column_types(old: FenceSpec, new: FenceSpec) -> str:
+    """The carry computes key texts and compares fences as the mover (a DBA, an admin): only
+    of columns whose types are built in. The old key's columns must still have the types
+    protect recorded (``fencekit.check_key_types``: the owner may have retyped one to a type
+    of its own, whose cast to text is its code); the old fence column and the new key's
+    columns must be built in (``fencekit.builtin_type``; the protect that follows the carry
+    checks the rest)."""
+    out = ""
+    if old.scope is Scope.KEY:
+        out += (
+            f"  PERFORM fencekit.check_key_types({lit(names_for(old).tag)}, "
+            "tbl::pg_catalog.regclass);\n"
+        )
+    cols = [old.column] if old.scope is Scope.ROW else []
+    cols += list(new.key) if new.scope is Scope.KEY else []
+    out += "".join(
+        f"  PERFORM fencekit.builtin_type(tbl::pg_catalog.regclass, {lit(c)});\n" for c in cols
+    )
+    return out
 
 
 def _column_free(old: FenceSpec, new: FenceSpec) -> str:
@@ -413,8 +435,8 @@ def render_move(old: FenceSpec, new: FenceSpec, *, lock_timeout: str = DEFAULT_L
     title = [
         f"fencekit: {what} {old.table.sql} ({old.scope} -> {new.scope} fence, "
         f"template {TEMPLATE_VERSION})",
-        f"from: {json.dumps(old.to_dict(), sort_keys=True, ensure_ascii=False)}",
-        f"to:   {json.dumps(new.to_dict(), sort_keys=True, ensure_ascii=False)}",
+        f"from: {json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)}",
+        f"to:   {json.dumps(new.as_dict(), sort_keys=True, ensure_ascii=False)}",
         "Writers of the table (and of tables sharing its resource) wait until it commits.",
     ]
     return _script(title, move_statements(old, new), lock_timeout)

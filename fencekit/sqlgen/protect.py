@@ -98,7 +98,7 @@ def _guard(spec: FenceSpec) -> str:
     (:mod:`fencekit.sqlgen.move`), whose script removes the registry row before it protects.
     """
     t = spec.table
-    d = spec.to_dict()
+    d = spec.as_dict()
     structure = ("scope", "key", "resource", "column")
     current = ", ".join(f"p.spec -> {lit(k)}" for k in structure)
     wanted = ", ".join(f"{lit(json.dumps(d[k]))}::pg_catalog.jsonb" for k in structure)
@@ -273,7 +273,7 @@ def protect_statements(spec: FenceSpec) -> list[str]:
     for f in objs.functions:
         out += _create_function_sql(f)
     out.append(_triggers_sql(objs, n))
-    spec_json = json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)
+    spec_json = json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)
     resource = n.resource if spec.scope is not Scope.ROW else "NULL"
     families = "NULL"
     if spec.scope is Scope.KEY:
@@ -431,9 +431,9 @@ def unprotect_guard(spec: FenceSpec) -> str:
     with a hint naming the command that generates the right script. For a table the registry
     does not know it says so (a NOTICE): the script then only cleans leftovers."""
     t = spec.table
-    wanted = json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)
+    wanted = json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)
     # Registry rows written before an option existed take its default.
-    base = json.dumps(FenceSpec(t).to_dict(), sort_keys=True, ensure_ascii=False)
+    base = json.dumps(FenceSpec(t).as_dict(), sort_keys=True, ensure_ascii=False)
     cli = shell_args_sql("have", "tbl")
     return do(
         "\nDECLARE\n"

@@ -27,8 +27,8 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
     the new name and carries the old tag's triggers, and nothing is registered under it."""
     o, t = old.table, new.table
     on = names_for(old)
-    wanted = json.dumps(old.to_dict(), sort_keys=True, ensure_ascii=False)
-    base = json.dumps(FenceSpec(o).to_dict(), sort_keys=True, ensure_ascii=False)
+    wanted = json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)
+    base = json.dumps(FenceSpec(o).as_dict(), sort_keys=True, ensure_ascii=False)
     # Every scope has a TRUNCATE trigger (key fences have no other statement trigger).
     stmt_trigger = lit(on.trigger("trunc"))
     unknown = lit(f"fencekit: {o.sql} is not in fencekit.protected; nothing to rename")

@@ -82,7 +82,7 @@ def render_protect(
     """A reviewable psql script that protects one table, in one transaction."""
     title = [
         f"fencekit: protect {spec.table.sql} ({spec.scope} fence, template {TEMPLATE_VERSION})",
-        f"spec: {json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False)}",
+        f"spec: {json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)}",
     ]
     return _script(title, protect_statements(spec), lock_timeout, transaction)
 

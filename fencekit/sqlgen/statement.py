@@ -19,9 +19,9 @@ __all__ = ["statement_objects"]
 
 
 def _fast_path(n: Names) -> str:
-    """One expression that ends the common case: a well-formed token, no bypass, the right
-    issuer. Table fences never take it: every statement advances their fence; nor key fences,
-    whose statement check runs for TRUNCATE only."""
+    """One expression that ends the common case: a well-formed token (or, under on_missing =
+    allow, none), no bypass, the right issuer. Table fences never take it: every statement
+    advances their fence; nor key fences, whose statement check runs for TRUNCATE only."""
     if n.spec.scope is not Scope.ROW:
         return ""
     issuer = ""
@@ -32,8 +32,13 @@ def _fast_path(n: Names) -> str:
             "          OR pg_catalog.current_setting('fencekit.issuer', true) "
             f"OPERATOR(pg_catalog.=) {lit(n.spec.issuer)})"
         )
+    token = f"{TOKEN} OPERATOR(pg_catalog.~) {TOKEN_FAST}"
+    if n.spec.on_missing == "allow":
+        # Rollout mode: a statement without a token needs nothing here either; its row
+        # triggers judge and count each row it writes (unfenced_write).
+        token = f"({token}\n      OR COALESCE({TOKEN}, '') OPERATOR(pg_catalog.=) '')"
     return (
-        f"  IF {TOKEN} OPERATOR(pg_catalog.~) {TOKEN_FAST}\n"
+        f"  IF {token}\n"
         "     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
         "OPERATOR(pg_catalog.=) ''"
         f"{issuer}\n"
@@ -44,12 +49,16 @@ def _fast_path(n: Names) -> str:
 
 
 def _missing(n: Names) -> str:
-    """No token: bypass, on_missing=allow, or YF003. ``unfenced_write`` counts an allowed or
-    bypassed write once per statement; row and key fences call it again where they write (a
-    statement may clear the token after this check), without counting twice."""
+    """No token: bypass, on_missing=allow, or YF003. ``unfenced_write`` counts the allowed or
+    bypassed write. A row fence's row triggers judge and count each row again (a statement may
+    clear the token after this check), so here it counts only a TRUNCATE, which has none."""
+    counted = ""
+    if n.spec.scope is Scope.ROW:
+        counted = ",\n                                    TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE'"
     return (
         "  IF tok IS NULL THEN\n"
-        f"    PERFORM fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow});\n"
+        f"    PERFORM fencekit.unfenced_write({n.lit_tag}, TG_RELID, TG_NAME, {n.allow}"
+        f"{counted});\n"
         "    RETURN NULL;\n"
         "  END IF;\n"
     )

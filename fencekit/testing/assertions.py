@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from fencekit.errors import FencekitError
 from fencekit.spec import TableName
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ __all__ = [
 _current: list[FencedDatabase] = []
 
 
-class FencingAssertionError(AssertionError):
+class FencingAssertionError(FencekitError, AssertionError):
     """A fencing assertion failed; the message carries the report (:func:`describe`)."""
 
 

@@ -14,10 +14,12 @@ from typing import Any
 
 import psycopg
 
+from fencekit.errors import FencekitError
+
 __all__ = ["LeaseWaitError", "wait_lease_expired"]
 
 
-class LeaseWaitError(AssertionError):
+class LeaseWaitError(FencekitError, AssertionError):
     """The lease did not expire in time, or there was no lease to wait for."""
 
 

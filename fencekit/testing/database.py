@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from fencekit.errors import FencekitError
 from fencekit.spec import FenceSpec, TableName
 from fencekit.testing import history
 from fencekit.testing.servers import Server
@@ -46,7 +47,7 @@ DEFAULT_GRANTS = (
 )
 
 
-class SetupError(RuntimeError):
+class SetupError(FencekitError, RuntimeError):
     """The fenced database could not be built (the message says which step and why)."""
 
 
@@ -66,7 +67,7 @@ class DatabaseSetup:
         raw = json.dumps(
             [
                 _schema_label(self.schema),
-                [s.to_dict() for s in _fence_specs(self.fences)],
+                [s.as_dict() for s in _fence_specs(self.fences)],
                 self.app_role, list(self.grants), self.history, self.alembic_revision,
             ],
             sort_keys=True, default=str,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fencekit.errors import FencekitError
 from fencekit.testing import _bootstrap
 from fencekit.testing.channel import CHANNEL_ENV, WORKER_ENV
 
@@ -41,7 +42,7 @@ __all__ = ["Outcome", "Worker", "WorkerError", "spawn", "spawn_command"]
 DEFAULT_TIMEOUT = 30.0
 
 
-class WorkerError(AssertionError):
+class WorkerError(FencekitError, AssertionError):
     """A worker did not do what the test waited for (the message carries its output)."""
 
 

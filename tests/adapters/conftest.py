@@ -63,6 +63,19 @@ def sa_url(dsn: str, driver: str = "psycopg") -> str:
     ).render_as_string(hide_password=False)
 
 
+def connect_kwargs(dsn: str) -> dict[str, Any]:
+    """asyncpg.connect() keyword arguments for a libpq conninfo (unix-socket hosts included)."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    kwargs: dict[str, Any] = {
+        "host": params.get("host"),
+        "port": int(params["port"]) if params.get("port") else None,
+        "user": params.get("user") or "postgres",
+        "database": params.get("dbname"),
+        "password": params.get("password"),
+    }
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
 def round_trips(conn: psycopg.Connection[Any], fn: Callable[[], object]) -> int:
     """How many times the client waited for the server while ``fn`` ran (libpq's trace).
 

@@ -19,6 +19,20 @@ from fencekit.context import fencing
 from fencekit.errors import StaleTokenError
 from tests.adapters.conftest import TOKEN_SQL
 
+
+@pytest.fixture(autouse=True)
+def begin_path_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The BEGIN path is opt-in (fencekit.psycopg.use_begin_path()): these tests opt in."""
+    monkeypatch.setattr(internals, "ENABLED", True)
+
+
+def test_the_begin_path_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(internals, "ENABLED", False)
+    assert not fkpg._begin_path()
+    assert fkpg.use_begin_path() is internals.AVAILABLE
+    assert fkpg.use_begin_path(False) is False
+
+
 UPDATE = "UPDATE billing_summary SET summary = %s WHERE account_id = 42"
 ISSUER_SQL = "SELECT NULLIF(current_setting('fencekit.issuer', true), '')"
 

@@ -10,8 +10,12 @@ from fencekit.bench.adapters import run
 @pytest.mark.bench
 def test_adapter_benchmarks_report_ratios(dsn: str) -> None:
     results = run(dsn, quick=True)
-    assert len(results) == 6
-    assert results[-1]["name"].startswith("SQLAlchemy ORM unit of work")
+    assert len(results) == 9
+    names = [r["name"] for r in results]
+    assert any(n.startswith("SQLAlchemy ORM unit of work") for n in names)
+    # Each new driver's one-row transaction against the same driver unfenced, in this run.
+    assert any(n.startswith("psycopg2: single-row transaction") for n in names)
+    assert any(n.startswith("asyncpg: single-row transaction") for n in names)
     anatomy = [r for r in results if r["name"].startswith("psycopg anatomy")]
     assert len(anatomy) == 3
     assert all(r["target"] == "" for r in anatomy)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from fencekit.context import current_token, fencing
-from fencekit.errors import InvalidTokenError
+from fencekit.errors import MalformedTokenError
 
 
 def test_nesting_restores_outer_token() -> None:
@@ -30,9 +30,9 @@ def test_exception_inside_scope_restores() -> None:
 
 
 def test_invalid_token_rejected_at_scope_creation() -> None:
-    with pytest.raises(InvalidTokenError):
+    with pytest.raises(MalformedTokenError):
         fencing(True)  # type: ignore[arg-type]
-    with pytest.raises(InvalidTokenError):
+    with pytest.raises(MalformedTokenError):
         fencing(0)
 
 

@@ -12,12 +12,13 @@ from fencekit import errors
 from fencekit.errors import (
     SQLSTATES,
     FenceError,
-    InvalidTokenError,
+    MalformedTokenError,
     MissingTokenError,
     StaleTokenError,
     translate,
     validate_token,
 )
+from tests.adapters.conftest import connect_kwargs
 
 
 @pytest.mark.parametrize("token", [1, 34, 2**63 - 1])
@@ -39,9 +40,11 @@ def test_valid_tokens(token: int) -> None:
     ],
 )
 def test_invalid_tokens(token: object, words: str) -> None:
-    with pytest.raises(InvalidTokenError, match=words):
+    with pytest.raises(MalformedTokenError, match=words):
         validate_token(token)
-    assert issubclass(InvalidTokenError, ValueError)
+    # One name per concept: the client-side refusal is the database's reason, before sending.
+    assert issubclass(MalformedTokenError, FenceError)
+    assert MalformedTokenError.sqlstate == "YF004"
 
 
 def test_one_class_per_sqlstate_in_contract() -> None:
@@ -61,21 +64,36 @@ def _stale_error(dsn: str) -> psycopg.Error:
     return info.value
 
 
-def test_translate_real_stale_rejection(billing: str) -> None:
-    exc = _stale_error(billing)
-    # psycopg does not know class YF: a plain DatabaseError, never a retryable one.
-    assert type(exc) is psycopg.DatabaseError
-    err = translate(exc)
+def test_psycopg_raises_fencekit_classes(billing: str) -> None:
+    """psycopg itself raises the registered class: a StaleTokenError and a psycopg error, with
+    no adapter installed (a plain psycopg connection)."""
+    err = _stale_error(billing)
     assert isinstance(err, StaleTokenError)
+    assert isinstance(err, psycopg.DatabaseError)
+    assert isinstance(err, errors.FencekitError)
+    # Never one of the classes retry loops treat as retryable.
+    assert not isinstance(err, psycopg.errors.SerializationFailure | psycopg.OperationalError)
+    assert psycopg.errors.lookup("YF001") is type(err)
     assert (err.sqlstate, err.reason) == ("YF001", "stale")
     assert err.table == "public.billing_summary"
     assert err.key == {"account_id": "42"}
     assert (err.token, err.fence) == (33, 34)
     assert err.column == "account_id"  # a key fence names its first key column
-    assert err.orig is exc
-    assert err.__cause__ is exc
+    assert err.diag.sqlstate == "YF001"  # psycopg's own fields stay
+    assert err.orig is err
+    assert translate(err) is err
     assert "33" in str(err)
     assert "34" in str(err)
+    assert err.as_dict()["fence"] == 34
+
+
+def test_registered_errors_pickle(billing: str) -> None:
+    import pickle
+
+    err = _stale_error(billing)
+    copy = pickle.loads(pickle.dumps(err))
+    assert type(copy) is type(err)
+    assert (copy.table, copy.token, copy.fence) == (err.table, 33, 34)
 
 
 def test_translate_sqlalchemy_wrapped(billing: str) -> None:
@@ -83,10 +101,48 @@ def test_translate_sqlalchemy_wrapped(billing: str) -> None:
 
     exc = _stale_error(billing)
     wrapped = DBAPIError.instance("UPDATE ...", {}, exc, psycopg.Error)
-    err = translate(wrapped)
+    assert wrapped.orig is exc
+    assert translate(wrapped) is exc
+
+
+def test_translate_psycopg2(billing: str) -> None:
+    """psycopg2 cannot be taught new classes: translate() reads its pgcode and diag."""
+    import psycopg2
+
+    _stale_error(billing)  # the fence is 34
+    with psycopg2.connect(billing) as conn, conn.cursor() as cur:
+        cur.execute("SELECT set_config('fencekit.token', '33', true)")
+        with pytest.raises(psycopg2.Error) as info:
+            cur.execute("UPDATE billing_summary SET summary = 'A' WHERE account_id = 42")
+    conn.close()
+    err = translate(info.value)
     assert isinstance(err, StaleTokenError)
-    assert err.orig is exc
-    assert err.__cause__ is wrapped
+    assert err.table == "public.billing_summary"
+    assert err.key == {"account_id": "42"}
+    assert (err.token, err.fence) == (33, 34)
+    assert err.column == "account_id"
+    assert err.orig is info.value
+    assert err.__cause__ is info.value
+
+
+async def test_translate_asyncpg(billing: str) -> None:
+    """asyncpg sets the diagnostics on the error itself: translate() reads them there."""
+    import asyncpg
+
+    conn = await asyncpg.connect(**connect_kwargs(billing))
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('fencekit.token', '0', true)")
+            with pytest.raises(asyncpg.PostgresError) as info:
+                await conn.execute("DELETE FROM billing_summary")
+    except asyncpg.PostgresError:
+        pass
+    finally:
+        await conn.close()
+    err = translate(info.value)
+    assert isinstance(err, MalformedTokenError)
+    assert err.table == "public.billing_summary"
+    assert err.orig is info.value
 
 
 def test_missing_token_message_is_actionable(billing: str) -> None:
@@ -120,3 +176,43 @@ def test_errors_module_imports_without_drivers() -> None:
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert errors.__all__
+
+
+def test_every_fencekit_exception_has_one_root() -> None:
+    """Every exception class defined under fencekit/ derives from FencekitError."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import fencekit
+
+    optional = ("fencekit.alembic_plugin", "fencekit._alembic_entry")
+    found = []
+    for info in pkgutil.walk_packages(fencekit.__path__, "fencekit."):
+        if info.name.startswith(optional) or info.name.endswith("__main__"):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional dependency this environment lacks
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BaseException) and cls.__module__.startswith("fencekit"):
+                found.append(cls)
+    assert len(found) > 20
+    assert [c for c in found if not issubclass(c, errors.FencekitError)] == []
+    names = {c.__name__ for c in found}
+    assert all(n.endswith("Error") for n in names), sorted(
+        n for n in names if not n.endswith("Error")
+    )
+
+
+@pytest.mark.parametrize("sqlstate", sorted(SQLSTATES))
+def test_psycopg_raises_every_reason_as_fencekits(db: psycopg.Connection, sqlstate: str) -> None:
+    with pytest.raises(psycopg.Error) as info:
+        db.execute(
+            f"DO $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = '{sqlstate}', "
+            "TABLE = 'billing_summary', SCHEMA = 'public'; END $$"
+        )
+    err = info.value
+    assert isinstance(err, SQLSTATES[sqlstate])
+    assert (err.sqlstate, err.message, err.table) == (sqlstate, "refused", "public.billing_summary")

@@ -135,10 +135,10 @@ async def test_psycopg_pool_async_tasks(slots: str) -> None:
 def test_sqlalchemy_queuepool_threads(slots: str) -> None:
     from sqlalchemy import create_engine
 
-    import fencekit.orm
+    import fencekit.sqlalchemy
 
     engine = create_engine(sa_url(slots), pool_size=2, max_overflow=0)
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
 
     def worker(n: int, tally: Tally) -> None:
         rng = random.Random(n)
@@ -170,10 +170,10 @@ async def test_sqlalchemy_async_tasks(slots: str, greenlet: None) -> None:
     from sqlalchemy import text
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    import fencekit.orm
+    import fencekit.sqlalchemy
 
     engine = create_async_engine(sa_url(slots), pool_size=2, max_overflow=0)
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     counts: Counter[str] = Counter()
 
     async def worker(n: int) -> None:

@@ -9,7 +9,11 @@ import pytest
 
 import fencekit.psycopg as fkpg
 from fencekit.context import fencing
-from fencekit.errors import InvalidTokenError, MissingTokenError, StaleTokenError, TokenNotSetError
+from fencekit.errors import (
+    MalformedTokenError,
+    MissingTokenError,
+    StaleTokenError,
+)
 from tests.adapters.conftest import TOKEN_SQL, round_trips
 
 UPDATE = "UPDATE billing_summary SET summary = %s WHERE account_id = 42"
@@ -44,7 +48,7 @@ def test_seed_example_stale_write_rejected(billing: str, events: list) -> None:
             a.execute(UPDATE, ("stale summary from A",))
     err = info.value
     assert (err.token, err.fence, err.table) == (33, 34, "public.billing_summary")
-    assert isinstance(err.__cause__, psycopg.Error)
+    assert isinstance(err, psycopg.Error)  # psycopg raises fencekit's class itself
     assert summary(billing) == "written by B"
     assert [(e.kind, e.reason, e.table) for e in events] == [
         ("rejected", "stale", "public.billing_summary")
@@ -76,7 +80,10 @@ def test_fenced_transaction_costs_no_extra_round_trip(billing: str) -> None:
         base2, auto = round_trips(conn, plain_commit), round_trips(conn, auto_commit)
     print(f"round trips: transaction() {base} -> {with_token}; implicit {base2} -> {auto}")
     assert base == with_token == 3  # BEGIN, statement (+ set_config), COMMIT
-    assert base2 == auto == 3
+    # Never more than unfenced; psycopg 3.1 also sends its implicit BEGIN in the pipeline that
+    # carries the token (the default path), one round trip fewer.
+    assert base2 == 3
+    assert auto in (2, 3)
 
 
 def test_autocommit_statement_carries_token_in_one_round_trip(billing: str) -> None:
@@ -95,11 +102,11 @@ def test_invalid_token_raises_before_sending(billing: str) -> None:
     with psycopg.connect(billing) as conn, tempfile.TemporaryFile() as trace:
         conn.pgconn.trace(trace.fileno())
         for bad in (True, 0, -1, 2**63, "34", 3.0):
-            with pytest.raises(InvalidTokenError), fkpg.transaction(conn, bad):  # type: ignore[arg-type]
+            with pytest.raises(MalformedTokenError), fkpg.transaction(conn, bad):  # type: ignore[arg-type]
                 conn.execute(UPDATE, ("never",))
-            with pytest.raises(InvalidTokenError):
+            with pytest.raises(MalformedTokenError):
                 fkpg.set_token(conn, bad)  # type: ignore[arg-type]
-        with pytest.raises(TokenNotSetError, match="fencing"), fkpg.transaction(conn):
+        with pytest.raises(MissingTokenError, match="fencing"), fkpg.transaction(conn):
             pass
         conn.pgconn.untrace()
         trace.seek(0)

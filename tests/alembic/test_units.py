@@ -214,7 +214,7 @@ def test_declare_on_core_table() -> None:
     spec = declare_fence(t, scope="key", key=["id"], on_equal="reject")
     assert spec.table == TableName("public", "t")
     assert declared_fence(t) == spec
-    assert t.info[INFO_KEY] == spec.to_dict()  # JSON-ready: renders as valid Python
+    assert t.info[INFO_KEY] == spec.as_dict()  # JSON-ready: renders as valid Python
     assert list(declared_fences([md, MetaData()])) == [(t, spec)]
 
 

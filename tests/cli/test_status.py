@@ -85,7 +85,7 @@ def test_clean_table_with_spec_template_and_rejection_counts(
     assert doc["drift"] is False
     (t,) = doc["tables"]
     assert t["table"] == "public.billing_summary"
-    assert t["spec"] == protected.to_dict()
+    assert t["spec"] == protected.as_dict()
     assert t["template_version"] == sqlgen.TEMPLATE_VERSION
     assert t["drift"] == []
     assert t["rejections"]["stale"] == 2

@@ -168,7 +168,7 @@ def test_the_hint_command_is_what_status_prints(db: Conn, spec: FenceSpec) -> No
     expr = shell_args_sql("SPEC", "TBL").replace("%", "%%")
     expr = expr.replace("SPEC", "%(spec)s::jsonb").replace("TBL", "%(table)s::text")
     row = db.execute(
-        f"SELECT {expr}", {"spec": json.dumps(spec.to_dict()), "table": spec.table.sql}
+        f"SELECT {expr}", {"spec": json.dumps(spec.as_dict()), "table": spec.table.sql}
     ).fetchone()
     assert row is not None
     assert row[0] == spec.cli_args()

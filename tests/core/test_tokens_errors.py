@@ -8,6 +8,7 @@ import datetime as dt
 import psycopg
 import pytest
 
+from fencekit.errors import FenceError
 from tests.core.helpers import (
     BYPASS_REFUSED,
     ISSUER_MISMATCH,
@@ -92,9 +93,16 @@ def test_missing_after_an_earlier_transaction_set_a_token(db: Conn) -> None:
 def _assert_error_shape(
     err: psycopg.Error, *, reason: str, table: str, column: str | None = None
 ) -> dict[str, object]:
-    # A class PostgreSQL does not define: plain DatabaseError, never mistaken for a
-    # serialization failure (retryable) or an integrity error.
-    assert type(err) is psycopg.DatabaseError, type(err)
+    # A class PostgreSQL does not define: a DatabaseError (fencekit's class, registered with
+    # psycopg), never mistaken for a serialization failure (retryable) or an integrity error.
+    assert isinstance(err, psycopg.DatabaseError), type(err)
+    assert isinstance(err, FenceError), type(err)
+    retryable = (
+        psycopg.errors.SerializationFailure,
+        psycopg.IntegrityError,
+        psycopg.OperationalError,
+    )
+    assert not isinstance(err, retryable), type(err)
     d = detail(err)
     assert set(d) == {"reason", "table", "key", "resource", "token", "fence", "late_ms"}
     assert d["reason"] == reason

@@ -137,7 +137,7 @@ def test_sync_failover_keeps_acknowledged_work_and_a_commit_in_flight_is_outcome
     from sqlalchemy.exc import OperationalError
 
     from fencekit import fencing
-    from fencekit.orm import install
+    from fencekit.sqlalchemy import install
 
     dsn = cluster.dsn_for(ha_db)
     _protect(dsn)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fencekit.leases._external import IssuerUnavailable
+from fencekit.leases._external import IssuerUnavailableError
 
 
 @dataclass
@@ -74,7 +74,7 @@ def run_contention(
                     result.attempts += 1
                 try:
                     grant = issuer.try_acquire(resource, name, ttl)
-                except IssuerUnavailable:
+                except IssuerUnavailableError:
                     with lock:
                         result.unavailable += 1
                     time.sleep(0.05)

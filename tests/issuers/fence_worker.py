@@ -128,7 +128,7 @@ def run_once(args: argparse.Namespace) -> int:
 
 
 def run_loop(args: argparse.Namespace) -> int:
-    from fencekit.leases import Lease, LeaseLostError, LeaseTimeout
+    from fencekit.leases import Lease, LeaseLostError, LeaseTimeoutError
 
     name = args.name
     deadline = time.monotonic() + args.duration
@@ -142,7 +142,7 @@ def run_loop(args: argparse.Namespace) -> int:
             lease = Lease(issuer, args.resource, ttl=args.ttl, wait=args.wait, holder=name)
             try:
                 lease.acquire()
-            except LeaseTimeout:
+            except LeaseTimeoutError:
                 continue
             except Exception as exc:  # issuer unavailable during an election: try again
                 emit(name, "acquire_failed", error=repr(exc))

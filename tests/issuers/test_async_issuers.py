@@ -11,7 +11,7 @@ import pytest
 import fencekit.psycopg as fk
 from fencekit.context import current_issuer, current_token
 from fencekit.errors import IssuerMismatchError, StaleTokenError
-from fencekit.leases import AsyncLease, LeaseTimeout
+from fencekit.leases import AsyncLease, LeaseTimeoutError
 from tests.issuers.pgfence import make_counter, state
 from tests.lab import IN_CI
 
@@ -51,7 +51,7 @@ async def test_async_lease_writes_with_its_token_and_issuer(
                 assert lease.grant.issuer == name
                 old = lease.token
                 assert (current_token(), current_issuer()) == (lease.token, name)
-                with pytest.raises(LeaseTimeout):
+                with pytest.raises(LeaseTimeoutError):
                     await AsyncLease(b, resource, ttl=2, wait=0.3, fence=False).acquire()
                 await asyncio.sleep(2.5)  # past one ttl: renewal (in threads) keeps it
                 assert not lease.lost

@@ -211,28 +211,28 @@ def test_leader_killed_during_contention(etcd_issuer, etcd, resource):
 
 
 def test_unreachable_cluster_raises_unavailable_quickly(etcd_issuer, resource):
-    from fencekit.leases._external import IssuerUnavailable
+    from fencekit.leases._external import IssuerUnavailableError
     from fencekit.leases.etcd import EtcdIssuer
     from tests.lab.ports import free_ports
 
     (port,) = free_ports(1)
     issuer = EtcdIssuer([f"127.0.0.1:{port}"], request_timeout=0.5, retry_deadline=1.0)
     t0 = time.monotonic()
-    with pytest.raises(IssuerUnavailable):
+    with pytest.raises(IssuerUnavailableError):
         issuer.try_acquire(resource, "A", 5)
     assert time.monotonic() - t0 < 5
     issuer.close()
 
 
 def test_generic_lease_renews_and_reports_loss(etcd_issuer, resource):
-    from fencekit.leases import Lease, LeaseTimeout
+    from fencekit.leases import Lease, LeaseTimeoutError
 
     a, b = etcd_issuer(), etcd_issuer()
     lease = Lease(a, resource, ttl=2, wait=5, fence=False)
     lease.acquire()
     time.sleep(4)  # two TTLs: the background renewal keeps it
     assert not lease.lost
-    with pytest.raises(LeaseTimeout):
+    with pytest.raises(LeaseTimeoutError):
         Lease(b, resource, ttl=2, wait=0.5, fence=False).acquire()
     a._revoke(lease.grant.handle.lease_id)
     assert lease.wait_lost(5), "Lease not told that etcd revoked its lease"

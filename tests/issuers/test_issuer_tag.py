@@ -136,7 +136,7 @@ def test_orm_session_sends_the_tag_too(
     sqlalchemy = pytest.importorskip("sqlalchemy")
     from sqlalchemy.orm import Session
 
-    import fencekit.orm
+    import fencekit.sqlalchemy
     from fencekit.leases import Lease
 
     url = sqlalchemy.engine.make_url("postgresql+psycopg://").set(
@@ -150,7 +150,7 @@ def test_orm_session_sends_the_tag_too(
     )
     engine = sqlalchemy.create_engine(url)
     try:
-        fencekit.orm.install(engine)
+        fencekit.sqlalchemy.install(engine)
         update = "UPDATE {} SET value = value + 1 WHERE id = 1"
         with Lease(etcd_issuer(), resource, ttl=5, wait=10):
             with pytest.raises(IssuerMismatchError), Session(engine) as session, session.begin():

@@ -143,26 +143,26 @@ def test_kazoo_lock_users_and_fencekit_exclude_each_other(zk_issuer, resource):
 
 
 def test_unreachable_ensemble_raises_unavailable():
-    from fencekit.leases._external import IssuerUnavailable
+    from fencekit.leases._external import IssuerUnavailableError
     from fencekit.leases.zookeeper import ZooKeeperIssuer
     from tests.lab.ports import free_ports
 
     (port,) = free_ports(1)
     t0 = time.monotonic()
-    with pytest.raises(IssuerUnavailable):
+    with pytest.raises(IssuerUnavailableError):
         ZooKeeperIssuer(f"127.0.0.1:{port}", connect_timeout=1.0)
     assert time.monotonic() - t0 < 10
 
 
 def test_generic_lease_renews_and_reports_session_expiry(zk_issuer, resource):
-    from fencekit.leases import Lease, LeaseTimeout
+    from fencekit.leases import Lease, LeaseTimeoutError
 
     a, b = zk_issuer(), zk_issuer()
     lease = Lease(a, resource, ttl=2, wait=5, fence=False)
     lease.acquire()
     time.sleep(4)  # two session timeouts
     assert not lease.lost
-    with pytest.raises(LeaseTimeout):
+    with pytest.raises(LeaseTimeoutError):
         Lease(b, resource, ttl=2, wait=0.5, fence=False).acquire()
     expire_session(a)
     assert lease.wait_lost(10), "Lease not told that its ZooKeeper session expired"

@@ -8,7 +8,7 @@ import os
 import random
 import time
 
-from fencekit.leases import IssuerUnavailable, PostgresIssuer
+from fencekit.leases import IssuerUnavailableError, PostgresIssuer
 
 TTL = 0.15
 
@@ -29,7 +29,7 @@ def worker(dsn: str, resources: list[str], seconds: float, seed: int, out: str, 
         holder = f"w{seed}-{attempt}"  # one holder per grant: overlaps are never "the same"
         try:
             grant = issuer.try_acquire(resource, holder, TTL)
-        except IssuerUnavailable:
+        except IssuerUnavailableError:
             unavailable += 1
             time.sleep(0.05)
             continue
@@ -47,7 +47,7 @@ def worker(dsn: str, resources: list[str], seconds: float, seed: int, out: str, 
             elif ending == "release":
                 issuer.release(grant)
             # "abandon": a holder that died; the lease expires by itself
-        except IssuerUnavailable:
+        except IssuerUnavailableError:
             unavailable += 1
     issuer.close()
     with open(out, "w") as fh:

@@ -18,7 +18,7 @@ from fencekit.leases import (
     Lease,
     LeaseError,
     LeaseLostError,
-    LeaseTimeout,
+    LeaseTimeoutError,
     PostgresIssuer,
 )
 
@@ -87,7 +87,7 @@ def test_acquire_waits_with_backoff_then_times_out(issuer, other) -> None:
     held = Lease(other, "r", ttl=5, wait=0, fence=False).acquire()
     try:
         start = time.monotonic()
-        with pytest.raises(LeaseTimeout):
+        with pytest.raises(LeaseTimeoutError):
             Lease(issuer, "r", ttl=1, wait=0.4, fence=False).acquire()
         assert 0.35 < time.monotonic() - start < 2
     finally:
@@ -198,7 +198,7 @@ async def test_async_lease_holds_renews_and_releases(dsn: str) -> None:
             await asyncio.sleep(2.2)
             lease.check()
             other = AsyncLease(issuer, "billing:42", ttl=1, wait=0.2, fence=False)
-            with pytest.raises(LeaseTimeout):
+            with pytest.raises(LeaseTimeoutError):
                 await other.acquire()
         assert current_token() is None
         again = await AsyncLease(issuer, "billing:42", ttl=1, wait=0, fence=False).acquire()

@@ -30,15 +30,12 @@ Conn = psycopg.Connection[Any]
 
 ROLES = ("app", "owner", "admin")
 #: Holes still open, by issue 23 item: their cells are strict xfails, so that closing the hole
-#: fails the run until the item leaves this table (items 1, 2, 3 and 15 are closed).
+#: fails the run until the item leaves this table (items 1, 2, 3, 8, 9 and 15 are closed).
 XFAIL_REASONS = {
     4: "issue 23 item 4: TRUNCATE does not advance key/table fences; fixed on branch writepaths",
     5: "issue 23 item 5: the row fence's TRUNCATE check reads through RLS; fixed on branch "
     "writepaths",
     6: "issue 23 item 6: a tokenless partition move erases a row fence; fixed on branch writepaths",
-    8: "issue 23 item 8: a lease can be taken with another's holder name; fixed on branch audit",
-    9: "issue 23 item 9: fencekit.counted decides whether a write is counted; fixed on branch "
-    "audit",
     12: "issue 23 item 12: writes through an unprotected ancestor skip the statement checks; "
     "fixed on branch writepaths",
 }

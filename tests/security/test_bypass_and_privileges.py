@@ -262,7 +262,7 @@ def test_role_without_table_rights_cannot_raise_a_fence(
         )
         # Nor forge the rejection counters, nor lock lease rows.
         for call in (
-            "SELECT fencekit.count_event('x', 'public.keyt'::regclass, 'stale', 1000)",
+            "SELECT fencekit.count_event('x', 'public.keyt'::regclass, 'stale')",
             "SELECT fencekit.reject('stale', 'x', 0, NULL, NULL, NULL, NULL, 1, 2)",
             "SELECT fencekit.lease_mismatch('billing', ARRAY['1'], 1)",
         ):

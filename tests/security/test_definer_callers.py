@@ -7,16 +7,16 @@ also holding ``fencekit_writer`` (the grant writers needed until now, and which 
 
 - ``fencekit.advance_fences`` (and ``lease_mismatch``): no longer executable by writers at all.
   42501, and the victim's fence unchanged.
-- ``fencekit.count_event`` and ``fencekit.reject`` with the victim's tag: executable by PUBLIC,
-  but refused (42501) unless the transaction holds a write lock on the table in question, and
-  the tag must be that table's. A read lock on the victim, or a write lock on ``other`` with
-  the victim's tag, is not enough. The victim's counters and gauges stay as they were.
+- ``fencekit.reject`` with the victim's tag: executable by PUBLIC, but refused (42501) unless
+  the transaction holds a write lock on the table in question, and the tag must be that
+  table's. A read lock on the victim, or a write lock on ``other`` with the victim's tag, is
+  not enough. ``fencekit.count_event`` (no longer a definer: it runs as the caller) refuses
+  (42501) any reason but ``unfenced`` and ``bypassed``, whatever the caller holds. The victim's
+  counters and gauges stay as they were.
 - ``fencekit.lease_token`` (takes a FOR SHARE lock acquire waits on): 42501.
 - ``fencekit.acquire`` without fencekit_writer: fencekit's own YF000 with the hint ``GRANT
   fencekit_writer TO <role>``, before taking any lock (a held lease row does not make it wait).
 
-The calls adapt to the signature installed: ``count_event(tag, reason, gap)`` today,
-``count_event(tag, relid, reason, gap)`` once it takes the table.
 """
 
 from __future__ import annotations
@@ -93,12 +93,9 @@ def test_definer_functions_refuse_callers_without_the_table(
 ) -> None:
     ids = _setup(db)
     tag, relid, other_relid = ids["tags"]["dv"], ids["relids"]["dv"], ids["relids"]["other"]
-    takes_relid = any("oid" in args for _, args in _overloads(db, "count_event"))
 
     def count_event(relid_: int) -> str:
-        if takes_relid:
-            return f"SELECT fencekit.count_event('{tag}', {relid_}::oid, 'stale', 1000000)"
-        return f"SELECT fencekit.count_event('{tag}', 'stale', 1000000)"
+        return f"SELECT fencekit.count_event('{tag}', {relid_}::oid, 'stale')"
 
     def reject(relid_: int) -> str:
         return (
@@ -294,7 +291,7 @@ def test_a_writer_cannot_borrow_fencekits_triggers_to_count_for_another_table(
         attacker.execute("LOCK TABLE mine IN ROW EXCLUSIVE MODE")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             attacker.execute(
-                "SELECT fencekit.count_event(%s, 'public.mine'::regclass, 'stale', 1000)",
+                "SELECT fencekit.count_event(%s, 'public.mine'::regclass, 'stale')",
                 (objs.tag,),
             )
         attacker.rollback()

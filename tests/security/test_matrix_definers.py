@@ -82,7 +82,7 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
         f"SELECT * FROM fencekit.advance_fences('{t.resource}', ARRAY['{t.key}'], 1, 'accept')"
     ),
     "count_event": lambda t: (
-        f"SELECT fencekit.count_event('{t.tag}', '{t.table}'::regclass, 'stale', 1)"
+        f"SELECT fencekit.count_event('{t.tag}', '{t.table}'::regclass, 'stale')"
     ),
     "reject": lambda t: (
         f"SELECT fencekit.reject('stale', '{t.tag}', '{t.table}'::regclass, 'x', NULL, NULL, "
@@ -102,14 +102,13 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
     "write-truncate": lambda t: f"TRUNCATE {t.table}",
 }
 # Which CALLS entry reaches each SECURITY DEFINER function (generated ones as <tag>_<suffix>).
+# count_event, counter_value and lease_mismatch run as their callers since core 5 (issue 23,
+# trusted surface): still attacked through CALLS, no longer definers.
 DEFINERS = {
     "acquire": "acquire",
     "advance_fences": "advance_fences",
     "claim_fence": "claim",  # reached through fencekit.claim, which runs as the caller
-    "count_event": "count_event",
-    "counter_value": "counter_value",
     "current_fence": "current_fence",
-    "lease_mismatch": "lease_mismatch",
     "lease_token": "lease_token",
     "max_fence": "max_fence",
     "reject": "reject",

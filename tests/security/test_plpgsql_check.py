@@ -34,11 +34,7 @@ from tests.sqlgen.golden_specs import SPECS
 Conn = psycopg.Connection[Any]
 
 # (function as regprocedure text, message) -> why it is still there.
-PENDING: dict[tuple[str, str], str] = {
-    ("fencekit.refuse_caller(text,oid,text)", 'unused parameter "relid"'): (
-        "issue 23 items 9/16: fencekit.writing()'s callers are reworked on branch audit"
-    ),
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 # Every plpgsql function in schema fencekit, once per trigger that fires it (with that
 # trigger's table and transition tables), else once without a relation.

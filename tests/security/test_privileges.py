@@ -227,19 +227,20 @@ def test_the_replica_switch_is_what_would_bypass(victim) -> None:
 
 
 def test_application_role_cannot_forge_rejection_counters(attacker, victim) -> None:
-    # count_event and reject act only for a transaction writing the table under that tag: not
-    # for one that writes nothing, nor for one writing another protected table.
+    # reject acts only for a transaction writing the table under that tag (not
+    # for one that writes nothing, nor for one writing another protected table); count_event
+    # counts only unfenced and bypassed writes, never a rejection.
     tag = _tags(victim)["acct"]
     query = "SELECT count FROM fencekit.rejections WHERE table_name = 'acct' AND reason = 'stale'"
     before = victim.execute(query).fetchone()
     victim.rollback()
     forgeries = [
-        ("SELECT fencekit.count_event(%s, 'public.acct'::regclass, 'stale', 1000000)", ()),
+        ("SELECT fencekit.count_event(%s, 'public.acct'::regclass, 'stale')", ()),
         ("SELECT fencekit.reject('stale', %s, 'public.acct'::regclass, NULL, NULL, NULL, "
          "NULL, 1, 1000000)", ()),
-        ("SELECT fencekit.count_event(%s, 'public.ledger'::regclass, 'stale', 1000000)",
+        ("SELECT fencekit.count_event(%s, 'public.ledger'::regclass, 'stale')",
          ("UPDATE ledger SET amount = amount WHERE false",)),
-        ("SELECT fencekit.count_event(%s, 'public.acct'::regclass, 'stale', 1000000)",
+        ("SELECT fencekit.count_event(%s, 'public.acct'::regclass, 'stale')",
          ("LOCK TABLE ledger IN ROW EXCLUSIVE MODE",)),
     ]  # fmt: skip
     for call, first in forgeries:
@@ -257,7 +258,7 @@ def test_application_role_cannot_forge_rejection_counters(attacker, victim) -> N
 
 def test_application_role_cannot_release_someone_elses_lease(attacker, victim) -> None:
     # Holder names and tokens are public (fencekit.leases_current); what protects a grant is
-    # that only the login role that acquired it (or fencekit_admin) may renew or release it.
+    # that only the role that acquired it (or fencekit_admin) may renew or release it.
     attacker.rollback()
     attacker.execute(
         "SELECT fencekit.release(resource, holder, token) FROM fencekit.leases_current"

@@ -14,7 +14,13 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT fencekit.counter_reasons() || ARRAY['last_at', 'max_gap', 'max_late_ms']
 $fn$;
 
--- Per-table counters (fencekit.counter_names). Called by the generated protect script.
+-- Per-table counters (fencekit.counter_names). Called by the generated protect script, and by
+-- the install for every protected table (below). Everyone may read them (they are what the
+-- fencekit.rejections view shows) and may add to 'unfenced' and 'bypassed': USAGE allows
+-- nextval(), never setval() or a reset, so a writer counts its own tokenless or bypassed write
+-- as itself, with no SECURITY DEFINER function between (fencekit.count_event). What that lends:
+-- anyone may make those two counts larger, never smaller; a write is never left out. The
+-- rejection counters and the gauges are written only by fencekit.reject.
 CREATE OR REPLACE FUNCTION fencekit.create_counters(tag text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -26,6 +32,12 @@ BEGIN
                               tag || ':' || r);
     EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
                               tag || ':' || r);
+    EXECUTE pg_catalog.format('GRANT SELECT ON SEQUENCE fencekit.%I TO PUBLIC', tag || ':' || r);
+    IF r IN ('unfenced', 'bypassed') THEN
+      -- dynamic SQL: the same sequence, named after the table's tag (%I quotes it)
+      EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE fencekit.%I TO PUBLIC',
+                                tag || ':' || r);
+    END IF;
   END LOOP;
 END
 $fn$;
@@ -46,9 +58,10 @@ $fn$;
 -- and ``relid`` is the table protected under ``tag`` or one of its partitions or children: it
 -- has a trigger calling one of fencekit.<tag>_*'s functions, which nobody but their owner and
 -- fencekit_admin may attach (EXECUTE is revoked from PUBLIC), and which follow the table
--- through a rename. The SECURITY DEFINER entry points below act only for such callers: a
--- definer function cannot see who called it, but a role that may not write a table cannot
--- hold RowExclusiveLock on it.
+-- through a rename. fencekit.reject acts only for such callers: a definer function cannot see
+-- who called it, but a role that may not write a table cannot hold RowExclusiveLock on it.
+-- It reads pg_locks, the whole server's lock table, so it runs on the rejection path only,
+-- never for a write that passes (fencekit.count_event needs no such check).
 CREATE OR REPLACE FUNCTION fencekit.writing(tag text, relid oid) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT EXISTS (SELECT FROM pg_catalog.pg_locks l
@@ -68,39 +81,55 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
   RAISE EXCEPTION USING ERRCODE = '42501',
     MESSAGE = pg_catalog.format('fencekit: %s acts only for a transaction that is writing the '
-                                'table protected as %L', what, tag),
+                                'table protected as %L (called for %s)', what, tag,
+                                relid::pg_catalog.regclass),
     HINT = 'fencekit counts and raises rejections itself; nothing else needs to call it.';
 END
 $fn$;
 
--- SECURITY DEFINER: the counters are readable through the view, not writable by anyone else.
+-- A counter's value, NULL when the table has no such counter. Runs as the caller: SELECT on
+-- every counter is granted to PUBLIC (create_counters).
 CREATE OR REPLACE FUNCTION fencekit.counter_value(tag text, counter text) RETURNS bigint
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT pg_catalog.pg_sequence_last_value(
            pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || counter)))
 $fn$;
 
--- Count one event for a table. SECURITY DEFINER so that writers can count without being able to
--- reset counters (they hold no rights on the sequences), and only while writing that table.
-DROP FUNCTION IF EXISTS fencekit.count_event(text, text, bigint);  -- before core version 3
-CREATE OR REPLACE FUNCTION fencekit.count_event(tag text, relid oid, reason text,
-                                                gap bigint DEFAULT NULL)
+-- Count one write that fencekit let through without judging a token: 'unfenced' (no token,
+-- on_missing = allow) or 'bypassed' (the audited bypass). Every such write calls it; no setting
+-- decides whether it counts. Runs as the writer, who may nextval() these two counters and no
+-- other (create_counters): a sequence, so that the count costs the same whatever other sessions
+-- do, and survives a rollback like the rejection counts. A table protected by a template without
+-- the counter is not counted rather than failed.
+DROP FUNCTION IF EXISTS fencekit.count_event(text, oid, text, bigint);  -- before core 5
+CREATE OR REPLACE FUNCTION fencekit.count_event(tag text, relid oid, reason text)
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF reason IS DISTINCT FROM 'unfenced' AND reason IS DISTINCT FROM 'bypassed' THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = pg_catalog.format('fencekit.count_event counts writes let through (unfenced, '
+                                  'bypassed) on %s, not %L', relid::pg_catalog.regclass, reason),
+      HINT = 'fencekit counts rejections itself (fencekit.reject).';
+  END IF;
+  PERFORM pg_catalog.nextval(
+    pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || reason)));
+END
+$fn$;
+
+-- Count a rejection: its reason's counter, the last rejection time (epoch ms) and the largest
+-- token gap. Called by fencekit.reject only (as its owner: writers hold no rights on these).
+CREATE OR REPLACE FUNCTION fencekit.count_rejection(tag text, reason text, gap bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   seq regclass := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || reason));
   cur bigint;
 BEGIN
-  IF NOT fencekit.writing(tag, relid) THEN
-    PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.count_event');
-  END IF;
   IF seq IS NULL THEN
     RETURN;  -- table protected by a template without this counter; never fail a write over it
   END IF;
   PERFORM pg_catalog.nextval(seq);
-  IF reason IN ('unfenced', 'bypassed') THEN
-    RETURN;
-  END IF;
   PERFORM pg_catalog.setval(pg_catalog.format('fencekit.%I', tag || ':last_at')::regclass,
     (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint);
   IF gap IS NOT NULL AND gap > 0 THEN
@@ -142,6 +171,18 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 $fn$;
 
 -- Count a rejection and raise its error. Never returns.
+--
+-- Trusted surface (docs/security.md): SECURITY DEFINER because a rejection is counted in
+-- sequences that writers must not write (nextval on the reason's counter, setval on the
+-- last_at / max_gap / max_late_ms gauges: a writer with those rights could forge or reset
+-- them), and its lateness reads fencekit.fences, which writers cannot read. It touches only
+-- those sequences (fencekit."<tag>:<counter>"), one row of fencekit.fences, and the catalogs
+-- (pg_class, pg_namespace for the message; pg_locks, pg_trigger, pg_proc in
+-- fencekit.writing). It acts only for a transaction writing the table it names
+-- (fencekit.writing). It never runs caller code: it reads no user table, casts no user type
+-- (the key arrives as jsonb built by the caller's trigger and is only printed, with jsonb's
+-- own output function), and every function and operator it calls is pg_catalog's or
+-- fencekit's own, under a pinned search_path.
 CREATE OR REPLACE FUNCTION fencekit.reject(
   reason text, tag text, relid oid, trigger_name text, column_name text, resource text,
   key jsonb, token bigint, fence bigint, extra text DEFAULT NULL)
@@ -177,7 +218,7 @@ BEGIN
    WHERE c.oid = relid;
   what := pg_catalog.format('%I.%I', sch, tbl)
           || CASE WHEN key IS NULL THEN '' ELSE ' key ' || key::text END;
-  PERFORM fencekit.count_event(tag, relid, reason, fence - token);
+  PERFORM fencekit.count_rejection(tag, reason, fence - token);
   IF late_ms IS NOT NULL THEN
     PERFORM fencekit.record_lateness(tag, late_ms);
   END IF;
@@ -251,9 +292,24 @@ REVOKE ALL ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(te
 GRANT EXECUTE ON FUNCTION fencekit.create_counters(text), fencekit.drop_counters(text)
   TO fencekit_admin;
 REVOKE ALL ON FUNCTION fencekit.writing(text, oid), fencekit.refuse_caller(text, oid, text),
-  fencekit.record_lateness(text, bigint) FROM PUBLIC;
--- Writers need no grant: the triggers run as the writer and call these, which act only for a
--- transaction writing the table they name (fencekit.writing).
-GRANT EXECUTE ON FUNCTION fencekit.count_event(text, oid, text, bigint) TO PUBLIC;
+  fencekit.record_lateness(text, bigint), fencekit.count_rejection(text, text, bigint)
+  FROM PUBLIC;
+-- Writers need no grant: the triggers run as the writer and call these. count_event runs as
+-- the writer (what it may count: create_counters); reject acts only for a transaction writing
+-- the table it names (fencekit.writing).
+GRANT EXECUTE ON FUNCTION fencekit.count_event(text, oid, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
   TO PUBLIC;
+
+-- Counters of tables protected before core 5 lack the grants above (and before core 4 the
+-- lateness gauge): give them. A counter owned by a role the installer cannot act for is left
+-- with a warning from GRANT; re-run the install as a superuser.
+DO $do$
+DECLARE
+  p record;
+BEGIN
+  FOR p IN SELECT pr.tag FROM fencekit.protected pr LOOP
+    PERFORM fencekit.create_counters(p.tag);
+  END LOOP;
+END
+$do$;

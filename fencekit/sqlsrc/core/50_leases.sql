@@ -27,9 +27,11 @@ CREATE TABLE IF NOT EXISTS fencekit.leases (
     CONSTRAINT leases_holder_has_expiry CHECK (holder IS NULL OR expires_at IS NOT NULL)
 );
 
--- The login role that acquired the current grant: renew and release by another role are refused
--- (members of fencekit_admin excepted), so one application cannot free another's leases.
--- session_user, not current_user: these functions are SECURITY DEFINER.
+-- The role that acquired the current grant: the session's role (fencekit.session_role(): the
+-- SET ROLE role, else the login role), never current_user, which inside these SECURITY DEFINER
+-- functions is their owner. A live grant belongs to it: another role cannot take it over by
+-- sending its holder name to acquire, nor renew or release it (members of fencekit_admin may
+-- renew and release, never take), so one application cannot take another's leases.
 ALTER TABLE fencekit.leases ADD COLUMN IF NOT EXISTS acquired_by name;
 
 -- Tokens are also unique across resources on this server: a grant takes the larger of the
@@ -96,6 +98,18 @@ COMMENT ON TABLE fencekit.leases IS
     'never delete rows (tokens would restart).';
 
 -- Application roles never touch the table: they call the SECURITY DEFINER functions below.
+--
+-- Trusted surface (docs/security.md): acquire, renew and release are SECURITY DEFINER because
+-- they write fencekit.leases, which no application may write (lowering a token there would let
+-- an old token pass a fence again), and take tokens from fencekit.lease_token_seq. They touch
+-- only that table and sequence, and read the WAL position (lease_epoch). Before any lock they
+-- check the session's role (_lease_require_writer), and a grant is its role's
+-- (_lease_owned). lease_token is SECURITY DEFINER because it locks a lease row FOR SHARE, which
+-- needs a right on fencekit.leases that nobody else holds; it only reads that row, for
+-- fencekit_admin and the lease-bound fences' definer triggers. None of them runs caller code:
+-- their arguments are text, bigint and interval, compared with pg_catalog's operators written
+-- as OPERATOR(pg_catalog.x), no user type, table, trigger or policy is reached (fencekit.leases
+-- has none: only its owner could add one), and search_path is pinned.
 REVOKE ALL ON TABLE fencekit.leases FROM PUBLIC;
 
 -- ------------------------------------------------------------------ input checks
@@ -157,14 +171,24 @@ BEGIN
 END;
 $fn$;
 
--- Whether the session may renew or release a grant made by role `owner` (NULL: a grant from
--- before roles were recorded).
+-- Whether the session's role acquired a grant made by role `owner` (NULL: a grant from before
+-- roles were recorded, anyone's). Equality, not membership: a member of `owner` acts as it
+-- only after SET ROLE.
+CREATE OR REPLACE FUNCTION fencekit._lease_owned(owner name) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT owner IS NULL OR owner OPERATOR(pg_catalog.=) fencekit.session_role()
+$fn$;
+
+-- Whether the session may renew or release a grant made by role `owner`: its own, or any as a
+-- member of fencekit_admin (to free a crashed worker's lease by hand).
 CREATE OR REPLACE FUNCTION fencekit._lease_caller_may(owner name) RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-    SELECT owner IS NULL OR owner OPERATOR(pg_catalog.=) session_user
-        OR pg_catalog.pg_has_role(session_user, 'fencekit_admin', 'MEMBER')
+    SELECT fencekit._lease_owned(owner)
+        OR pg_catalog.pg_has_role(fencekit.session_role(), 'fencekit_admin', 'MEMBER')
 $fn$;
 
 -- Only members of fencekit_writer may take, renew or release leases from this issuer. Judged by
@@ -178,11 +202,8 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    r text := pg_catalog.current_setting('role');
+    r text := fencekit.session_role();
 BEGIN
-    IF r IS NULL OR r OPERATOR(pg_catalog.=) 'none' THEN
-        r := session_user;
-    END IF;
     IF pg_catalog.pg_has_role(r::pg_catalog.name, 'fencekit_writer', 'MEMBER') THEN
         RETURN;
     END IF;
@@ -203,7 +224,10 @@ $fn$;
 
 -- The token of a new grant, or NULL when another holder's lease is live. The current holder
 -- calling again gets a NEW token (its old one stops renewing): that is how a client recovers
--- after a lost reply, so give every lease instance its own holder name.
+-- after a lost reply, so give every lease instance its own holder name. "The current holder" is
+-- the holder name AND the role that acquired the grant (fencekit._lease_owned): another role
+-- sending the same name gets NULL while the grant is live, like any other holder. No exception
+-- for fencekit_admin: an administrator releases a lease, then acquires it under its own name.
 CREATE OR REPLACE FUNCTION fencekit.acquire(resource text, holder text, ttl interval)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -224,7 +248,7 @@ BEGIN
            (resource, holder, token, acquired_at, renewed_at, expires_at, acquired_by)
     VALUES (acquire.resource, acquire.holder, fencekit._lease_next_token(),
             t_now, t_now,
-            t_now OPERATOR(pg_catalog.+) acquire.ttl, session_user)
+            t_now OPERATOR(pg_catalog.+) acquire.ttl, fencekit.session_role())
     ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
     RETURNING l.token INTO t_next;
     IF t_next IS NOT NULL THEN
@@ -240,9 +264,10 @@ BEGIN
     t_now := pg_catalog.clock_timestamp();
 
     IF cur.holder IS NOT NULL
-       AND cur.holder OPERATOR(pg_catalog.<>) acquire.holder
-       AND cur.expires_at OPERATOR(pg_catalog.>) t_now THEN
-        RETURN NULL;  -- held by another live holder
+       AND cur.expires_at OPERATOR(pg_catalog.>) t_now
+       AND (cur.holder OPERATOR(pg_catalog.<>) acquire.holder
+            OR NOT fencekit._lease_owned(cur.acquired_by)) THEN
+        RETURN NULL;  -- held by another live holder (another name, or the name of another role)
     END IF;
 
     IF cur.token OPERATOR(pg_catalog.>=) 9223372036854775807 THEN
@@ -254,7 +279,7 @@ BEGIN
     UPDATE fencekit.leases AS l
        SET holder = acquire.holder, token = t_next, acquired_at = t_now, renewed_at = t_now,
            expires_at = t_now OPERATOR(pg_catalog.+) acquire.ttl, released_at = NULL,
-           acquired_by = session_user
+           acquired_by = fencekit.session_role()
      WHERE l.resource OPERATOR(pg_catalog.=) acquire.resource;
     PERFORM fencekit._lease_durable_commit();
     RETURN t_next;
@@ -384,6 +409,7 @@ REVOKE ALL ON FUNCTION fencekit._lease_durable_commit() FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencekit._lease_next_token() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.lease_epoch() TO PUBLIC;
 REVOKE ALL ON FUNCTION fencekit._lease_require_writer(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit._lease_owned(name), fencekit._lease_caller_may(name) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.acquire(text, text, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.renew(text, text, bigint, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.release(text, text, bigint) TO PUBLIC;

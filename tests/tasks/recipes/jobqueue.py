@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from fencekit.leases import LeaseTimeout
+from fencekit.leases import LeaseTimeoutError
 from fencekit.tasks import fenced_task
 from tests.tasks.recipes.billing import TTL, connection, issuer
 
@@ -53,7 +53,7 @@ def work(worker: str, hold: float, ready: str, until_empty: float) -> None:
             try:
                 run_job(job_id, worker, hold, ready)
                 print(f"{worker}: job {job_id} done", flush=True)
-            except (LeaseTimeout, AlreadyDone):
+            except (LeaseTimeoutError, AlreadyDone):
                 continue  # another worker holds it, or finished it
             except Exception as exc:
                 print(f"{worker}: job {job_id} failed: {exc!r} <- {exc.__cause__!r}", flush=True)

@@ -16,8 +16,8 @@ from sqlalchemy import create_engine, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import make_url
 
-import fencekit.orm
 import fencekit.psycopg
+import fencekit.sqlalchemy
 from billing.models import billing_summary, invoices
 from fencekit.leases import AsyncLease, AsyncPostgresIssuer, Lease, PostgresIssuer
 from fencekit.testing import checkpoint
@@ -32,7 +32,7 @@ def _me() -> str:
 def rebuild_summary(url: str, account_id: int, *, ttl: float = TTL) -> int:
     """Rebuild the summary of ``account_id`` (SQLAlchemy URL ``url``); returns the total."""
     engine = create_engine(url)
-    fencekit.orm.install(engine)  # writes inside the lease's scope carry its token
+    fencekit.sqlalchemy.install(engine)  # writes inside the lease's scope carry its token
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     try:
         with (

@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import NullPool
 
-import fencekit.orm
+import fencekit.sqlalchemy
 from fencekit.context import fencing
 from fencekit.errors import StaleTokenError, translate
 from fencekit.spec import FenceSpec, TableName
@@ -267,7 +267,7 @@ def test_fresh_pooled_connection_carries_the_token(
 ) -> None:
     options, arrange = POOL_EVENTS[pool_event]
     engine = create_engine(sa_url(allow_dsn), **options)
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     try:
         with arrange(engine, allow_dsn):
             opened = count_opened(engine)
@@ -283,7 +283,7 @@ def test_fresh_pooled_connection_carries_the_token(
 def test_fresh_connection_inserts_carry_the_token(allow_dsn: str) -> None:
     """An insert has no fence to be stale against: the token must reach the new row."""
     engine = create_engine(sa_url(allow_dsn))
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     try:
         with fencing(40), engine.connect() as c:
             c.execute(pg_insert(T).values(id=2, v="new"))
@@ -300,10 +300,10 @@ def test_connection_reopened_after_invalidate(allow_dsn: str, target: str) -> No
     engine = create_engine(sa_url(allow_dsn), pool_size=1)
     try:
         if target == "engine":
-            fencekit.orm.install(engine)
+            fencekit.sqlalchemy.install(engine)
         with engine.connect() as c:
             if target == "connection":
-                fencekit.orm.install(c)
+                fencekit.sqlalchemy.install(c)
             c.exec_driver_sql("SELECT 1")
             c.commit()
             c.invalidate()
@@ -324,7 +324,7 @@ def test_connection_checked_out_before_install(allow_dsn: str) -> None:
         with engine.connect() as c:
             c.exec_driver_sql("SELECT 1")
             c.commit()
-            fencekit.orm.install(engine)
+            fencekit.sqlalchemy.install(engine)
             with fencing(STALE), pytest.raises(StaleTokenError):
                 c.execute(text("UPDATE t SET v = 'stale' WHERE id = 1"))
             c.rollback()
@@ -336,7 +336,7 @@ def test_connection_checked_out_before_install(allow_dsn: str) -> None:
 def test_outside_a_scope_nothing_is_sent(allow_dsn: str) -> None:
     """The allow policy still lets unfenced writes through: the plugin adds nothing there."""
     engine = create_engine(sa_url(allow_dsn))
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     try:
         with engine.connect() as c:
             c.execute(text("UPDATE t SET v = 'unfenced' WHERE id = 1"))
@@ -475,7 +475,7 @@ async def test_async_fresh_pooled_connection_carries_the_token(
 
     options, arrange = ASYNC_POOL_EVENTS[pool_event]
     engine = create_async_engine(sa_url(allow_dsn), **options)
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     try:
         async with arrange(engine, allow_dsn):
             opened = count_opened(engine.sync_engine)
@@ -498,7 +498,7 @@ def test_install_on_an_engine_at_a_reused_address(allow_dsn: str) -> None:
     reused: Engine | None = None
     for _ in range(500):
         engine = create_engine(url)
-        fencekit.orm.install(engine)
+        fencekit.sqlalchemy.install(engine)
         if id(engine) in seen:
             reused = engine
             break

@@ -1,4 +1,4 @@
-"""``fencekit.orm.cooperate``: ORM flushes of a row-fenced class write the fence column as the
+"""``fencekit.sqlalchemy.cooperate``: ORM flushes of a row-fenced class write the fence column as
 token, so the row trigger's WHEN verifies them without running PL/pgSQL; whatever it cannot
 verify still gets the full check."""
 
@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import BigInteger, Engine, create_engine, event, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-import fencekit.orm
+import fencekit.sqlalchemy
 from fencekit.context import fencing
 from fencekit.declare import fenced
 from fencekit.errors import MissingTokenError, StaleTokenError
@@ -47,9 +47,9 @@ def engine(dsn: str) -> Iterator[Engine]:
         conn.execute("SELECT set_config('fencekit.token', '5', true)")
         conn.execute("INSERT INTO jobs VALUES (1, 'new'), (2, 'new')")
     eng = create_engine(sa_url(dsn))
-    fencekit.orm.install(eng)
-    fencekit.orm.cooperate(Base)
-    fencekit.orm.cooperate(Base)  # idempotent
+    fencekit.sqlalchemy.install(eng)
+    fencekit.sqlalchemy.cooperate(Base)
+    fencekit.sqlalchemy.cooperate(Base)  # idempotent
     yield eng
     eng.dispose()
 

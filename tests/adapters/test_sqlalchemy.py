@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, delete, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-import fencekit.orm
+import fencekit.sqlalchemy
 from fencekit import metrics
 from fencekit.context import fencing
 from fencekit.errors import FenceError, MissingTokenError, StaleTokenError
@@ -47,7 +47,7 @@ def read_summary(engine: Engine) -> str:
 
 def test_seed_example_through_the_orm(engine: Engine, events: list) -> None:
     maker = sessionmaker(engine)
-    fencekit.orm.install(maker)
+    fencekit.sqlalchemy.install(maker)
     with maker() as a, maker() as b:
         with fencing(33):
             row_a = a.get(BillingSummary, 42)  # A loads, then pauses
@@ -68,7 +68,7 @@ def test_seed_example_through_the_orm(engine: Engine, events: list) -> None:
 
 def test_every_transaction_in_scope_carries_the_token(engine: Engine) -> None:
     maker = sessionmaker(engine)
-    fencekit.orm.install(maker)
+    fencekit.sqlalchemy.install(maker)
     with fencing(50), maker() as s:
         assert s.scalar(text(TOKEN_SQL)) == "50"
         s.commit()  # a new transaction starts on the next statement
@@ -91,7 +91,7 @@ def test_every_transaction_in_scope_carries_the_token(engine: Engine) -> None:
 
 
 def test_unfenced_write_rejected_and_counted(engine: Engine, events: list) -> None:
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     with Session(engine) as s, pytest.raises(MissingTokenError, match="fencing"):
         s.execute(update(BillingSummary).values(summary="unfenced"))
     kinds = {(e.kind, e.table, e.reason) for e in events}
@@ -104,11 +104,11 @@ def test_unfenced_write_rejected_and_counted(engine: Engine, events: list) -> No
 def test_install_targets(engine: Engine, target: str) -> None:
     with engine.connect() as conn:
         if target == "connection":
-            fencekit.orm.install(conn)
+            fencekit.sqlalchemy.install(conn)
             session = Session(conn)
         else:
             session = Session(engine)
-            fencekit.orm.install(session if target == "session" else engine)
+            fencekit.sqlalchemy.install(session if target == "session" else engine)
         with fencing(60), session:
             session.get(BillingSummary, 42).summary = target
             session.commit()
@@ -128,7 +128,7 @@ def test_other_engines_untouched_without_install(billing: str) -> None:
 
 
 def test_orm_unit_of_work_costs_no_extra_round_trip(engine: Engine) -> None:
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     with engine.begin() as conn:
         conn.exec_driver_sql(
             "CREATE TABLE plain_summary AS SELECT 42 AS account_id, 'x' AS summary"
@@ -159,7 +159,7 @@ async def test_async_session(billing: str, greenlet: None) -> None:
 
     engine = create_async_engine(sa_url(billing))
     maker = async_sessionmaker(engine, expire_on_commit=False)
-    fencekit.orm.install(maker)
+    fencekit.sqlalchemy.install(maker)
     try:
         async with maker() as b:
             with fencing(34):

@@ -11,12 +11,12 @@ import sqlalchemy.exc
 from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.orm import Session
 
-import fencekit.orm
 import fencekit.psycopg
+import fencekit.sqlalchemy
 from fencekit.context import fencing
 from fencekit.errors import FenceError, MissingTokenError, StaleTokenError
 from tests.adapters.conftest import sa_url
-from tests.adapters.test_orm import BillingSummary
+from tests.adapters.test_sqlalchemy import BillingSummary
 
 STALE_SQL = "UPDATE billing_summary SET summary = 'A' WHERE account_id = 42"
 
@@ -49,7 +49,7 @@ def plain_sqlalchemy_error(engine: Engine) -> sqlalchemy.exc.DBAPIError:
     "catch", [sqlalchemy.exc.DBAPIError, sqlalchemy.exc.StatementError, StaleTokenError, FenceError]
 )
 def test_either_except_clause_catches_it(engine: Engine, catch: type[Exception]) -> None:
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     try:
         stale_write(engine)
     except catch as exc:
@@ -63,7 +63,7 @@ def test_either_except_clause_catches_it(engine: Engine, catch: type[Exception])
 def test_it_is_what_sqlalchemy_would_raise_too(engine: Engine) -> None:
     plain = plain_sqlalchemy_error(engine)
     assert not isinstance(plain, FenceError)
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     with pytest.raises(StaleTokenError) as info:
         stale_write(engine)
     err = info.value
@@ -92,7 +92,7 @@ def test_it_is_what_sqlalchemy_would_raise_too(engine: Engine) -> None:
 
 
 def test_missing_token_is_a_dbapi_error_too(engine: Engine) -> None:
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     with engine.connect() as conn, pytest.raises(sqlalchemy.exc.DBAPIError) as info:
         conn.execute(text(STALE_SQL))  # outside any scope: the table rejects unfenced writes
     assert isinstance(info.value, MissingTokenError)
@@ -100,7 +100,7 @@ def test_missing_token_is_a_dbapi_error_too(engine: Engine) -> None:
 
 def test_autoflush_detail_does_not_break_it(engine: Engine) -> None:
     """SQLAlchemy adds a note to errors raised by a query-invoked autoflush (add_detail)."""
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     with Session(engine) as s, fencing(33):
         s.get(BillingSummary, 42).summary = "A"  # type: ignore[union-attr]
         with pytest.raises(StaleTokenError) as info:
@@ -114,7 +114,7 @@ def test_autoflush_detail_does_not_break_it(engine: Engine) -> None:
 
 
 def test_pickles(engine: Engine) -> None:
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     with pytest.raises(StaleTokenError) as info:
         stale_write(engine)
     copy = pickle.loads(pickle.dumps(info.value))  # noqa: S301 - our own object
@@ -128,7 +128,7 @@ async def test_async_either_except_clause_catches_it(billing: str, greenlet: Non
     from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
     engine = create_async_engine(sa_url(billing))
-    fencekit.orm.install(engine)
+    fencekit.sqlalchemy.install(engine)
     maker = async_sessionmaker(engine)
     try:
         async with maker() as s:
@@ -172,7 +172,7 @@ def test_connection_fenced_by_the_psycopg_adapter(
         return conn
 
     own = create_engine("postgresql+psycopg://", creator=connect)
-    fencekit.orm.install(own)
+    fencekit.sqlalchemy.install(own)
     try:
         with pytest.raises(sqlalchemy.exc.DBAPIError) as info:
             stale_write(own)

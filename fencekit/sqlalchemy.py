@@ -1,6 +1,6 @@
-"""SQLAlchemy 2 plugin (sync and asyncio, psycopg driver): fence every transaction in a scope.
+"""SQLAlchemy 2 plugin (sync and asyncio; psycopg, psycopg2, asyncpg): fence every transaction.
 
-``fencekit.orm.install(target)`` accepts a ``sessionmaker``, ``Session``, ``Engine`` or
+``fencekit.sqlalchemy.install(target)`` accepts a ``sessionmaker``, ``Session``, ``Engine`` or
 ``Connection`` (or their asyncio twins). From then on, inside ``with fencekit.fencing(token):``
 every statement those sessions or connections send carries the token transaction-locally, in
 whichever transaction runs it: after commit and rollback, in savepoints (``begin_nested``), for
@@ -22,7 +22,7 @@ connection its pool hands out (the pool's ``checkout`` event, whatever made the 
 and an installed ``Connection`` fences its psycopg connection before each statement
 (``before_execute``, which also covers the connection it reopens after an invalidation).
 
-``fencekit.orm.cooperate(Base)`` makes ORM flushes of row-fenced classes that map the fence
+``fencekit.sqlalchemy.cooperate(Base)`` makes ORM flushes of row-fenced classes that map the fence
 column write it themselves (``SET fencekit_fence = DEFAULT``, the token): the row trigger then
 verifies them in its ``WHEN`` clause, without running PL/pgSQL (docs/performance.md).
 """
@@ -62,21 +62,50 @@ Target: TypeAlias = (
 )
 
 
-def _fence_driver(driver: Any) -> None:
-    """Fence a pooled psycopg connection (cheap and idempotent)."""
-    if fk_psycopg.is_tracked(driver):
-        return  # installed before: the common case
-    if not isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
-        module = type(driver).__module__
+SUPPORTED_DRIVERS = ("psycopg", "psycopg2", "asyncpg")
+"""SQLAlchemy drivers (``postgresql+<driver>://``) the plugin fences."""
+
+
+def _check_driver(dialect: Any) -> None:
+    """Refuse, at install, an engine whose driver fencekit cannot carry the token through."""
+    if dialect.name != "postgresql" or dialect.driver not in SUPPORTED_DRIVERS:
         raise TypeError(
-            f"fencekit.orm needs the psycopg (3) driver, got {type(driver).__name__} from "
-            f"{module}: use a postgresql+psycopg:// URL"
+            f"fencekit.sqlalchemy does not support {dialect.name}+{dialect.driver}: use one of "
+            + ", ".join(f"postgresql+{d}://" for d in SUPPORTED_DRIVERS)
         )
-    # SQLAlchemy wraps driver errors itself; _on_error then translates them.
-    fk_psycopg.install(driver, translate_errors=False)
-    # The engine's boundary listeners (_listen_engine) let the cursor send the token once per
-    # transaction instead of once per statement.
-    fk_psycopg.track_transactions(driver)
+
+
+def _fence_driver(driver: Any) -> None:
+    """Fence a pooled driver connection (cheap and idempotent)."""
+    if fk_psycopg._is_tracked(driver):
+        return  # installed before: the common case
+    if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
+        # SQLAlchemy wraps driver errors itself; _on_error then counts them.
+        fk_psycopg.install(driver, count_rejections=False)
+        # The engine's boundary listeners (_listen_engine) let the cursor send the token once
+        # per transaction instead of once per statement.
+        fk_psycopg._track_transactions(driver)
+        return
+    # By the classes' modules (an installed asyncpg connection's class is fencekit's subclass).
+    modules = {cls.__module__.split(".")[0] for cls in type(driver).__mro__}
+    module = type(driver).__module__.split(".")[0]
+    if "psycopg2" in modules:
+        from fencekit import psycopg2 as fk_psycopg2
+
+        if not fk_psycopg2.is_installed(driver):
+            fk_psycopg2.install(driver, translate_errors=False)  # _on_error translates
+        return
+    if "asyncpg" in modules:
+        from fencekit import asyncpg as fk_asyncpg
+
+        if not fk_asyncpg.is_installed(driver):
+            fk_asyncpg.install(driver)  # its BEGIN carries the token
+        return
+    raise TypeError(
+        f"fencekit.sqlalchemy does not support the {module} driver "
+        f"({type(driver).__name__}): use one of "
+        + ", ".join(f"postgresql+{d}://" for d in SUPPORTED_DRIVERS)
+    )
 
 
 def _install_on(connection: Connection) -> None:
@@ -124,6 +153,10 @@ class _SQLAlchemyRejection:
     def __reduce__(self) -> tuple[Any, ...]:
         # The class is built at run time: pickle how to build it again, not its name.
         state = dict(vars(self))
+        if "_info" in state:
+            # psycopg's result handle does not pickle; ``orig`` (psycopg's own error, which
+            # pickles its diagnostics) keeps them.
+            state.update(_info=None, _pgconn=None)
         return _rebuild, (*self._fk_parents, cast(BaseException, self).args, state)
 
 
@@ -217,30 +250,11 @@ def _on_error(ctx: ExceptionContext) -> BaseException | None:
     error = translate(original)
     if error is None:
         return None
+    metrics.record_rejection(error)  # once: a fenced cursor may have counted it already
     wrapped: BaseException | None = ctx.sqlalchemy_exception
-    if error is original:
-        # A connection fenced by fencekit.psycopg.install() itself raised (and counted) the
-        # FenceError: SQLAlchemy did not wrap it, so wrap its psycopg error as it would have.
-        wrapped = _wrap(ctx, error.orig)
-    else:
-        metrics.record_rejection(error)
     if isinstance(wrapped, sa_exc.DBAPIError):
         return _rejection(error, wrapped)
     return error
-
-
-def _wrap(ctx: ExceptionContext, driver_error: BaseException | None) -> BaseException | None:
-    dbapi = ctx.dialect.loaded_dbapi
-    if not isinstance(driver_error, dbapi.Error):
-        return None
-    return sa_exc.DBAPIError.instance(
-        ctx.statement,
-        ctx.parameters,
-        driver_error,
-        dbapi.Error,
-        hide_parameters=bool(ctx.engine and ctx.engine.hide_parameters),
-        dialect=ctx.dialect,
-    )
 
 
 def _on_begin(connection: Connection) -> None:
@@ -262,7 +276,21 @@ def _count_unfenced(
 ) -> tuple[str, Any]:
     if current_token() is None and context is not None and _writes(context):
         _count_unfenced_write(conn, context)
+    if conn.dialect.driver == "asyncpg":
+        _asyncpg_catch_up(conn, cursor)
     return statement, parameters  # retval=True: no wrapper, see _has()
+
+
+def _asyncpg_catch_up(conn: Connection, cursor: Any) -> None:
+    """asyncpg: the token rides the transaction's BEGIN. A scope entered (or left) after the
+    BEGIN costs one statement, sent here on the statement's own cursor before it runs."""
+    from fencekit import asyncpg as fk_asyncpg
+
+    driver = conn.connection.driver_connection
+    value = fk_asyncpg.to_send(driver)
+    if value is not None:
+        cursor.execute(fk_asyncpg.set_config_sql(value))
+        fk_asyncpg.sent(driver, value)
 
 
 def _writes(context: Any) -> bool:
@@ -279,10 +307,11 @@ def _count_unfenced_write(conn: Connection, context: Any) -> None:
 
 
 def _boundary(conn: Connection, *args: Any) -> None:
-    """Transaction begin/end or savepoint rollback (which reverts transaction-local settings)."""
+    """Transaction begin/end or savepoint rollback (which reverts transaction-local settings).
+    (psycopg2 and asyncpg connections read their transaction status instead.)"""
     dbapi = conn.connection.driver_connection if not conn.invalidated else None
-    if dbapi is not None:
-        fk_psycopg.forget_transaction(dbapi)
+    if isinstance(dbapi, psycopg.Connection | psycopg.AsyncConnection):
+        fk_psycopg._forget_transaction(dbapi)
 
 
 def _has(listeners: Iterable[Any], fn: Callable[..., Any]) -> bool:
@@ -371,9 +400,14 @@ def _session_holder(target: Session | sessionmaker[Any] | type[Session]) -> Any:
 def install(target: Target) -> None:
     """Fence ``target``'s transactions with the current :func:`fencekit.fencing` token.
 
-    Idempotent. Needs the psycopg 3 driver (``postgresql+psycopg://``, sync or async).
+    Idempotent. Drivers: psycopg 3 (``postgresql+psycopg://``, sync or async), psycopg2
+    (``postgresql+psycopg2://``, the plain ``postgresql://``) and asyncpg
+    (``postgresql+asyncpg://``); an engine on another driver is refused here, with TypeError.
     """
     resolved = _resolve(target)
+    engine = _engine_of(resolved)
+    if engine is not None:
+        _check_driver(engine.dialect)
     if isinstance(resolved, Engine):
         _listen_engine(resolved, check=True)
         if not _has(resolved.pool.dispatch.checkout, _on_checkout):
@@ -384,7 +418,7 @@ def install(target: Target) -> None:
         _listen_engine(resolved.engine, check=True)
         if not resolved.closed and not resolved.invalidated:
             _install_on(resolved)
-            fk_psycopg.forget_transaction(resolved.connection.driver_connection)
+            _boundary(resolved)
         _listen_connection(resolved)
     elif isinstance(resolved, Session | sessionmaker) or issubclass(resolved, Session):
         holder = _session_holder(resolved)
@@ -393,6 +427,20 @@ def install(target: Target) -> None:
             _sessions_listening.add(holder)
     else:
         raise TypeError(f"cannot install fencekit on {type(target).__name__}")
+
+
+def _engine_of(resolved: Any) -> Engine | None:
+    """The engine ``resolved`` runs on, when known before its first transaction."""
+    if isinstance(resolved, Engine):
+        return resolved
+    if isinstance(resolved, Connection):
+        return resolved.engine
+    bind = resolved.kw.get("bind") if isinstance(resolved, sessionmaker) else None
+    if isinstance(resolved, Session):
+        bind = resolved.bind
+    if isinstance(bind, Engine | Connection):
+        return bind if isinstance(bind, Engine) else bind.engine
+    return None
 
 
 def uninstall(target: Target) -> None:

@@ -1,0 +1,409 @@
+"""psycopg2 adapter: carry the fencing token into each transaction, as ``fencekit.psycopg`` does.
+
+The same surface as the psycopg 3 adapter: :func:`install` (automatic mode: statements run inside
+a :func:`fencekit.fencing` scope carry its token; also for a ``psycopg2.pool`` pool),
+:func:`transaction` (a transaction block fenced with a token) and :func:`set_token`.
+
+How the token travels, without a round trip of its own: psycopg2 sends each statement as one
+simple query (parameters are interpolated on the client), and PostgreSQL runs the statements of
+one simple query in one transaction. So the fenced cursor sends ``SET LOCAL fencekit.token =
+'34'; SET LOCAL fencekit.issuer = ''; <statement>`` as that statement's query: in a transaction
+(psycopg2 opens one with its own ``BEGIN`` before the first statement, as it always does), or in
+autocommit mode, where the three run as one implicit transaction. It is sent once per
+transaction; a statement run after the scope ended, in the same transaction, clears it first.
+``executemany()`` sends the token as a statement of its own (one round trip) before the batch.
+
+Rejections are raised as fencekit's classes that are also ``psycopg2.DatabaseError``
+(``pgcode``/``pgerror`` kept; psycopg2 has no way to register them, so the fenced cursor
+translates): ``except fencekit.StaleTokenError`` and ``except psycopg2.Error`` both catch them.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
+
+import psycopg2
+import psycopg2.extensions as ext
+from psycopg2 import pool as pg2_pool
+from psycopg2 import sql as pg2_sql
+
+from fencekit import errors, metrics
+from fencekit.context import current_issuer, current_token, fencing
+from fencekit.errors import commit_outcome_unknown, validate_token
+
+__all__ = [
+    "BypassRefusedError",
+    "FenceUsageError",
+    "FencedCursor",
+    "IssuerMismatchError",
+    "LeaseMismatchError",
+    "MalformedTokenError",
+    "MissingTokenError",
+    "ReusedTokenError",
+    "StaleTokenError",
+    "install",
+    "set_token",
+    "transaction",
+    "uninstall",
+]
+
+Connection = ext.connection
+C = TypeVar("C", bound=ext.connection)
+
+SET_TOKEN = "SELECT set_config('fencekit.token', %s, true), set_config('fencekit.issuer', %s, true)"
+_CLEAR = ("", "")
+_ISSUER_TEXT = re.compile(r"[a-z0-9_-]{0,31}")  # fencing()'s issuer names, or '' (untagged)
+_IDLE = ext.TRANSACTION_STATUS_IDLE
+_INTRANS = ext.TRANSACTION_STATUS_INTRANS
+
+
+# ---------------------------------------------------------------- errors
+
+
+class _Psycopg2RejectionError(errors.FencekitError, psycopg2.DatabaseError):  # type: ignore[misc]
+    """A fencekit rejection that is also a ``psycopg2.DatabaseError``."""
+
+
+# fencekit's class first, so its fields, __str__ and as_dict() are the ones seen.
+class FenceUsageError(errors.FenceUsageError, _Psycopg2RejectionError):
+    __doc__ = errors.FenceUsageError.__doc__
+
+
+class StaleTokenError(errors.StaleTokenError, _Psycopg2RejectionError):
+    __doc__ = errors.StaleTokenError.__doc__
+
+
+class ReusedTokenError(errors.ReusedTokenError, _Psycopg2RejectionError):
+    __doc__ = errors.ReusedTokenError.__doc__
+
+
+class MissingTokenError(errors.MissingTokenError, _Psycopg2RejectionError):
+    __doc__ = errors.MissingTokenError.__doc__
+
+
+class MalformedTokenError(errors.MalformedTokenError, _Psycopg2RejectionError):
+    __doc__ = errors.MalformedTokenError.__doc__
+
+
+class BypassRefusedError(errors.BypassRefusedError, _Psycopg2RejectionError):
+    __doc__ = errors.BypassRefusedError.__doc__
+
+
+class LeaseMismatchError(errors.LeaseMismatchError, _Psycopg2RejectionError):
+    __doc__ = errors.LeaseMismatchError.__doc__
+
+
+class IssuerMismatchError(errors.IssuerMismatchError, _Psycopg2RejectionError):
+    __doc__ = errors.IssuerMismatchError.__doc__
+
+
+_CLASSES: dict[str, type[errors.FenceError]] = {
+    cls.sqlstate: cls
+    for cls in (
+        FenceUsageError,
+        StaleTokenError,
+        ReusedTokenError,
+        MissingTokenError,
+        MalformedTokenError,
+        BypassRefusedError,
+        LeaseMismatchError,
+        IssuerMismatchError,
+    )
+}
+
+
+def _rejection(exc: BaseException) -> BaseException:
+    """``exc`` as fencekit's class that is also a psycopg2 error (counted), else ``exc``."""
+    cls = _CLASSES.get(getattr(exc, "pgcode", None) or "")
+    if cls is None:
+        return exc
+    message, fields = errors.fields_of(exc)
+    error = cls(message, orig=exc, **fields)
+    # psycopg2 keeps these in C slots that only its pickling support sets.
+    cast(Any, error).__setstate__({"pgerror": cast(Any, exc).pgerror, "pgcode": cls.sqlstate})
+    metrics.record_rejection(error)
+    return error
+
+
+# ---------------------------------------------------------------- state
+
+
+class _State:
+    __slots__ = ("count", "dirty", "installed", "previous_factory", "value")
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.count = True
+        self.previous_factory: Any = None
+        # value: the (token, issuer) sent in the open transaction (None: nothing sent).
+        self.value: tuple[str, str] | None = None
+        self.dirty = False
+
+
+# psycopg2's connections take no attributes: their state lives here, as long as they do.
+_states: weakref.WeakKeyDictionary[ext.connection, _State] = weakref.WeakKeyDictionary()
+
+
+def _state(conn: ext.connection) -> _State:
+    state = _states.get(conn)
+    if state is None:
+        state = _states[conn] = _State()
+    return state
+
+
+def _scope_value() -> tuple[str, str] | None:
+    token = current_token()
+    return None if token is None else (str(token), current_issuer() or "")
+
+
+def _prefix(value: tuple[str, str]) -> str:
+    token, issuer = value
+    if not (token == "" or (token.isascii() and token.isdigit())):
+        raise ValueError(f"not a validated token: {token!r}")
+    if not _ISSUER_TEXT.fullmatch(issuer):  # fencing() checked it; spliced into SQL: again
+        raise ValueError(f"not a validated issuer: {issuer!r}")
+    # The issuer passed fencing()'s check ([a-z][a-z0-9_-]*): no quote, no % to escape.
+    return f"SET LOCAL fencekit.token = '{token}'; SET LOCAL fencekit.issuer = '{issuer}'; "
+
+
+def _to_send(conn: ext.connection) -> tuple[str, str] | None:
+    """The (token, issuer) to send before the next statement, or None: nothing to send."""
+    state = _state(conn)
+    status = conn.info.transaction_status
+    if status == _IDLE:
+        state.value, state.dirty = None, False  # a new transaction starts clean
+    elif status != _INTRANS:
+        return None  # failed transaction or broken connection: add nothing
+    value = _scope_value()
+    if value is not None:
+        return None if state.value == value else value
+    return _CLEAR if state.dirty else None
+
+
+def _sent(conn: ext.connection, value: tuple[str, str]) -> None:
+    state = _state(conn)
+    if conn.info.transaction_status == _IDLE:  # autocommit: it ended with the statement
+        state.value, state.dirty = None, False
+    else:
+        state.value, state.dirty = value, bool(value[0])
+
+
+def _with_prefix(cursor: ext.cursor, query: Any, value: tuple[str, str]) -> Any:
+    prefix = _prefix(value)
+    if isinstance(query, pg2_sql.Composable):
+        query = query.as_string(cursor)
+    if isinstance(query, bytes):
+        return prefix.encode("ascii") + query
+    return prefix + str(query)
+
+
+# ---------------------------------------------------------------- cursor
+
+
+class FencedCursor(ext.cursor):  # type: ignore[misc]  # psycopg2 ships no types
+    """A cursor whose statements carry :func:`fencekit.current_token` (see :func:`install`)."""
+
+    def execute(self, query: Any, vars: Any = None) -> None:
+        conn = self.connection
+        try:
+            value = _to_send(conn)
+            if value is None:
+                super().execute(query, vars)
+                return
+            super().execute(_with_prefix(self, query, value), vars)
+            _sent(conn, value)
+        except psycopg2.Error as exc:
+            if not _state(conn).count:
+                raise
+            error = _rejection(exc)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def executemany(self, query: Any, vars_list: Iterable[Any]) -> None:
+        conn = self.connection
+        try:
+            value = _to_send(conn)
+            if value is not None:
+                super().execute(SET_TOKEN, value)
+                _sent(conn, value)
+            super().executemany(query, vars_list)
+        except psycopg2.Error as exc:
+            if not _state(conn).count:
+                raise
+            error = _rejection(exc)
+            if error is exc:
+                raise
+            raise error from exc
+
+
+_fenced_classes: dict[type[Any], type[Any]] = {}
+
+
+def _fenced_class(base: type[Any]) -> type[Any]:
+    if issubclass(base, FencedCursor):
+        return base
+    if base is ext.cursor:
+        return FencedCursor
+    cls = _fenced_classes.get(base)
+    if cls is None:
+        cls = _fenced_classes.setdefault(
+            base, type(f"Fenced{base.__name__}", (FencedCursor, base), {})
+        )
+    return cls
+
+
+# ---------------------------------------------------------------- install
+
+
+def install(target: C | pg2_pool.AbstractConnectionPool, *, translate_errors: bool = True) -> None:
+    """Automatic mode: statements on ``target`` carry the current :func:`fencing` token.
+
+    ``target`` is a psycopg2 connection, or a ``psycopg2.pool`` pool: then every connection it
+    hands out is installed. Puts the fenced variant of the connection's ``cursor_factory`` in
+    place (idempotent); cursors made with an explicit ``cursor_factory=`` argument (other than
+    ``None``) are not fenced. With ``translate_errors=False`` (the SQLAlchemy plugin, which
+    translates itself) rejections stay psycopg2's plain ``DatabaseError``.
+    """
+    if isinstance(target, pg2_pool.AbstractConnectionPool):
+        _install_pool(target, translate_errors)
+        return
+    if not isinstance(target, ext.connection):
+        raise TypeError(
+            f"fencekit.psycopg2.install() takes a psycopg2 connection or pool, not "
+            f"{type(target).__module__}.{type(target).__name__}"
+        )
+    state = _state(target)
+    state.count = translate_errors
+    factory = target.cursor_factory or ext.cursor
+    fenced = _fenced_class(factory)
+    if factory is not fenced:
+        if not state.installed:
+            state.previous_factory = target.cursor_factory
+        target.cursor_factory = fenced
+    state.installed = True
+
+
+def _install_pool(pool: pg2_pool.AbstractConnectionPool, translate_errors: bool) -> None:
+    # psycopg2's pools have no configure hook: wrap getconn (an instance attribute, removed by
+    # uninstall). A connection given back mid-transaction is rolled back by putconn(), and the
+    # token is transaction-local: nothing carries over to the next borrower.
+    if "getconn" in vars(pool):
+        return
+    original = type(pool).getconn
+
+    def getconn(key: Any = None) -> ext.connection:
+        conn = cast(ext.connection, original(pool, key))
+        if not _state(conn).installed:
+            install(conn, translate_errors=translate_errors)
+        return conn
+
+    pool.getconn = getconn
+
+
+def uninstall(target: ext.connection | pg2_pool.AbstractConnectionPool) -> None:
+    """Undo :func:`install` (on a pool: connections it already handed out stay fenced)."""
+    if isinstance(target, pg2_pool.AbstractConnectionPool):
+        vars(target).pop("getconn", None)  # the instance attribute _install_pool set
+        return
+    state = _state(target)
+    if state.installed:
+        target.cursor_factory = state.previous_factory
+    state.installed = False
+    state.previous_factory = None
+
+
+def is_installed(conn: ext.connection) -> bool:
+    state = _states.get(conn)
+    return state is not None and state.installed
+
+
+# ---------------------------------------------------------------- explicit API
+
+
+def _resolve(token: int | None, issuer: str | None) -> fencing:
+    if token is None:
+        token = current_token()
+        if token is None:
+            raise errors.MissingTokenError()
+        issuer = issuer or current_issuer()
+    return fencing(validate_token(token), issuer)
+
+
+@contextmanager
+def _fenced_factory(conn: ext.connection) -> Iterator[None]:
+    if is_installed(conn):
+        yield
+        return
+    factory = conn.cursor_factory
+    conn.cursor_factory = _fenced_class(factory or ext.cursor)
+    try:
+        yield
+    finally:
+        conn.cursor_factory = factory
+
+
+@contextmanager
+def transaction(conn: C, token: int | None = None, *, issuer: str | None = None) -> Iterator[C]:
+    """A transaction on ``conn`` whose statements carry ``token`` (default: the scope's).
+
+    The token is validated before anything is sent, and rides the transaction's first
+    statement. Commits when the block ends, rolls back when it raises; the block is also a
+    :func:`fencing` scope. ``conn`` must be idle (no transaction open): psycopg2 has no
+    savepoint blocks, so nesting is refused. An autocommit connection runs the block as one
+    transaction (autocommit is off for the block). A connection lost during the COMMIT raises
+    :class:`~fencekit.errors.CommitOutcomeUnknownError` (docs/ha.md).
+    """
+    scope = _resolve(token, issuer)
+    if conn.info.transaction_status != _IDLE:
+        raise psycopg2.ProgrammingError(
+            "fencekit.psycopg2.transaction() needs an idle connection: commit or roll back "
+            "first, or use set_token() to fence the transaction already open"
+        )
+    autocommit = conn.autocommit
+    if autocommit:
+        conn.autocommit = False
+    try:
+        with scope, _fenced_factory(conn):
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            try:
+                conn.commit()
+            except psycopg2.Error as exc:
+                unknown = commit_outcome_unknown(exc, scope.token, scope.issuer)
+                if unknown is not None:
+                    raise unknown from exc
+                error = _rejection(exc)  # a deferred check that failed at COMMIT
+                if error is exc:
+                    raise
+                raise error from exc
+    finally:
+        _state(conn).value = None
+        _state(conn).dirty = False
+        if autocommit and not conn.closed:
+            conn.autocommit = True
+
+
+def set_token(conn: ext.connection, token: int | None = None, *, issuer: str | None = None) -> None:
+    """Fence the transaction open on ``conn`` (or the one psycopg2 opens for this statement).
+
+    One statement, so one round trip; prefer :func:`transaction` or :func:`install`, which ride
+    the next statement instead.
+    """
+    scope = _resolve(token, issuer)
+    if conn.autocommit:
+        raise psycopg2.ProgrammingError(
+            "set_token() needs a transaction: in autocommit mode the setting would end with "
+            "its own statement; use fencekit.psycopg2.transaction(conn, token) instead"
+        )
+    value = (str(scope.token), scope.issuer or "")
+    with conn.cursor(cursor_factory=ext.cursor) as cur:
+        cur.execute(SET_TOKEN, value)
+    _sent(conn, value)

@@ -1,0 +1,26 @@
+"""The rollout benchmark runs, reports the agreed shape, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from fencekit.bench.rollout import run
+
+
+@pytest.mark.bench
+def test_rollout_benchmark_quick(dsn: str) -> None:
+    results = run(dsn, quick=True)
+    assert len(results) == 8  # row, key, table fence and the floor; idle and with locks held
+    assert sum("1,000 locks" in r["name"] for r in results) == 4
+    assert sum(r["name"].startswith("floor") for r in results) == 2
+    for r in results:
+        assert set(r) == {"name", "baseline", "fenced", "ratio", "unit", "target"}
+        assert r["baseline"] > 0
+        assert r["fenced"] > 0
+        assert 0 < r["ratio"] < 20
+        assert r["unit"] == "s"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM fencekit.protected").fetchone() == (0,)
+        gone = conn.execute("SELECT to_regnamespace('fencekit_bench_rollout')").fetchone()
+        assert gone == (None,)

@@ -1,0 +1,230 @@
+"""Issue 23 (findings F1, F2): a key column retyped after protect runs no code as fencekit.
+
+The table's owner (``kr_own``: owns the table, not an admin, not a superuser) retypes the key
+column of a key-fenced table that a superuser protected, to a composite type of its own with a
+cast to text of its own (which counts each run in a sequence, a rollback does not undo it, and
+tries to make the owner a superuser). Two ways: ``ALTER COLUMN ... TYPE``, and ``DROP COLUMN
+... CASCADE`` then ``ADD COLUMN`` of the same name. Then:
+
+- F1: the owner writes the table (INSERT, UPDATE, DELETE, TRUNCATE) and claims a key. The key
+  fence's SECURITY DEFINER trigger computed ``k::text`` as the superuser that ran protect: the
+  owner became a superuser. Now every write that would name a key is refused (YF000, naming the
+  column, its type and the protected one) before any key text is computed.
+- F2: the DBA (a superuser) runs ``fencekit move`` to another key column. The carry computed the
+  old key's text as the DBA. Now the move is refused and changes nothing.
+
+After each: the owner is not a superuser and its cast never ran. A retype within the protected
+family (int to bigint) and a domain over the protected type still work; a retype to another
+built-in family (numeric(10,2)) is refused as well: its keys would be named differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from fencekit.cli import main
+from fencekit.spec import FenceSpec, Scope, TableName
+from tests.security.conftest import Conn, fences, protect
+
+OWNER = "kr_own"
+
+HOSTILE = f"""
+CREATE SCHEMA kr AUTHORIZATION {OWNER};
+GRANT USAGE ON SCHEMA kr TO PUBLIC;
+SET ROLE {OWNER};
+CREATE SEQUENCE kr.ran;
+GRANT USAGE ON SEQUENCE kr.ran TO PUBLIC;
+CREATE TYPE kr.kt AS (n int);
+CREATE FUNCTION kr.kt_text(kr.kt) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM nextval('kr.ran');
+  BEGIN EXECUTE 'ALTER ROLE {OWNER} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+  RETURN ($1).n::text;
+END $$;
+CREATE CAST (kr.kt AS text) WITH FUNCTION kr.kt_text(kr.kt);
+RESET ROLE;
+"""
+
+RETYPES = {
+    "alter_type": "ALTER TABLE kr_t ALTER COLUMN k TYPE kr.kt USING ROW(k)::kr.kt",
+    "drop_add": "ALTER TABLE kr_t DROP COLUMN k CASCADE;"
+    " ALTER TABLE kr_t ADD COLUMN k kr.kt NOT NULL DEFAULT ROW(1)::kr.kt",
+}
+
+WRITES = {
+    "insert": "INSERT INTO kr_t (id, k, k2, v) VALUES (3, ROW(3)::kr.kt, 3, 0)",
+    "update": "UPDATE kr_t SET v = v + 1 WHERE id = 1",
+    "delete": "DELETE FROM kr_t WHERE id = 1",
+}
+
+
+def _ran(db: Conn) -> int:
+    db.rollback()
+    row = db.execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM kr.ran").fetchone()
+    db.rollback()
+    assert row is not None
+    return int(row[0])
+
+
+def _superuser(db: Conn) -> bool:
+    db.rollback()
+    row = db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (OWNER,)).fetchone()
+    db.rollback()
+    assert row is not None
+    return bool(row[0])
+
+
+def _clean(db: Conn, what: str) -> None:
+    assert not _superuser(db), f"{what}: the owner became a superuser"
+    assert _ran(db) == 0, f"{what}: the owner's cast ran"
+
+
+@pytest.fixture
+def owner(db: Conn, make_role: Callable[..., str]) -> str:
+    """The owner's DSN; kr_t (key fence on k, protected by the superuser) holds keys 1 and 2
+    at fence 10; the owner's type and cast exist, unused."""
+    dsn = make_role(OWNER)
+    db.execute(HOSTILE)
+    db.execute(
+        "CREATE TABLE public.kr_t (id int PRIMARY KEY, k int NOT NULL, k2 int NOT NULL, v int)"
+    )
+    protect(db, FenceSpec(TableName("public", "kr_t"), scope=Scope.KEY, key=("k",)))
+    db.execute(f"ALTER TABLE kr_t OWNER TO {OWNER}")
+    db.execute("SELECT set_config('fencekit.token', '10', true)")
+    db.execute("INSERT INTO kr_t VALUES (1, 1, 1, 0), (2, 2, 2, 0)")
+    db.commit()
+    assert fences(db, "public.kr_t") == {"1": 10, "2": 10}
+    db.rollback()
+    return dsn
+
+
+def _retype(owner: str, how: str) -> None:
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute(RETYPES[how])
+
+
+def _refused(exc: psycopg.Error, what: str) -> None:
+    assert exc.sqlstate == "YF000", f"{what}: {exc.sqlstate} {exc}"
+    message = exc.diag.message_primary or ""
+    assert "key column k of public.kr_t has type kr.kt" in message, message
+    assert "protected with a key of integer" in message, message
+
+
+@pytest.mark.parametrize("how", sorted(RETYPES))
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_owner_write_after_retype_is_refused(db: Conn, owner: str, how: str, write: str) -> None:
+    _retype(owner, how)
+    with psycopg.connect(owner) as conn:
+        conn.execute("SET fencekit.token = '20'")
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute(WRITES[write])
+    _refused(caught.value, f"{write} after {how}")
+    _clean(db, f"{write} after {how}")
+    assert fences(db, "public.kr_t") == {"1": 10, "2": 10}
+    db.rollback()
+
+
+@pytest.mark.parametrize("how", sorted(RETYPES))
+def test_owner_truncate_and_claim_after_retype_run_no_cast(db: Conn, owner: str, how: str) -> None:
+    """TRUNCATE names no key (its check is the resource's highest fence); a claim reads the key
+    values through built-in types only (fencekit.key_text) and is refused."""
+    _retype(owner, how)
+    with psycopg.connect(owner) as conn:
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("SELECT fencekit.claim('kr_t', '{1}', 50)")
+        assert caught.value.sqlstate == "YF000", caught.value
+        assert "key column k of public.kr_t has type kr.kt" in str(caught.value)
+        conn.rollback()
+        conn.execute("SET fencekit.token = '20'")
+        conn.execute("TRUNCATE kr_t")
+        conn.commit()
+    _clean(db, f"claim and truncate after {how}")
+    assert fences(db, "public.kr_t") == {"1": 10, "2": 10}
+    db.rollback()
+
+
+@pytest.mark.parametrize("how", sorted(RETYPES))
+def test_dba_move_after_retype_is_refused(
+    db: Conn, owner: str, dsn: str, how: str, capsys: Any
+) -> None:
+    _retype(owner, how)
+    capsys.readouterr()
+    code = main(["move", "kr_t", "--key", "k2", "--dsn", dsn])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert code == 1, out
+    assert "key column k of public.kr_t has type kr.kt" in out, out
+    _clean(db, f"move after {how}")
+    row = db.execute(
+        "SELECT spec::text FROM fencekit.protected WHERE table_name = 'kr_t'"
+    ).fetchone()
+    assert row is not None
+    assert '"key": ["k"]' in row[0], row
+    assert fences(db, "public.kr_t") == {"1": 10, "2": 10}
+    db.rollback()
+
+
+def test_retype_within_the_family_and_domains_still_write(db: Conn, owner: str) -> None:
+    """int to bigint names every key alike; a domain over bigint (or over such a domain) reads
+    as bigint."""
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute("ALTER TABLE kr_t ALTER COLUMN k TYPE bigint")
+        conn.execute("CREATE DOMAIN kr.acct AS bigint CHECK (VALUE > 0)")
+        conn.execute("ALTER TABLE kr_t ALTER COLUMN k TYPE kr.acct")
+    with psycopg.connect(owner) as conn:
+        conn.execute("SET fencekit.token = '20'")
+        conn.execute("UPDATE kr_t SET v = v + 1 WHERE id = 1")
+        conn.commit()
+    # A domain over a domain takes check_key_types' slow path, which finds nothing wrong.
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute("CREATE DOMAIN kr.acct2 AS kr.acct")
+        conn.execute("ALTER TABLE kr_t ALTER COLUMN k TYPE kr.acct2")
+    with psycopg.connect(owner) as conn:
+        conn.execute("SET fencekit.token = '30'")
+        conn.execute("UPDATE kr_t SET v = v + 1 WHERE id = 2")
+        conn.commit()
+    assert fences(db, "public.kr_t") == {"1": 20, "2": 30}
+    db.rollback()
+
+
+def test_retype_to_another_family_is_refused(db: Conn, owner: str) -> None:
+    """numeric(10,2) is built in, but names key 1 as 1.00: a fresh fence, below the old one."""
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute("ALTER TABLE kr_t ALTER COLUMN k TYPE numeric(10,2)")
+    with psycopg.connect(owner) as conn:
+        conn.execute("SET fencekit.token = '5'")
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("UPDATE kr_t SET v = v + 1 WHERE id = 1")
+    assert caught.value.sqlstate == "YF000"
+    message = caught.value.diag.message_primary or ""
+    assert "has type numeric(10,2)" in message, message
+    assert "key of integer" in message, message
+    assert fences(db, "public.kr_t") == {"1": 10, "2": 10}
+    db.rollback()
+
+
+def test_dba_move_from_a_retyped_row_fence_column_is_refused(
+    db: Conn, owner: str, dsn: str, capsys: Any
+) -> None:
+    """The carry from a row fence reads its fence column as the mover (max, comparisons): the
+    owner's type there is refused too, before anything is read."""
+    db.execute("CREATE TABLE public.kr_r (id int PRIMARY KEY, k int NOT NULL)")
+    protect(db, FenceSpec(TableName("public", "kr_r")))
+    db.execute(f"ALTER TABLE kr_r OWNER TO {OWNER}")
+    db.commit()
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute(
+            "ALTER TABLE kr_r DROP COLUMN fencekit_fence CASCADE;"
+            " ALTER TABLE kr_r ADD COLUMN fencekit_fence kr.kt"
+        )
+    capsys.readouterr()
+    code = main(["move", "kr_r", "--key", "k", "--dsn", dsn])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert code == 1, out
+    assert "column fencekit_fence of public.kr_r has type kr.kt" in out, out
+    _clean(db, "move from a retyped row fence column")
