@@ -199,8 +199,10 @@ def _owner_only(new: FenceSpec) -> str:
         "session logged in as the owner %s (SET ROLE cannot contain it); nothing was changed"
     )
     hint = (
-        "Log in as %s (a member of fencekit_admin) and run the same move: fencekit move ... "
-        "--dsn <a DSN that logs in as %s> (or this script, with psql, as it)."
+        "Log in as %s (a member of fencekit_admin, owning the table's generated fencekit "
+        "functions and counters) and run the same move: fencekit move ... --dsn <a DSN that "
+        "logs in as %s>. Or move through a table fence (--scope table, then --scope row), "
+        "which writes no row: every row then starts at the highest key fence."
     )
     owner = (
         "(SELECT c.relowner FROM pg_catalog.pg_class c\n"
