@@ -91,16 +91,25 @@ def table_drift(
         "WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s)",
         (t.sql,),
     ).fetchone()
-    if row is None:
-        renamed = renamed_to(conn, pt)
+    # The name may resolve to something else than the protected table: its owner renamed it
+    # and put a view or another table under the old name. Report the rename, not the triggers
+    # the impostor lacks (fencekit's commands refuse it: fencekit.registered_table).
+    impostor = ""
+    if row is not None and (row[1] not in ("r", "p") or not _has_trigger(conn, row[0], pt.tag)):
+        kinds = {"v": "a view", "m": "a materialized view", "f": "a foreign table"}
+        impostor = f"; {t} is now {kinds.get(row[1], 'another relation')}"
+    renamed = renamed_to(conn, pt) if row is None or impostor else None
+    if renamed is None and row is not None and row[1] in ("r", "p"):
+        impostor = ""  # the table itself, without its TRUNCATE trigger: reported below
+    if row is None or impostor:
         if renamed is not None:
             return [
                 Drift(
                     DriftKind.TABLE_RENAMED,
                     t.dotted,
-                    f"table {t} was renamed to {renamed}: its triggers still check writes, but "
-                    "the registry, the objects' names and a default resource's name are the "
-                    "old ones",
+                    f"table {t} was renamed to {renamed}{impostor}: its triggers still check "
+                    "writes, but the registry, the objects' names and a default resource's name "
+                    "are the old ones",
                     f"{COMMAND} (moves the protection to the new name in one transaction)",
                     command=Command(Action.RENAME, pt.spec, new_name=renamed),
                 )
@@ -112,7 +121,7 @@ def table_drift(
         ).fetchone()
         where = (
             f"; its triggers are now on {moved[0]} (renamed?)" if moved else " (dropped or renamed)"
-        )
+        ) + impostor
         return [
             Drift(
                 DriftKind.TABLE_MISSING,
@@ -151,6 +160,17 @@ def table_drift(
         )
         out += foreign_code_drift(conn, insp, desc.oid, desc.sql, pt.spec, allowed)
     return out
+
+
+def _has_trigger(conn: Conn, oid: int, tag: str) -> bool:
+    """Whether the relation ``oid`` carries the TRUNCATE trigger of the registry row ``tag``
+    (every scope has one): it is the protected table, not a relation that took its name."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_trigger g WHERE g.tgrelid = %s "
+        "AND g.tgname = %s)",
+        (oid, f"fencekit_{tag}_trunc"),
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def renamed_to(conn: Conn, pt: ProtectedTable) -> TableName | None:

@@ -88,9 +88,13 @@ def _fence(subparsers: Any) -> None:
         "records the repair (who, when, table, key, old and new fence, --reason) in "
         "fencekit.repairs, which `fencekit status` summarises.\n\nLowering a fence lets through "
         "tokens it rejected: only do it when no writer holds such a token (the bad value came "
-        "from a bug, not from an issuer). A row fence is written under the audited bypass and "
-        "counted once as a bypassed write; a key with no fence has nothing to repair and is "
-        "refused.",
+        "from a bug, not from an issuer). A key with no fence has nothing to repair and is "
+        "refused.\n\nA row fence lives in the table, so its repair writes the table, and that "
+        "runs the table owner's code (triggers, rules, constraints, index expressions, "
+        "policies). It runs only in a session logged in as the table's owner (a member of "
+        "fencekit_admin): in any other session, a superuser's included, it is refused before "
+        "the table is touched, with the SQL to run as the owner. SET ROLE is not enough: the "
+        "owner's code could RESET ROLE back to yours.",
         epilog="examples:\n"
         "  fencekit fence set payments --key 42 --to 35 --allow-lower \\\n"
         "      --reason 'writer sent bigint max (INC-123)'\n"
@@ -131,6 +135,12 @@ def _protected(conn: psycopg.Connection[Any], text: str) -> ProtectedTable:
     catalog.require_core(conn)
     parse_table(text)  # a malformed name is a usage error
     pt = catalog.protected_table(conn, text, "fencekit status lists the protected tables")
+    # The name must still be the protected table itself: its owner may have renamed it and put
+    # a view (whose functions run as whoever reads it) under the old name. Raises (YF000,
+    # naming the table it was renamed to) for anything else.
+    conn.execute(
+        "SELECT FROM fencekit.registered_table(%s::pg_catalog.regclass)", (pt.spec.table.sql,)
+    )
     return pt
 
 
@@ -170,7 +180,7 @@ def _lateness(conn: psycopg.Connection[Any], pt: ProtectedTable) -> float | None
 def run_fences(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise UsageError("--top must be 0 or more")
-    with connect(dsn_from(args)) as conn:
+    with connect(dsn_from(args)) as conn, conn.transaction():
         pt = _protected(conn, args.table)
         if pt.spec.scope is Scope.ROW:
             doc = _row_fences(conn, pt, args.key, args.top)
@@ -187,6 +197,13 @@ def _row_fences(
 
     table = sql.SQL(pt.spec.table.sql)
     col = sql.Identifier(pt.spec.column)
+    # Hold the name until the transaction ends (a rename needs ACCESS EXCLUSIVE), then check
+    # again that it is the protected table: between _protected's check and the reads below
+    # the owner could otherwise swap a view in under it.
+    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table))
+    conn.execute(
+        "SELECT FROM fencekit.registered_table(%s::pg_catalog.regclass)", (pt.spec.table.sql,)
+    )
     # This reads the user's table as the admin: no policy of its owner is evaluated (with
     # row_security off, one that would apply makes the read fail instead), and every operator
     # and function below is pg_catalog's.

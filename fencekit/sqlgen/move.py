@@ -124,7 +124,13 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         f"        OPERATOR(pg_catalog.||) {target}\n"
         "        OPERATOR(pg_catalog.||) ' --dsn DSN (it reads the current spec from the "
         "registry)';\n"
-        "  END IF;\n" + _column_types(old, new) + _column_free(old, new) + "END\n"
+        "  END IF;\n"
+        # The name must still be the protected table, not a view (whose functions would run as
+        # the mover) or another relation the owner put under it after renaming the table.
+        "  PERFORM fencekit.registered_table(tbl::pg_catalog.regclass);\n"
+        + _column_types(old, new)
+        + _column_free(old, new)
+        + "END\n"
     )
 
 
@@ -180,6 +186,40 @@ def _unbind(spec: FenceSpec, resource: str) -> str:
     )
 
 
+def _owner_only(new: FenceSpec) -> str:
+    """Refuse (42501) unless this session logged in as the table's owner
+    (``fencekit.session_is``): SET ROLE cannot contain the owner's code that filling the fence
+    column runs (it can RESET ROLE back to the mover, a superuser or an admin). The whole move
+    rolls back, nothing changed."""
+    t = new.table
+    message = (
+        "fencekit: refusing to move %s to a row fence in a session of %I: filling the "
+        "fence column writes the table, which runs its owner's code (triggers, rules, "
+        "constraints, index expressions, policies), and fencekit runs that code only in a "
+        "session logged in as the owner %s (SET ROLE cannot contain it); nothing was changed"
+    )
+    hint = (
+        "Log in as %s (a member of fencekit_admin, owning the table's generated fencekit "
+        "functions and counters) and run the same move: fencekit move ... --dsn <a DSN that "
+        "logs in as %s>. Or move through a table fence (--scope table, then --scope row), "
+        "which writes no row: every row then starts at the highest key fence."
+    )
+    owner = (
+        "(SELECT c.relowner FROM pg_catalog.pg_class c\n"
+        f"                                  WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass)"
+    )
+    return (
+        f"    IF NOT fencekit.session_is({owner}) THEN\n"
+        "      RAISE EXCEPTION USING ERRCODE = '42501',\n"
+        f"        MESSAGE = pg_catalog.format({lit(message)}, {lit(t.sql)},\n"
+        "                                    fencekit.session_role(),\n"
+        f"                                    {owner}::pg_catalog.regrole),\n"
+        f"        HINT = pg_catalog.format({lit(hint)}, {owner}::pg_catalog.regrole,\n"
+        f"                                 {owner}::pg_catalog.regrole);\n"
+        "    END IF;\n"
+    )
+
+
 #: What the carry runs under: the key triggers' settings (a key's text must be the one they
 #: compute), pg_catalog's operators and functions only, and no row-level security (a policy
 #: that would apply to the mover makes the move fail instead of running the policy's code).
@@ -216,17 +256,10 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
         f"  saved_{i} pg_catalog.text := pg_catalog.current_setting({lit(name)});"
         for i, (name, _) in enumerate(_CARRY_SETTINGS)
     ]
-    declare += ["  saved_role pg_catalog.text := pg_catalog.current_setting('role');"]
-    declare += ["  table_owner pg_catalog.text;"]
     body: list[str] = [
         f"  PERFORM pg_catalog.set_config({lit(name)}, {_text(value)}, true);"
         for name, value in _CARRY_SETTINGS
     ]
-    body.append(
-        "  SELECT a.rolname INTO table_owner FROM pg_catalog.pg_class c\n"
-        "    JOIN pg_catalog.pg_roles a ON a.oid = c.relowner\n"
-        f"   WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass;"
-    )
     if old.scope is not Scope.ROW:
         body.append(
             f"  SELECT fl.floor INTO old_floor FROM fencekit.floors fl WHERE fl.resource = {src};"
@@ -259,41 +292,40 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
             f"  top := GREATEST((SELECT f.fence FROM {fences} f WHERE f.resource = {src}\n"
             "                     AND f.key = ''), old_floor);"
         )
-    if new.scope is Scope.ROW:
-        # Writing the table runs its owner's triggers: as the owner, never with more rights
-        # (the mover may be a superuser) and never with the bypass (fencekit's triggers are gone
-        # here; the owner's must not find it on). The owner may not read fencekit.fences: the
-        # fences it needs are copied to a temporary table it may read.
+    if new.scope is Scope.ROW and old.scope is Scope.TABLE:
+        # Every row takes the table fence: the column is added with it as a constant default
+        # (a catalog change, no rewrite: no UPDATE, so none of the owner's code runs, whoever
+        # moves), then the default goes (protect sets the fence column's own).
         col = quote_ident(new.column)
-        as_owner = (
-            "  PERFORM pg_catalog.set_config('fencekit.bypass', '', true);\n"
-            "  PERFORM pg_catalog.set_config('role', table_owner, true);\n"
+        add = f"ALTER TABLE {t.sql} ADD COLUMN {col} pg_catalog.int8"
+        body.append(
+            "  IF top IS NULL THEN\n"
+            f"    {add};\n"
+            "  ELSE\n"
+            "    -- dynamic SQL: the carried table fence, a bigint, is known only at run time\n"
+            f"    EXECUTE {lit(add + ' DEFAULT ')} OPERATOR(pg_catalog.||) top::pg_catalog.text;\n"
+            f"    ALTER TABLE {t.sql} ALTER COLUMN {col} DROP DEFAULT;\n"
+            "  END IF;"
         )
-        back = "  PERFORM pg_catalog.set_config('role', saved_role, true);"
-        rows = quote_ident(f"fencekit_move_{names_for(old).tag}_rows")
-        if ok:
-            body.append(
-                f"  CREATE TEMPORARY TABLE {rows} (key pg_catalog.text PRIMARY KEY,\n"
-                "    fence pg_catalog.int8 NOT NULL);\n"
-                f"  INSERT INTO {rows} SELECT f.key, f.fence FROM {fences} f"
-                f" WHERE f.resource = {src};\n"
-                f"  EXECUTE pg_catalog.format('GRANT SELECT ON pg_temp.%I TO %I', "
-                f"{lit(f'fencekit_move_{names_for(old).tag}_rows')}, table_owner);\n"
-                + as_owner
-                + f"  UPDATE {t.sql} AS r SET {col} = f.fence FROM pg_temp.{rows} f\n"
-                f"   WHERE f.key = {old_key};\n"
-                "  IF old_floor IS NOT NULL THEN\n"
-                f"    UPDATE {t.sql} AS r SET {col} = old_floor WHERE r.{col} IS NULL;\n"
-                "  END IF;\n" + back + f"\n  DROP TABLE pg_temp.{rows};"
-            )
-        elif old.scope is Scope.TABLE:
-            body.append(
-                "  IF top IS NOT NULL THEN\n"
-                + as_owner.replace("\n  ", "\n    ").replace("  PERFORM", "    PERFORM", 1)
-                + f"    UPDATE {t.sql} SET {col} = top;\n  "
-                + back
-                + "\n  END IF;"
-            )
+    elif new.scope is Scope.ROW:
+        # Each row takes its key's fence: filling the column writes the table, which runs its
+        # owner's code (triggers, rules, constraints, index expressions, policies): only in a
+        # session logged in as the owner (see _owner_only), never with the bypass on. No UPDATE
+        # at all when there is nothing to carry: even one that matches no row fires statement
+        # triggers and rules.
+        col = quote_ident(new.column)
+        body.append(
+            f"  IF (EXISTS (SELECT FROM {fences} f WHERE f.resource = {src})"
+            f" OR old_floor IS NOT NULL)\n     AND EXISTS (SELECT FROM {t.sql}) THEN\n"
+            + _owner_only(new)
+            + "    PERFORM pg_catalog.set_config('fencekit.bypass', '', true);\n"
+            f"    UPDATE {t.sql} AS r SET {col} = f.fence FROM {fences} f\n"
+            f"     WHERE f.resource = {src} AND f.key = {old_key};\n"
+            "    IF old_floor IS NOT NULL THEN\n"
+            f"      UPDATE {t.sql} AS r SET {col} = old_floor WHERE r.{col} IS NULL;\n"
+            "    END IF;\n"
+            "  END IF;"
+        )
     elif new.scope is Scope.TABLE:
         body.append(
             f"  top := {highest};\n"
@@ -389,8 +421,8 @@ def move_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
             f"TO {quote_ident(new.column)}"
         )
     else:
-        if new.scope is Scope.ROW:
-            out.append(add_column_quietly(new))
+        if new.scope is Scope.ROW and old.scope is Scope.KEY:
+            out.append(add_column_quietly(new))  # table -> row: the carry adds it, filled
         out.append(_carry(old, new))
     out += protect_statements(new)
     if old.scope is Scope.ROW and new.scope is not Scope.ROW:

@@ -298,3 +298,34 @@ def test_a_writer_cannot_borrow_fencekits_triggers_to_count_for_another_table(
     stale = db.execute("SELECT fencekit.counter_value(%s, 'stale')", (objs.tag,)).fetchone()[0]
     db.rollback()
     assert stale in (None, 0)
+
+
+def test_a_table_named_after_anothers_tag_cannot_count_rejections_for_it(db, make_role) -> None:
+    """fencekit.writing() once matched the victim's tag as a prefix of trigger-function names:
+    a writer's own protected table named '<victim tag>_x' (its functions '<victim tag>_x_<hash>_*')
+    passed for the victim, and fencekit.reject() then counted forged rejections, gaps and
+    lateness on the victim (the attacker's F7)."""
+    from fencekit.sqlgen import protect_statements, table_objects
+
+    db.execute("CREATE TABLE victim (id int PRIMARY KEY, v int)")
+    victim = FenceSpec(TableName("public", "victim"))
+    tag = table_objects(victim).tag
+    db.execute(f'CREATE TABLE "{tag}_x" (id int PRIMARY KEY, v int)')
+    mine = FenceSpec(TableName("public", f"{tag}_x"))
+    for spec in (victim, mine):
+        for stmt in protect_statements(spec):
+            db.execute(stmt.encode())
+    db.commit()
+    assert table_objects(mine).tag.startswith(tag + "_")
+    dsn = make_role("sec_prefix", "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public")
+    with psycopg.connect(dsn) as attacker:
+        attacker.execute(f'LOCK TABLE "{tag}_x" IN ROW EXCLUSIVE MODE')
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            attacker.execute(
+                "SELECT fencekit.reject('stale', %s, %s::regclass, 'x', NULL, NULL, NULL, 1, 500)",
+                (tag, f'public."{tag}_x"'),
+            )
+        attacker.rollback()
+    stale = db.execute("SELECT fencekit.counter_value(%s, 'stale')", (tag,)).fetchone()[0]
+    db.rollback()
+    assert stale in (None, 0)

@@ -6,12 +6,16 @@ on it. The trigger turns the bypass on and tries to set the fence of every row o
 protected table (``rr_victim``, row fence, owned by the DBA) and every key and table fence in
 fencekit.fences to 1, each attempt on its own, and logs the role it ran as and the bypass it
 saw. An admin (fencekit_admin, granted the owner's role and, carelessly, DML on the victim) and
-the DBA (a superuser) repair a row of ``rr_acct`` with ``fencekit fence set``, raising and
-lowering it.
+the DBA (a superuser) try to repair a row of ``rr_acct`` with ``fencekit fence set``, raising
+and lowering it.
 
-After each repair: the row has its new fence; the victim's fences are untouched; the trigger
-ran as the owner with the bypass off. Before: it ran as the admin (or the superuser) with the
-bypass on and set the victim's fences to 1.
+SET ROLE to the owner is no sandbox (the trigger can RESET ROLE back to the admin or the DBA:
+tests/security/test_owner_code_in_admin_sessions.py), so the repair of a row runs only in a
+session logged in as the table's owner. The admin's and the DBA's are refused before the table
+is touched: the row keeps its fence, the victim's fences are untouched, the trigger never ran.
+In the owner's own session (the owner made a member of fencekit_admin for the repair) the
+trigger runs as the owner with the bypass off. Before issue 23 it ran as the admin (or the
+superuser) with the bypass on and set the victim's fences to 1.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ CREATE TRIGGER rr_after AFTER UPDATE ON rr_acct FOR EACH ROW EXECUTE FUNCTION rr
 
 @pytest.fixture
 def repair(db: Conn, make_role: Callable[..., str]) -> dict[str, str]:
-    make_role("rr_owner")
+    owner = make_role("rr_owner")
     admin = make_role("rr_admin", "fencekit_admin", "rr_owner")
     db.execute(
         "CREATE TABLE rr_acct (id int PRIMARY KEY, v int);"
@@ -61,7 +65,7 @@ def repair(db: Conn, make_role: Callable[..., str]) -> dict[str, str]:
     db.execute("ALTER FUNCTION rr_after() OWNER TO rr_owner")
     db.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON rr_victim TO rr_admin")
     db.commit()
-    return {"rr_admin": admin}
+    return {"rr_admin": admin, "rr_owner": owner}
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -80,7 +84,7 @@ def _rows(db: Conn, table: str) -> dict[int, int]:
 
 @pytest.mark.parametrize("runner", ["rr_admin", "dba"])
 @pytest.mark.parametrize(("to", "flags"), [(60, ()), (5, ("--allow-lower",))])
-def test_a_row_repair_runs_the_owners_trigger_as_the_owner_without_bypass(
+def test_a_row_repair_in_another_session_than_the_owners_is_refused_and_runs_no_owner_code(
     db: Conn,
     repair: dict[str, str],
     dsn: str,
@@ -93,13 +97,44 @@ def test_a_row_repair_runs_the_owners_trigger_as_the_owner_without_bypass(
     code, out = _cli(
         capsys, "fence", "set", "rr_acct", "--key", "1", "--to", str(to), *flags, "--dsn", who
     )
-    assert code == 0, out
-    assert _rows(db, "rr_acct") == {1: to, 2: 10}
+    assert code == 1, out
+    assert "logged in as the owner rr_owner" in out, out
+    assert f"SELECT fencekit.set_fence('public.rr_acct', '{{1}}', {to}, " in out, "no statement"
+    assert _rows(db, "rr_acct") == {1: 10, 2: 10}
     assert _rows(db, "rr_victim") == {1: 10, 2: 10}, "the owner's trigger lowered another table"
     assert fences(db, "public.rr_keyed") == {"1": 10}, "the owner's trigger lowered a key fence"
     log = db.execute("SELECT who, coalesce(bypass, '') FROM rr_log").fetchall()
+    repairs = db.execute("SELECT count(*) FROM fencekit.repairs").fetchone()
     db.rollback()
-    assert log == [("rr_owner", "")], "the trigger ran with more than the owner's rights"
+    assert log == [], "the owner's trigger ran in an admin's or the DBA's session"
+    assert repairs == (0,)
+
+
+@pytest.mark.parametrize(("to", "flags"), [(60, ()), (5, ("--allow-lower",))])
+def test_a_row_repair_runs_in_the_owners_own_session_without_bypass(
+    db: Conn,
+    repair: dict[str, str],
+    to: int,
+    flags: tuple[str, ...],
+    capsys: Any,
+) -> None:
+    """The owner logged in as itself (a member of fencekit_admin for the audited repair) runs
+    its own trigger with its own rights: nothing to lend."""
+    owner = repair["rr_owner"]
+    db.execute("GRANT fencekit_admin TO rr_owner")
+    db.commit()
+    code, out = _cli(
+        capsys, "fence", "set", "rr_acct", "--key", "1", "--to", str(to), *flags, "--dsn", owner
+    )
+    assert code == 0, out
+    assert _rows(db, "rr_acct") == {1: to, 2: 10}
+    log = db.execute("SELECT who, coalesce(bypass, '') FROM rr_log").fetchall()
+    su = db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'rr_owner'").fetchone()
+    repairs = db.execute("SELECT repaired_by, new_fence FROM fencekit.repairs").fetchall()
+    db.rollback()
+    assert log == [("rr_owner", "")], "the trigger ran with another role or the bypass on"
+    assert su == (False,)
+    assert repairs == [("rr_owner", to)]
 
 
 MOVED_TRIGGER = """
@@ -118,15 +153,7 @@ CREATE TRIGGER rr_moved_after AFTER UPDATE ON rr_moved FOR EACH ROW
 """
 
 
-@pytest.mark.parametrize("scope", [Scope.KEY, Scope.TABLE])
-def test_a_move_to_a_row_fence_runs_the_owners_trigger_as_the_owner_without_bypass(
-    db: Conn, repair: dict[str, str], scope: Scope
-) -> None:
-    """``fencekit move`` fills the new fence column with an UPDATE of the user's table: the
-    owner's trigger runs as the owner, not as the DBA running the move, and without the bypass
-    the DBA's session had on."""
-    from fencekit.sqlgen import move_statements
-
+def _moved(db: Conn, scope: Scope) -> FenceSpec:
     old = FenceSpec(
         TableName("public", "rr_moved"),
         scope=scope,
@@ -141,14 +168,94 @@ def test_a_move_to_a_row_fence_runs_the_owners_trigger_as_the_owner_without_bypa
     db.execute("ALTER TABLE rr_moved OWNER TO rr_owner; ALTER TABLE rr_mlog OWNER TO rr_owner")
     db.execute("ALTER FUNCTION rr_moved_after() OWNER TO rr_owner")
     db.commit()
+    return old
+
+
+def _moved_state(db: Conn) -> tuple[Any, ...]:
+    db.rollback()
+    su = db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'rr_owner'").fetchone()
+    log = db.execute("SELECT DISTINCT who, coalesce(bypass, '') FROM rr_mlog").fetchall()
+    spec = db.execute(
+        "SELECT spec ->> 'scope' FROM fencekit.protected WHERE table_name = 'rr_moved'"
+    ).fetchone()
+    db.rollback()
+    return su, log, spec
+
+
+def test_a_move_from_a_key_fence_to_a_row_fence_is_refused_outside_the_owners_session(
+    db: Conn, repair: dict[str, str]
+) -> None:
+    """Key -> row fills the new fence column with an UPDATE (each row its key's fence), which
+    runs the owner's trigger: refused in the DBA's session (bypass on or not), rolled back
+    whole, the trigger never ran, the key fence still in force."""
+    import psycopg
+
+    from fencekit.sqlgen import move_statements
+
+    old = _moved(db, Scope.KEY)
+    db.execute("SELECT set_config('fencekit.bypass', 'on', true)")  # the DBA's own session
+    script = "".join(s + ";\n" for s in move_statements(old, FenceSpec(old.table)))
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="logged in as the owner"):
+        db.execute(script.encode())
+    db.rollback()
+    assert _moved_state(db) == ((False,), [], ("key",))
+    assert _rows(db, "rr_victim") == {1: 10, 2: 10}, "the owner's trigger lowered another table"
+    assert fences(db, "public.rr_moved") == {"1": 30, "2": 30}
+
+
+def test_a_move_from_a_table_fence_to_a_row_fence_runs_no_owner_code(
+    db: Conn, repair: dict[str, str]
+) -> None:
+    """Table -> row gives every row the table fence without writing the table (the column is
+    added with it as a constant default): the DBA may move it, and the owner's trigger does
+    not run at all."""
+    from fencekit.sqlgen import move_statements
+
+    old = _moved(db, Scope.TABLE)
     db.execute("SELECT set_config('fencekit.bypass', 'on', true)")  # the DBA's own session
     for stmt in move_statements(old, FenceSpec(TableName("public", "rr_moved"))):
         db.execute(stmt.encode())
     db.commit()
     assert _rows(db, "rr_moved") == {1: 30, 2: 30}
     assert _rows(db, "rr_victim") == {1: 10, 2: 10}, "the owner's trigger lowered another table"
-    su = db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'rr_owner'").fetchone()
-    log = db.execute("SELECT DISTINCT who, coalesce(bypass, '') FROM rr_mlog").fetchall()
+    assert _moved_state(db) == ((False,), [], ("row",))
+    default = db.execute(
+        "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a "
+        "ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
+        "WHERE d.adrelid = 'rr_moved'::regclass AND a.attname = 'fencekit_fence'"
+    ).fetchone()
     db.rollback()
-    assert su == (False,), "the move ran the owner's trigger as a superuser"
-    assert log == [("rr_owner", "")], "the trigger ran with more than the owner's rights"
+    assert default is not None
+    assert "fencekit.token" in default[0], "protect's default is gone"
+
+
+def test_a_move_to_a_row_fence_runs_in_the_owners_own_session_without_bypass(
+    db: Conn, repair: dict[str, str]
+) -> None:
+    """Logged in as the owner (a member of fencekit_admin, owning the table's generated
+    objects), key -> row fills the column: the owner's trigger runs as the owner, bypass off."""
+    import psycopg
+
+    from fencekit.sqlgen import move_statements
+
+    old = _moved(db, Scope.KEY)
+    owner = repair["rr_owner"]
+    db.execute("GRANT fencekit_admin TO rr_owner")
+    db.execute(
+        "DO $$DECLARE f regprocedure; BEGIN FOR f IN SELECT oid FROM pg_proc WHERE pronamespace "
+        "= 'fencekit'::regnamespace AND proname LIKE 'rr\\_moved\\_%' LOOP EXECUTE format("
+        "'ALTER FUNCTION %s OWNER TO rr_owner', f); END LOOP; END$$"
+    )
+    db.execute(
+        "DO $$DECLARE s regclass; BEGIN FOR s IN SELECT oid FROM pg_class WHERE relnamespace "
+        "= 'fencekit'::regnamespace AND relname LIKE 'rr\\_moved\\_%' LOOP EXECUTE format("
+        "'ALTER SEQUENCE %s OWNER TO rr_owner', s); END LOOP; END$$"
+    )
+    db.commit()
+    with psycopg.connect(owner) as conn:
+        conn.execute("SELECT set_config('fencekit.bypass', 'on', true)")
+        for stmt in move_statements(old, FenceSpec(TableName("public", "rr_moved"))):
+            conn.execute(stmt.encode())
+        conn.commit()
+    assert _rows(db, "rr_moved") == {1: 30, 2: 30}
+    assert _moved_state(db) == ((False,), [("rr_owner", "")], ("row",))

@@ -73,7 +73,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
                    JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
                   WHERE t.tgrelid = relid
                     AND p.pronamespace = 'fencekit'::regnamespace
-                    AND pg_catalog.left(p.proname, pg_catalog.length(tag) + 1) = tag || '_')
+                    -- The exact names of the table's generated trigger functions (sqlgen), not
+                    -- a prefix: another table named '<tag>_x' has functions '<tag>_x_<hash>_*'.
+                    AND p.proname = ANY (ARRAY[tag || '_ins', tag || '_upd', tag || '_del',
+                                               tag || '_stmt', tag || '_trunc']))
 $fn$;
 
 CREATE OR REPLACE FUNCTION fencekit.refuse_caller(tag text, relid oid, what text) RETURNS void

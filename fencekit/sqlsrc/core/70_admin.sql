@@ -16,6 +16,69 @@ BEGIN
 END
 $do$;
 
+-- ------------------------------------------------------------------ the protected table
+
+-- The tag (fencekit.protected) of the protected table that tbl is, NULL when no protected table
+-- has tbl's name, or an error when tbl only has the name: a protected table's owner may rename it and put
+-- a view (whose functions run as whoever reads it), a function-backed relation or another table
+-- under the old name. Everything an admin or a DBA reads or writes of a protected table goes
+-- through this first (fencekit fences, fencekit.set_fence, fencekit.key_text, move): tbl must
+-- be a table (relkind r or p) carrying fencekit's TRUNCATE trigger of that registry row (every
+-- scope has one). Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.registered_table(tbl regclass) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  p record;
+  kind text;
+  moved text;
+BEGIN
+  SELECT pr.* INTO p FROM fencekit.protected pr
+   WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name)) = tbl;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  SELECT c.relkind::text INTO kind FROM pg_catalog.pg_class c WHERE c.oid = tbl;
+  IF kind IN ('r', 'p') AND EXISTS (SELECT FROM pg_catalog.pg_trigger g
+                                      WHERE g.tgrelid = tbl
+                                        AND g.tgname = 'fencekit_' || p.tag || '_trunc') THEN
+    RETURN p.tag;
+  END IF;
+  SELECT g.tgrelid::regclass::text INTO moved FROM pg_catalog.pg_trigger g
+    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+   WHERE g.tgname = 'fencekit_' || p.tag || '_trunc' AND g.tgrelid <> tbl
+     AND NOT c.relispartition
+     AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid)
+   LIMIT 1;
+  RAISE EXCEPTION USING ERRCODE = 'YF000',
+    MESSAGE = pg_catalog.format(
+      'fencekit: %s is not the table protected under that name (%s); fencekit reads and writes '
+      'only the protected table itself, never a relation that took its name', tbl,
+      CASE WHEN kind IN ('r', 'p') THEN 'a table without its fencekit triggers'
+           WHEN kind = 'v' THEN 'a view' WHEN kind = 'm' THEN 'a materialized view'
+           WHEN kind = 'f' THEN 'a foreign table' ELSE 'relkind ' || kind END),
+    HINT = CASE WHEN moved IS NOT NULL
+             THEN pg_catalog.format('The protected table was renamed to %s; fencekit status '
+                                    'reports it and prints the fencekit rename to run.', moved)
+             ELSE 'fencekit status reports what happened to the protected table.' END;
+END
+$fn$;
+
+-- True when this session logged in as role r and acts as r: session_user, current_user and
+-- the role the backend authenticated as (pg_stat_activity.usesysid, which neither SET ROLE
+-- nor SET SESSION AUTHORIZATION changes) are all r. Code running in such a session reaches no
+-- role r could not reach by itself: RESET ROLE and RESET SESSION AUTHORIZATION lead back to
+-- r. SET ROLE or SET SESSION AUTHORIZATION in an admin's or a superuser's session is no
+-- sandbox (the code under it can go back), so fencekit writes a user's table, which runs its
+-- owner's code, only in a session for which this holds for the table's owner.
+CREATE OR REPLACE FUNCTION fencekit.session_is(r oid) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT COALESCE(
+    (SELECT a.oid FROM pg_catalog.pg_roles a WHERE a.rolname = session_user) = r
+    AND (SELECT a.oid FROM pg_catalog.pg_roles a WHERE a.rolname = current_user) = r
+    AND (SELECT s.usesysid FROM pg_catalog.pg_stat_activity s
+          WHERE s.pid = pg_catalog.pg_backend_pid()) = r, false)
+$fn$;
+
 -- ------------------------------------------------------------------ key text
 
 -- The built-in type a column's values are read as when an admin or a claim names them
@@ -85,8 +148,7 @@ DECLARE
   texts text[] := ARRAY[]::text[];
   v text;
 BEGIN
-  SELECT pr.* INTO p FROM fencekit.protected pr
-   WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name)) = tbl;
+  SELECT pr.* INTO p FROM fencekit.protected pr WHERE pr.tag = fencekit.registered_table(tbl);
   IF NOT FOUND OR p.scope <> 'key' THEN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = pg_catalog.format('fencekit: %s is not protected by a key fence', tbl),
@@ -244,15 +306,18 @@ $fn$;
 -- (the key is named by fencekit.key_text, which reads values as built-in types only).
 --
 -- A row fence lives in the user's table, so its repair writes that table, and writing a table
--- runs its owner's code (triggers, rules, RLS policies). fencekit runs that code with the
--- owner's rights and no more, and never with the bypass on: the row is found and written
--- after SET ROLE to the table's owner (the session's role must be a member of it: the owner
--- itself, a superuser, or a role granted the owner's role), with fencekit.bypass off and
--- row_security off (a policy that would apply makes the repair fail instead of running it).
--- A raise is a write under the new fence as its token; a lower fence (allow_lower) is written
--- the same way with fencekit's own row trigger disabled for that one statement (the ALTER
--- TABLE lock keeps every writer out until commit). The primary key's values are read as
--- built-in types and compared with pg_catalog's operators (fencekit.builtin_type).
+-- runs its owner's code: triggers, rules, CHECK constraints, index expressions, generated
+-- columns, exclusion constraints, RLS policies. SET ROLE cannot contain that code (it can
+-- RESET ROLE back to the session's login role), so the repair of a row runs only in a session
+-- logged in as the table's owner (fencekit.session_is): the owner's code then runs with the
+-- owner's rights, which are its own. Any other session, a superuser's included, is refused
+-- before the table is read, with the statement to run as the owner. The session must also be a
+-- member of fencekit_admin (every repair is audited in fencekit.repairs). The write runs with
+-- fencekit.bypass off and row_security off (a forced policy makes the repair fail). A raise is
+-- a write under the new fence as its token; a lower fence (allow_lower) is written the same way
+-- with fencekit's own row trigger disabled for that one statement (the ALTER TABLE lock keeps
+-- every writer out until commit). The primary key's values are read as built-in types and
+-- compared with pg_catalog's operators (fencekit.builtin_type).
 CREATE OR REPLACE FUNCTION fencekit.set_fence(
   tbl regclass, key_values text[], fence bigint, allow_lower boolean DEFAULT false,
   reason text DEFAULT NULL)
@@ -269,8 +334,7 @@ DECLARE
   lowered boolean;
   rowkey jsonb;
   who name := fencekit.session_role();
-  owner name;
-  saved_role text := pg_catalog.current_setting('role');
+  owner_oid oid;
   saved_token text := pg_catalog.current_setting('fencekit.token', true);
   saved_bypass text := pg_catalog.current_setting('fencekit.bypass', true);
   saved_rls text := pg_catalog.current_setting('row_security');
@@ -278,8 +342,7 @@ DECLARE
   what text;
 BEGIN
   PERFORM fencekit.repair_allowed(tbl::text, NULL, fence, false);
-  SELECT pr.* INTO p FROM fencekit.protected pr
-   WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name)) = tbl;
+  SELECT pr.* INTO p FROM fencekit.protected pr WHERE pr.tag = fencekit.registered_table(tbl);
   IF NOT FOUND THEN
     PERFORM fencekit.repair_refused(pg_catalog.format('%s is not protected', tbl),
                                     'fencekit status lists the protected tables.');
@@ -295,19 +358,22 @@ BEGIN
     END IF;
     RETURN fencekit.set_resource_fence(p.resource, '', fence, allow_lower, reason);
   END IF;
-  -- Row fence: find the row by its primary key, as the table's owner.
+  -- Row fence: only in a session logged in as the table's owner (see above).
   col := COALESCE(p.spec ->> 'column', 'fencekit_fence');
-  SELECT a.rolname INTO owner FROM pg_catalog.pg_class c
-    JOIN pg_catalog.pg_roles a ON a.oid = c.relowner
-   WHERE c.oid = tbl;
-  IF NOT pg_catalog.pg_has_role(who, owner, 'MEMBER') THEN
+  SELECT c.relowner INTO owner_oid FROM pg_catalog.pg_class c WHERE c.oid = tbl;
+  IF NOT fencekit.session_is(owner_oid) THEN
     PERFORM fencekit.repair_refused(
-      pg_catalog.format('permission denied to repair a row of %s: the repair writes the table, '
-                        'which runs its owner''s triggers, and fencekit runs them with the '
-                        'rights of the owner %I only; role %I is not a member of it', tbl,
-                        owner, who),
-      pg_catalog.format('Run the repair as the table''s owner (also a member of fencekit_admin), '
-                        'or as a role granted it: GRANT %I TO %I;', owner, who), '42501');
+      pg_catalog.format('refusing to repair a row of %s in a session of %I: the repair writes '
+                        'the table, which runs its owner''s code (triggers, rules, constraints, '
+                        'index expressions, policies), and fencekit runs that code only in a '
+                        'session logged in as the owner %s (SET ROLE cannot contain it)', tbl,
+                        who, owner_oid::regrole),
+      pg_catalog.format('Log in as %s (a member of fencekit_admin) and run: SELECT '
+                        'fencekit.set_fence(%L, %L, %s, %s, %L); or: fencekit fence set %s '
+                        '... --dsn <a DSN that logs in as %s>', owner_oid::regrole, tbl::text,
+                        COALESCE(key_values, '{}')::text, fence,
+                        CASE WHEN allow_lower THEN 'true' ELSE 'false' END, reason, tbl,
+                        owner_oid::regrole), '42501');
   END IF;
   pk := ARRAY(SELECT a.attname::text
                 FROM pg_catalog.pg_index i
@@ -337,8 +403,7 @@ BEGIN
   SELECT pg_catalog.jsonb_object_agg(c, key_values[o]) INTO rowkey
     FROM pg_catalog.unnest(pk) WITH ORDINALITY u(c, o);
   what := pg_catalog.format('%s row %s', tbl, rowkey);
-  -- From here until the role is restored: the owner's rights, no bypass, no policy applied.
-  PERFORM pg_catalog.set_config('role', owner, true);
+  -- Until the end: no bypass, no policy applied.
   PERFORM pg_catalog.set_config('fencekit.bypass', '', true);
   PERFORM pg_catalog.set_config('row_security', 'off', true);
   -- dynamic SQL: the table and its primary key are known only at run time (regclass, %I)
@@ -351,13 +416,10 @@ BEGIN
       INTO found_row, old USING key_values;
   END IF;
   IF found_row IS NULL THEN
-    PERFORM pg_catalog.set_config('role', saved_role, true);
     PERFORM fencekit.repair_refused(pg_catalog.format('%s has no row %s', tbl, rowkey),
                                     'Check the primary key values (in index order).');
   END IF;
-  PERFORM pg_catalog.set_config('role', saved_role, true);
   lowered := fencekit.repair_allowed(what, old, fence, allow_lower);
-  PERFORM pg_catalog.set_config('role', owner, true);
   IF old IS DISTINCT FROM fence THEN
     -- The new fence is the write's token: the row triggers accept it as any write (a raise).
     PERFORM pg_catalog.set_config('fencekit.token', fence::text, true);
@@ -375,7 +437,6 @@ BEGIN
       EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE TRIGGER %I', tbl, upd_trigger);
     END IF;
   END IF;
-  PERFORM pg_catalog.set_config('role', saved_role, true);
   PERFORM pg_catalog.set_config('row_security', saved_rls, true);
   PERFORM pg_catalog.set_config('fencekit.token', COALESCE(saved_token, ''), true);
   PERFORM pg_catalog.set_config('fencekit.bypass', COALESCE(saved_bypass, ''), true);
@@ -443,5 +504,6 @@ GRANT SELECT ON fencekit.repair_counts, fencekit.lateness, fencekit.drift TO PUB
 GRANT EXECUTE ON FUNCTION fencekit.repair_refused(text, text, text),
   fencekit.repair_allowed(text, bigint, bigint, boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.key_text(regclass, text[]), fencekit.builtin_type(regclass, text),
+  fencekit.registered_table(regclass), fencekit.session_is(oid),
   fencekit.set_resource_fence(text, text, bigint, boolean, text),
   fencekit.set_fence(regclass, text[], bigint, boolean, text) TO PUBLIC;
