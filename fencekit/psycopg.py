@@ -713,11 +713,14 @@ def _nested_transaction(
 ) -> Iterator[psycopg.Transaction]:
     """:func:`transaction` inside an open transaction or a pipeline: psycopg's block."""
     nested = conn.pgconn.transaction_status != _IDLE
+    committing = False
     try:
         with scope, _fenced_factory(conn), conn.transaction(savepoint_name, force_rollback) as tx:
             yield tx
+            committing = True  # the body is done: what fails from here on is the COMMIT
     except psycopg.Error as exc:
         _count(exc)
+        _raise_if_outcome_unknown(exc, scope, committing and not nested and not force_rollback)
         raise
     finally:
         outer = _outer_to_restore(conn, nested)
@@ -755,18 +758,31 @@ async def _async_nested_transaction(
     force_rollback: bool,
 ) -> AsyncIterator[psycopg.AsyncTransaction]:
     nested = conn.pgconn.transaction_status != _IDLE
+    committing = False
     try:
         with scope, _fenced_factory(conn):
             async with conn.transaction(savepoint_name, force_rollback) as atx:
                 yield atx
+                committing = True  # the body is done: what fails from here on is the COMMIT
     except psycopg.Error as exc:
         _count(exc)
+        _raise_if_outcome_unknown(exc, scope, committing and not nested and not force_rollback)
         raise
     finally:
         outer = _outer_to_restore(conn, nested)
         if outer is not None:
             await psycopg.AsyncCursor(conn).execute(SET_TOKEN, outer)
             _restored(conn, outer)
+
+
+def _raise_if_outcome_unknown(exc: BaseException, scope: fencing, at_commit: bool) -> None:
+    """A COMMIT cut off by a lost connection (a failover, a crash) leaves the outcome unknown:
+    say so with its own error rather than as a plain OperationalError (docs/ha.md)."""
+    if not at_commit or scope.token is None:
+        return
+    unknown = commit_outcome_unknown(exc, int(scope.token), scope.issuer or None)
+    if unknown is not None:
+        raise unknown from exc
 
 
 def _in_transaction(conn: AnyConnection) -> bool:

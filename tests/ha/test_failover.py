@@ -110,16 +110,16 @@ def test_async_failover_never_reissues_a_token_the_zombie_holds(
         zombie_issuer.close()
 
 
-def _wait_syncrep(cluster: PatroniCluster, db: str, timeout: float = 10) -> None:
-    """Until a backend of the primary waits for the synchronous standby (its COMMIT is in
-    flight: flushed locally, not yet acknowledged)."""
+def _wait_syncrep(cluster: PatroniCluster, db: str, timeout: float = 10, count: int = 1) -> None:
+    """Until ``count`` backends of the primary wait for the synchronous standby (their COMMITs
+    are in flight: flushed locally, not yet acknowledged)."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(cluster.primary().dsn_for(db), autocommit=True) as conn:
         while time.monotonic() < deadline:
             row = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
             ).fetchone()
-            if row is not None and row[0] > 0:
+            if row is not None and row[0] >= count:
                 return
             time.sleep(0.05)
     raise AssertionError("no COMMIT waited for the synchronous standby")
@@ -171,7 +171,9 @@ def test_sync_failover_keeps_acknowledged_work_and_a_commit_in_flight_is_outcome
         workers = [threading.Thread(target=raw), threading.Thread(target=orm)]
         for w in workers:
             w.start()
-        _wait_syncrep(cluster, ha_db)
+        # Both writers' COMMITs in flight, not just the first: a kill while the other is still
+        # in its INSERT is a different story (the statement fails, nothing was committed).
+        _wait_syncrep(cluster, ha_db, count=2)
         time.sleep(0.2)
         cluster.failover()
         for w in workers:
