@@ -58,6 +58,11 @@ RISKY_BUILTINS = (
     "database_to_xmlschema",
     "database_to_xml_and_xmlschema",
     "ts_stat",
+    # run SQL given as text (ts_rewrite(tsquery, text)), or a type's input function and its
+    # domain CHECKs named by a string (PostgreSQL 16+): the second review's N5
+    "ts_rewrite",
+    "pg_input_is_valid",
+    "pg_input_error_info",
 )
 
 # References in a stored node tree (pg_node_tree's text form).

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["PINNED_PATH", "RESTORE", "SAVE_AND_PIN", "SCRIPT_PIN", "pinned"]
+__all__ = ["IN_TRANSACTION", "PINNED_PATH", "RESTORE", "SAVE_AND_PIN", "SCRIPT_PIN", "pinned"]
 
 #: The only path generated SQL is parsed under: pg_catalog, then the session's temporary schema
 #: last (pg_temp is never searched for functions or operators, and last for relations).
@@ -66,7 +66,15 @@ RESTORE = (
 )
 
 
+#: The first statement of a pinned list: outside a transaction block (autocommit) PostgreSQL
+#: refuses a SAVEPOINT with an error, before anything of fencekit's has run. Without it the pin
+#: would last one statement and the rest would be parsed under the caller's path (the second
+#: review's N1); RESTORE's check comes too late, once earlier statements have committed.
+IN_TRANSACTION = ("SAVEPOINT fencekit_pin", "RELEASE SAVEPOINT fencekit_pin")
+
+
 def pinned(statements: Iterable[str]) -> list[str]:
-    """``statements`` bracketed by :data:`SAVE_AND_PIN` and :data:`RESTORE`; run the result in
-    one transaction (alembic's and Django's migration transaction, or your own)."""
-    return [SAVE_AND_PIN, *statements, RESTORE]
+    """``statements`` bracketed by :data:`SAVE_AND_PIN` and :data:`RESTORE`, after a check that
+    they run in a transaction block (:data:`IN_TRANSACTION`); run the result in one transaction
+    (alembic's and Django's migration transaction, or your own)."""
+    return [*IN_TRANSACTION, SAVE_AND_PIN, *statements, RESTORE]

@@ -143,6 +143,18 @@ PLACES = {
         "public.accounts: constraint sane",
         "INSERT INTO accounts VALUES (2, 0)",
     ),
+    # A built-in that runs SQL given as text (the second review's N5): no user function at all.
+    "check_ts_rewrite": (
+        [
+            "ALTER TABLE accounts ADD CONSTRAINT sneaky CHECK (pg_catalog.ts_rewrite("
+            "'a'::pg_catalog.tsquery, 'SELECT ''a''::pg_catalog.tsquery, ''b''::pg_catalog.tsquery "
+            "FROM (SELECT pg_catalog.set_config(''fencekit.token'', ''999999'', true)) s') "
+            "IS NOT NULL)"
+        ],
+        "foreign_constraint",
+        "public.accounts: constraint sneaky",
+        "INSERT INTO accounts VALUES (2, 0)",
+    ),
     "index_expression": (
         ["CREATE INDEX accounts_twin ON accounts ((swap_int(id)))"],
         "foreign_index",

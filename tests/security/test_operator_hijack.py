@@ -30,7 +30,7 @@ from pglast.parser import scan
 from fencekit import sqlgen
 from fencekit.cli import main
 from fencekit.spec import FenceSpec, Scope, TableName
-from fencekit.sqlgen.pin import pinned
+from fencekit.sqlgen.pin import IN_TRANSACTION, pinned
 from tests.security.conftest import Conn
 from tests.sqlgen.golden_specs import SPECS
 
@@ -262,10 +262,14 @@ def test_alembic_statement_lists(dsn: str, evil: str) -> None:
 
 
 def test_pinned_refuses_autocommit(dsn: str) -> None:
-    """In autocommit the pin lasts one statement: the restore says so instead of passing."""
+    """In autocommit the pin would last one statement: the list's first statement is refused
+    outside a transaction block, and (past it, e.g. psql without ON_ERROR_STOP) the restore
+    still says so instead of passing."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         statements = pinned(["SELECT 1"])
-        for statement in statements[:-1]:
+        with pytest.raises(psycopg.errors.NoActiveSqlTransaction):
+            conn.execute(statements[0].encode())
+        for statement in statements[len(IN_TRANSACTION) : -1]:
             conn.execute(statement.encode())
         with pytest.raises(psycopg.DatabaseError, match="not pinned"):
             conn.execute(statements[-1].encode())
@@ -431,3 +435,35 @@ def test_the_dependency_check_sees_a_view_bound_to_public(dsn: str, evil: str) -
         conn.execute("CREATE VIEW fencekit.oh_v AS SELECT 1::bigint / 1000.0 AS x")
     with pytest.raises(AssertionError, match="oh_v"):
         _assert_no_outside_dependency(dsn)
+
+
+def test_a_pinned_statement_list_refuses_autocommit_before_anything_runs(
+    db: Conn, dsn: str
+) -> None:
+    """The second review's N1: in autocommit each statement is its own transaction, so the pin
+    (set_config(..., true)) lasted one statement and the rest of a --no-transaction script, or
+    of alembic's autocommit_block, ran under the caller's search_path; the final check came
+    after earlier statements had committed. A pinned list now opens with a SAVEPOINT, which
+    PostgreSQL refuses outside a transaction block: nothing of fencekit's runs."""
+    db.execute("CREATE TABLE auto_t (id bigint PRIMARY KEY)")
+    db.commit()
+    spec = FenceSpec(TableName("public", "auto_t"))
+    statements = pinned(sqlgen.protect_statements(spec))
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.NoActiveSqlTransaction),
+    ):
+        conn.execute(statements[0].encode())  # psql -v ON_ERROR_STOP=1 stops here
+    protected = db.execute(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'public.auto_t'::regclass"
+    ).fetchone()
+    db.rollback()
+    assert protected == (0,)
+    # In a transaction the same list protects the table.
+    with psycopg.connect(dsn) as conn:
+        for stmt in statements:
+            conn.execute(stmt.encode())
+    assert db.execute(
+        "SELECT count(*) > 0 FROM pg_trigger WHERE tgrelid = 'public.auto_t'::regclass"
+    ).fetchone() == (True,)
+    db.rollback()

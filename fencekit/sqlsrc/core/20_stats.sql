@@ -199,6 +199,7 @@ DECLARE
   msg text;
   hint text;
   late_ms bigint;
+  held text;
 BEGIN
   IF NOT fencekit.writing(tag, relid) THEN
     PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.reject');
@@ -231,6 +232,26 @@ BEGIN
     msg := pg_catalog.format('fencekit: stale write to %s: token %s is lower than the fence %s',
                              what, token, fence);
     hint := 'A newer holder took over this resource. Stop this work; acquire the lease again and re-read before writing.';
+    -- A token that is a live lease of fencekit's own issuer is the current holder's (its tokens
+    -- never repeat): a fence above it is ahead of the issuer (the issuer was restored or reset,
+    -- or another issuer fed this resource), not a newer holder. Only this slow path reads it.
+    SELECT l.resource INTO held FROM fencekit.leases l
+     WHERE l.token = reject.token AND l.holder IS NOT NULL
+       AND l.expires_at > pg_catalog.clock_timestamp()
+     LIMIT 1;
+    IF held IS NOT NULL THEN
+      msg := msg || pg_catalog.format(', yet it is the live lease of %s', held);
+      hint := pg_catalog.format(
+        'The fence is ahead of the issuer: token %s is the current lease of %s, but the fence '
+        'is %s (the issuer was restored or reset, or another issuer fed this resource). A '
+        'member of fencekit_admin repairs it: fencekit fence set %s%s --to %s --allow-lower; '
+        'or advance the issuer past %s.',
+        token, held, fence, pg_catalog.format('%I.%I', sch, tbl),
+        COALESCE((SELECT pg_catalog.string_agg(' --key ' || e.value, ''
+                                               ORDER BY e.ordinality)
+                    FROM pg_catalog.jsonb_each_text(reject.key) WITH ORDINALITY e), ''),
+        token, fence);
+    END IF;
   WHEN 'reused' THEN
     code := 'YF002';
     msg := pg_catalog.format('fencekit: token %s was already used on %s, which accepts each token once',

@@ -26,6 +26,8 @@ CREATE TABLE IF NOT EXISTS fencekit.leases (
     CONSTRAINT leases_token_positive CHECK (token > 0),
     CONSTRAINT leases_holder_has_expiry CHECK (holder IS NULL OR expires_at IS NOT NULL)
 );
+-- A rejection looks a token up here (fencekit.reject: is the stale token a live lease?).
+CREATE INDEX IF NOT EXISTS leases_token ON fencekit.leases (token);
 
 -- The role that acquired the current grant: the session's role (fencekit.session_role(): the
 -- SET ROLE role, else the login role), never current_user, which inside these SECURITY DEFINER
