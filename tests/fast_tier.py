@@ -27,7 +27,7 @@ SERVER_FIXTURES = frozenset(
     }
 )  # fmt: skip
 #: Markers that say a test needs servers or real processes.
-SERVER_MARKERS = ("server", "slow", "multiproc", "bench", "all_servers")
+SERVER_MARKERS = ("server", "slow", "multiproc", "bench", "all_servers", "django_db")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,7 +41,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "server: needs a server although it uses no server fixture (left out of --fast)",
+        "server: needs a server (or a program pip does not install) although it uses no server "
+        "fixture (left out of --fast)",
     )
 
 

@@ -16,6 +16,9 @@ from fencekit.chaos.report import FAULT_SYMBOLS, write_html
 from tests.chaos.report_history import history
 from tests.lab import IN_CI
 
+# Debian's chromium, not a pip package: left out of the fast tier (tests/fast_tier.py).
+pytestmark = pytest.mark.server
+
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
