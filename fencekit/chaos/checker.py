@@ -16,7 +16,8 @@ Lease safety, per resource, from the ``acquire`` / ``renew`` / ``release`` event
 - **lease overlap**: a grant completed while an earlier grant was certainly live (granted, and
   not yet released nor past ttl after its last successful renewal was *sent*), unless the
   issuer's contract allows it (:mod:`fencekit.chaos.contracts`: a PostgreSQL issuer's lease
-  may end early while the server's clock is faulted; those overlaps are counted on their own).
+  may end early while the server's clock is faulted, an old etcd's while a member is paused;
+  those overlaps are counted on their own).
 
 The fence, over the committed writes in commit order (``seq``):
 
@@ -148,6 +149,7 @@ class _Grant:
 class Report:
     scope: str = "key"
     issuer: str = "postgres"
+    issuer_version: str | None = None
     fenced: bool = True
     writes: int = 0
     acknowledged: int = 0
@@ -198,6 +200,7 @@ class Report:
         return {
             "scope": self.scope,
             "issuer": self.issuer,
+            "issuer_version": self.issuer_version,
             "fenced": self.fenced,
             "writes": self.writes,
             "acknowledged": self.acknowledged,
@@ -252,11 +255,16 @@ class _Checker:
         self.scope = scope or str(run.get("scope") or "key")
         if self.scope not in SCOPES:
             raise HistoryError(f"scope must be one of {', '.join(SCOPES)}, not {self.scope!r}")
-        self.contract: IssuerContract = contract_for(issuer or run.get("issuer") or "postgres")
+        version = run.get("issuer_version")
+        version = None if version is None else str(version)
+        self.contract: IssuerContract = contract_for(
+            issuer or run.get("issuer") or "postgres", version
+        )
         self.lease_bound = self.scope == "lease-bound"
         self.r = Report(
-            scope=self.scope, issuer=self.contract.issuer, fenced=bool(run.get("fence", True))
-        )
+            scope=self.scope, issuer=self.contract.issuer, issuer_version=version,
+            fenced=bool(run.get("fence", True)),
+        )  # fmt: skip
         self.events = sorted(
             (e for e in events if e.get("type") not in ("committed", "register")),
             key=lambda e: (float(e["t"]), str(e.get("p", "")), int(e.get("n", 0))),
@@ -365,6 +373,19 @@ class _Checker:
                 self.clock_windows.append((start.pop(target), float(e["t"])))
         end = self.times[-1] if self.times else 0.0
         self.clock_windows += [(s, end + 1e9) for s in start.values()]
+        if self.contract.member_pause_is_clock_fault:
+            # From the pause until a second after the resume: the resumed member's lease
+            # expiry pass runs every half second.
+            paused: dict[str, float] = {}
+            for e in self.events:
+                if e["type"] != "node":
+                    continue
+                node = str(e.get("node"))
+                if e.get("fault") and e.get("pause"):
+                    paused.setdefault(node, float(e["t"]))
+                elif not e.get("fault") and node in paused:
+                    self.clock_windows.append((paused.pop(node), float(e["t"]) + 1.0))
+            self.clock_windows += [(s, end + 1e9) for s in paused.values()]
 
     def collect_grants(self) -> None:
         by_holder: dict[str, _Grant] = {}
@@ -718,7 +739,7 @@ def format_report(r: Report, *, max_violations: int = 5) -> str:
     errors = {k: v for k, v in r.rejected.items() if _is_connection_error(k)}
     rej = ", ".join(f"{k} {v}" for k, v in sorted(fence.items())) or "none"
     err = ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"
-    contract = contract_for(r.issuer)
+    contract = contract_for(r.issuer, r.issuer_version)
     lease_kinds = ("duplicate token", "reused token", "token went down", "lease overlap")
     lease_bad = ", ".join(f"{k} {r.count(k)}" for k in lease_kinds)
     gap = (
@@ -728,7 +749,8 @@ def format_report(r: Report, *, max_violations: int = 5) -> str:
         else "closed by the lease-bound fence (any such write is a violation above)"
     )
     rows = [
-        ("issuer", f"{r.issuer}: {contract.exclusion}; tokens: {contract.tokens}"),
+        ("issuer", f"{r.issuer}{' ' + r.issuer_version if r.issuer_version else ''}: "
+                   f"{contract.exclusion}; tokens: {contract.tokens}"),
         ("lease grants / handovers", f"{r.grants} / {r.handovers}"),
         ("lease safety", lease_bad + (f"; {r.clock_overlaps} overlaps while a clock the "
                                       "contract depends on was faulted (allowed)"

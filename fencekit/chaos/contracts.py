@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CLOCK_NOTE", "CONTRACTS", "IssuerContract", "contract_for"]
+__all__ = ["CLOCK_NOTE", "CONTRACTS", "IssuerContract", "contract_for", "etcd_revokes_early"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,9 @@ class IssuerContract:
     #: which processes' clocks (as named in ``clock`` history events) the exclusion depends
     #: on: an overlap while one of them is faulted is allowed by the contract
     clocks: tuple[str, ...]
+    #: a member of the issuer's cluster paused (SIGSTOP) counts as a fault of the issuer's
+    #: clock, from the pause until a second after it resumes (see :func:`etcd_revokes_early`)
+    member_pause_is_clock_fault: bool = False
 
 
 CONTRACTS: dict[str, IssuerContract] = {
@@ -51,9 +54,46 @@ CONTRACTS: dict[str, IssuerContract] = {
 }
 
 
-#: The issuer's contract for a name, or the strictest one (no overlap, no clock) when unknown:
-#: a history from someone else's system is checked against plain mutual exclusion.
-def contract_for(issuer: str | None) -> IssuerContract:
+#: etcd releases with the fix for etcd-io/etcd#15247 ("ignore old leader's leases revoking
+#: request"), per minor version; minor versions after the last listed all have it.
+_ETCD_FIXED = {(3, 4): 31, (3, 5): 13}
+
+
+def etcd_revokes_early(version: str | None) -> bool:
+    """Does this etcd server version let a deposed leader revoke leases early?
+
+    A leader stopped longer than a lease's TTL (a pause, a stall on fsync) counts that time on
+    its own clock: when it runs again, before it learns that another member was elected, it
+    finds the lease expired and proposes its revocation, which the new leader applies, ending
+    the lease before its TTL ran out on the new leader's clock (etcd-io/etcd#15247, fixed in
+    3.4.31 and 3.5.13). Unknown versions are held to the fixed contract.
+    """
+    if not version:
+        return False
+    try:
+        major, minor, patch = (int(x) for x in version.split("-", 1)[0].split(".")[:3])
+    except ValueError:
+        return False
+    if (major, minor) in _ETCD_FIXED:
+        return patch < _ETCD_FIXED[(major, minor)]
+    return (major, minor) < min(_ETCD_FIXED)
+
+
+#: The issuer's contract for a name (and server version, where the contract depends on it),
+#: or the strictest one (no overlap, no clock) when unknown: a history from someone else's
+#: system is checked against plain mutual exclusion.
+def contract_for(issuer: str | None, version: str | None = None) -> IssuerContract:
+    if issuer == "etcd" and etcd_revokes_early(version):
+        etcd = CONTRACTS["etcd"]
+        return IssuerContract(
+            "etcd",
+            f"{etcd.exclusion}; but in etcd {version} (before 3.4.31 / 3.5.13) a leader paused "
+            "past a lease's TTL may revoke it on resuming, before it learns it was deposed "
+            "(etcd-io/etcd#15247): a paused member counts as a fault of etcd's clock",
+            etcd.tokens,
+            etcd.clocks,
+            member_pause_is_clock_fault=True,
+        )
     if issuer in CONTRACTS:
         return CONTRACTS[issuer]
     return IssuerContract(

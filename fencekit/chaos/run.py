@@ -306,6 +306,22 @@ def _wait_quiet(dsn: str, timeout: float) -> None:
             time.sleep(0.1)
 
 
+def _issuer_version(cfg: ChaosConfig, endpoints: str, say: Callable[[str], None]) -> str | None:
+    """The etcd server's version: the lease contract the checker holds it to depends on it."""
+    if cfg.issuer != "etcd":
+        return None
+    from fencekit.leases.etcd import EtcdIssuer
+
+    issuer = EtcdIssuer(endpoints, retry_deadline=5.0)
+    try:
+        return issuer.server_version()
+    except FencekitError as exc:
+        say(f"chaos: etcd's version unknown ({exc}): the checker holds it to the fixed contract")
+        return None
+    finally:
+        issuer.close()
+
+
 def final_state(dsn: str) -> tuple[list[LogRow], dict[str, tuple[int, int]]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         log = [
@@ -372,7 +388,8 @@ def run_chaos(
         nemesis_log.append(
             "run", scope=cfg.scope, issuer=cfg.issuer, fence=cfg.fence, seed=cfg.seed,
             workers=cfg.workers, resources=cfg.resources, ttl=cfg.ttl,
-            issuer_factory=cfg.issuer_factory, **env.describe(),
+            issuer_factory=cfg.issuer_factory, issuer_version=_issuer_version(cfg, endpoints, say),
+            **env.describe(),
         )  # fmt: skip
 
         # etcd grants whole seconds (at least 1 with the cluster's election timeout); a

@@ -121,6 +121,9 @@ class _Worker:
         self.commit_timeout: float = args.commit_timeout
         self.history = HistoryWriter(Path(args.history), self.name)
         self.issuer = make_issuer(args)
+        # Grants neither released nor reported lost (held, or abandoned): closing an etcd or
+        # ZooKeeper issuer releases them, so close() records their release first.
+        self.unreleased: dict[str, tuple[str, Grant]] = {}
         self.conn: psycopg.Connection[Any] | None = None
         self.writes = 0
         self.session_recorded = False
@@ -173,6 +176,7 @@ class _Worker:
                 "acquire", resource=resource, token=grant.token, holder=holder,
                 t0=t0, ttl=grant.ttl, issuer=grant.issuer,
             )  # fmt: skip
+            self.unreleased[holder] = (resource, grant)
             self.hold(resource, grant)
 
     def hold(self, resource: str, grant: Grant) -> None:
@@ -183,16 +187,20 @@ class _Worker:
             try:
                 if not self.issuer.renew(grant):
                     self.history.append("lost", resource=resource, holder=grant.holder, t0=t0)
+                    self.unreleased.pop(grant.holder, None)
                     return
             except (IssuerError, psycopg.Error):
                 return
             self.history.append("renew", resource=resource, holder=grant.holder, t0=t0)
         if self.rng.random() < 0.8:  # else abandon it: a holder that went away
-            t0 = true_time()
-            # Recorded before it is sent: from here on the lease may be gone.
-            self.history.append("release", resource=resource, holder=grant.holder, t0=t0)
-            with contextlib.suppress(IssuerError, psycopg.Error):
-                self.issuer.release(grant)
+            self.release(resource, grant)
+
+    def release(self, resource: str, grant: Grant) -> None:
+        # Recorded before it is sent: from here on the lease may be gone.
+        self.history.append("release", resource=resource, holder=grant.holder, t0=true_time())
+        self.unreleased.pop(grant.holder, None)
+        with contextlib.suppress(IssuerError, psycopg.Error):
+            self.issuer.release(grant)
 
     def write(self, resource: str, token: int) -> str:
         conn = self.connection()
@@ -254,8 +262,12 @@ class _Worker:
         return "ok"
 
     def close(self) -> None:
-        self.history.close()
+        # Released explicitly, each recorded: a lease ended by closing the issuer without a
+        # record would look, to the checker, like a lease still live under the next grant.
+        for resource, grant in list(self.unreleased.values()):
+            self.release(resource, grant)
         self.issuer.close()
+        self.history.close()
         if self.conn is not None:
             self.conn.close()
 

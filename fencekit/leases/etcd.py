@@ -470,6 +470,11 @@ class EtcdIssuer:
             with self._lock:
                 self._trackers.pop(handle.lease_id, None)
 
+    def server_version(self) -> str:
+        """The etcd version of the member answering (its maintenance status): what lease
+        contract the cluster keeps depends on it (docs/chaos.md)."""
+        return str(self._call(lambda c: c.status(), "status")["version"])
+
     def is_lost(self, grant: Grant) -> bool:
         tracker = self._tracker(grant)
         return tracker is None or tracker.lost
@@ -557,3 +562,7 @@ class AsyncEtcdIssuer(ThreadedAsyncIssuer[EtcdIssuer]):
 
     def __init__(self, endpoints: Sequence[str] | str = "127.0.0.1:2379", **kwargs: Any) -> None:
         super().__init__(lambda: EtcdIssuer(endpoints, **kwargs), EtcdIssuer.name)
+
+    async def server_version(self) -> str:
+        """The etcd version of the member answering (:meth:`EtcdIssuer.server_version`)."""
+        return str(await self._run("server_version"))

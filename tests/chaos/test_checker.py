@@ -157,6 +157,35 @@ def test_overlap_allowed_by_the_contract_only_while_its_clock_is_faulted() -> No
     assert "lease overlap" in kinds(check(events, log, register))
 
 
+def test_old_etcd_may_end_a_lease_while_a_member_is_paused_and_no_other_does() -> None:
+    """etcd before 3.4.31 / 3.5.13 lets a deposed leader revoke leases as it resumes
+    (etcd-io/etcd#15247): the contract of those versions counts a paused member as a fault of
+    etcd's clock, until a second after it resumes. A kill, a later grant and a fixed
+    etcd excuse nothing."""
+    events, log, register = good_history()
+    run = next(e for e in events if e["type"] == "run")
+
+    def with_etcd(version: str | None, *faults: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{**e, "issuer": "etcd", "issuer_version": version} if e is run else e
+                for e in events] + [*faults, grant(0.3, "w3", 5, "w3#x")]  # fmt: skip
+
+    pause = [ev(0.1, "nemesis", "node", fault="member paused (SIGSTOP)", node="e1", pause=True),
+             ev(0.25, "nemesis", "node", fault=None, action="resumed", node="e1")]  # fmt: skip
+    r = check(with_etcd("3.4.23", *pause), log, register)
+    assert "lease overlap" not in kinds(r), format_report(r)
+    assert r.clock_overlaps == 1
+    assert r.issuer_version == "3.4.23"
+    assert "etcd 3.4.23: " in format_report(r)
+    assert "etcd-io/etcd#15247" in format_report(r)
+    for version in ("3.4.31", "3.5.13", "3.6.0", None, "not a version"):
+        assert "lease overlap" in kinds(check(with_etcd(version, *pause), log, register))
+    kill = [{**pause[0], "fault": "leader killed (SIGKILL)", "pause": None}, pause[1]]
+    assert "lease overlap" in kinds(check(with_etcd("3.4.23", *kill), log, register))
+    # The window ends a second after the resume: an overlap that begins later is a violation.
+    late = [{**pause[0], "t": -1.9}, {**pause[1], "t": -1.8}]
+    assert "lease overlap" in kinds(check(with_etcd("3.4.23", *late), log, register))
+
+
 # ---------------------------------------------------------------- broken fences
 
 

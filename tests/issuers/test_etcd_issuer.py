@@ -239,3 +239,27 @@ def test_generic_lease_renews_and_reports_loss(etcd_issuer, resource):
     other = Lease(b, resource, ttl=2, wait=5, fence=False).acquire()
     assert other.token > lease.token
     other.release()
+
+
+def test_server_version_is_the_clusters(etcd_issuer, etcd) -> None:
+    """What the chaos checker's etcd contract depends on (docs/chaos.md): the version the
+    cluster's members report, the binary's own."""
+    import asyncio
+    import subprocess
+
+    from fencekit.leases.etcd import AsyncEtcdIssuer
+
+    binary = subprocess.run(
+        [str(etcd.binary), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    version = etcd_issuer().server_version()
+    assert f"etcd Version: {version}\n" in binary
+
+    async def from_async() -> str:
+        issuer = AsyncEtcdIssuer(etcd.endpoints)
+        try:
+            return await issuer.server_version()
+        finally:
+            await issuer.close()
+
+    assert asyncio.run(from_async()) == version
