@@ -86,7 +86,9 @@ def test_fenced_run_with_every_fault_has_no_violation(capsys, tmp_path: Path) ->
                 "--clock-faults", "--json", "--history", str(history), "--report",
                 str(html)]  # fmt: skip
         code = lab_main(argv)
-        out = capsys.readouterr().out
+        captured = capsys.readouterr()
+        out = captured.out
+        assert out.strip(), f"exit {code}, no report; stderr:\n{captured.err[-4000:]}"
         summary = json.loads(out.strip().splitlines()[-1])
         assert code == 0, out
         assert summary["violations"] == 0, out
