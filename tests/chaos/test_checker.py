@@ -181,6 +181,12 @@ def test_old_etcd_may_end_a_lease_while_a_member_is_paused_and_no_other_does() -
         assert "lease overlap" in kinds(check(with_etcd(version, *pause), log, register))
     kill = [{**pause[0], "fault": "leader killed (SIGKILL)", "pause": None}, pause[1]]
     assert "lease overlap" in kinds(check(with_etcd("3.4.23", *kill), log, register))
+    # The allowance is old etcd's alone: the same history under another issuer's contract
+    # (a ZooKeeper or PostgreSQL history that claims a version, or a pause) excuses nothing.
+    for other in ("zookeeper", "postgres", "someone-elses"):
+        forged = [{**e, "issuer": other} if e["type"] == "run" else e
+                  for e in with_etcd("3.4.23", *pause)]  # fmt: skip
+        assert "lease overlap" in kinds(check(forged, log, register)), other
     # The window ends a second after the resume: an overlap that begins later is a violation.
     late = [{**pause[0], "t": -1.9}, {**pause[1], "t": -1.8}]
     assert "lease overlap" in kinds(check(with_etcd("3.4.23", *late), log, register))
