@@ -286,15 +286,13 @@ def test_protect_of_a_partitioned_table_whose_key_runs_owner_code_is_refused(
 ) -> None:
     """CREATE TRIGGER on a partitioned table folds its partition key expression: in any
     session but the owner's, protect refuses before any DDL, naming the code and the owner."""
-    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="public.ps_imm") as info:
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=r"public\.ps_imm") as info:
         _run(lab[runner], protect_statements(PART))
     assert "ps_owner" in (info.value.diag.message_hint or "")
     _assert_owner_only(db)
 
 
-def test_protect_unprotect_and_rename_in_the_owners_session(
-    db: Conn, lab: dict[str, str]
-) -> None:
+def test_protect_unprotect_and_rename_in_the_owners_session(db: Conn, lab: dict[str, str]) -> None:
     """In the owner's own session the same DDL runs (the partition key's code as the owner);
     unprotect and rename of it are refused elsewhere, as protect is."""
     _run(lab["owner"], protect_statements(PART))
