@@ -1188,12 +1188,17 @@ $fn$;
 -- functions that call it. It reads and writes fencekit's own tables and takes text keys and a
 -- bigint token as arguments: no cast, operator, policy or trigger of a user's table or type
 -- runs in it (the generated trigger computes the keys' text, under pinned settings, before).
+-- Lease-bound: the token must be the live lease of every key written; for TRUNCATE (keys NULL)
+-- of every key the resource has a fence for, as if each were written.
 CREATE OR REPLACE FUNCTION fencekit.judge_fences(
   tag text, relid oid, trigger_name text, resource text, keys text[], token bigint,
   on_equal text, lease_bound boolean, key_column text DEFAULT NULL,
   key_label text DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- Generic plans, as advance_fences: the plan cache otherwise keeps choosing a custom plan for
+-- the common-case query and plans it again on every call (about 0.15 ms a statement).
+SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
   -- The call's collation is "C" (TG_NAME is a name): compare under the default collation, the
   -- one fencekit.fences' index was built with, or no index is used at all.
@@ -1205,6 +1210,18 @@ DECLARE
   bad record;
   lb record;
 BEGIN
+  IF keys IS NULL AND lease_bound THEN
+    -- TRUNCATE deletes every key's rows: the token must hold the lease of every fenced key.
+    SELECT * INTO lb FROM fencekit.lease_mismatch(res,
+      ARRAY(SELECT f.key FROM fencekit.fences f WHERE f.resource = res ORDER BY f.key), token);
+    IF lb.bad_key IS NOT NULL AND NOT fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+      PERFORM fencekit.reject('lease_mismatch', tag, relid, trigger_name, key_column,
+        fencekit.lease_resource(resource, lb.bad_key),
+        CASE WHEN key_label IS NOT NULL
+             THEN pg_catalog.jsonb_build_object(key_label, lb.bad_key) END,
+        token, lb.lease_token);
+    END IF;
+  END IF;
   IF keys IS NOT NULL THEN
     IF pg_catalog.cardinality(keys) = 0 THEN
       RETURN;  -- no rows written
@@ -1497,23 +1514,45 @@ END
 $fn$;
 
 -- Record (or update) a protected table in the registry; a re-run with the same spec, template
--- and key families changes nothing.
+-- and key families changes nothing. A resource is shared by key fences or by table fences,
+-- never both: a table fence is its resource's key '', which a key fence's keys share, so a
+-- writer of one table would advance the other's fence and lock its holder out.
 CREATE OR REPLACE FUNCTION fencekit.register_table(schema_name text, table_name text, tag text,
                                                    resource text, spec jsonb,
                                                    template_version integer,
                                                    key_families text[])
 RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+#variable_conflict use_variable
+DECLARE
+  other record;
+BEGIN
+  SELECT p.schema_name, p.table_name, p.scope INTO other
+    FROM fencekit.protected p
+   WHERE p.resource = register_table.resource AND p.scope IN ('key', 'table')
+     AND p.scope <> (spec ->> 'scope')
+     AND (p.schema_name, p.table_name) <> (register_table.schema_name, register_table.table_name)
+   ORDER BY p.schema_name, p.table_name LIMIT 1;
+  IF FOUND AND spec ->> 'scope' IN ('key', 'table') THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: resource %L cannot be shared by a key fence and a '
+                                  'table fence: %I.%I has a %s fence on it', resource,
+                                  other.schema_name, other.table_name, other.scope),
+      DETAIL = 'A table fence is its resource''s key '''', which a key fence''s keys share: '
+               'writers of one table would advance the other''s fence.',
+      HINT = 'Give one of them another resource name.';
+  END IF;
   INSERT INTO fencekit.protected AS p
          (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
   VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
           key_families)
-  ON CONFLICT (schema_name, table_name) DO UPDATE
+  ON CONFLICT ON CONSTRAINT protected_pkey DO UPDATE
     SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
         spec = excluded.spec, template_version = excluded.template_version,
         key_families = excluded.key_families, protected_at = pg_catalog.now()
     WHERE (p.spec, p.template_version, p.key_families)
-          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families)
+          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families);
+END
 $fn$;
 
 -- 50_leases.sql
@@ -2482,7 +2521,7 @@ SELECT p.schema_name, p.table_name, p.scope, p.template_version,
                                 AND t.tgname = 'fencekit_' || p.tag || '_' || s.suffix))
        END AS triggers_missing,
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger t
-         WHERE t.tgrelid = rel AND t.tgname LIKE 'fencekit\_%' AND t.tgenabled <> 'O')
+         WHERE t.tgrelid = rel AND t.tgname LIKE E'fencekit\\_%' AND t.tgenabled <> 'O')
          AS triggers_not_firing,
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_proc f
          WHERE f.pronamespace = 'fencekit'::regnamespace
