@@ -62,10 +62,10 @@ SPECS = {
     "table": FenceSpec(TableName("public", "w_table"), scope=Scope.TABLE),
     "lease": FenceSpec(
         TableName("public", "w_lease"), scope=Scope.KEY, key=("k",), lease_bound=True
-    ),  # fmt: skip
+    ),
     "allow": FenceSpec(
         TableName("public", "w_allow"), scope=Scope.KEY, key=("k",), on_missing="allow"
-    ),  # fmt: skip
+    ),
 }
 
 
