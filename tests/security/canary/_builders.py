@@ -123,10 +123,10 @@ def trigger_writes(table: str, tgtype: int) -> list[str]:
 CliArgs = Callable[[str], list[list[str]]]
 
 
-def _tables(dsn: str, cmd: list[str], extra: Callable[[Table], list[str]] | None = None) -> list[list[str]]:
-    return [
-        [*cmd, f"app.{t.name}", "--dsn", dsn, *(extra(t) if extra else [])] for t in TARGETS
-    ]
+def _tables(
+    dsn: str, cmd: list[str], extra: Callable[[Table], list[str]] | None = None
+) -> list[list[str]]:
+    return [[*cmd, f"app.{t.name}", "--dsn", dsn, *(extra(t) if extra else [])] for t in TARGETS]
 
 
 def _scope_args(t: Table) -> list[str]:
@@ -147,21 +147,26 @@ def _move_args(t: Table) -> list[str]:
 CLI_ARGS: dict[str, CliArgs] = {
     "install": lambda dsn: [["install", "--dsn", dsn]],
     "uninstall": lambda dsn: [["uninstall", "--dsn", dsn, "--unprotect-all"]],
-    "protect": lambda dsn: [
-        ["protect", f"app.{t.name}", "--dsn", dsn, *_scope_args(t)] for t in UNPROTECTED
-    ]
-    + _tables(dsn, ["protect"], _scope_args),
+    "protect": lambda dsn: (
+        [["protect", f"app.{t.name}", "--dsn", dsn, *_scope_args(t)] for t in UNPROTECTED]
+        + _tables(dsn, ["protect"], _scope_args)
+    ),
     "unprotect": lambda dsn: _tables(dsn, ["unprotect"]),
     "rename": lambda dsn: [
         ["rename", f"app.{t.name}", f"app.{t.name}_renamed", "--dsn", dsn] for t in TARGETS
     ],
-    "auto-cover": lambda dsn: [["auto-cover", "on", "--dsn", dsn], ["auto-cover", "off", "--dsn", dsn]],
+    "auto-cover": lambda dsn: [
+        ["auto-cover", "on", "--dsn", dsn],
+        ["auto-cover", "off", "--dsn", dsn],
+    ],
     "status": lambda dsn: [["status", "--dsn", dsn], ["status", "--json", "--dsn", dsn]],
     "allow": lambda dsn: [["allow", "--list", "--dsn", dsn, "0" * 64]],
     "move": lambda dsn: _tables(dsn, ["move"], _move_args),
     "fences": lambda dsn: _tables(dsn, ["fences"]),
     "fence set": lambda dsn: _tables(
-        dsn, ["fence", "set"], lambda t: ["--to", "50", *(["--key", "1"] if t.scope == "key" else [])]
+        dsn,
+        ["fence", "set"],
+        lambda t: ["--to", "50", *(["--key", "1"] if t.scope == "key" else [])],
     ),
     "sql move": lambda dsn: _tables(dsn, ["sql", "move"], _move_args),
     # These read no database: they print SQL or work on files. Run offline, they must still

@@ -13,9 +13,7 @@ def baseline(planted: Planted) -> dict[str, dict[str, Any]]:
         return planted.hits(db)
 
 
-def misfires(
-    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
-) -> list[str]:
+def misfires(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> list[str]:
     """Canaries that ran as anyone but the owner or the writer between two readings."""
     out = []
     for label, now in sorted(after.items()):

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (planted SQL reads best one statement a line)
 """The canary matrix's planters: one per mechanism of docs/dev/code-paths.md.
 
 Every planter is SQL run by a non-superuser table owner (``{owner}``) in schema ``app``, which

@@ -120,7 +120,9 @@ def _build(server: EmbeddedServer, template: str, sfx: str) -> Planted:
             su.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     with psycopg.connect(server.dsn_for(template)) as su:
         su.execute(render_install().encode())
-        su.execute(f"REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT CREATE ON SCHEMA public TO {owner}")
+        su.execute(
+            f"REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT CREATE ON SCHEMA public TO {owner}"
+        )
         su.execute(f"GRANT CREATE ON DATABASE {template} TO {owner}")
         su.execute(f"GRANT fencekit_admin TO {admin}; GRANT fencekit_writer TO {writer}")
         su.execute(f"CREATE SCHEMA app AUTHORIZATION {owner}")
@@ -147,7 +149,10 @@ def _build(server: EmbeddedServer, template: str, sfx: str) -> Planted:
         for t in PROTECTED + PARTITIONED + UNPROTECTED + SWAPPED:
             oc.execute(_plant.table_sql(t).encode())
         oc.execute(f"GRANT USAGE ON SCHEMA app TO {writer}, {admin}")
-        oc.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA app TO {writer}")
+        oc.execute(
+            "GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA app "
+            f"TO {writer}"
+        )
         oc.commit()
     with psycopg.connect(server.dsn_for(template)) as su:
         for t in PROTECTED + PARTITIONED + SWAPPED:
@@ -177,9 +182,11 @@ def planted(pg_server: EmbeddedServer) -> Iterator[Planted]:
         yield _build(pg_server, template, sfx)
     finally:
         with psycopg.connect(pg_server.dsn, autocommit=True) as su:
-            su.execute(sql.SQL("ALTER DATABASE {} IS_TEMPLATE false").format(sql.Identifier(template)))
-            su.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(template)))
+            su.execute(
+                sql.SQL("ALTER DATABASE {} IS_TEMPLATE false").format(sql.Identifier(template))
+            )
+            su.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(template))
+            )
             for role in (f"cn_owner_{sfx}", f"cn_writer_{sfx}", f"cn_admin_{sfx}"):
-                su.execute(
-                    sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role))
-                )
+                su.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
