@@ -49,15 +49,21 @@ def _fast_path(n: Names) -> str:
 
 def _row_truncate(n: Names) -> str:
     """TRUNCATE of a row-fenced table: its token must not be lower than any row's fence. The
-    function runs as the role that ran protect with row_security off, so the writer's RLS
-    policies hide no fence; the column is checked to be a plain bigint first, so reading it
-    runs no cast or operator of the caller's. The rows are gone afterwards: nothing to advance.
+    function is owned by the table's owner (protect gives it to the owner) and runs as that
+    owner with row_security off, so the writer's RLS policies hide no fence and everything of
+    the owner's that reading the table runs (index, statistics and partition key expressions
+    folded by the planner) runs with the owner's rights only. It reads the truncated table by
+    OID (TG_RELID), never by name: after a rename, whatever took the old name is not read.
+    check_fence_column refuses a table (or a child) owned by anyone else, and a fence column
+    that is no longer a bigint. The rows are gone afterwards: nothing to advance.
     """
-    t = n.spec.table
     return (
         f"    PERFORM fencekit.check_fence_column({n.lit_tag}, TG_RELID, TG_NAME, "
-        f"{lit(t.sql)}, {lit(n.spec.column)});\n"
-        f"    SELECT pg_catalog.max({n.col}) INTO fence FROM {t.sql};\n"
+        f"TG_RELID::pg_catalog.regclass, {lit(n.spec.column)});\n"
+        "    -- dynamic SQL: the table is the one the trigger fired on, known only at run time\n"
+        "    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',\n"
+        f"                              {lit(n.spec.column)}, TG_RELID::pg_catalog.regclass)\n"
+        "      INTO fence;\n"
         f"    PERFORM fencekit.judge_row_truncate({n.lit_tag}, TG_RELID, TG_NAME, tok, fence);\n"
     )
 
@@ -67,7 +73,7 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     title = n.title(f"statement check ({scope} fence)")
     if scope is Scope.ROW:
         # Before INSERT, UPDATE and DELETE: runs as the writer, fast path first. TRUNCATE reads
-        # every row's fence: its own function, as the role that ran protect (see _row_truncate).
+        # every row's fence: its own function, as the table's owner (see _row_truncate).
         stmt = n.function(
             "stmt",
             f"\n{title}BEGIN\n"
@@ -82,6 +88,7 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             "  fence pg_catalog.int8;\nBEGIN\n"
             "  IF tok IS NOT NULL THEN\n" + _row_truncate(n) + "  END IF;\n  RETURN NULL;\nEND\n",
             (("row_security", "off"),),
+            table_owner=True,
         )
         return [stmt, trunc], [
             Trigger(n.trigger("stmt"), "BEFORE INSERT OR UPDATE OR DELETE", "STATEMENT", stmt),

@@ -40,7 +40,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET row_security TO off
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, row_security=off
+-- SECURITY DEFINER; owner: the table's owner; pinned: search_path=pg_catalog, pg_temp, row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
   tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -48,15 +48,20 @@ DECLARE
   fence pg_catalog.int8;
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, 'app.invoices', 'Fence Column');
-    SELECT pg_catalog.max("Fence Column") INTO fence FROM app.invoices;
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, TG_RELID::pg_catalog.regclass, 'Fence Column');
+    -- dynamic SQL: the table is the one the trigger fired on, known only at run time
+    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',
+                              'Fence Column', TG_RELID::pg_catalog.regclass)
+      INTO fence;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=770ded6a765239e2b16b96ea05b4ae2e626a535cbac600cde63296abc4332ba5; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=5505557a212cd7d5adf1da1e7ee3fcbe418c4cd37097f2ec403d8d8a17cc6de3; generated, do not edit';
+
+SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure, 'app.invoices'::pg_catalog.regclass);
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
@@ -216,6 +221,9 @@ DECLARE
   have pg_catalog.jsonb;
   tbl pg_catalog.text := 'app.invoices';
 BEGIN
+  IF pg_catalog.to_regclass(tbl) IS NOT NULL THEN
+    PERFORM fencekit.check_ddl_runs_no_owner_code(pg_catalog.to_regclass(tbl));
+  END IF;
   SELECT '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row", "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have
     FROM fencekit.protected p
    WHERE p.schema_name OPERATOR(pg_catalog.=) 'app'
