@@ -303,6 +303,25 @@ def _view_drift(
         where = f"a write through the view {view} reaches {rel_sql}"
         out += other_triggers(conn, insp, view_oid, DriftKind.FOREIGN_VIEW, obj, where, allowed)
         found = _rules(conn, view_oid, str(view), DriftKind.FOREIGN_VIEW)
+        # A view column's DEFAULT runs on every INSERT through the view that omits it.
+        for col, tree, text in conn.execute(
+            "SELECT a.attname, d.adbin::pg_catalog.text, "
+            "pg_catalog.pg_get_expr(d.adbin, d.adrelid) "
+            "FROM pg_catalog.pg_attrdef d JOIN pg_catalog.pg_attribute a "
+            "ON a.attrelid = d.adrelid AND a.attnum = d.adnum WHERE d.adrelid = %s "
+            "ORDER BY a.attnum",
+            (view_oid,),
+        ).fetchall():
+            found.append(
+                (
+                    DriftKind.FOREIGN_VIEW,
+                    obj,
+                    f"the DEFAULT of column {quote_ident(col)} of the view {view}",
+                    insp.expression(tree),
+                    str(text),
+                    _SWAPS,
+                )
+            )
         found.append(
             (
                 DriftKind.FOREIGN_VIEW,
