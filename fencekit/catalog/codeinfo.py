@@ -108,11 +108,19 @@ class Inspector:
     conn: Conn
     _functions: dict[int, _Function] = field(default_factory=dict)
     _types: dict[int, Code] = field(default_factory=dict)
+    #: Functions the per-kind checks looked at since :meth:`start_table`: the catalog walk
+    #: reports what they did not (:func:`fencekit.catalog.code.unknown_code_drift`).
+    looked_at: set[int] = field(default_factory=set)
+
+    def start_table(self) -> None:
+        self.looked_at = set()
 
     # ------------------------------------------------------------------ functions
 
     def functions(self, oids: Iterable[int]) -> list[_Function]:
-        wanted = sorted({o for o in oids if o} - self._functions.keys())
+        oids = [o for o in oids if o]
+        self.looked_at.update(oids)
+        wanted = sorted(set(oids) - self._functions.keys())
         if wanted:
             rows = self.conn.execute(
                 """SELECT p.oid, pg_catalog.format('%%I.%%I(%%s)', n.nspname, p.proname,
