@@ -175,7 +175,7 @@ def cover_function(objs: TableObjects, n: Names) -> Function:
         "END\n"
     )
     # Not on the hot path (protect and the auto-cover event trigger call it): it pins its
-    # search_path rather than qualify every operator (issue 23, F10).
+    # search_path rather than qualify every operator.
     return n.function("cover", body, returns="void", settings=(PINNED_SEARCH_PATH,))
 
 
