@@ -178,7 +178,7 @@ CLI_ARGS: dict[str, CliArgs] = {
     "sql rename": lambda dsn: [["sql", "rename", "app.t_row", "app.t_row2"]],
     "sql uninstall": lambda dsn: [["sql", "uninstall"]],
     "monitoring": lambda dsn: [["monitoring", "/dev/null"]],
-    "alembic init": lambda dsn: [["alembic", "init", tempfile.mkdtemp() + "/migrations"]],
+    "alembic init": lambda dsn: [_alembic_init()],
     "chaos check": lambda dsn: [["chaos", "check", _empty_file()]],
     # demo and bench make and write tables of their own; bench runs its shortest group
     "demo": lambda dsn: [["demo", "--dsn", dsn]],
@@ -203,6 +203,11 @@ READ_ONLY = frozenset(
         "chaos check",
     }
 )
+
+
+def _alembic_init() -> list[str]:
+    where = tempfile.mkdtemp()
+    return ["alembic", "init", f"{where}/migrations", "-c", f"{where}/alembic.ini"]
 
 
 def _empty_file() -> str:
