@@ -167,7 +167,7 @@ def _build(server: EmbeddedServer, template: str, sfx: str) -> Planted:
         oc.execute(_plant.EXTENSION.encode())
         oc.commit()
     with psycopg.connect(server.dsn_for(template)) as su:
-        # extension-member: an extension the owner created (see _plant.EXTENSION).
+        # extension-member (see _plant.EXTENSION)
         su.execute(f"CREATE EXTENSION {ext} SCHEMA public")
         su.execute(
             "UPDATE pg_extension SET extowner = %s::regrole WHERE extname = %s", (owner, ext)
