@@ -133,6 +133,7 @@ def ownership_drift(conn: Conn) -> list[Drift]:
         if per_table and privileged[role] and role != expected:
             continue
         by_owner.setdefault(role, []).append((kind, name, alter_sql))
+    out += _truncate_check_drift(conn)
     record = (
         "UPDATE fencekit.meta SET value = {new} WHERE key = 'owner'" if recorded is not None else ""
     )
@@ -181,6 +182,41 @@ def ownership_drift(conn: Conn) -> list[Drift]:
                 )
             )
     return out
+
+
+def _truncate_check_drift(conn: Conn) -> list[Drift]:
+    """Row fences whose TRUNCATE check (``fencekit.<tag>_trunc``, which reads the table) does
+    not belong to the table's owner: protected before the table changed owner (or by an older
+    release). The check refuses every TRUNCATE under a token until it belongs to the owner."""
+    rows = conn.execute(
+        "SELECT pg_catalog.format('fencekit.%I()', p.proname), "
+        "       pg_catalog.quote_ident(fo.rolname), pg_catalog.quote_ident(t_o.rolname), "
+        "       c.oid::pg_catalog.regclass::pg_catalog.text "
+        "FROM fencekit.protected t "
+        "JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass("
+        "     pg_catalog.format('%I.%I', t.schema_name, t.table_name)) "
+        "JOIN pg_catalog.pg_proc p ON p.pronamespace OPERATOR(pg_catalog.=) "
+        "     'fencekit'::pg_catalog.regnamespace AND p.proname = t.tag || '_trunc' "
+        "     AND p.pronargs = 0 "
+        "JOIN pg_catalog.pg_roles fo ON fo.oid = p.proowner "
+        "JOIN pg_catalog.pg_roles t_o ON t_o.oid = c.relowner "
+        "WHERE t.scope = 'row' AND p.proowner <> c.relowner "
+        "ORDER BY 4"
+    ).fetchall()
+    return [
+        Drift(
+            DriftKind.OWNER_CHANGED,
+            str(table),
+            f"{fn}, the TRUNCATE check that reads {table}'s fences, belongs to {fn_owner}, not "
+            f"to the table's owner {owner}: reading the table would run {owner}'s code with "
+            f"{fn_owner}'s rights, so every TRUNCATE under a token is refused until it belongs "
+            "to the owner (the table changed owner after protect)",
+            f"ALTER FUNCTION {fn} OWNER TO {owner} (as a superuser), or re-run fencekit "
+            "protect on the table",
+            (f"function {fn}",),
+        )
+        for fn, fn_owner, owner, table in rows
+    ]
 
 
 def _owner_fix(old: str, new: str, objects: list[tuple[str, str, str]]) -> str:
