@@ -41,7 +41,7 @@ from sqlalchemy.engine import Connection, Engine, ExceptionContext
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
-from fencekit import metrics
+from fencekit import metrics, wire
 from fencekit import psycopg as fk_psycopg
 from fencekit.context import current_issuer, current_token
 from fencekit.errors import CommitOutcomeUnknownError, FenceError, commit_outcome_unknown, translate
@@ -286,11 +286,13 @@ def _asyncpg_catch_up(conn: Connection, cursor: Any) -> None:
     BEGIN costs one statement, sent here on the statement's own cursor before it runs."""
     from fencekit import asyncpg as fk_asyncpg
 
-    driver = conn.connection.driver_connection
-    value = fk_asyncpg.to_send(driver)
-    if value is not None:
-        cursor.execute(fk_asyncpg.set_config_sql(value))
-        fk_asyncpg.sent(driver, value)
+    driver: Any = conn.connection.driver_connection
+    if driver.is_in_transaction():
+        state = fk_asyncpg._state(driver)
+        value = state.next(wire.INTRANS, wire.scope_value())
+        if value is not None:  # one statement: SQLAlchemy's asyncpg cursor prepares it
+            cursor.execute(wire.set_config(value))
+            state.sent(value, open_after=True)
 
 
 def _writes(context: Any) -> bool:

@@ -80,12 +80,11 @@ def test_every_driver_adapter_has_one_surface() -> None:
 
 
 def test_sql_spliced_tokens_and_issuers_are_checked_again() -> None:
-    """psycopg2 and asyncpg splice the token and issuer into SQL text: their builders refuse
-    anything fencing() would not have let through, whoever calls them."""
-    import fencekit.asyncpg as fkapg
-    import fencekit.psycopg2 as fkpg2
+    """The wire splices the token and issuer into SQL text: its builders refuse anything
+    fencing() would not have let through, whoever calls them."""
+    from fencekit import wire
 
-    for build in (fkapg.set_local_sql, fkapg.set_config_sql, fkpg2._prefix):
+    for build in (wire.set_local, wire.set_config):
         assert "'34'" in build(("34", "etcd"))
         for bad in (("34'; DROP TABLE t; --", ""), ("34", "x'; DROP TABLE t; --"), ("-1", "")):
             with pytest.raises(ValueError, match="not a validated"):
