@@ -81,7 +81,7 @@ def _fence_driver(driver: Any) -> None:
         return  # installed before: the common case
     if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
         # SQLAlchemy wraps driver errors itself; _on_error then counts them.
-        fk_psycopg.install(driver, count_rejections=False)
+        fk_psycopg.install(driver, translate_errors=False)
         # The engine's boundary listeners (_listen_engine) let the cursor send the token once
         # per transaction instead of once per statement.
         fk_psycopg._track_transactions(driver)

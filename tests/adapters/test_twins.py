@@ -49,7 +49,7 @@ def test_psycopg_every_sync_function_has_its_async_twin() -> None:
     sync = {n for n in public if not n.startswith(("async_", "Async"))}
     twinned = {n for n in sync if f"async_{n}" in public or f"Async{n}" in public}
     # These take either kind of connection (or none): one function, no twin.
-    assert sync - twinned == {"install", "uninstall", "use_begin_path", "AnyConnection"}
+    assert sync - twinned == {"install", "uninstall", "is_installed", "AnyConnection"}
     assert set(_public_methods(fkpg.FencedCursor)) == set(_public_methods(fkpg.AsyncFencedCursor))
 
 
@@ -68,8 +68,13 @@ def test_every_driver_adapter_has_one_surface() -> None:
     import fencekit.psycopg2 as fkpg2
 
     for adapter in (fkpg, fkpg2, fkapg):
-        for name in ("install", "uninstall", "transaction", "set_token"):
+        for name in ("install", "uninstall", "is_installed", "transaction", "set_token"):
             assert callable(getattr(adapter, name)), (adapter.__name__, name)
+        # one install() signature: the target, and whether this adapter counts rejections
+        assert _shape(adapter.install)[1:] == [
+            ("translate_errors", inspect.Parameter.KEYWORD_ONLY, True)
+        ], adapter.__name__
+        assert adapter.is_installed(object()) is False, adapter.__name__
         # transaction(conn, token=None, *, issuer=None, ...) everywhere
         assert _shape(adapter.transaction)[:3] == [
             ("conn", inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty),
