@@ -42,7 +42,9 @@ def test_the_app_wires_every_connection() -> None:
 
 
 def test_install_refuses_what_it_cannot_fence() -> None:
-    with pytest.raises(TypeError, match=r"takes a Django database connection .* not builtins.object"):
+    with pytest.raises(
+        TypeError, match=r"takes a Django database connection .* not builtins.object"
+    ):
         runtime.install(object())  # type: ignore[arg-type]
 
 
@@ -240,7 +242,8 @@ def test_rejections_are_fencekits_class_and_djangos(set_total: None, account: Ac
     assert isinstance(info.value, DatabaseError)  # except DatabaseError: still catches it
     assert (info.value.token, info.value.fence) == (33, 34)
     assert info.value.table == "public.shop_billingsummary"
-    assert info.value.__cause__ is not None and info.value.orig is not None
+    assert info.value.__cause__ is not None
+    assert info.value.orig is not None
 
 
 def test_a_select_of_a_writing_function_in_autocommit_carries_the_token(
@@ -262,11 +265,15 @@ def test_a_select_of_a_writing_function_in_autocommit_carries_the_token(
 def test_callproc_inside_atomic_carries_exactly_the_scopes_token(
     set_total: None, account: Account
 ) -> None:
-    with pytest.raises(MissingTokenError), transaction.atomic():
+    @transaction.atomic
+    def scope_then_callproc() -> None:
         with fencing(35):
             BillingSummary.objects.filter(account=account).update(total=2)
         with connection.cursor() as cursor:  # the scope ended: its token must not go on
             cursor.callproc("shop_set_total", [account.pk, 9])
+
+    with pytest.raises(MissingTokenError):
+        scope_then_callproc()
     with transaction.atomic():
         with fencing(35):
             BillingSummary.objects.filter(account=account).update(total=2)
@@ -283,14 +290,23 @@ def test_copy_inside_atomic_carries_exactly_the_scopes_token(
     set_total: None, account: Account
 ) -> None:
     copy_in = "COPY shop_billingsummary (account_id, total) FROM STDIN"
-    with pytest.raises(MissingTokenError), transaction.atomic():
+
+    @transaction.atomic
+    def scope_then_copy() -> None:
         with fencing(35):
             BillingSummary.objects.filter(account=account).update(total=2)
         with connection.cursor() as cursor, cursor.copy(copy_in) as copy:
             copy.write_row((account.pk, 8))
-    with fencing(35), transaction.atomic(), connection.cursor() as cursor:
-        with cursor.copy(copy_in) as copy:
-            copy.write_row((account.pk, 8))
+
+    with pytest.raises(MissingTokenError):
+        scope_then_copy()
+    with (
+        fencing(35),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+        cursor.copy(copy_in) as copy,
+    ):
+        copy.write_row((account.pk, 8))
     assert sorted(BillingSummary.objects.values_list("total", flat=True)) == [1, 8]
 
 
