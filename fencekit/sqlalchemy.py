@@ -247,6 +247,8 @@ def _on_error(ctx: ExceptionContext) -> BaseException | None:
     unknown = _outcome_unknown(ctx)
     if unknown is not None:
         return unknown
+    if ctx.engine is not None and ctx.engine in _untranslated:
+        return None
     error = translate(original)
     if error is None:
         return None
@@ -263,6 +265,8 @@ def _on_begin(connection: Connection) -> None:
 
 def _on_session_begin(session: Session, transaction: Any, connection: Connection) -> None:
     _install_on(connection)
+    if _untranslated and (session in _untranslated or type(session) in _untranslated):
+        _untranslated.add(connection.engine)
     _listen_engine(connection.engine)
 
 
@@ -399,17 +403,36 @@ def _session_holder(target: Session | sessionmaker[Any] | type[Session]) -> Any:
     return target.class_ if isinstance(target, sessionmaker) else target
 
 
-def install(target: Target) -> None:
+# Engines (and session holders) installed with translate_errors=False.
+_untranslated: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def install(target: Target, *, translate_errors: bool = True) -> None:
     """Fence ``target``'s transactions with the current :func:`fencekit.fencing` token.
 
     Idempotent. Drivers: psycopg 3 (``postgresql+psycopg://``, sync or async), psycopg2
     (``postgresql+psycopg2://``, the plain ``postgresql://``) and asyncpg
     (``postgresql+asyncpg://``); an engine on another driver is refused here, with TypeError.
+    With ``translate_errors=False`` rejections stay SQLAlchemy's ``DBAPIError`` (not counted).
     """
     resolved = _resolve(target)
+    if not isinstance(resolved, Engine | Connection | Session | sessionmaker) and not (
+        isinstance(resolved, type) and issubclass(resolved, Session)
+    ):
+        raise TypeError(
+            "fencekit.sqlalchemy.install() takes an Engine, Connection, Session or "
+            "sessionmaker (sync or async), or a Session class, not "
+            f"{type(target).__module__}.{type(target).__name__}"
+        )
     engine = _engine_of(resolved)
     if engine is not None:
         _check_driver(engine.dialect)
+    key = engine if engine is not None else _holder_or_none(resolved)
+    if key is not None:
+        if translate_errors:
+            _untranslated.discard(key)
+        else:
+            _untranslated.add(key)
     if isinstance(resolved, Engine):
         _listen_engine(resolved, check=True)
         if not _has(resolved.pool.dispatch.checkout, _on_checkout):
@@ -427,8 +450,28 @@ def install(target: Target) -> None:
         if holder not in _sessions_listening:
             event.listen(resolved, "after_begin", _on_session_begin)
             _sessions_listening.add(holder)
-    else:
-        raise TypeError(f"cannot install fencekit on {type(target).__name__}")
+
+
+def _holder_or_none(resolved: Any) -> Any:
+    if isinstance(resolved, Engine | Connection):
+        return None
+    return _session_holder(resolved)
+
+
+def is_installed(target: object) -> bool:
+    """Whether :func:`install` fences ``target`` (an engine, connection, session or maker)."""
+    try:
+        resolved: Any = _resolve(cast(Target, target))
+    except ValueError:
+        return False
+    if isinstance(resolved, Engine | Connection):
+        return (resolved if isinstance(resolved, Engine) else resolved.engine) in _listening
+    if isinstance(resolved, Session | sessionmaker | type):
+        try:
+            return _session_holder(resolved) in _sessions_listening
+        except TypeError:  # not weak-referenceable: never installed
+            return False
+    return False
 
 
 def _engine_of(resolved: Any) -> Engine | None:

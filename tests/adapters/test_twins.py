@@ -94,3 +94,22 @@ def test_sql_spliced_tokens_and_issuers_are_checked_again() -> None:
         for bad in (("34'; DROP TABLE t; --", ""), ("34", "x'; DROP TABLE t; --"), ("-1", "")):
             with pytest.raises(ValueError, match="not a validated"):
                 build(bad)
+
+
+def test_every_install_refuses_what_it_cannot_fence_and_says_what_it_got() -> None:
+    """A stand-in connection (a harness's fake, another driver's) gets a sentence, not a
+    TypeError from deep inside: what install() takes, and what it was given."""
+    import fencekit.asyncpg as fkapg
+    import fencekit.psycopg2 as fkpg2
+    import fencekit.sqlalchemy as fksa
+
+    class StandIn:
+        pass
+
+    for adapter in (fkpg, fkpg2, fkapg, fksa):
+        with pytest.raises(TypeError, match=r"install\(\) takes .* not .*StandIn"):
+            adapter.install(StandIn())  # type: ignore[arg-type]
+        assert adapter.is_installed(StandIn()) is False
+        assert _shape(adapter.install)[1:] == [
+            ("translate_errors", inspect.Parameter.KEYWORD_ONLY, True)
+        ], adapter.__name__
