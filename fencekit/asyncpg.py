@@ -271,6 +271,9 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         parent: Any = super()
+        if not args and _head(query).startswith(_CONTROL):  # COMMIT, ROLLBACK: as they are
+            done: str = await parent.execute(query, timeout=timeout)
+            return done
         result: str = await _run(
             self, lambda q: parent.execute(q, *args, timeout=timeout), query, not args
         )

@@ -91,10 +91,11 @@ class _State(wire.Wire):
     outside a scope, so a statement resends the token unless a block pinned it; the SQLAlchemy
     plugin, which sees every boundary, declares it (:func:`_track_transactions`)."""
 
-    __slots__ = ("installed", "previous_factories", "setter")
+    __slots__ = ("begin", "installed", "previous_factories", "setter")
 
     def __init__(self) -> None:
         super().__init__(tracked=False)
+        self.begin: tuple[Any, bytes] | None = None  # (characteristics, the BEGIN for them)
         self.installed = False
         self.previous_factories: tuple[Any, Any] | None = None
         self.setter: Any = None  # a plain cursor reused for set_config
@@ -149,6 +150,14 @@ def _set_token_sql(value: wire.Value) -> bytes:
 
 def _begin_sql(conn: AnyConnection) -> bytes:
     """The BEGIN psycopg would send for ``conn`` (isolation level, read only, deferrable)."""
+    state = _state(conn)
+    key = (conn.isolation_level, conn.read_only, conn.deferrable)
+    if state.begin is None or state.begin[0] != key:
+        state.begin = (key, _begin_text(conn))
+    return state.begin[1]
+
+
+def _begin_text(conn: AnyConnection) -> bytes:
     parts = [b"BEGIN"]
     if conn.isolation_level is not None:
         level = psycopg.IsolationLevel(conn.isolation_level).name.replace("_", " ")

@@ -117,7 +117,7 @@ def _state(conn: ext.connection) -> _State:
 
 
 def _sent(conn: ext.connection, value: wire.Value) -> None:
-    _state(conn).sent(value, open_after=conn.info.transaction_status != wire.IDLE)
+    _state(conn).sent(value, open_after=conn.get_transaction_status() != wire.IDLE)
 
 
 def _with_prefix(cursor: ext.cursor, query: Any, prefix: str) -> Any:
@@ -134,7 +134,7 @@ def _sync(conn: ext.connection) -> None:
 
     In autocommit, outside a transaction, nothing is sent: a setting would end with its own
     statement, and the path runs with no token (a fenced table refuses it as unfenced)."""
-    status = conn.info.transaction_status
+    status = conn.get_transaction_status()
     if status == wire.IDLE and conn.autocommit:
         return
     value = _state(conn).next(status, wire.scope_value())
@@ -176,18 +176,22 @@ class FencedCursor(ext.cursor):  # type: ignore[misc]  # psycopg2 ships no types
         if self.name is not None:  # DECLARE ... FOR <query>: no room for a prefix
             return self._synced(lambda: super(FencedCursor, self).execute(query, vars))
         conn = self.connection
-
-        def run() -> None:
-            status = conn.info.transaction_status
-            value = _state(conn).next(status, wire.scope_value())
+        try:
+            status = conn.get_transaction_status()
+            state = _states.get(conn) or _state(conn)
+            value = state.next(status, wire.scope_value())
             if value is None:
-                super(FencedCursor, self).execute(query, vars)
-                return
+                return super().execute(query, vars)
             prefix = wire.set_local(value, fresh=status == wire.IDLE) + "; "
-            super(FencedCursor, self).execute(_with_prefix(self, query, prefix), vars)
-            _sent(conn, value)
-
-        return self._guarded(run)
+            super().execute(_with_prefix(self, query, prefix), vars)
+            state.sent(value, open_after=conn.get_transaction_status() != wire.IDLE)
+        except psycopg2.Error as exc:
+            if not _state(conn).translate:
+                raise
+            error = _rejection(exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     def executemany(self, query: Any, vars_list: Iterable[Any]) -> Any:
         return self._synced(lambda: super(FencedCursor, self).executemany(query, vars_list))
@@ -326,7 +330,7 @@ def transaction(conn: C, token: int | None = None, *, issuer: str | None = None)
     :class:`~fencekit.errors.CommitOutcomeUnknownError` (docs/ha.md).
     """
     scope = _resolve(token, issuer)
-    if conn.info.transaction_status != wire.IDLE:
+    if conn.get_transaction_status() != wire.IDLE:
         raise psycopg2.ProgrammingError(
             "fencekit.psycopg2.transaction() needs an idle connection: commit or roll back "
             "first, or use set_token() to fence the transaction already open"

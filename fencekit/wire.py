@@ -23,6 +23,7 @@ statement: ``fencekit.issuer`` is unset or ``''`` there, which both read as unta
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -90,6 +91,7 @@ def set_config(value: Value) -> str:
     )
 
 
+@functools.lru_cache(maxsize=256)  # a lease's token goes with many transactions
 def set_local(value: Value, *, fresh: bool = False) -> str:
     """The ``SET LOCAL`` statements that put ``value`` in force for the open transaction.
 

@@ -62,6 +62,7 @@ _CONDITIONAL = (
 )
 
 Work = Callable[[int, int], None]  # (row id, token) -> one transaction
+_LOCK_TIMEOUT = "20s"
 
 
 @dataclass
@@ -171,7 +172,12 @@ class _TripCounter:
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.dsn = psycopg.conninfo.make_conninfo(
-            dsn, host="127.0.0.1", port=str(self._listener.getsockname()[1]), sslmode="disable"
+            dsn,
+            host="127.0.0.1",
+            port=str(self._listener.getsockname()[1]),
+            sslmode="disable",
+            gssencmode="disable",
+            connect_timeout="10",
         )
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -182,7 +188,12 @@ class _TripCounter:
             except OSError:
                 return
             upstream = socket.socket(self._family, socket.SOCK_STREAM)
-            upstream.connect(self._target)
+            try:
+                upstream.connect(self._target)
+            except OSError:
+                client.close()  # the client sees the connection fail, not a hang
+                upstream.close()
+                continue
             for src, dst, who in ((client, upstream, "client"), (upstream, client, "server")):
                 threading.Thread(target=self._pump, args=(src, dst, who), daemon=True).start()
 
@@ -299,16 +310,22 @@ def _psycopg2(dsn: str, stack: ExitStack) -> Sides:
         cur.execute(cond, (token, row, token))
         conn.commit()
 
+    installed = psycopg2.connect(dsn)  # as a pool installed with the adapter hands it out
+    stack.callback(installed.close)
+    fk_psycopg2.install(installed)
+    installed_cur = installed.cursor()
+
     def adapter(row: int, token: int) -> None:
-        with fk_psycopg2.transaction(conn, token), conn.cursor() as c:
-            c.execute(fenced, (row,))
+        with fencing(token):
+            installed_cur.execute(fenced, (row,))
+            installed.commit()
 
     pid, raw_pid = conn.info.backend_pid, raw.info.backend_pid
     return {
         "unfenced": Side(unfenced, pid),
         "least": Side(least, raw_pid),
         "conditional": Side(conditional, pid),
-        "adapter": Side(adapter, pid),
+        "adapter": Side(adapter, installed.info.backend_pid),
     }
 
 
@@ -327,6 +344,7 @@ def _asyncpg(dsn: str, stack: ExitStack) -> Sides:
         "password": params.get("password"),
         "database": params.get("dbname"),
         "ssl": False if params.get("sslmode") == "disable" else None,
+        "server_settings": {"lock_timeout": _LOCK_TIMEOUT},
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     loop = asyncio.new_event_loop()
@@ -376,8 +394,9 @@ def _sqlalchemy(dsn: str, stack: ExitStack) -> Sides:
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     host = str(params.get("host") or "localhost")
     query = {"host": host} if host.startswith("/") else {}
-    if params.get("sslmode"):
-        query["sslmode"] = str(params["sslmode"])
+    for name in ("sslmode", "options"):
+        if params.get(name):
+            query[name] = str(params[name])
     url = URL.create(
         "postgresql+psycopg",
         username=str(params["user"]) if params.get("user") else None,
@@ -429,7 +448,7 @@ def _sqlalchemy(dsn: str, stack: ExitStack) -> Sides:
 _CASES: list[tuple[str, str | None, Builder]] = [
     ("psycopg transaction()", None, lambda d, s: _psycopg(d, s, automatic=False)),
     ("psycopg install() + fencing()", None, lambda d, s: _psycopg(d, s, automatic=True)),
-    ("psycopg2 transaction()", "psycopg2", _psycopg2),
+    ("psycopg2 install() + fencing()", "psycopg2", _psycopg2),
     ("asyncpg install() + fencing()", "asyncpg", _asyncpg),
     ("SQLAlchemy on psycopg (Core, engine.begin())", "sqlalchemy", _sqlalchemy),
 ]
@@ -486,6 +505,8 @@ def run(
     transactions = 300 if quick else 2000
     rounds = 3 if quick else 9
     results: list[dict[str, Any]] = []
+    # A side that waits on a lock fails loudly instead of hanging the run.
+    dsn = psycopg.conninfo.make_conninfo(dsn, options=f"-c lock_timeout={_LOCK_TIMEOUT}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         _setup(conn)
         counter = _TripCounter(dsn)

@@ -14,7 +14,7 @@ def test_adapter_benchmarks_compare_each_adapter_three_ways(dsn: str) -> None:
     assert labels == {
         "psycopg transaction()",
         "psycopg install() + fencing()",
-        "psycopg2 transaction()",
+        "psycopg2 install() + fencing()",
         "asyncpg install() + fencing()",
         "SQLAlchemy on psycopg (Core, engine.begin())",
     }
