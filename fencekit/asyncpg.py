@@ -227,36 +227,30 @@ def _fenced_cursor(factory: Any) -> Any:
     return factory
 
 
+def _fence_calls(owner: type[Any], names: tuple[str, ...], *, with_query: bool = False) -> None:
+    """Make each of ``owner``'s ``names`` run with exactly the scope's token (see :func:`_run`):
+    the next class in the MRO does the work (a user's subclass of the connection included)."""
+
+    def fenced(name: str) -> Callable[..., Awaitable[Any]]:
+        async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            unfenced = getattr(super(owner, self), name)
+            conn = self if isinstance(self, asyncpg.Connection) else self._connection
+            if with_query and args:  # the query first, as the driver reads it
+                query, *rest = args
+                return await _run(conn, lambda q: unfenced(q, *rest, **kwargs), query, False)
+            return await _run(conn, lambda _: unfenced(*args, **kwargs), "", False)
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    for name in names:
+        setattr(owner, name, fenced(name))
+
+
 class _FencedStatement(PreparedStatement):  # type: ignore[misc]
     """A prepared statement that runs, each time, with the scope's token (see :func:`_run`)."""
 
     __slots__ = ()
-
-    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(self._connection, lambda _: parent.fetch(*args, **kwargs), "", False)
-
-    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(self._connection, lambda _: parent.fetchval(*args, **kwargs), "", False)
-
-    async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(self._connection, lambda _: parent.fetchrow(*args, **kwargs), "", False)
-
-    async def fetchmany(self, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(self._connection, lambda _: parent.fetchmany(*args, **kwargs), "", False)
-
-    async def executemany(self, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(
-            self._connection, lambda _: parent.executemany(*args, **kwargs), "", False
-        )
-
-    async def explain(self, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(self._connection, lambda _: parent.explain(*args, **kwargs), "", False)
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
         return _fenced_cursor(super().cursor(*args, **kwargs))
@@ -279,30 +273,6 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
         )
         return result
 
-    async def executemany(self, command: str, args: Any, *, timeout: float | None = None) -> None:
-        parent: Any = super()
-        await _run(self, lambda q: parent.executemany(q, args, timeout=timeout), command, False)
-
-    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> list[Any]:
-        parent: Any = super()
-        rows: list[Any] = await _run(self, lambda q: parent.fetch(q, *args, **kwargs), query, False)
-        return rows
-
-    async def fetchval(self, query: str, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(self, lambda q: parent.fetchval(q, *args, **kwargs), query, False)
-
-    async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(self, lambda q: parent.fetchrow(q, *args, **kwargs), query, False)
-
-    async def fetchmany(self, query: str, args: Any, **kwargs: Any) -> list[Any]:
-        parent: Any = super()
-        rows: list[Any] = await _run(
-            self, lambda q: parent.fetchmany(q, args, **kwargs), query, False
-        )
-        return rows
-
     async def prepare(self, query: str, **kwargs: Any) -> Any:
         statement = await super().prepare(query, **kwargs)  # Parse only: nothing runs yet
         statement.__class__ = _FencedStatement
@@ -311,27 +281,17 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
     def cursor(self, query: str, *args: Any, **kwargs: Any) -> Any:
         return _fenced_cursor(super().cursor(query, *args, **kwargs))
 
-    async def copy_from_table(self, *args: Any, **kwargs: Any) -> str:
-        parent: Any = super()
-        result: str = await _run(self, lambda _: parent.copy_from_table(*args, **kwargs), "", False)
-        return result
 
-    async def copy_from_query(self, *args: Any, **kwargs: Any) -> str:
-        parent: Any = super()
-        result: str = await _run(self, lambda _: parent.copy_from_query(*args, **kwargs), "", False)
-        return result
-
-    async def copy_to_table(self, *args: Any, **kwargs: Any) -> str:
-        parent: Any = super()
-        result: str = await _run(self, lambda _: parent.copy_to_table(*args, **kwargs), "", False)
-        return result
-
-    async def copy_records_to_table(self, *args: Any, **kwargs: Any) -> str:
-        parent: Any = super()
-        result: str = await _run(
-            self, lambda _: parent.copy_records_to_table(*args, **kwargs), "", False
-        )
-        return result
+_fence_calls(
+    _FencedStatement, ("fetch", "fetchval", "fetchrow", "fetchmany", "executemany", "explain")
+)
+_fence_calls(
+    FencedConnection,
+    ("copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table"),
+)
+_fence_calls(
+    FencedConnection, ("executemany", "fetch", "fetchval", "fetchrow", "fetchmany"), with_query=True
+)
 
 
 # fenced class -> the class it fences (what uninstall() puts back)
