@@ -87,8 +87,12 @@ def test_inside_atomic_the_token_is_set_once_per_transaction(
         BillingSummary.objects.filter(account=account).update(total=5)
     assert sent == [("34", "")]
     with fencing(35):  # autocommit: the token rides each statement's own query
-        BillingSummary.objects.filter(account=account).update(total=6)
-        BillingSummary.objects.filter(account=account).update(total=7)
+        # What Django reads back is the statement's own result, not the SET's
+        assert BillingSummary.objects.filter(account=account).update(total=6) == 2
+        assert BillingSummary.objects.filter(account=account).update(total=7) == 2
+        created = BillingSummary.objects.create(account=account, total=7)
+        assert BillingSummary.objects.get(pk=created.pk).total == 7  # INSERT ... RETURNING id
+        created.delete()
     assert sent == [("34", "")]  # no statement of its own
     with fencing(34), pytest.raises(DatabaseError) as info:  # and it was 35: the fence says so
         BillingSummary.objects.filter(account=account).update(total=8)
