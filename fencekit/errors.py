@@ -13,7 +13,9 @@ psycopg classes (:mod:`fencekit._psycopg_errors`).
 
 from __future__ import annotations
 
+import functools
 import json
+import types
 from typing import Any, ClassVar
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "ReusedTokenError",
     "StaleTokenError",
     "commit_outcome_unknown",
+    "driver_classes",
     "fields_of",
     "translate",
     "validate_token",
@@ -256,6 +259,44 @@ SQLSTATES: dict[str, type[FenceError]] = {
         IssuerMismatchError,
     )
 }
+
+
+def _fill(body: dict[str, Any], namespace: dict[str, Any]) -> None:
+    namespace.update(body)
+
+
+def driver_classes(
+    base: type[BaseException],
+    module: str,
+    *,
+    driver_first: bool = False,
+    code_keyword: str | None = None,
+) -> dict[str, type[FenceError]]:
+    """One class per rejection reason that is fencekit's class *and* a driver's error ``base``,
+    named as fencekit's (``StaleTokenError``...), for ``module`` to publish as its own.
+
+    Every driver gets its classes here, so they cannot drift apart. ``driver_first`` puts
+    ``base`` first in the MRO, for a driver that builds the error itself with its own
+    constructor (psycopg 3, asyncpg); otherwise fencekit's constructor and fields come first
+    and the adapter builds the error from the driver's (psycopg2, Django). ``code_keyword``:
+    the class keyword by which the driver registers a class for a SQLSTATE (psycopg's
+    ``code=``); each class also carries ``sqlstate`` in its body, which is how asyncpg's
+    metaclass registers it.
+    """
+    made: dict[str, type[FenceError]] = {}
+    for reason in SQLSTATES.values():
+        bases = (base, reason) if driver_first else (reason, base)
+        keywords = {code_keyword: reason.sqlstate} if code_keyword else {}
+        body = {
+            "__doc__": reason.__doc__,
+            "__module__": module,
+            "__qualname__": reason.__name__,
+            "sqlstate": reason.sqlstate,
+        }
+        made[reason.__name__] = types.new_class(
+            reason.__name__, bases, keywords, functools.partial(_fill, body)
+        )
+    return made
 
 
 class CommitOutcomeUnknownError(FencekitError):

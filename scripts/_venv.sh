@@ -71,7 +71,8 @@ print(
     f"libpq {libpq // 10000}.{libpq % 10000}) from {psycopg.__file__}"
 )
 PY
-        python -m pytest -q tests/adapters/test_begin.py tests/adapters/test_psycopg.py
+        python -m pytest -q tests/adapters/test_begin.py tests/adapters/test_psycopg.py \
+            tests/adapters/test_wire.py
     )
     local rc=$?
     if [ "$rc" -ne 0 ]; then

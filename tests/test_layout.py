@@ -109,7 +109,10 @@ def test_no_cli_command_imports_another() -> None:
 #: imports only from its own layer or lower ones, at any depth.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("fencekit.spec", "fencekit.ident", "fencekit.errors"),
-    ("fencekit._psycopg_errors", "fencekit.context", "fencekit.sqlgen", "fencekit.ddl"),
+    (
+        "fencekit._psycopg_errors", "fencekit.context", "fencekit.wire", "fencekit.sqlgen",
+        "fencekit.ddl",
+    ),
     ("fencekit.catalog", "fencekit.embedded", "fencekit.declare"),
     (
         "fencekit.psycopg", "fencekit.psycopg2", "fencekit.asyncpg", "fencekit._psycopg_internals",
