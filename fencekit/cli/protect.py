@@ -68,7 +68,7 @@ def run_protect(args: argparse.Namespace) -> int:
     with connect(dsn) as conn:
         catalog.require_core(conn)
         spec = spec_from(args, catalog.existing_table(conn, args.table))
-        notes = catalog.check_spec(conn, spec)
+        notes = catalog.check_spec(conn, spec) + _earlier_table_notes(conn, spec)
         script = sqlgen.render_protect(spec, lock_timeout=lock_timeout)
         run_script(conn, script, lock_timeout)
         owner_code, allowed = _owner_code(conn, spec, args.allow_existing_code)
@@ -124,3 +124,43 @@ def _owner_code_text(found: list[Drift], allowed: dict[str, str]) -> list[str]:
             "(or fencekit allow SHA256 for each)"
         )
     return lines
+
+
+def _earlier_table_notes(conn: Any, spec: Any) -> list[str]:
+    """What an earlier table of the same name left: a registry entry whose triggers this table
+    does not carry (dropped and created again where the event trigger that forgets dropped
+    tables is not installed), or, for a table not registered, fences of its resource."""
+    objs = sqlgen.table_objects(spec)
+    t = spec.table
+    row = conn.execute(
+        "SELECT p.tag, NOT EXISTS (SELECT FROM pg_catalog.pg_trigger g "
+        "  WHERE g.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s) "
+        "    AND g.tgname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (%s)) "
+        "FROM fencekit.protected p "
+        "WHERE p.schema_name OPERATOR(pg_catalog.=) %s AND p.table_name OPERATOR(pg_catalog.=) %s",
+        (t.sql, [tr.name for tr in objs.triggers], t.schema, t.name),
+    ).fetchone()
+    if row is not None:
+        if not row[1]:
+            return []
+        return [
+            f"{t} is in fencekit's registry but carries none of its triggers: it was dropped and "
+            "created again (the event trigger that forgets dropped tables needs a superuser and "
+            "is not installed here) or its triggers were dropped. This protect keeps the "
+            "registry entry and its counters; to start afresh, unprotect it first (fencekit "
+            "unprotect TABLE), then protect it"
+        ]
+    if spec.resource is not None:
+        return []
+    fenced = conn.execute(
+        "SELECT CASE WHEN pg_catalog.has_function_privilege('fencekit.max_fence(text)', "
+        "'EXECUTE') THEN fencekit.max_fence(%s) IS NOT NULL END",
+        (spec.resource_name,),
+    ).fetchone()
+    if fenced and fenced[0]:
+        return [
+            f"{t} is protected afresh, but its resource {spec.resource_name!r} keeps the fences "
+            "an earlier table of that name left (a fence is never lowered): a write needs a "
+            "token above them, as every later token of fencekit's issuer is"
+        ]
+    return []
