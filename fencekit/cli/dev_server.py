@@ -108,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"fencekit dev-server: removed {datadir}", file=sys.stderr)
         return 0
 
+    # Handlers first: a Ctrl-C while the server starts stops it once it is up, rather than
+    # leaving it running behind an interrupted command.
+    stop_requested = None if args.detach else _stop_on_signal()
     try:
         server = start_embedded(datadir, port=args.port)
     except EmbeddedServerError as exc:
@@ -136,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     print("  stop it:  Ctrl-C", file=sys.stderr, flush=True)
-    _wait_for_signal()
+    assert stop_requested is not None
+    while not stop_requested.wait(1.0):
+        pass
     server.stop()
     print(f"fencekit dev-server: stopped; data kept in {datadir}", file=sys.stderr)
     return 0
@@ -160,8 +165,8 @@ def _create_database(dsn: str, dbname: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
 
 
-def _wait_for_signal() -> None:
-    """Block until SIGINT (Ctrl-C), SIGTERM or SIGHUP."""
+def _stop_on_signal() -> threading.Event:
+    """An event set by SIGINT (Ctrl-C), SIGTERM or SIGHUP, which no longer interrupt."""
     done = threading.Event()
 
     def _handler(signum: int, frame: Any) -> None:
@@ -169,5 +174,4 @@ def _wait_for_signal() -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _handler)
-    while not done.wait(1.0):
-        pass
+    return done

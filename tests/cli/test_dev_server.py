@@ -145,3 +145,22 @@ class socket_port:
 
     def __exit__(self, *exc: object) -> None:
         self._s.close()
+
+
+def test_a_signal_while_starting_leaves_no_server_running(tmp_path: Path) -> None:
+    datadir = tmp_path / "pg"
+    proc = subprocess.Popen(
+        [*FENCEKIT, "dev-server", "--data-dir", str(datadir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)  # the command is up, the server (probably) still starting
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    pid_file = datadir / "postmaster.pid"
+    assert not pid_file.exists() or _gone(_postmaster_pid(datadir), timeout=5)
