@@ -148,10 +148,9 @@ def log_detected(upgrade_ops: UpgradeOps) -> None:
     """Log each fencekit operation autogenerate added, as alembic logs what it detects."""
     from fencekit.alembic_plugin import ops as fence_ops
 
-    mine = (MigrateOperation,)
     for op in upgrade_ops.ops:
-        if type(op).__module__ not in (fence_ops.__name__, __name__) or not isinstance(op, mine):
-            continue
+        if type(op).__module__ not in (fence_ops.__name__, __name__):
+            continue  # alembic's own operations: alembic logs those
         diff = op.to_diff_tuple()
         if isinstance(op, (GrantWriterOp, RevokeWriterOp)):
             log.info("Detected %s to role %r", diff[0], op.role)
