@@ -202,6 +202,32 @@ class MissingTokenError(FenceError):
     reason = "missing"
     advice = _NO_TOKEN_ADVICE
 
+    def _set_fields(self, message: str, **fields: Any) -> None:
+        super()._set_fields(message, **fields)
+        if self.hint is not None:  # the database's hint is generic; this process knows more
+            self.hint = _missing_token_cause()
+
+
+def _missing_token_cause() -> str:
+    """Which of the two usual causes a rejected tokenless write had, judged where the driver
+    raised it (the writing thread or task): no token was current, or one was and the
+    connection did not send it."""
+    from fencekit.context import current_token  # context imports this module
+
+    token = current_token()
+    if token is None:
+        return (
+            "this write ran outside any lease or fencing() scope: no token was current in this "
+            "thread or task. Take the lease around the write (`with Lease(...)` makes its token "
+            "current) or wrap it in `with fencekit.fencing(token):`; a scope follows the work "
+            "into asyncio tasks and asyncio.to_thread, not into threads you start yourself"
+        )
+    return (
+        f"token {token} was current here, but the connection that wrote did not send it: "
+        "install the driver's adapter on that connection, engine or pool "
+        "(fencekit.psycopg / psycopg2 / asyncpg / sqlalchemy .install)"
+    )
+
 
 class MalformedTokenError(FenceError):
     """``fencekit.token`` is not a canonical positive bigint; or, raised before sending

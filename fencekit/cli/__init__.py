@@ -37,6 +37,7 @@ GROUPS = (
     "fences",
     "monitoring",
     "demo",
+    "dev_server",
     "alembic",
     "bench",
     "chaos",

@@ -22,6 +22,7 @@ ini options (``[pytest]`` / ``[tool.pytest.ini_options]``):
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -140,8 +141,18 @@ def _template(request: pytest.FixtureRequest, setup: DatabaseSetup) -> Template:
     key = setup.fingerprint()
     if key not in templates:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-        templates[key] = build_template(server, setup, f"fk_tmpl_{key}{worker}_{os.getpid()}")
+        with _django_db_unblocked(request):
+            templates[key] = build_template(server, setup, f"fk_tmpl_{key}{worker}_{os.getpid()}")
     return templates[key]
+
+
+def _django_db_unblocked(request: pytest.FixtureRequest) -> contextlib.AbstractContextManager[Any]:
+    """pytest-django blocks database access outside its own fixtures; the template's schema may
+    be a Django project's migrations (fencekit.django.testing:migrate)."""
+    if request.config.pluginmanager.hasplugin("django"):
+        blocker = request.getfixturevalue("django_db_blocker")
+        return blocker.unblock()  # type: ignore[no-any-return]
+    return contextlib.nullcontext()
 
 
 _counter = [0]

@@ -98,12 +98,14 @@ PLACES = {
         "public.accounts: trigger aaa_after",
         "INSERT INTO accounts VALUES (2, 0)",
     ),
+    # After fencekit's statement check, ahead of its row trigger: the new row's fence is the
+    # swapped token.
     "before_statement_after_fencekits": (
         [
             "CREATE TRIGGER zz_swap BEFORE INSERT ON accounts FOR EACH STATEMENT "
             "EXECUTE FUNCTION swap_trigger()"
         ],
-        "foreign_trigger",
+        "foreign_trigger_first",
         "public.accounts: trigger zz_swap",
         "INSERT INTO accounts VALUES (2, 0)",
     ),
