@@ -52,6 +52,7 @@ _EXTRAS = {
     "prometheus_client": "prometheus",
     "opentelemetry": "otel",
     "pgserver": "embedded",
+    "pglast": "ddl",
 }
 
 
@@ -184,6 +185,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"{prog}: error: {exc} (see: {prog} --help)", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # An option whose optional dependency is missing (--from-ddl reads SQL with pglast).
+        top = (exc.name or "").split(".")[0]
+        if args.debug or top not in _EXTRAS:
+            raise
+        print(
+            f"{prog}: error: needs the Python package {top!r}: "
+            f"pip install 'pg-fencekit[{_EXTRAS[top]}]'",
+            file=sys.stderr,
+        )
         return 2
     except Exception as exc:
         if args.debug or not _expected(exc):

@@ -51,7 +51,7 @@ def current_database() -> FencedDatabase:
     if not _current:
         raise RuntimeError(
             "no fenced database in this test: request the `fenced_db` fixture (or one made "
-            "with fencekit.testing.fenced_database), or pass db="
+            "with pytest_fencekit.fenced_database), or pass db="
         )
     return _current[-1]
 

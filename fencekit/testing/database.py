@@ -53,7 +53,7 @@ class SetupError(FencekitError, RuntimeError):
 
 @dataclass(frozen=True)
 class DatabaseSetup:
-    """What goes into the template; see :func:`fencekit.testing.fenced_database`."""
+    """What goes into the template; see :func:`pytest_fencekit.fenced_database`."""
 
     schema: SchemaSource = None
     fences: Any = ()  # FenceSpec objects, or a SQLAlchemy MetaData with declared fences

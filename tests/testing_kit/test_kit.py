@@ -24,10 +24,10 @@ from fencekit.testing import (
     assert_fence,
     assert_no_rejections,
     assert_rejections,
-    fenced_database,
     paused,
     takeover,
 )
+from pytest_fencekit import fenced_database
 from tests.testing_kit.workers import exit_early, write_job, write_job_etcd, write_job_zk
 
 pytestmark = pytest.mark.multiproc

@@ -43,7 +43,8 @@ import pytest
 
 import fencekit.psycopg as fkp
 from fencekit.errors import StaleTokenError
-from fencekit.testing import assert_rejections, fenced_database
+from fencekit.testing import assert_rejections
+from pytest_fencekit import fenced_database
 
 once = fenced_database(scope="session")
 
