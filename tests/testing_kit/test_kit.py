@@ -164,6 +164,7 @@ def test_a_worker_that_cannot_be_spawned_is_explained(jobs_db: FencedDatabase) -
         jobs_db.spawn(lambda: None)
 
 
+@pytest.mark.system
 def test_takeover_waits_on_the_etcd_leaders_clock(jobs_db: FencedDatabase, tmp_path: Path) -> None:
     from fencekit.leases.etcd import EtcdIssuer
     from tests.lab.issuers import EtcdCluster, ServerBinaryMissing
@@ -184,6 +185,7 @@ def test_takeover_waits_on_the_etcd_leaders_clock(jobs_db: FencedDatabase, tmp_p
         cluster.stop()
 
 
+@pytest.mark.system
 def test_takeover_waits_on_the_zookeeper_leaders_clock(
     jobs_db: FencedDatabase, tmp_path: Path
 ) -> None:

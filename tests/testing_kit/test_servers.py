@@ -23,7 +23,7 @@ import pytest
 from fencekit.embedded import EmbeddedServer
 from tests.lab.postgres import debian_bindir
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.system]
 ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMA = "CREATE TABLE jobs (id int PRIMARY KEY, state text NOT NULL);\n"
