@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fencekit.spec import DEFAULT_COLUMN, DEFAULT_SCHEMA, FenceSpec, Scope, SpecError, TableName
+from fencekit.errors import SpecError
+from fencekit.spec import DEFAULT_COLUMN, DEFAULT_SCHEMA, FenceSpec, Scope, TableName
 
 if TYPE_CHECKING:
     from sqlalchemy import MetaData, Table

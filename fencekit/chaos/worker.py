@@ -37,8 +37,8 @@ import psycopg
 
 from fencekit import psycopg as fk_psycopg
 from fencekit.chaos.history import HistoryWriter, true_time
-from fencekit.errors import FenceError, translate
-from fencekit.leases import Grant, Issuer, IssuerError, PostgresIssuer
+from fencekit.errors import FenceError, IssuerError, translate
+from fencekit.leases import Grant, Issuer, PostgresIssuer
 
 __all__ = ["LEASE_PREFIX", "main", "make_issuer"]
 

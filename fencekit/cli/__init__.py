@@ -18,7 +18,7 @@ import sys
 import textwrap
 from typing import Any, NoReturn
 
-from fencekit.errors import FencekitError
+from fencekit.errors import UsageError
 
 __all__ = ["GROUPS", "main"]
 
@@ -54,10 +54,6 @@ _EXTRAS = {
     "pgserver": "embedded",
     "pglast": "ddl",
 }
-
-
-class UsageError(FencekitError):
-    """Bad command-line input detected after parsing; exit code 2."""
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -145,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """A driver error's primary message (and hint), else the exception text, on one line."""
-    from fencekit.catalog import CatalogError
+    from fencekit.errors import CatalogError
 
     if isinstance(exc, CatalogError):
         from fencekit.cli.hints import error_text
@@ -266,9 +262,6 @@ def _expected(exc: Exception) -> bool:
     """Errors a user can act on (printed as one line); anything else is a bug (traceback)."""
     import psycopg
 
-    from fencekit.catalog import CatalogError
-    from fencekit.ddl import DdlError
-    from fencekit.errors import FenceError
-    from fencekit.spec import SpecError
+    from fencekit.errors import CatalogError, DdlError, FenceError, SpecError
 
     return isinstance(exc, (FenceError, SpecError, DdlError, CatalogError, OSError, psycopg.Error))

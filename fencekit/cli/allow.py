@@ -13,8 +13,9 @@ import argparse
 import re
 from typing import Any
 
-from fencekit.cli import HelpFormatter, UsageError
+from fencekit.cli import HelpFormatter
 from fencekit.cli.common import connect, dsn_from, dsn_option, emit, json_option
+from fencekit.errors import UsageError
 
 __all__ = ["register"]
 

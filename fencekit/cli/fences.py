@@ -12,8 +12,9 @@ import argparse
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from fencekit.cli import HelpFormatter, UsageError
+from fencekit.cli import HelpFormatter
 from fencekit.cli.common import connect, dsn_from, dsn_option, emit, json_option, parse_table
+from fencekit.errors import UsageError
 from fencekit.spec import Scope
 
 if TYPE_CHECKING:
@@ -261,7 +262,7 @@ def _row_fences(
             sql.SQL("SELECT {i}, {c} FROM {t} WHERE {w}").format(i=ident, c=col, t=table, w=where)
         ).fetchone()
         if found is None:
-            from fencekit.catalog import CatalogError
+            from fencekit.errors import CatalogError
 
             raise CatalogError(f"{pt.spec.table} has no row with primary key {key}")
         doc["row"] = {"key": found[0], "fence": found[1]}

@@ -10,7 +10,6 @@ import sys
 from typing import Any
 
 from fencekit import sqlgen
-from fencekit.cli import UsageError
 from fencekit.cli.common import (
     FMT,
     TABLE_HELP,
@@ -27,6 +26,7 @@ from fencekit.cli.common import (
     spec_options,
     table_keys,
 )
+from fencekit.errors import UsageError
 from fencekit.spec import FenceSpec, TableName
 
 __all__ = ["register"]

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from fencekit import sqlgen
-from fencekit.cli import UsageError
 from fencekit.cli.common import (
     FMT,
     TABLE_HELP,
@@ -22,7 +21,8 @@ from fencekit.cli.common import (
     spec_from,
     spec_options,
 )
-from fencekit.spec import FenceSpec, SpecError, TableName
+from fencekit.errors import SpecError, UsageError
+from fencekit.spec import FenceSpec, TableName
 
 __all__ = [
     "register",

@@ -20,7 +20,8 @@ import os
 import time
 from typing import Any
 
-from fencekit.leases.base import Issuer, IssuerError
+from fencekit.errors import IssuerNotReachableError
+from fencekit.leases.base import Issuer
 
 __all__ = [
     "DEFAULT_ENDPOINTS",
@@ -41,10 +42,6 @@ _HOW_TO_START = {
     "zookeeper": "start one (e.g. Debian's zookeeper package, or "
     "`zkServer.sh start`; it listens on 127.0.0.1:2181)",
 }
-
-
-class IssuerNotReachableError(IssuerError):
-    """The demo's external issuer is not installed (client library) or does not answer."""
 
 
 def _check_kind(kind: str) -> None:

@@ -16,15 +16,8 @@ import logging
 import threading
 import time
 
-from fencekit.leases.base import (
-    MAX_TOKEN,
-    Grant,
-    Issuer,
-    IssuerError,
-    IssuerUnavailableError,
-    LossCallback,
-    check_resource,
-)
+from fencekit.errors import IssuerError, IssuerUnavailableError
+from fencekit.leases.base import MAX_TOKEN, Grant, Issuer, LossCallback, check_resource
 
 log = logging.getLogger("fencekit.leases")
 

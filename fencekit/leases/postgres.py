@@ -26,13 +26,8 @@ from typing import Any, cast
 import psycopg
 from psycopg import errors as pg_errors
 
-from fencekit.errors import translate
-from fencekit.leases.base import (
-    Grant,
-    IssuerUnavailableError,
-    check_resource,
-    check_ttl,
-)
+from fencekit.errors import IssuerUnavailableError, translate
+from fencekit.leases.base import Grant, check_resource, check_ttl
 from fencekit.leases.claim import conninfo as libpq_conninfo
 
 __all__ = ["AsyncPostgresIssuer", "PostgresIssuer"]

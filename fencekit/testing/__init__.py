@@ -57,12 +57,12 @@ __all__ = [
 _LAZY = {
     "DatabaseSetup": "database",
     "FencedDatabase": "database",
-    "FencingAssertionError": "assertions",
+    "FencingAssertionError": "fencekit.errors",
     "ManyResult": "many",
     "Outcome": "workers",
     "TakeoverResult": "scenario",
     "Worker": "workers",
-    "WorkerError": "workers",
+    "WorkerError": "fencekit.errors",
     "assert_fence": "assertions",
     "assert_no_rejections": "assertions",
     "assert_rejections": "assertions",
@@ -81,6 +81,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fencekit.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"fencekit.testing.{module}"), name)
+    path = module if "." in module else f"fencekit.testing.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value

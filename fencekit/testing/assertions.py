@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from fencekit.errors import FencekitError
+from fencekit.errors import FencingAssertionError
 from fencekit.spec import TableName
 
 if TYPE_CHECKING:
@@ -30,10 +30,6 @@ __all__ = [
 ]
 
 _current: list[FencedDatabase] = []
-
-
-class FencingAssertionError(FencekitError, AssertionError):
-    """A fencing assertion failed; the message carries the report (:func:`describe`)."""
 
 
 def push_current_database(db: FencedDatabase) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from fencekit.errors import FencekitError
+from fencekit.errors import SetupError
 from fencekit.spec import FenceSpec, TableName
 from fencekit.testing import history
 from fencekit.testing.servers import Server
@@ -45,10 +45,6 @@ DEFAULT_GRANTS = (
     "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public",
     "USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public",
 )
-
-
-class SetupError(FencekitError, RuntimeError):
-    """The fenced database could not be built (the message says which step and why)."""
 
 
 @dataclass(frozen=True)
