@@ -47,7 +47,7 @@ from psycopg import generators
 from psycopg.abc import PQGen
 from psycopg.pq import ExecStatus
 
-__all__ = ["AVAILABLE", "ENABLED", "BeginHook", "async_begin", "begin", "missing"]
+__all__ = ["missing"]
 
 # Attributes that psycopg's Transaction.__init__ assigns (so they are not on the class).
 _TX_INIT_ATTRS = ("_conn", "_outer_transaction")

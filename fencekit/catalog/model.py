@@ -16,12 +16,10 @@ from typing import Any
 import psycopg
 
 from fencekit import sqlgen
-from fencekit.errors import CatalogError
 from fencekit.spec import FenceSpec, TableName
 
 __all__ = [
     "Action",
-    "CatalogError",
     "Command",
     "Conn",
     "Drift",

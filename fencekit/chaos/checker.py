@@ -65,7 +65,6 @@ from fencekit.errors import HistoryError
 
 __all__ = [
     "KINDS",
-    "HistoryError",
     "LogRow",
     "Report",
     "Violation",

@@ -45,7 +45,6 @@ from fencekit.errors import HistoryError
 
 __all__ = [
     "Event",
-    "HistoryError",
     "HistoryWriter",
     "load_history",
     "merge",

@@ -45,7 +45,6 @@ __all__ = [
     "SCOPES",
     "ChaosConfig",
     "ChaosResult",
-    "ChaosSetupError",
     "Environment",
     "Target",
     "WorkerRole",

@@ -40,7 +40,7 @@ from fencekit.chaos.history import HistoryWriter, true_time
 from fencekit.errors import FenceError, IssuerError, translate
 from fencekit.leases import Grant, Issuer, PostgresIssuer
 
-__all__ = ["LEASE_PREFIX", "main", "make_issuer"]
+__all__ = ["LEASE_PREFIX"]
 
 LEASE_PREFIX = "chaos"  # lease of resource r: "chaos:r" (contracts: <resource>:<key text>)
 

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from fencekit.errors import UsageError
 
-__all__ = ["GROUPS", "main"]
+__all__ = ["main"]
 
 #: Subcommand modules, in the order ``fencekit --help`` lists them.
 GROUPS = (

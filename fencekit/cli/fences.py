@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from fencekit.catalog import ProtectedTable
 
-__all__ = ["register"]
+__all__: list[str] = []
 
 _BIGINT_MAX = 2**63 - 1
 _TABLE_HELP = 'the protected table, as SQL writes it: billing, public.billing, "My Schema"."T"'

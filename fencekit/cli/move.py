@@ -29,7 +29,7 @@ from fencekit.cli.common import (
 from fencekit.errors import UsageError
 from fencekit.spec import FenceSpec, TableName
 
-__all__ = ["register"]
+__all__: list[str] = []
 
 _CARRIED = (
     "Fences are carried conservatively: no row or key ends up below a token the old spec "

@@ -24,7 +24,7 @@ from fencekit.cli.common import (
     table_keys,
 )
 
-__all__ = ["register", "run_protect"]
+__all__: list[str] = []
 
 
 def register(subparsers: Any) -> None:

@@ -24,14 +24,7 @@ from fencekit.cli.common import (
 from fencekit.errors import SpecError, UsageError
 from fencekit.spec import FenceSpec, TableName
 
-__all__ = [
-    "register",
-    "run_sql_install",
-    "run_sql_protect",
-    "run_sql_rename",
-    "run_sql_uninstall",
-    "run_sql_unprotect",
-]
+__all__: list[str] = []
 
 
 def register(subparsers: Any) -> None:

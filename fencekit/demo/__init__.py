@@ -42,7 +42,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from fencekit.errors import DemoError
 
-__all__ = ["DemoError", "DemoResult", "run_demo"]
+__all__ = ["run_demo"]
 
 RESOURCE = "billing"  # the named resource of the key fence
 ACCOUNT = 42

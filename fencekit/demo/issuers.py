@@ -23,16 +23,7 @@ from typing import Any
 from fencekit.errors import IssuerNotReachableError
 from fencekit.leases.base import Issuer
 
-__all__ = [
-    "DEFAULT_ENDPOINTS",
-    "ENDPOINTS_ENV",
-    "ISSUERS",
-    "IssuerNotReachableError",
-    "check_reachable",
-    "endpoints_for",
-    "make_issuer",
-    "wait_released",
-]
+__all__ = ["check_reachable", "endpoints_for", "make_issuer", "wait_released"]
 
 ISSUERS = ("postgres", "etcd", "zookeeper")
 ENDPOINTS_ENV = {"etcd": "FENCEKIT_ETCD_ENDPOINTS", "zookeeper": "FENCEKIT_ZOOKEEPER_HOSTS"}

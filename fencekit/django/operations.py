@@ -27,14 +27,7 @@ from fencekit.errors import SpecError
 from fencekit.spec import FenceSpec
 from fencekit.sqlgen.pin import pinned
 
-__all__ = [
-    "InstallFencekit",
-    "MoveFence",
-    "ProtectTable",
-    "Statements",
-    "UnprotectTable",
-    "change_statements",
-]
+__all__ = ["InstallFencekit", "MoveFence", "ProtectTable", "UnprotectTable"]
 
 
 class Statements:

@@ -35,7 +35,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from fencekit.context import current_issuer, current_token
 
-__all__ = ["SET_TOKEN", "fence_statement", "install", "installed", "uninstall"]
+__all__ = ["install"]
 
 SET_TOKEN = "SELECT set_config('fencekit.token', %s, true), set_config('fencekit.issuer', %s, true)"
 _CLEAR = ("", "")

@@ -23,11 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from fencekit.errors import (
-    IssuerError,
-    IssuerUnavailableError,
-    LeaseError,
     LeaseLostError,
-    LeaseTimeoutError,
 )
 
 log = logging.getLogger("fencekit.leases")
@@ -37,17 +33,11 @@ MAX_TTL = 86400.0  # the SQL issuer's limit too: renew a short lease rather than
 
 __all__ = [
     "MAX_TOKEN",
-    "MAX_TTL",
     "AsyncIssuer",
     "Backoff",
     "Grant",
     "Issuer",
-    "IssuerError",
-    "IssuerUnavailableError",
-    "LeaseError",
-    "LeaseLostError",
     "LeaseState",
-    "LeaseTimeoutError",
     "LossCallback",
     "check_resource",
     "check_ttl",

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from fencekit.testing.database import FencedDatabase
 
 __all__ = [
-    "FencingAssertionError",
     "assert_fence",
     "assert_no_rejections",
     "assert_rejections",

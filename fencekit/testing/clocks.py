@@ -16,7 +16,7 @@ import psycopg
 
 from fencekit.errors import LeaseWaitError
 
-__all__ = ["LeaseWaitError", "wait_lease_expired"]
+__all__ = ["wait_lease_expired"]
 
 
 def wait_lease_expired(

@@ -37,7 +37,7 @@ from fencekit.errors import WorkerError
 from fencekit.testing import _bootstrap
 from fencekit.testing.channel import CHANNEL_ENV, WORKER_ENV
 
-__all__ = ["Outcome", "Worker", "WorkerError", "spawn", "spawn_command"]
+__all__ = ["Outcome", "Worker", "spawn", "spawn_command"]
 
 DEFAULT_TIMEOUT = 30.0
 
