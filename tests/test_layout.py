@@ -245,3 +245,22 @@ def test_the_allow_list_keeps_the_layers() -> None:
         if (_layer(f"fencekit.{dep}") or 0) > (_layer(unit) or 0)
     ]
     assert upward == []
+
+
+def test_exceptions_are_imported_from_errors() -> None:
+    """fencekit/errors.py defines every exception class (docs/dev/architecture.md); inside the
+    package they are imported from there, never through a module that re-exports one."""
+    errors = ast.parse((PACKAGE / "errors.py").read_text(encoding="utf-8"))
+    defined = {n.name for n in errors.body if isinstance(n, ast.ClassDef)}
+    found = []
+    for name, path in {**_modules(), **_plugin_modules()}.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+                continue
+            if node.module.split(".")[0] not in ("fencekit", "pytest_fencekit"):
+                continue
+            if node.module != "fencekit.errors":
+                found += [
+                    f"{name}: {a.name} from {node.module}" for a in node.names if a.name in defined
+                ]
+    assert found == []

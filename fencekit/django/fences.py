@@ -31,7 +31,7 @@ from django.db.models import options as _model_options
 from fencekit.errors import SpecError
 from fencekit.spec import DEFAULT_COLUMN, DEFAULT_SCHEMA, FenceSpec, Scope, TableName
 
-__all__ = ["META_OPTION", "Fence", "fence_of"]
+__all__ = ["META_OPTION", "Fence", "fence_of", "spec_of"]
 
 META_OPTION = "fence"
 

@@ -27,7 +27,14 @@ from fencekit.errors import SpecError
 from fencekit.spec import FenceSpec
 from fencekit.sqlgen.pin import pinned
 
-__all__ = ["InstallFencekit", "MoveFence", "ProtectTable", "UnprotectTable"]
+__all__ = [
+    "InstallFencekit",
+    "MoveFence",
+    "ProtectTable",
+    "Statements",
+    "UnprotectTable",
+    "change_statements",
+]
 
 
 class Statements:

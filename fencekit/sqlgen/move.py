@@ -47,7 +47,7 @@ from fencekit.sqlgen.protect import (
 from fencekit.sqlgen.script import DEFAULT_LOCK_TIMEOUT, _script
 from fencekit.sqlgen.text import do, lit
 
-__all__ = ["is_move", "move_statements", "render_move"]
+__all__ = ["STRUCTURE", "is_move", "move_statements", "render_move"]
 
 #: The parts of a spec that decide which objects, columns and fences a table has; a change of
 #: any of them is a move. Every other option is a policy and changes by re-running protect.
