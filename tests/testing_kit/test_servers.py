@@ -171,7 +171,10 @@ def test_proc_starts_debian15() -> None:
             # As the postgres user, with the system's python (the venv's may sit under /root)
             # and this checkout's packages.
             site = next(Path(sys.prefix, "lib").glob("python3*/site-packages"))
-            env = {"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "HOME": str(project)}
+            # The editable installs' own path hooks are not read from PYTHONPATH: name both
+            # checkouts (pg-fencekit and pytest-fencekit, whose entry point is in site).
+            paths = [site, ROOT, ROOT / "pytest-fencekit"]
+            env = {"PYTHONPATH": os.pathsep.join(map(str, paths)), "HOME": str(project)}
             prefix = ["runuser", "-u", "postgres", "--", "env",
                       *(f"{k}={v}" for k, v in env.items())]  # fmt: skip
             python = shutil.which("python3", path="/usr/bin") or "python3"
