@@ -25,7 +25,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fencekit.errors import SpecError
-from fencekit.spec import DEFAULT_COLUMN, DEFAULT_SCHEMA, FenceSpec, Scope, TableName
+from fencekit.spec import (
+    DEFAULT_COLUMN,
+    DEFAULT_SCHEMA,
+    FenceSpec,
+    Scope,
+    TableName,
+    check_shared_resources,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy import MetaData, Table
@@ -121,8 +128,11 @@ def declared_fences(metadata: MetaData | Iterable[MetaData]) -> Iterator[tuple[T
     from sqlalchemy import MetaData
 
     collections = [metadata] if isinstance(metadata, MetaData) else list(metadata)
-    for md in collections:
-        for table in md.tables.values():
-            spec = declared_fence(table)
-            if spec is not None:
-                yield table, spec
+    pairs = [
+        (table, spec)
+        for md in collections
+        for table in md.tables.values()
+        if (spec := declared_fence(table)) is not None
+    ]
+    check_shared_resources(spec for _, spec in pairs)
+    yield from pairs

@@ -21,27 +21,20 @@ LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 BEGIN
-  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
-  -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      OR COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '')
-     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    RETURN NULL;
-  END IF;
   PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       allow => true, issuer => NULL, counted => false);
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=d526424d36bff7e470a77fada5ad8b9114d4c21121d7e7312f43bdf40245f417; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=676db135cfdfe93967f94524197461411305417b99d455694f4ebac5aa78f74e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET row_security TO off
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, row_security=off
+-- SECURITY DEFINER; owner: the table's owner; pinned: search_path=pg_catalog, pg_temp, row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
   tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -49,15 +42,20 @@ DECLARE
   fence pg_catalog.int8;
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, 'app.invoices', 'fencekit_fence');
-    SELECT pg_catalog.max(fencekit_fence) INTO fence FROM app.invoices;
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, TG_RELID::pg_catalog.regclass, 'fencekit_fence');
+    -- dynamic SQL: the table is the one the trigger fired on, known only at run time
+    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',
+                              'fencekit_fence', TG_RELID::pg_catalog.regclass)
+      INTO fence;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=32f2e381403ac87dc8be8e02a3221eb8ddbcd540208f68a73567be35a05d6023; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=15f783653f548f98ce5813ee997f6a27f303c7b20f7ee7260ce058aa5ce8ffdb; generated, do not edit';
+
+SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure, 'app.invoices'::pg_catalog.regclass);
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
@@ -157,10 +155,10 @@ REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_88
 GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_trunc(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON app.invoices
-  FOR EACH STATEMENT
+  FOR EACH STATEMENT WHEN (((pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$' OR COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '') AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '') IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=8 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=8 sha256=32ef495e2d6e3fdfbdce9f9c5f1b95231f528ed3aaee9f796e05b325227cc7ca; generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
   FOR EACH STATEMENT
@@ -217,6 +215,9 @@ DECLARE
   have pg_catalog.jsonb;
   tbl pg_catalog.text := 'app.invoices';
 BEGIN
+  IF pg_catalog.to_regclass(tbl) IS NOT NULL THEN
+    PERFORM fencekit.check_ddl_runs_no_owner_code(pg_catalog.to_regclass(tbl));
+  END IF;
   SELECT '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row", "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have
     FROM fencekit.protected p
    WHERE p.schema_name OPERATOR(pg_catalog.=) 'app'
