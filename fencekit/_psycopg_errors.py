@@ -22,16 +22,7 @@ from psycopg.pq.abc import PGconn
 
 from fencekit import errors
 
-__all__ = [
-    "BypassRefusedError",
-    "FenceUsageError",
-    "IssuerMismatchError",
-    "LeaseMismatchError",
-    "MalformedTokenError",
-    "MissingTokenError",
-    "ReusedTokenError",
-    "StaleTokenError",
-]
+__all__: list[str] = []
 
 
 class _RegisteredError(errors.FencekitError, pg_errors.DatabaseError):

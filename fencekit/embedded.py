@@ -31,13 +31,9 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
-from fencekit.errors import FencekitError
+from fencekit.errors import EmbeddedServerError
 
 __all__ = ["EmbeddedServer", "EmbeddedServerError", "start_embedded", "stop_embedded"]
-
-
-class EmbeddedServerError(FencekitError, RuntimeError):
-    """The throwaway PostgreSQL server could not be started or stopped."""
 
 
 class EmbeddedServer:

@@ -22,16 +22,34 @@ __all__ = [
     "BIGINT_MAX",
     "SQLSTATES",
     "BypassRefusedError",
+    "CatalogError",
+    "ChaosSetupError",
     "CommitOutcomeUnknownError",
+    "DdlError",
+    "DemoError",
+    "EmbeddedServerError",
     "FenceError",
     "FenceUsageError",
     "FencekitError",
+    "FencingAssertionError",
+    "HistoryError",
+    "IssuerError",
     "IssuerMismatchError",
+    "IssuerNotReachableError",
+    "IssuerUnavailableError",
+    "LeaseError",
+    "LeaseLostError",
     "LeaseMismatchError",
+    "LeaseTimeoutError",
+    "LeaseWaitError",
     "MalformedTokenError",
     "MissingTokenError",
     "ReusedTokenError",
+    "SetupError",
+    "SpecError",
     "StaleTokenError",
+    "UsageError",
+    "WorkerError",
     "commit_outcome_unknown",
     "driver_classes",
     "fields_of",
@@ -539,3 +557,103 @@ def translate(exc: BaseException) -> FenceError | None:
     error = cls(message, orig=driver, **fields)
     error.__cause__ = exc
     return error
+
+
+# ---------------------------------------------------------------- the other exceptions
+# Those of the spec, the catalog, the issuers and leases, the tools and the testing kit: each is
+# raised by one module, defined here so that every exception fencekit raises is on this page.
+
+
+class SpecError(FencekitError, ValueError):
+    """A fence spec or a table name is invalid; the message says which part and why."""
+
+
+class DdlError(FencekitError, ValueError):
+    """A schema file cannot be read, or the spec does not fit the tables it defines."""
+
+
+class CatalogError(FencekitError):
+    """The database does not fit the request (core missing, table missing, bad key column).
+
+    ``command``: the fencekit command that would fix it (the CLI appends it as a hint)."""
+
+    def __init__(self, message: str, command: Any = None) -> None:
+        super().__init__(message)
+        self.command = command
+
+
+class EmbeddedServerError(FencekitError, RuntimeError):
+    """The throwaway PostgreSQL server could not be started or stopped."""
+
+
+class IssuerError(FencekitError):
+    """Base class of issuer errors."""
+
+
+class IssuerUnavailableError(IssuerError):
+    """The issuer could not be reached in time.
+
+    Not a verdict on the lease: the attempt may or may not have taken effect, and a held lease
+    may still be alive until its deadline.
+    """
+
+
+class LeaseError(FencekitError):
+    """Base class of lease errors (a lease used while not held, ...)."""
+
+
+class LeaseTimeoutError(LeaseError, TimeoutError):
+    """The resource stayed held by someone else for the whole wait."""
+
+
+class LeaseLostError(LeaseError):
+    """The lease was lost: renewal was refused or failed until the lease expired.
+
+    Stop working on the resource. Writes made with the old token are rejected by fenced tables
+    once another holder wrote with a newer token.
+    """
+
+    # grant: the fencekit.leases.Grant that was lost (Any: errors sit below the leases layer).
+    def __init__(self, grant: Any, reason: str) -> None:
+        super().__init__(
+            f"lease on {grant.resource!r} (token {grant.token}, holder {grant.holder!r}) "
+            f"lost: {reason}"
+        )
+        self.grant = grant
+        self.reason = reason
+
+
+class HistoryError(FencekitError, ValueError):
+    """A history cannot be read or checked (the message says where and why)."""
+
+
+class ChaosSetupError(FencekitError, RuntimeError):
+    """The run could not prepare what it needs on the server (e.g. its worker role)."""
+
+
+class FencingAssertionError(FencekitError, AssertionError):
+    """A fencing assertion failed; the message carries the report (:func:`describe`)."""
+
+
+class WorkerError(FencekitError, AssertionError):
+    """A worker did not do what the test waited for (the message carries its output)."""
+
+
+class SetupError(FencekitError, RuntimeError):
+    """The fenced database could not be built (the message says which step and why)."""
+
+
+class LeaseWaitError(FencekitError, AssertionError):
+    """The lease did not expire in time, or there was no lease to wait for."""
+
+
+class UsageError(FencekitError):
+    """Bad command-line input detected after parsing; exit code 2."""
+
+
+class DemoError(FencekitError, RuntimeError):
+    """The demo could not run (server, privileges, a worker that misbehaved)."""
+
+
+class IssuerNotReachableError(IssuerError):
+    """The demo's external issuer is not installed (client library) or does not answer."""

@@ -12,7 +12,7 @@ from fencekit.catalog.model import COMMAND, Action, Command, Conn, Drift, DriftK
 from fencekit.ident import quote_ident
 from fencekit.spec import FenceSpec, Scope
 
-__all__ = ["allow_fix", "foreign_trigger_drift", "other_triggers", "relation_triggers"]
+__all__ = ["allow_fix", "foreign_trigger_drift", "other_triggers"]
 
 # pg_trigger.tgtype bits (PostgreSQL's TRIGGER_TYPE_*).
 _TG_ROW = 1

@@ -26,7 +26,7 @@ from fencekit.cli.common import (
 )
 from fencekit.cli.hints import command_text, fix_text
 
-__all__ = ["register", "run_protect"]
+__all__: list[str] = []
 
 _ALLOWED_NOTE = "allowed when the table was protected (fencekit protect --allow-existing-code)"
 

@@ -40,9 +40,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from fencekit.errors import FencekitError
+from fencekit.errors import DemoError
 
-__all__ = ["DemoError", "DemoResult", "run_demo"]
+__all__ = ["run_demo"]
 
 RESOURCE = "billing"  # the named resource of the key fence
 ACCOUNT = 42
@@ -72,10 +72,6 @@ ON CONFLICT (account_id) DO UPDATE
    SET total = EXCLUDED.total, invoices = EXCLUDED.invoices,
        computed_by = EXCLUDED.computed_by, token = EXCLUDED.token
 """
-
-
-class DemoError(FencekitError, RuntimeError):
-    """The demo could not run (server, privileges, a worker that misbehaved)."""
 
 
 @dataclass
@@ -451,7 +447,8 @@ def run_demo(
     throwaway embedded server. Returns what happened; ``result.ok`` says whether the outcome
     is the one expected for the mode. ``issuer``: where the leases come from (postgres, etcd,
     zookeeper; see fencekit.demo.issuers for how an external server is found)."""
-    from fencekit.demo.issuers import IssuerNotReachableError, check_reachable, endpoints_for
+    from fencekit.demo.issuers import check_reachable, endpoints_for
+    from fencekit.errors import IssuerNotReachableError
 
     out = out or sys.stdout
     try:

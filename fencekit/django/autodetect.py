@@ -26,7 +26,7 @@ from fencekit.django.grants import add_writer_grants
 from fencekit.django.operations import MoveFence, ProtectTable, UnprotectTable
 from fencekit.spec import FenceSpec
 
-__all__ = ["INSTALL_MIGRATION", "FenceAutodetector"]
+__all__ = ["FenceAutodetector"]
 
 #: The ``fencekit`` app migration that installs the core every fence needs.
 INSTALL_MIGRATION = ("fencekit", "0001_install")

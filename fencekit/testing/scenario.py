@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fencekit.errors import FencingAssertionError
 from fencekit.spec import TableName
-from fencekit.testing.assertions import FencingAssertionError, current_database, describe
+from fencekit.testing.assertions import current_database, describe
 from fencekit.testing.clocks import wait_lease_expired
 from fencekit.testing.workers import Outcome, Worker
 

@@ -1,12 +1,14 @@
 """The pytest plugin (entry point ``pytest11``: ``fencekit``): options and fixtures.
 
+It ships as its own distribution, pytest-fencekit: installing pg-fencekit loads no plugin.
+
 Fixtures:
 
 - ``fencekit_server`` (session): the server the databases live on (:mod:`.servers`).
 - ``fenced_db``: a fresh :class:`~fencekit.testing.FencedDatabase` per test, cloned from a
   template built once per session from the ini options below.
 
-Make others with :func:`fencekit.testing.fenced_database` (schema, fences, role, scope), as
+Make others with :func:`pytest_fencekit.fenced_database` (schema, fences, role, scope), as
 pytest-postgresql's factories make theirs.
 
 ini options (``[pytest]`` / ``[tool.pytest.ini_options]``):
