@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import types
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 __all__ = [
@@ -226,13 +227,20 @@ class MissingTokenError(FenceError):
             self.hint = _missing_token_cause()
 
 
+# The current token, as fencekit.context tells it. context sits above this module (it imports
+# validate_token), so it registers its reader here when it is imported; until then none is current.
+def _no_token() -> int | None:
+    return None
+
+
+_current_token: Callable[[], int | None] = _no_token
+
+
 def _missing_token_cause() -> str:
     """Which of the two usual causes a rejected tokenless write had, judged where the driver
     raised it (the writing thread or task): no token was current, or one was and the
     connection did not send it."""
-    from fencekit.context import current_token  # context imports this module
-
-    token = current_token()
+    token = _current_token()
     if token is None:
         return (
             "this write ran outside any lease or fencing() scope: no token was current in this "

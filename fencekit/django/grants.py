@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.conf import settings
 from django.db.migrations.operations.base import Operation
 
 from fencekit.ident import quote_ident
@@ -111,6 +110,8 @@ def add_writer_grants(detector: Any, graph: Any, fenced_apps: list[str]) -> None
     ``settings.FENCEKIT_WRITER_ROLES`` no migration grants yet, in the first fenced app, after
     the ``fencekit`` app's migrations (the core creates the role)."""
     from django.db.migrations.autodetector import OperationDependency
+
+    from django.conf import settings  # read when makemigrations runs, not at import
 
     roles = getattr(settings, SETTING, ())
     if isinstance(roles, str):

@@ -14,7 +14,7 @@ from typing import Any, cast
 import psycopg
 from psycopg import errors as pg_errors
 
-from fencekit.errors import translate
+from fencekit.errors import IssuerUnavailableError, translate
 from fencekit.leases._postgres_base import (
     ACQUIRE,
     EPOCH,
@@ -24,12 +24,7 @@ from fencekit.leases._postgres_base import (
     failover_reason,
 )
 from fencekit.leases._postgres_base import connect_kwargs as connect_kwargs_for
-from fencekit.leases.base import (
-    Grant,
-    IssuerUnavailableError,
-    check_resource,
-    check_ttl,
-)
+from fencekit.leases.base import Grant, check_resource, check_ttl
 from fencekit.leases.claim import conninfo as libpq_conninfo
 
 __all__ = ["AsyncPostgresIssuer"]
