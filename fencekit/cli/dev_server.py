@@ -85,8 +85,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fencekit.embedded import EmbeddedServerError, start_embedded, stop_embedded
-    from fencekit.errors import UsageError
+    from fencekit.embedded import start_embedded, stop_embedded
+    from fencekit.errors import EmbeddedServerError, UsageError
 
     datadir: Path = (args.data_dir or default_data_dir()).expanduser().resolve()
     if args.delete and not args.stop:

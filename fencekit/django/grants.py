@@ -109,9 +109,8 @@ def add_writer_grants(detector: Any, graph: Any, fenced_apps: list[str]) -> None
     """Called by fencekit's autodetector: a ``GrantFencekitWriter`` for each role of
     ``settings.FENCEKIT_WRITER_ROLES`` no migration grants yet, in the first fenced app, after
     the ``fencekit`` app's migrations (the core creates the role)."""
-    from django.db.migrations.autodetector import OperationDependency
-
     from django.conf import settings  # read when makemigrations runs, not at import
+    from django.db.migrations.autodetector import OperationDependency
 
     roles = getattr(settings, SETTING, ())
     if isinstance(roles, str):
