@@ -51,12 +51,17 @@ $fn$;
 -- functions that call it. It reads and writes fencekit's own tables and takes text keys and a
 -- bigint token as arguments: no cast, operator, policy or trigger of a user's table or type
 -- runs in it (the generated trigger computes the keys' text, under pinned settings, before).
+-- Lease-bound: the token must be the live lease of every key written; for TRUNCATE (keys NULL)
+-- of every key the resource has a fence for, as if each were written.
 CREATE OR REPLACE FUNCTION fencekit.judge_fences(
   tag text, relid oid, trigger_name text, resource text, keys text[], token bigint,
   on_equal text, lease_bound boolean, key_column text DEFAULT NULL,
   key_label text DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- Generic plans, as advance_fences: the plan cache otherwise keeps choosing a custom plan for
+-- the common-case query and plans it again on every call (about 0.15 ms a statement).
+SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
   -- The call's collation is "C" (TG_NAME is a name): compare under the default collation, the
   -- one fencekit.fences' index was built with, or no index is used at all.
@@ -68,6 +73,18 @@ DECLARE
   bad record;
   lb record;
 BEGIN
+  IF keys IS NULL AND lease_bound THEN
+    -- TRUNCATE deletes every key's rows: the token must hold the lease of every fenced key.
+    SELECT * INTO lb FROM fencekit.lease_mismatch(res,
+      ARRAY(SELECT f.key FROM fencekit.fences f WHERE f.resource = res ORDER BY f.key), token);
+    IF lb.bad_key IS NOT NULL AND NOT fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+      PERFORM fencekit.reject('lease_mismatch', tag, relid, trigger_name, key_column,
+        fencekit.lease_resource(resource, lb.bad_key),
+        CASE WHEN key_label IS NOT NULL
+             THEN pg_catalog.jsonb_build_object(key_label, lb.bad_key) END,
+        token, lb.lease_token);
+    END IF;
+  END IF;
   IF keys IS NOT NULL THEN
     IF pg_catalog.cardinality(keys) = 0 THEN
       RETURN;  -- no rows written

@@ -273,21 +273,43 @@ END
 $fn$;
 
 -- Record (or update) a protected table in the registry; a re-run with the same spec, template
--- and key families changes nothing.
+-- and key families changes nothing. A resource is shared by key fences or by table fences,
+-- never both: a table fence is its resource's key '', which a key fence's keys share, so a
+-- writer of one table would advance the other's fence and lock its holder out.
 CREATE OR REPLACE FUNCTION fencekit.register_table(schema_name text, table_name text, tag text,
                                                    resource text, spec jsonb,
                                                    template_version integer,
                                                    key_families text[])
 RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+#variable_conflict use_variable
+DECLARE
+  other record;
+BEGIN
+  SELECT p.schema_name, p.table_name, p.scope INTO other
+    FROM fencekit.protected p
+   WHERE p.resource = register_table.resource AND p.scope IN ('key', 'table')
+     AND p.scope <> (spec ->> 'scope')
+     AND (p.schema_name, p.table_name) <> (register_table.schema_name, register_table.table_name)
+   ORDER BY p.schema_name, p.table_name LIMIT 1;
+  IF FOUND AND spec ->> 'scope' IN ('key', 'table') THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: resource %L cannot be shared by a key fence and a '
+                                  'table fence: %I.%I has a %s fence on it', resource,
+                                  other.schema_name, other.table_name, other.scope),
+      DETAIL = 'A table fence is its resource''s key '''', which a key fence''s keys share: '
+               'writers of one table would advance the other''s fence.',
+      HINT = 'Give one of them another resource name.';
+  END IF;
   INSERT INTO fencekit.protected AS p
          (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
   VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
           key_families)
-  ON CONFLICT (schema_name, table_name) DO UPDATE
+  ON CONFLICT ON CONSTRAINT protected_pkey DO UPDATE
     SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
         spec = excluded.spec, template_version = excluded.template_version,
         key_families = excluded.key_families, protected_at = pg_catalog.now()
     WHERE (p.spec, p.template_version, p.key_families)
-          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families)
+          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families);
+END
 $fn$;
