@@ -231,7 +231,7 @@ def _owner_fix(old: str, new: str, objects: list[tuple[str, str, str]]) -> str:
         return "; ".join(f"{alter_sql} OWNER TO {new}" for _, _, alter_sql in objects)
     by = f"{quote_literal(old)}::pg_catalog.regrole"
     # oid = regrole/regnamespace has no exact match in pg_catalog: qualified, or an operator
-    # planted in public would run as the DBA who pastes this (issue 23).
+    # planted in public would run as the DBA who pastes this.
     eq = "OPERATOR(pg_catalog.=)"
     ns = "'fencekit'::pg_catalog.regnamespace"
     return "\n".join(

@@ -23,7 +23,8 @@ from django.db.migrations.writer import MigrationWriter
 
 from fencekit import sqlgen
 from fencekit.django.fences import META_OPTION, Fence
-from fencekit.spec import FenceSpec, SpecError
+from fencekit.errors import SpecError
+from fencekit.spec import FenceSpec
 from fencekit.sqlgen.pin import pinned
 
 __all__ = [
@@ -118,7 +119,7 @@ class _FencekitOperation(Operation):
         # it); the migration's later operations get the server's default back.
         schema_editor.execute(_lock_timeout(), params=None)
         # Parsed under search_path = pg_catalog, pg_temp, the migration's own restored after:
-        # no operator planted in public is bound (fencekit.sqlgen.pin, issue 23).
+        # no operator planted in public is bound (fencekit.sqlgen.pin).
         for statement in pinned(statements):
             schema_editor.execute(statement, params=None)
         schema_editor.execute("SET LOCAL lock_timeout TO DEFAULT", params=None)

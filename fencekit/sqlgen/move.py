@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import json
 
+from fencekit.errors import SpecError
 from fencekit.ident import quote_ident
-from fencekit.spec import FenceSpec, Scope, SpecError
+from fencekit.spec import FenceSpec, Scope
 from fencekit.sqlgen.common import names_for
 from fencekit.sqlgen.key import KEY_SETTINGS, key_expression
 from fencekit.sqlgen.objects import TEMPLATE_VERSION
