@@ -85,6 +85,7 @@ class DriftKind(str, Enum):
     FOREIGN_RULE = "foreign_rule"
     FOREIGN_CASCADE = "foreign_cascade"
     FOREIGN_VIEW = "foreign_view"
+    FOREIGN_CODE = "foreign_code"
 
     def __str__(self) -> str:
         return self.value

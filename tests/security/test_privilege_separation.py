@@ -184,11 +184,11 @@ def test_a_table_given_to_another_owner_after_protect_fails_closed(
     make_role("ps_heir")
     db.execute("ALTER TABLE public.ps_row OWNER TO ps_heir")
     db.commit()
-    db.execute("SELECT set_config('fencekit.token', '10', true)")
-    with pytest.raises(psycopg.Error, match="protect the table again") as info:
-        db.execute("TRUNCATE public.ps_row")
-    assert info.value.sqlstate == "YF000"
-    db.rollback()
+    with psycopg.connect(lab["dba"]) as conn:
+        conn.execute("SELECT set_config('fencekit.token', '10', true)")
+        with pytest.raises(psycopg.Error, match="protect the table again") as info:
+            conn.execute("TRUNCATE public.ps_row")
+        assert info.value.sqlstate == "YF000"
 
 
 # ------------------------------------------------------------------ fences, move
