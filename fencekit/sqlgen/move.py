@@ -128,10 +128,10 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         # The name must still be the protected table, not a view (whose functions would run as
         # the mover) or another relation the owner put under it after renaming the table.
         "  PERFORM fencekit.registered_table(tbl::pg_catalog.regclass);\n"
-        + _column_types(old, new)
-        + _column_free(old, new)
         # Before anything reads, writes or drops: only in the owner's session (_owner_only).
         + (_owner_only(new) + "\n" if is_move(old, new) and _reads_rows(old, new) else "")
+        + _column_types(old, new)
+        + _column_free(old, new)
         + "END\n"
     )
 
