@@ -48,9 +48,18 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => 'etcd');
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
+           OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => 'etcd');
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -63,7 +72,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=b4368b86609a595accc33a2d79f21111c5f720732068e807495e82e28d3560fc; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=21f006219ab0ccfa4470d75d999b55f0be8d4b3567d93864a54581aa099c1710; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -77,22 +86,31 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => 'etcd');
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
+           OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => 'etcd');
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'billing', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'tenant_id', key_label => '(tenant_id, account_id)',
       keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
-                      FROM (SELECT tenant_id, account_id FROM fencekit_new UNION ALL SELECT tenant_id, account_id FROM fencekit_old) AS x ORDER BY 1));
+                      FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=fdb1f8e9612b639955ddfd5aa0a54eb6a4634ada976d9dabb17a3ad2a146b0f1; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=99b4efaea947f7229bde832481354fb675e73ffc5a2cc64913ba9fa621038d5e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -106,9 +124,18 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => 'etcd');
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
+           OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => 'etcd');
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -121,7 +148,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=76e5dc949a4cba409d5aebbbcf35ae769a0609ab02f9d74e76ceaf9fa9eda41b; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=2a9f004cfd147012ab812032a8a27eabcf28ceed9a9e607110c6e4361918755b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

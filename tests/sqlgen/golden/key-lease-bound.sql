@@ -46,9 +46,16 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -61,7 +68,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=156cc7601ed3e7a1902743ed29e735b8e2a69ca6c8d762950e2be6dcf9bc4d4a; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=4adea6a393d5bff03f4766909be32abdee8b3364d3fae5f32b61132a07d00d9a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -75,22 +82,29 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => true,
       key_column => 'account_id', key_label => 'account_id',
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT account_id FROM fencekit_new UNION ALL SELECT account_id FROM fencekit_old) AS x ORDER BY 1));
+                      FROM (SELECT y.account_id FROM fencekit_new AS y UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=a492818a213941ed2ea1f99d2b7a7f1b73f3310317ce3475a71f4660bbbf7e0f; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=88a1b068728c855a969b01f2a10671a4937f0f350280f07213bd5cd1ef85efad; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -104,9 +118,16 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -119,7 +140,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=769fe449c1206dd6772e0e14ff88e4943b10e943ed51f951f95861282f1b211c; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=78bf0f2ba8abcf51cce869105b2d9d6b8b42b7ab6db8c0cebd06c7b1cf14c4fd; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

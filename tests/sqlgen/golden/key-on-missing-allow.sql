@@ -46,9 +46,16 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL);
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL);
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -61,7 +68,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=95b0f1b30f2356b817fca651bbe4daa99a5953eee2f4079cda48abd8b1dceef3; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=fbbac2a82e72130208be83b0127e28d1728ead5e37e3651ea8d1e56f2d918461; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -75,22 +82,29 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL);
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL);
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'account_id', key_label => 'account_id',
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT account_id FROM fencekit_new UNION ALL SELECT account_id FROM fencekit_old) AS x ORDER BY 1));
+                      FROM (SELECT y.account_id FROM fencekit_new AS y UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=e1b4a8e24e5d14fbcf6b1c260effd8dc2ea778818fb4801164eff86ef9b31bbd; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=271085aa14c1bc52d60bd7a72046d6a7b1ebbf957e45982fbe631bbeec09f8ef; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -104,9 +118,16 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL);
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL);
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -119,7 +140,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=5933eebb686952589e1536e2e85b5beb07d770806a902fb5a611d823a27dbd26; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=27194d32b03ffaa3f7330c4945e3b32906df2212c9915084ede3214db60d370b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -46,9 +46,16 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -61,7 +68,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=c5625d7cbe7bc296e2d65c4e50d958147db661a0b810f9373daf64a810bad14d; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=7a840dcd6554087df8bf4d167dc0010fd080104232965d83ceb697061c4e76fb; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -75,22 +82,29 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'account_id', key_label => 'account_id',
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT account_id FROM fencekit_new UNION ALL SELECT account_id FROM fencekit_old) AS x ORDER BY 1));
+                      FROM (SELECT y.account_id FROM fencekit_new AS y UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=0c2c63069ac314cdb9e2700a5f1e95132f05f1d6eb7c468ff77d5558fe9bde34; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=f1781f3db5fac54678f872f043e1062e2a25f9a0e53c4c341b225efa579c0ed3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -104,9 +118,16 @@ AS $fn$
 -- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
 BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => false, issuer => NULL);
+  END IF;
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -119,7 +140,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=5c0d17dc9387a44131c6c13e7cad247e4d77e503cbedd34477f76d9f54130a82; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=b20476941b45f80d398f56de595d6a9256bdebc47626f0488451c083debe92ce; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
