@@ -11,7 +11,13 @@ a key fence is judged after the statement (key.py).
 from __future__ import annotations
 
 from fencekit.spec import Scope
-from fencekit.sqlgen.common import Names, definer_function, judge_fences, statement_token
+from fencekit.sqlgen.common import (
+    Names,
+    attribute,
+    definer_function,
+    judge_fences,
+    statement_token,
+)
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.table import table_fence
 from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, lit
@@ -24,10 +30,19 @@ def _fast_path(n: Names) -> str:
     under on_missing = allow, none), no bypass, the right issuer (written inline for speed: it
     is every statement's cost)."""
     token = f"{TOKEN} OPERATOR(pg_catalog.~) {TOKEN_FAST}"
+    no_bypass = (
+        "COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+        "OPERATOR(pg_catalog.=) ''"
+    )
+    tokenless = ""
     if n.spec.on_missing == "allow":
-        # Rollout mode: a statement without a token needs nothing here either; its row
-        # triggers judge and count each row it writes (unfenced_write).
-        token = f"({token}\n      OR COALESCE({TOKEN}, '') OPERATOR(pg_catalog.=) '')"
+        # Rollout mode: a statement without a token is attributed to its writer here, once;
+        # its row triggers judge and count each row it writes (unfenced_write).
+        tokenless = (
+            f"  IF COALESCE({TOKEN}, '') OPERATOR(pg_catalog.=) '' AND {no_bypass} THEN\n"
+            + attribute(n, otherwise=False)
+            + "    RETURN NULL;\n  END IF;\n"
+        )
     issuer = ""
     if n.spec.issuer is not None:
         issuer = (
@@ -40,10 +55,9 @@ def _fast_path(n: Names) -> str:
         "  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;\n"
         "  -- anything else goes to fencekit.statement_token, which judges the rest.\n"
         f"  IF {token}\n"
-        "     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
-        f"OPERATOR(pg_catalog.=) ''{issuer} THEN\n"
+        f"     AND {no_bypass}{issuer} THEN\n"
         "    RETURN NULL;\n"
-        "  END IF;\n"
+        "  END IF;\n" + tokenless
     )
 
 
@@ -73,14 +87,24 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             f"\n{title}BEGIN\n"
             + _fast_path(n)
             # Its row triggers count each row an allowed or bypassed statement writes.
-            + f"  PERFORM {statement_token(n, counted=False)};\n  RETURN NULL;\nEND\n",
+            + (
+                f"  IF {statement_token(n, counted=False)} IS NULL THEN\n"
+                + attribute(n, otherwise=False)
+                + "  END IF;\n"
+                if n.spec.on_missing == "allow"
+                else f"  PERFORM {statement_token(n, counted=False)};\n"
+            )
+            + "  RETURN NULL;\nEND\n",
         )
         trunc = definer_function(
             n.function,
             "trunc",
             f"{title}DECLARE\n  tok pg_catalog.int8 := {statement_token(n)};\n"
             "  fence pg_catalog.int8;\nBEGIN\n"
-            "  IF tok IS NOT NULL THEN\n" + _row_truncate(n) + "  END IF;\n  RETURN NULL;\nEND\n",
+            "  IF tok IS NOT NULL THEN\n"
+            + _row_truncate(n)
+            + attribute(n)
+            + "  END IF;\n  RETURN NULL;\nEND\n",
             (("row_security", "off"),),
         )
         return [stmt, trunc], [
@@ -95,7 +119,7 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         n.function,
         "stmt",
         f"{title}DECLARE\n  tok pg_catalog.int8 := {statement_token(n)};\nBEGIN\n"
-        f"  IF tok IS NOT NULL THEN\n{judge}  END IF;\n  RETURN NULL;\nEND\n",
+        f"  IF tok IS NOT NULL THEN\n{judge}{attribute(n)}  END IF;\n  RETURN NULL;\nEND\n",
         (),
     )
     truncate = Trigger(n.trigger("trunc"), "BEFORE TRUNCATE", "STATEMENT", stmt)

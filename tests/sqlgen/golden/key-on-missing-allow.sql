@@ -27,12 +27,14 @@ BEGIN
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'account_id', key_label => NULL,
       keys => NULL);
+  ELSE
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=ed93df51b1f256a9130974d27b5584e0bc492c5c7a1b8574d574a25415cd701e; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=9207df772347c2097034af4df6687f19da35649ddaffb8f54e07d73fa77ef25a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -56,12 +58,14 @@ BEGIN
       key_column => 'account_id', key_label => 'account_id',
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_new AS x ORDER BY 1));
+  ELSE
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=95b0f1b30f2356b817fca651bbe4daa99a5953eee2f4079cda48abd8b1dceef3; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=8 sha256=3b84144b39b8133ad18ca41ce3419a525f7e7ebb716783337cbfaec0f5b505e4; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -85,12 +89,14 @@ BEGIN
       key_column => 'account_id', key_label => 'account_id',
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM (SELECT account_id FROM fencekit_new UNION ALL SELECT account_id FROM fencekit_old) AS x ORDER BY 1));
+  ELSE
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=e1b4a8e24e5d14fbcf6b1c260effd8dc2ea778818fb4801164eff86ef9b31bbd; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=8 sha256=219ae815c2c6d2de0734877a7c92784332e451b59981a4e52c4e8f4a40182818; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -114,12 +120,14 @@ BEGIN
       key_column => 'account_id', key_label => 'account_id',
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_old AS x ORDER BY 1));
+  ELSE
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=5933eebb686952589e1536e2e85b5beb07d770806a902fb5a611d823a27dbd26; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=8 sha256=004b2902acf26f39e073d11ea4632d282bc89296a2849640dd392df0dd6f5ca5; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -23,18 +23,23 @@ AS $fn$
 BEGIN
   -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
   -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      OR COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '')
+  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL, counted => false);
+  IF COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '' AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+    RETURN NULL;
+  END IF;
+  IF fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL, counted => false) IS NULL THEN
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+  END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=d526424d36bff7e470a77fada5ad8b9114d4c21121d7e7312f43bdf40245f417; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=3276c26994ead4d3d861398ec3b343eb0dd5898a7b18ed413b89692191a9a31a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -52,12 +57,14 @@ BEGIN
     PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, 'app.invoices', 'fencekit_fence');
     SELECT pg_catalog.max(fencekit_fence) INTO fence FROM app.invoices;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
+  ELSE
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=32f2e381403ac87dc8be8e02a3221eb8ddbcd540208f68a73567be35a05d6023; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=6db5a96e2e13f272e28970a2490429accb2c512610390ed45e3f13a5ecabf0a8; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
