@@ -83,7 +83,7 @@ BEGIN
   -- One left-to-right pass: a quote inside a comment is the comment's, a comment marker
   -- inside a string the string's.
   s := pg_catalog.regexp_replace(s,
-         '''([^'']|'''')*''|--[^\n]*|/\*([^*]|\*+[^*/])*\*+/|\m[0-9][0-9A-Za-z_.]*', '?', 'g');
+         '''([^'']|'''')*''|--[^\n]*|/\*([^*]|\*+[^*/])*\*+/|(?<!\$)\m[0-9][0-9A-Za-z_.]*', '?', 'g');
   cut := pg_catalog.strpos(s, '''');
   IF cut > 0 THEN
     s := pg_catalog.left(s, cut - 1) || ' ...';
@@ -187,48 +187,74 @@ $fn$;
 -- fencekit.record_unfenced_writer records it. A bypassed write is not attributed (it is
 -- audited as 'bypassed').
 --
--- What a backend remembers, per statement shape: fencekit.seen_<hash> = '<epoch>:<count>', the
--- time it last recorded it and the statements it counted since. The shape here is cheap (no
--- regular expression): the text before the first quote and after the last one, digits
--- removed, and how many quotes there are; clients that send parameters ($1) have one shape
--- per statement, clients that write literals into the text one per statement and literal
--- layout. A session that sets these settings itself hides only its own statements from
--- attribution; the 'unfenced' counter still counts them.
-CREATE OR REPLACE FUNCTION fencekit.attribute(tag text, relid oid) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+-- What a backend remembers: fencekit.seen_<hash> = '<epoch>:<count>', the time it last
+-- recorded a statement and the statements it counted since, under two keys, both with the
+-- session's identity: the exact text of the top-level statement (clients that send parameters,
+-- $1, repeat it), and on a miss a coarse one, the text before its first quote or digit (clients
+-- that write literals into the text). Statements that share a coarse key are recorded, one per
+-- attribution_lag(), in turn; one can wait behind another only while that other keeps writing
+-- without a token, so a table never looks ready early. A session that sets these settings
+-- itself hides only its own statements; the 'unfenced' counter still counts them.
+--
+-- Every statement runs this, so it is written like the generated hot path: no SET clause (a
+-- function's `SET search_path` costs more than the rest of it), every function, operator and
+-- type qualified, no regular expression; the hit path is a hash, two settings read and one
+-- written. The lag (10 s) is written in, for the same reason; attribution_lag() says it.
+CREATE OR REPLACE FUNCTION fencekit.attribute(tag pg_catalog.text, relid pg_catalog.oid)
+RETURNS void
+LANGUAGE plpgsql AS $fn$
 DECLARE
-  q text := pg_catalog.current_query();
-  now_s bigint := pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::bigint;
-  k text;
-  v text;
-  at bigint;
-  pending bigint := 1;
+  q pg_catalog.text := pg_catalog.current_query();
+  who pg_catalog.text := pg_catalog.concat_ws(E'\x1f', tag, session_user,
+    pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name'));
+  exact pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+    pg_catalog.hashtext(pg_catalog.concat(who, E'\x1f', q)));
+  now_s pg_catalog.int8 :=
+    pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8;
+  coarse pg_catalog.text;
+  v pg_catalog.text;
+  at pg_catalog.int8;
+  pending pg_catalog.int8;
 BEGIN
-  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') <> ''
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) ''
      AND fencekit.bypass_allowed(tag, relid, NULL) THEN
     RETURN;
   END IF;
-  k := 'fencekit.seen_' || pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(E'\x1f',
-         tag, session_user, pg_catalog.current_setting('role'),
-         pg_catalog.current_setting('application_name'),
-         pg_catalog.translate(pg_catalog.split_part(q, '''', 1), '0123456789', ''),
-         pg_catalog.length(q) - pg_catalog.length(pg_catalog.replace(q, '''', '')),
-         pg_catalog.translate(pg_catalog.split_part(pg_catalog.reverse(q), '''', 1),
-                              '0123456789', ''))));
-  v := pg_catalog.current_setting(k, true);
-  IF v IS NOT NULL AND v <> '' THEN
-    at := pg_catalog.split_part(v, ':', 1)::bigint;
-    pending := pg_catalog.split_part(v, ':', 2)::bigint + 1;
-    IF now_s - at < fencekit.attribution_lag() AND at <= now_s THEN
-      PERFORM pg_catalog.set_config(k, at || ':' || pending, false);
+  v := pg_catalog.current_setting(exact, true);
+  IF v OPERATOR(pg_catalog.<>) '' THEN
+    at := pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
+    IF now_s OPERATOR(pg_catalog.-) at OPERATOR(pg_catalog.<) 10
+       AND at OPERATOR(pg_catalog.<=) now_s THEN
+      PERFORM pg_catalog.set_config(exact, pg_catalog.concat(at, ':',
+        pg_catalog.split_part(v, ':', 2)::pg_catalog.int8 OPERATOR(pg_catalog.+) 1), false);
+      RETURN;
+    END IF;
+  END IF;
+  -- The text before the first quote or digit.
+  coarse := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(
+    pg_catalog.concat(who, E'\x1f',
+    pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
+    pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
+    pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(q, '''', 1),
+    '0', 1), '1', 1), '2', 1), '3', 1), '4', 1), '5', 1), '6', 1), '7', 1), '8', 1), '9', 1))));
+  pending := 1 OPERATOR(pg_catalog.+) CASE WHEN v OPERATOR(pg_catalog.<>) ''
+    THEN pg_catalog.split_part(v, ':', 2)::pg_catalog.int8 ELSE 0 END;
+  v := pg_catalog.current_setting(coarse, true);
+  IF v OPERATOR(pg_catalog.<>) '' THEN
+    at := pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
+    pending := pending OPERATOR(pg_catalog.+) pg_catalog.split_part(v, ':', 2)::pg_catalog.int8;
+    IF now_s OPERATOR(pg_catalog.-) at OPERATOR(pg_catalog.<) 10
+       AND at OPERATOR(pg_catalog.<=) now_s THEN
+      PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(at, ':', pending), false);
+      PERFORM pg_catalog.set_config(exact, '', false);
       RETURN;
     END IF;
   END IF;
   IF fencekit.record_unfenced_writer(tag, relid, pending) THEN
-    PERFORM pg_catalog.set_config(k, now_s || ':0', false);
-  ELSE
-    PERFORM pg_catalog.set_config(k, now_s || ':' || pending, false);
+    pending := 0;
   END IF;
+  PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(now_s, ':', pending), false);
+  PERFORM pg_catalog.set_config(exact, pg_catalog.concat(now_s, ':0'), false);
 END
 $fn$;
 
@@ -252,4 +278,4 @@ GRANT SELECT ON fencekit.unfenced_writer_totals TO PUBLIC;
 -- call attribute, which calls record_unfenced_writer; that acts only for a transaction writing
 -- the table it names.
 GRANT EXECUTE ON FUNCTION fencekit.record_unfenced_writer(text, oid, bigint) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.attribute(text, oid) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.attribute(pg_catalog.text, pg_catalog.oid) TO PUBLIC;
