@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_WINDOW",
+    "DBAPIConnection",
     "TableRollout",
     "Writer",
+    "enforce_check",
     "enforce_refusal",
     "enforced_spec",
     "parse_duration",
@@ -195,19 +197,34 @@ def _pgss_texts(conn: Conn, ids: list[int]) -> dict[int, str]:
     schema = _pgss_schema(conn)
     if schema is None:
         return {}
-    from psycopg import sql
+    from fencekit.ident import quote_ident
 
     try:
         rows = conn.execute(
-            sql.SQL(
-                "SELECT DISTINCT ON (s.queryid) s.queryid, s.query FROM {}.pg_stat_statements s"
-                " WHERE s.queryid OPERATOR(pg_catalog.=) ANY (%s)"
-            ).format(sql.Identifier(schema)),
+            "SELECT DISTINCT ON (s.queryid) s.queryid, s.query"
+            f" FROM {quote_ident(schema)}.pg_stat_statements s"
+            " WHERE s.queryid OPERATOR(pg_catalog.=) ANY (%s)",
             [ids],
         ).fetchall()
     except Exception:  # no rights to read it: fencekit's own text is shown
         return {}
     return {int(q): str(t) for q, t in rows if t}
+
+
+_NOT_ATTRIBUTED = (
+    "{table}'s checks do not record who writes without a token (protected before "
+    "attribution): protect it again in rollout mode and watch it for the window"
+)
+
+
+def _attributed_table(conn: Conn, table: TableName) -> bool:
+    row = conn.execute(
+        "SELECT p.tag, p.spec ->> 'on_missing' FROM fencekit.protected p"
+        " WHERE p.schema_name OPERATOR(pg_catalog.=) %s"
+        "   AND p.table_name OPERATOR(pg_catalog.=) %s",
+        [table.schema, table.name],
+    ).fetchone()
+    return row is None or row[1] != "allow" or _attributed(conn, str(row[0]))
 
 
 def _attributed(conn: Conn, tag: str) -> bool:
@@ -233,37 +250,37 @@ def rollout_report(
     their mode): its writers without a token and the verdict. ``since`` limits the writers
     shown (not the verdict) to those seen since then. Needs to read
     ``fencekit.unfenced_writers``: fencekit_admin."""
-    import psycopg
-
-    try:
-        now, lag = conn.execute(
-            "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"
-        ).fetchone() or (None, 0)
-        registry = conn.execute(
-            "SELECT p.schema_name, p.table_name, p.tag, p.spec, p.protected_at"
-            " FROM fencekit.protected p ORDER BY p.schema_name, p.table_name"
-        ).fetchall()
-        rows = conn.execute(
-            "SELECT u.tag, u.session_user_name, u.current_user_name, u.application_name,"
-            " pg_catalog.host(u.client_addr), u.query_id, u.fingerprint, u.statement,"
-            " u.first_seen, u.last_seen, u.statements FROM fencekit.unfenced_writers u"
-            " ORDER BY u.last_seen DESC, u.writer"
-        ).fetchall()
-        overflow = {
-            r[0]: (int(r[1]), r[2])
-            for r in conn.execute(
-                "SELECT o.tag, o.statements, o.last_seen FROM fencekit.unfenced_overflow o"
-            ).fetchall()
-        }
-        literal = conn.execute(
-            "SELECT EXISTS (SELECT FROM fencekit.meta m WHERE m.key OPERATOR(pg_catalog.=)"
-            " 'attribution_literals' AND m.value OPERATOR(pg_catalog.=) 'on')"
-        ).fetchone()
-    except psycopg.errors.InsufficientPrivilege as exc:
+    readable = conn.execute(
+        "SELECT pg_catalog.has_table_privilege('fencekit.unfenced_writers', 'SELECT')"
+    ).fetchone()
+    if not (readable and readable[0]):
         raise CatalogError(
             "reading who writes without a token needs fencekit_admin (the statements and "
             "client addresses are the application's): GRANT fencekit_admin TO <you>"
-        ) from exc
+        )
+    now, lag = conn.execute(
+        "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"
+    ).fetchone() or (None, 0)
+    registry = conn.execute(
+        "SELECT p.schema_name, p.table_name, p.tag, p.spec, p.protected_at"
+        " FROM fencekit.protected p ORDER BY p.schema_name, p.table_name"
+    ).fetchall()
+    rows = conn.execute(
+        "SELECT u.tag, u.session_user_name, u.current_user_name, u.application_name,"
+        " pg_catalog.host(u.client_addr), u.query_id, u.fingerprint, u.statement,"
+        " u.first_seen, u.last_seen, u.statements FROM fencekit.unfenced_writers u"
+        " ORDER BY u.last_seen DESC, u.writer"
+    ).fetchall()
+    overflow = {
+        r[0]: (int(r[1]), r[2])
+        for r in conn.execute(
+            "SELECT o.tag, o.statements, o.last_seen FROM fencekit.unfenced_overflow o"
+        ).fetchall()
+    }
+    literal = conn.execute(
+        "SELECT EXISTS (SELECT FROM fencekit.meta m WHERE m.key OPERATOR(pg_catalog.=)"
+        " 'attribution_literals' AND m.value OPERATOR(pg_catalog.=) 'on')"
+    ).fetchone()
     assert now is not None
     texts = _pgss_texts(conn, sorted({int(r[5]) for r in rows if r[5] is not None}))
     wanted = {(t.schema, t.name) for t in tables} if tables is not None else None
@@ -320,21 +337,73 @@ def rollout_report(
     return out
 
 
+class DBAPIConnection:
+    """A DB-API connection (psycopg 3 or psycopg2, as alembic and Django hand them over) with
+    the ``execute(...).fetchone()`` face this module reads through."""
+
+    def __init__(self, dbapi: Any) -> None:
+        self._dbapi = dbapi
+
+    def execute(self, query: str, params: Any = None) -> Any:
+        cursor = self._dbapi.cursor()
+        cursor.execute(query, params)
+        return cursor
+
+
+def enforce_check(conn: Any, table: TableName, window: timedelta, *, force: bool) -> FenceSpec:
+    """The spec that switches ``table`` to ``on_missing = reject``, or a CatalogError saying
+    who still writes it without a token (unless ``force``). What the alembic and Django
+    operations and ``fencekit enforce`` run before re-protecting."""
+    from fencekit.catalog.registry import registered
+
+    entry = registered(conn, table)
+    if entry is None:
+        raise CatalogError(f"{table} is not protected: protect it first")
+    why = enforce_refusal(conn, table, window)
+    if why is not None and not force:
+        raise CatalogError(why + ". Nothing was changed; fix those writers, or force it")
+    return enforced_spec(entry.spec)
+
+
+def _totals_refusal(conn: Conn, table: TableName, window: timedelta) -> str | None:
+    """enforce_refusal for a role that may not read the writers themselves: the public totals
+    (how many writers, when the last was seen) decide alike."""
+    row = conn.execute(
+        "SELECT t.writers, t.last_seen, pg_catalog.statement_timestamp(),"
+        " fencekit.attribution_lag() FROM fencekit.unfenced_writer_totals t"
+        " WHERE t.schema_name OPERATOR(pg_catalog.=) %s"
+        "   AND t.table_name OPERATOR(pg_catalog.=) %s",
+        [table.schema, table.name],
+    ).fetchone()
+    if row is None or row[1] is None:
+        return None
+    writers, last, now, lag = row
+    if last + timedelta(seconds=int(lag)) > now - window:
+        return (
+            f"{table} was written without a token within the last {_human(window)} "
+            f"({writers} writer(s), last at {last:%Y-%m-%d %H:%M:%S%z}; fencekit rollout, as "
+            "a member of fencekit_admin, names them)"
+        )
+    return None
+
+
 def enforce_refusal(conn: Conn, table: TableName, window: timedelta) -> str | None:
     """Why ``table`` must not switch to ``on_missing = reject`` yet (None: go ahead): a
     writer without a token inside the window, overflowed writers inside it, or a table whose
     checks do not attribute (protected before attribution, so nobody can tell)."""
-    report = rollout_report(conn, [table], window=window)
+    try:
+        report = rollout_report(conn, [table], window=window)
+    except CatalogError:
+        if not _attributed_table(conn, table):
+            return _NOT_ATTRIBUTED.format(table=table)
+        return _totals_refusal(conn, table, window)
     if not report:
         raise CatalogError(f"{table} is not protected")
     t = report[0]
     if t.verdict in ("ready", "enforced", "too_early"):
         return None
     if t.verdict == "not_attributed":
-        return (
-            f"{table}'s checks do not record who writes without a token (protected before "
-            "attribution): protect it again in rollout mode and watch it for the window"
-        )
+        return _NOT_ATTRIBUTED.format(table=table)
     who = [
         f"{w.current_user}"
         + (f" (login {w.session_user})" if w.session_user != w.current_user else "")

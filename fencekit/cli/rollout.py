@@ -147,7 +147,7 @@ def enforce_commands(table: Any, window: timedelta) -> dict[str, str]:
     return {
         "command": f'fencekit enforce {shlex.quote(table.dotted)} --window {w} --dsn "$DSN"',
         "alembic": f"op.enforce_fence({name!r}, schema={schema!r}, window={w!r})",
-        "django": f"EnforceFence(table={table.dotted!r}, window={w!r})",
+        "django": f"EnforceFence('<Model of {table.dotted}>', window={w!r})",
     }
 
 
@@ -238,7 +238,7 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 def run_enforce(args: argparse.Namespace) -> int:
     from fencekit import catalog
-    from fencekit.catalog.rollout import enforce_refusal, enforced_spec
+    from fencekit.catalog.rollout import enforce_check, enforce_refusal
 
     window, lock_timeout = _window(args), lock_timeout_from(args)
     parse_table(args.table)
@@ -246,17 +246,11 @@ def run_enforce(args: argparse.Namespace) -> int:
         catalog.require_core(conn)
         table = catalog.existing_table(conn, args.table)
         entry = catalog.registered(conn, table)
-        if entry is None:
-            raise UsageError(f"{table} is not protected: fencekit protect it first")
-        if entry.spec.on_missing == "reject":
+        if entry is not None and entry.spec.on_missing == "reject":
             emit(args, {"action": "none", **table_keys(entry.spec)}, [f"{table} already enforces"])
             return 0
-        why = enforce_refusal(conn, table, window)
-        if why is not None and not args.force:
-            raise catalog.CatalogError(
-                why + ". Nothing was changed; fix those writers, or pass --force"
-            )
-        spec = enforced_spec(entry.spec)
+        why = enforce_refusal(conn, table, window) if args.force else None
+        spec = enforce_check(conn, table, window, force=args.force)
         run_script(conn, sqlgen.render_protect(spec, lock_timeout=lock_timeout), lock_timeout)
     emit(
         args,
