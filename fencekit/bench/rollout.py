@@ -377,6 +377,24 @@ def run(
                     "<= 1.02x",
                 )
             )
+        # Attribution's own cost: the same tokenless write with and without it.
+        for label, spec in _specs():
+            plain = _table(conn, f"plain_{label}", _named(spec, f"plain_{label}"), attributed=False)
+            t = f"{SCHEMA}.allow_{label}"
+            sides = [(f"{label}|plain", plain, ""), (f"{label}|attributed", t, "")]
+            seconds = _one_row(
+                conn, sides, transactions, rounds, progress, f"{label} fence, attribution"
+            )
+            results.append(
+                ratio_result(
+                    f"{label} fence, on_missing=allow: one-row transaction without a token, "
+                    "with attribution vs without",
+                    seconds[f"{label}|plain"],
+                    seconds[f"{label}|attributed"],
+                    "s",
+                    "-",
+                )
+            )
         bulk_rounds = 6 if quick else 20
         for label, t in tables[:3]:
             sides = [(f"{label}|{TOKEN}", t, TOKEN), (f"{label}|", t, "")]
