@@ -92,6 +92,9 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
         f"SELECT * FROM fencekit.lease_mismatch('{t.resource}', ARRAY['{t.key}'], 1)"
     ),
     "counter_value": lambda t: f"SELECT fencekit.counter_value('{t.tag}', 'stale')",
+    "record_unfenced_writer": lambda t: (
+        f"SELECT fencekit.record_unfenced_writer('{t.tag}', '{t.table}'::regclass, 1)"
+    ),
     "current_fence": lambda t: f"SELECT fencekit.current_fence('{t.resource}', '{t.key}')",
     "max_fence": lambda t: f"SELECT fencekit.max_fence('{t.resource}')",
     "judge_fences": lambda t: (
@@ -124,6 +127,7 @@ DEFINERS = {
     "<tag>_stmt": "write-update",
     "<tag>_trunc": "write-truncate",  # a row fence's TRUNCATE check (reads every row's fence)
     "judge_fences": "judge_fences",
+    "record_unfenced_writer": "record_unfenced_writer",
 }
 
 # (entry, kind, scope, role) -> issue-23 item; "*" matches any value.
