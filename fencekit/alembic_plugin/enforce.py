@@ -21,8 +21,12 @@ from alembic.operations import MigrateOperation, Operations
 from fencekit import sqlgen
 from fencekit.alembic_plugin.ops import run_sql
 from fencekit.catalog.model import CatalogError
-from fencekit.catalog.registry import registered
-from fencekit.catalog.rollout import DBAPIConnection, enforce_check, parse_duration
+from fencekit.catalog.rollout import (
+    DBAPIConnection,
+    enforce_check,
+    parse_duration,
+    registered_spec,
+)
 from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, TableName
 
 __all__ = ["EnforceFenceOp"]
@@ -87,10 +91,7 @@ Operations.register_operation("rollout_fence", "rollout_fence")(EnforceFenceOp)
 
 
 def _rollout_spec(conn: Any, table: TableName) -> FenceSpec:
-    entry = registered(conn, table)
-    if entry is None:
-        raise CatalogError(f"{table} is not protected: protect it first")
-    d = entry.spec.as_dict()
+    d = registered_spec(conn, table).as_dict()
     d["on_missing"] = "allow"
     return FenceSpec.from_dict(d)
 

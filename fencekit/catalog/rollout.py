@@ -14,6 +14,7 @@ table owner's.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -36,6 +37,7 @@ __all__ = [
     "enforce_refusal",
     "enforced_spec",
     "parse_duration",
+    "registered_spec",
     "rollout_report",
 ]
 
@@ -262,7 +264,7 @@ def rollout_report(
         "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"
     ).fetchone() or (None, 0)
     registry = conn.execute(
-        "SELECT p.schema_name, p.table_name, p.tag, p.spec, p.protected_at"
+        "SELECT p.schema_name, p.table_name, p.tag, p.spec::pg_catalog.text, p.protected_at"
         " FROM fencekit.protected p ORDER BY p.schema_name, p.table_name"
     ).fetchall()
     rows = conn.execute(
@@ -287,8 +289,8 @@ def rollout_report(
     out = []
     for schema, name, tag, raw_spec, protected_at in registry:
         try:
-            spec = FenceSpec.from_dict(raw_spec)
-        except SpecError:
+            spec = FenceSpec.from_dict(json.loads(raw_spec))
+        except (SpecError, ValueError):
             continue
         if wanted is not None and (schema, name) not in wanted:
             continue
@@ -354,15 +356,25 @@ def enforce_check(conn: Any, table: TableName, window: timedelta, *, force: bool
     """The spec that switches ``table`` to ``on_missing = reject``, or a CatalogError saying
     who still writes it without a token (unless ``force``). What the alembic and Django
     operations and ``fencekit enforce`` run before re-protecting."""
-    from fencekit.catalog.registry import registered
-
-    entry = registered(conn, table)
-    if entry is None:
-        raise CatalogError(f"{table} is not protected: protect it first")
+    spec = registered_spec(conn, table)
     why = enforce_refusal(conn, table, window)
     if why is not None and not force:
         raise CatalogError(why + ". Nothing was changed; fix those writers, or force it")
-    return enforced_spec(entry.spec)
+    return enforced_spec(spec)
+
+
+def registered_spec(conn: Any, table: TableName) -> FenceSpec:
+    """The spec ``table`` is protected with (read as text: psycopg2 hands jsonb over as a
+    string), or a CatalogError."""
+    row = conn.execute(
+        "SELECT p.spec::pg_catalog.text FROM fencekit.protected p"
+        " WHERE p.schema_name OPERATOR(pg_catalog.=) %s"
+        "   AND p.table_name OPERATOR(pg_catalog.=) %s",
+        [table.schema, table.name],
+    ).fetchone()
+    if row is None:
+        raise CatalogError(f"{table} is not protected: protect it first")
+    return FenceSpec.from_dict(json.loads(row[0]))
 
 
 def _totals_refusal(conn: Conn, table: TableName, window: timedelta) -> str | None:

@@ -23,9 +23,12 @@ from typing import Any
 from django.db.migrations.operations.base import Operation, OperationCategory
 
 from fencekit import sqlgen
-from fencekit.catalog.model import CatalogError
-from fencekit.catalog.registry import registered
-from fencekit.catalog.rollout import DBAPIConnection, enforce_check, parse_duration
+from fencekit.catalog.rollout import (
+    DBAPIConnection,
+    enforce_check,
+    parse_duration,
+    registered_spec,
+)
 from fencekit.django.fences import META_OPTION, Fence
 from fencekit.spec import FenceSpec, TableName
 from fencekit.sqlgen.pin import pinned
@@ -92,10 +95,7 @@ class EnforceFence(Operation):
         if enforce:
             spec = enforce_check(conn, table, parse_duration(self.window), force=self.force)
         else:
-            entry = registered(conn, table)
-            if entry is None:
-                raise CatalogError(f"{table} is not protected: protect it first")
-            spec = _with_on_missing(entry.spec, "allow")
+            spec = _with_on_missing(registered_spec(conn, table), "allow")
         for statement in pinned(sqlgen.protect_statements(spec)):
             schema_editor.execute(statement, params=None)
 

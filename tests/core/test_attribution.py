@@ -292,9 +292,7 @@ def test_recording_runs_no_code_of_the_table_owner(
             " BEGIN INSERT INTO public.canary VALUES ('=', current_user, session_user);"
             " RETURN $1 OPERATOR(pg_catalog.=) $2; END $$"
         )
-        c.execute(
-            "CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = text_eq)"
-        )
+        c.execute("CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = text_eq)")
     kw = SCOPES[table]
     protect(db, f"public.{table}", on_missing="allow", **kw)  # type: ignore[arg-type]
     with psycopg.connect(app, autocommit=True) as c:
