@@ -124,8 +124,9 @@ def _since(text: str | None) -> datetime | None:
 
 
 def _shown(text: str) -> str:
-    """Text from the database, printable: control characters escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    """Text from the database on one printable line: whitespace runs become one space, other
+    control characters are escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(text.split()))
 
 
 def _human(d: timedelta) -> str:
