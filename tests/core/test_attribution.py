@@ -200,6 +200,7 @@ def test_a_writer_cannot_erase_or_rewrite_attribution(
     db: Conn, dsn: str, tables: None, make_role: Any, table: str
 ) -> None:
     app = make_role("attr_app", "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public")
+    reader = make_role("attr_reader", "SELECT ON ALL TABLES IN SCHEMA public")
     tokenless(dsn, f"UPDATE {table} SET v = 'x' WHERE id = 1", "victim")
     before = writers(db, table)
     with psycopg.connect(app, autocommit=True) as c:
@@ -214,23 +215,25 @@ def test_a_writer_cannot_erase_or_rewrite_attribution(
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute(stmt)
-        # Recording directly, without writing the table: refused.
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            c.execute(
-                "SELECT fencekit.record_unfenced_writer(p.tag, %s::regclass, 1000)"
-                " FROM fencekit.protected p WHERE p.table_name = %s",
-                [table, table],
-            )
-        # While writing it: only the caller's own identity is recorded, nobody else's row
-        # changes.
-        with c.transaction():
-            c.execute(f"LOCK TABLE {table} IN ROW EXCLUSIVE MODE")
-            c.execute("SET LOCAL application_name = 'victim'")
-            c.execute(
-                "SELECT fencekit.record_unfenced_writer(p.tag, %s::regclass, 1000)"
-                " FROM fencekit.protected p WHERE p.table_name = %s",
-                [table, table],
-            )
+    # Recording directly, by a role that may not write the table and is not writing it: refused.
+    with (
+        psycopg.connect(reader, autocommit=True) as c,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        c.execute(
+            "SELECT fencekit.record_unfenced_writer(p.tag, %s::regclass, 1000)"
+            " FROM fencekit.protected p WHERE p.table_name = %s",
+            [table, table],
+        )
+    # A role that may write it records, at most, its own identity: nobody else's row changes,
+    # whatever application_name it claims.
+    with psycopg.connect(app, autocommit=True) as c, c.transaction():
+        c.execute("SET LOCAL application_name = 'victim'")
+        c.execute(
+            "SELECT fencekit.record_unfenced_writer(p.tag, %s::regclass, 1000)"
+            " FROM fencekit.protected p WHERE p.table_name = %s",
+            [table, table],
+        )
     after = writers(db, table)
     assert [w for w in after if w["writer"] in {b["writer"] for b in before}] == before
     new = [w for w in after if w["writer"] not in {b["writer"] for b in before}]
