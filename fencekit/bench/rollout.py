@@ -241,25 +241,37 @@ def _interleaved(
     return seconds
 
 
-def _writers(dsn: str, t: str, seconds: float, n: int) -> float:
-    """Tokenless one-row transactions per second of ``n`` connections writing ``t`` at once,
-    each its own rows (a writer's row is never another's: only fencekit could serialize them)."""
+def _open_writers(dsn: str, t: str, n: int) -> list[psycopg.Connection[Any]]:
+    """``n`` connections that write ``t`` without a token, each warmed by one write (a pooled
+    application's connections: PL/pgSQL compiled, the statement attributed once)."""
+    conns = []
+    for _ in range(n):
+        c = psycopg.connect(dsn, autocommit=True)
+        c.execute("SET application_name = 'fencekit-bench-writer'")
+        c.execute(f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s", [1])
+        conns.append(c)
+    return conns
+
+
+def _writers(conns: list[psycopg.Connection[Any]], t: str, seconds: float) -> float:
+    """Tokenless one-row transactions per second of ``conns`` writing ``t`` at once, each its
+    own rows (a writer's row is never another's: only fencekit could serialize them)."""
+    n = len(conns)
     done = [0] * n
     start_line = threading.Barrier(n + 1)
     stop = threading.Event()
 
     def writer(i: int) -> None:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute("SET application_name = 'fencekit-bench-writer'")
-            stmt = f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s"
-            rows = [r for r in range(1, ROWS + 1) if r % n == i]
-            start_line.wait()
-            k = 0
-            while not stop.is_set():
-                with c.transaction():
-                    c.execute(stmt, [rows[k % len(rows)]])
-                k += 1
-            done[i] = k
+        c = conns[i]
+        stmt = f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s"
+        rows = [r for r in range(1, ROWS + 1) if r % n == i]
+        start_line.wait()
+        k = 0
+        while not stop.is_set():
+            with c.transaction():
+                c.execute(stmt, [rows[k % len(rows)]])
+            k += 1
+        done[i] = k
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
     for th in threads:
@@ -291,17 +303,17 @@ def _concurrent(
         conn.execute(f"VACUUM ANALYZE {without_t}")
         on: list[float] = []
         off: list[float] = []
-        for r in range(rounds):
-            progress(f"eight tokenless writers, {label} fence: round {r + 1}/{rounds}")
-            for t, out in (
-                ((with_t, on), (without_t, off))
-                if r % 2
-                else (
-                    (without_t, off),
-                    (with_t, on),
-                )
-            ):
-                out.append(_writers(dsn, t, seconds, 8))
+        with_conns = _open_writers(dsn, with_t, 8)
+        without_conns = _open_writers(dsn, without_t, 8)
+        try:
+            for r in range(rounds):
+                progress(f"eight tokenless writers, {label} fence: round {r + 1}/{rounds}")
+                sides = [(with_t, with_conns, on), (without_t, without_conns, off)]
+                for t, conns, out in sides if r % 2 else sides[::-1]:
+                    out.append(_writers(conns, t, seconds))
+        finally:
+            for c in with_conns + without_conns:
+                c.close()
         # Throughput: the ratio is attributed / not attributed (higher is better).
         results.append(
             ratio_result(
