@@ -77,7 +77,7 @@ def run_sql(operations: Operations, statements: Iterable[str], title: str = "") 
 
     The statements run under ``search_path = pg_catalog, pg_temp``, pinned for them and the
     migration's own path restored after (:func:`fencekit.sqlgen.pin.pinned`), so the SQL a
-    migration file embeds never binds an operator planted in ``public`` (issue 23).
+    migration file embeds never binds an operator planted in ``public``.
     """
     statements = pinned(statements)
     context = operations.get_context()
@@ -473,7 +473,7 @@ def _alter(operations: Operations, operation: AlterFenceOp) -> None:
     run_sql(operations, operation.statements(), title)
 
 
-# ---------------------------------------------------------------- rename (issue 13)
+# ---------------------------------------------------------------- rename
 
 
 @Operations.register_operation("rename_fence")
@@ -563,7 +563,7 @@ def _rename(operations: Operations, operation: RenameFenceOp) -> None:
     run_sql(operations, operation.statements(), title)
 
 
-# ---------------------------------------------------------------- move (issue 13, item 1)
+# ---------------------------------------------------------------- move
 
 
 @Operations.register_operation("move_fence")

@@ -118,7 +118,7 @@ class _FencekitOperation(Operation):
         # it); the migration's later operations get the server's default back.
         schema_editor.execute(_lock_timeout(), params=None)
         # Parsed under search_path = pg_catalog, pg_temp, the migration's own restored after:
-        # no operator planted in public is bound (fencekit.sqlgen.pin, issue 23).
+        # no operator planted in public is bound (fencekit.sqlgen.pin).
         for statement in pinned(statements):
             schema_editor.execute(statement, params=None)
         schema_editor.execute("SET LOCAL lock_timeout TO DEFAULT", params=None)

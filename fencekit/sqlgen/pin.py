@@ -5,7 +5,7 @@ operator (or function) in a later schema whose argument types match *exactly* be
 pg_catalog's when pg_catalog's needs a cast: ``public./(bigint, numeric)`` wins over
 ``pg_catalog./(numeric, numeric)`` for ``bigint / 1000.0`` even with pg_catalog searched
 first. Anyone with CREATE on ``public`` can plant one, and a DBA running fencekit's SQL would
-run it (issue 23, F9/F10). So nothing fencekit generates is parsed under the caller's path:
+run it. So nothing fencekit generates is parsed under the caller's path:
 
 - a whole script (``fencekit sql ...``, the CLI) pins it with ``SET LOCAL`` right after
   ``BEGIN`` (:data:`SCRIPT_PIN`);

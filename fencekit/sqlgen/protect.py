@@ -175,7 +175,7 @@ def cover_function(objs: TableObjects, n: Names) -> Function:
         "END\n"
     )
     # Not on the hot path (protect and the auto-cover event trigger call it): it pins its
-    # search_path rather than qualify every operator (issue 23, F10).
+    # search_path rather than qualify every operator.
     return n.function("cover", body, returns="void", settings=(PINNED_SEARCH_PATH,))
 
 
@@ -241,6 +241,13 @@ def protect_statements(spec: FenceSpec) -> list[str]:
     out.append(create_counters_quietly(n.tag))
     for f in objs.functions:
         out += _create_function_sql(f)
+        if f.table_owner:
+            # Reads the table: runs as its owner, whose code that read runs (objects.Function).
+            out.append(
+                "SELECT fencekit.give_to_table_owner("
+                f"{lit(f.sql_name + '()')}::pg_catalog.regprocedure, "
+                f"{lit(t.sql)}::pg_catalog.regclass)"
+            )
     out += _grants_sql(objs.functions)
     out += _triggers_sql(objs, n)
     spec_json = json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)
@@ -389,6 +396,11 @@ def unprotect_guard(spec: FenceSpec) -> str:
         "  have pg_catalog.jsonb;\n"
         f"  tbl pg_catalog.text := {lit(t.sql)};\n"
         "BEGIN\n"
+        # DROP COLUMN on a partitioned table loads its partition key: not in an admin's session
+        # when that key runs the owner's code (47_protect.sql).
+        "  IF pg_catalog.to_regclass(tbl) IS NOT NULL THEN\n"
+        "    PERFORM fencekit.check_ddl_runs_no_owner_code(pg_catalog.to_regclass(tbl));\n"
+        "  END IF;\n"
         f"  SELECT {lit(base)}::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have\n"
         "    FROM fencekit.protected p\n"
         f"   WHERE p.schema_name OPERATOR(pg_catalog.=) {lit(t.schema)}\n"

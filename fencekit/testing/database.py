@@ -233,7 +233,7 @@ def build_template(server: Server, setup: DatabaseSetup, name: str) -> Template:
                     from fencekit.sqlgen import protect_statements
                     from fencekit.sqlgen.pin import pinned
 
-                    # search_path pinned for them (issue 23): this transaction, then restored
+                    # search_path pinned for them: this transaction, then restored
                     _run(conn, pinned(protect_statements(spec)))
             conn.commit()
             specs = list(_protected(conn).values())

@@ -134,7 +134,7 @@ def test_every_query_runs_as_a_role_without_grants(busy: str, make_role: Any) ->
     assert table["public.payments"]["last_rejection_timestamp_seconds"] > 1.7e9
     drift = {r["table"]: r for r in results["fencekit_drift"]}
     # DISABLE TRIGGER ALL: a table fence's statement check, its TRUNCATE trigger and the root
-    # guard that keeps it from becoming a child (issue 23 item 12)
+    # guard that keeps it from becoming a child
     assert drift["public.report"]["triggers_not_firing"] == 3
     assert drift["public.payments"]["triggers_not_firing"] == 0
     for t in ("public.payments", "public.accounts"):

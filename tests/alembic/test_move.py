@@ -1,6 +1,6 @@
 """A declared fence whose scope, key, resource or fence column changes autogenerates one
 ``op.move_fence`` (frozen SQL, fences carried), never a drop and a create; its downgrade moves
-the table back, fences carried again (issue 13, item 1)."""
+the table back, fences carried again."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def test_policy_alter_is_protect_and_key_alter_moves() -> None:
     policy = SPEC.with_changes(on_missing="allow")
     assert alter_statements(SPEC, policy) == sqlgen.protect_statements(policy)
     rekey = SPEC.with_changes(key=("account_id", "region"))
-    # Another key is a move, fences carried, never unprotect + protect (issue 13, item 1).
+    # Another key is a move, fences carried, never unprotect + protect.
     assert alter_statements(SPEC, rekey) == sqlgen.move_statements(SPEC, rekey)
 
 

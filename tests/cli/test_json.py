@@ -1,5 +1,5 @@
 """``--json`` on install, protect, unprotect and rename; ``fencekit --version`` with ``--dsn``;
-``--dsn`` accepts SQLAlchemy URLs (issue 13, item 7). The keys are documented in
+``--dsn`` accepts SQLAlchemy URLs. The keys are documented in
 docs/reference.md."""
 
 from __future__ import annotations

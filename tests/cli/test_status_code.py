@@ -1,5 +1,5 @@
 """``fencekit status`` names every object on or attached to a protected table that runs code
-fencekit did not generate (issue 23, items 11, 12, 14 and 17).
+fencekit did not generate.
 
 Each case is the owner's attack: code that swaps the token a writer presents
 (``set_config('fencekit.token', '999999', true)``), put where a statement on the table runs it:
@@ -348,7 +348,7 @@ def test_a_protected_table_under_an_unprotected_ancestor_is_reported(
     extra = ["--scope", scope]
     if how == "attach_partition":
         # Refused both ways: protect refuses a partition (protect its parent), and a protected
-        # plain table cannot become one (fencekit_<tag>_root, issue 23 item 12).
+        # plain table cannot become one (fencekit_<tag>_root).
         assert cli("protect", "te", *extra, "--dsn", dsn).code == 0
         with pytest.raises(psycopg.errors.FeatureNotSupported):
             _sql(dsn, "ALTER TABLE shadow ATTACH PARTITION te FOR VALUES FROM (0) TO (100)")

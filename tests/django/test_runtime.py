@@ -24,8 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def rejection(info: pytest.ExceptionInfo[DatabaseError]) -> FenceError:
-    """fencekit's error behind Django's. Once psycopg raises fencekit's classes itself (issue
-    25 item 1), __cause__ IS that error: translate() returns it unchanged."""
+    """fencekit's error behind Django's. psycopg raises fencekit's classes itself, so
+    __cause__ IS that error: translate() returns it unchanged."""
     assert isinstance(info.value, DatabaseError)
     error = translate(info.value.__cause__)
     assert error is not None, f"not a fence rejection: {info.value!r}"

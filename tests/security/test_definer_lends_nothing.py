@@ -1,4 +1,4 @@
-"""Issue 23, item 1: a function that runs with more rights than its caller runs none of the
+"""A function that runs with more rights than its caller runs none of the
 caller's code.
 
 The table's owner (``dl_own``: owns the tables, not an admin) keys them on a domain over int
@@ -170,7 +170,7 @@ def test_admin_cli_on_a_domain_primary_key_runs_no_domain_check(
     code, out = _cli(capsys, "fence", "set", "dl_rows", "--key", "1", "--to", "60", "--dsn", who)
     _clean(db, f"fence set --key on a row fence as {runner}")
     # Not the owner's own session (the DBA's neither): a row repair writes the table, which
-    # runs the owner's code, so it is refused before the table is touched (issue 23, item 2).
+    # runs the owner's code, so it is refused before the table is touched.
     assert code == 1
     assert f"logged in as the owner {OWNER}" in out
     assert _row_fences(db) == {1: 10, 2: 10}

@@ -1,4 +1,4 @@
-"""Issue 23, F9/F10: no fencekit SQL binds an operator planted in ``public``.
+"""No fencekit SQL binds an operator planted in ``public``.
 
 An operator in a later schema whose argument types match *exactly* beats pg_catalog's when
 pg_catalog's needs a cast, even with pg_catalog searched first: ``public./(bigint, numeric)``

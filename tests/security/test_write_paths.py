@@ -1,6 +1,5 @@
 """Every path a token passes advances the fence it passed; no tokenless write lowers a fence; a
-check sees every row; a protected table cannot be written around its checks (issue 23, items
-4, 5, 6 and 12).
+check sees every row; a protected table cannot be written around its checks.
 
 Each attack runs as the application role (DML, TRUNCATE and fencekit_writer) and as the table's
 owner (not an admin), through ``SET LOCAL ROLE`` on a superuser connection that protected the
@@ -47,7 +46,7 @@ def _done(db: Conn) -> None:
     db.commit()
 
 
-# ------------------------------------------------------------------- item 4: TRUNCATE advances
+# ------------------------------------------------------------------- TRUNCATE advances
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -98,7 +97,7 @@ def test_truncate_advances_key_and_table_fences(
     findings.assert_clean()
 
 
-# ------------------------------------------------------- item 5: checks see through RLS policies
+# ------------------------------------------------------- checks see through RLS policies
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -138,7 +137,7 @@ def test_row_truncate_check_sees_rows_hidden_by_rls(
     findings.assert_clean()
 
 
-# ------------------------------------------------- item 6: no tokenless write lowers a row fence
+# ------------------------------------------------- no tokenless write lowers a row fence
 
 
 def _tokenless_paths(server_version: int) -> list[tuple[str, str]]:
@@ -207,7 +206,7 @@ def test_tokenless_writes_never_lower_a_row_fence(
     findings.assert_clean()
 
 
-# -------------------------------------------- item 12: no writes around the checks via a parent
+# -------------------------------------------- no writes around the checks via a parent
 
 
 @pytest.mark.parametrize("scope", ["row", "key", "table"])

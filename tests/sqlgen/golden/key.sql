@@ -192,6 +192,9 @@ DECLARE
   have pg_catalog.jsonb;
   tbl pg_catalog.text := 'app.invoices';
 BEGIN
+  IF pg_catalog.to_regclass(tbl) IS NOT NULL THEN
+    PERFORM fencekit.check_ddl_runs_no_owner_code(pg_catalog.to_regclass(tbl));
+  END IF;
   SELECT '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row", "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have
     FROM fencekit.protected p
    WHERE p.schema_name OPERATOR(pg_catalog.=) 'app'

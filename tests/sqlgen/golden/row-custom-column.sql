@@ -21,26 +21,20 @@ LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 BEGIN
-  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
-  -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    RETURN NULL;
-  END IF;
   PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       allow => false, issuer => NULL, counted => false);
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=43cb73d8e94f0f39d3a889801d581b9f0cfcc2cd230dfcdb7a219d28aa9eea96; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=3661dd585834b3eaebd66fc90db4235c15fff3e4dc3e174be35dee43c87b55e4; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET row_security TO off
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, row_security=off
+-- SECURITY DEFINER; owner: the table's owner; pinned: search_path=pg_catalog, pg_temp, row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
   tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -48,15 +42,20 @@ DECLARE
   fence pg_catalog.int8;
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, 'app.invoices', 'Fence Column');
-    SELECT pg_catalog.max("Fence Column") INTO fence FROM app.invoices;
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, TG_RELID::pg_catalog.regclass, 'Fence Column');
+    -- dynamic SQL: the table is the one the trigger fired on, known only at run time
+    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',
+                              'Fence Column', TG_RELID::pg_catalog.regclass)
+      INTO fence;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=770ded6a765239e2b16b96ea05b4ae2e626a535cbac600cde63296abc4332ba5; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=5505557a212cd7d5adf1da1e7ee3fcbe418c4cd37097f2ec403d8d8a17cc6de3; generated, do not edit';
+
+SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure, 'app.invoices'::pg_catalog.regclass);
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
@@ -156,10 +155,10 @@ REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_88
 GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_trunc(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON app.invoices
-  FOR EACH STATEMENT
+  FOR EACH STATEMENT WHEN ((pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$' AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '') IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=8 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=8 sha256=ce5bc14714af525abba88aafc85f7dd53e73cfe88222e42240b9d4c022a5881f; generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
   FOR EACH STATEMENT
@@ -216,6 +215,9 @@ DECLARE
   have pg_catalog.jsonb;
   tbl pg_catalog.text := 'app.invoices';
 BEGIN
+  IF pg_catalog.to_regclass(tbl) IS NOT NULL THEN
+    PERFORM fencekit.check_ddl_runs_no_owner_code(pg_catalog.to_regclass(tbl));
+  END IF;
   SELECT '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row", "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have
     FROM fencekit.protected p
    WHERE p.schema_name OPERATOR(pg_catalog.=) 'app'

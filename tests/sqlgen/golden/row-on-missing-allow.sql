@@ -21,12 +21,6 @@ LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 BEGIN
-  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
-  -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    RETURN NULL;
-  END IF;
   IF COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '' AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
     RETURN NULL;
@@ -39,14 +33,14 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=3276c26994ead4d3d861398ec3b343eb0dd5898a7b18ed413b89692191a9a31a; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=c32d68712d9d7e3d4cfae8c3070dba40669a3102f0671531c3b657a2f01806fa; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET row_security TO off
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, row_security=off
+-- SECURITY DEFINER; owner: the table's owner; pinned: search_path=pg_catalog, pg_temp, row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
   tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -54,8 +48,11 @@ DECLARE
   fence pg_catalog.int8;
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, 'app.invoices', 'fencekit_fence');
-    SELECT pg_catalog.max(fencekit_fence) INTO fence FROM app.invoices;
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, TG_RELID::pg_catalog.regclass, 'fencekit_fence');
+    -- dynamic SQL: the table is the one the trigger fired on, known only at run time
+    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',
+                              'fencekit_fence', TG_RELID::pg_catalog.regclass)
+      INTO fence;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
   ELSE
     PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
@@ -64,7 +61,9 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=6db5a96e2e13f272e28970a2490429accb2c512610390ed45e3f13a5ecabf0a8; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=74432848949bff79d35552f9579bc69f564a395863d0853d157a894f513aee38; generated, do not edit';
+
+SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure, 'app.invoices'::pg_catalog.regclass);
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
@@ -164,10 +163,10 @@ REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_88
 GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_trunc(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON app.invoices
-  FOR EACH STATEMENT
+  FOR EACH STATEMENT WHEN ((pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$' AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '') IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=8 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=8 sha256=ce5bc14714af525abba88aafc85f7dd53e73cfe88222e42240b9d4c022a5881f; generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
   FOR EACH STATEMENT
@@ -224,6 +223,9 @@ DECLARE
   have pg_catalog.jsonb;
   tbl pg_catalog.text := 'app.invoices';
 BEGIN
+  IF pg_catalog.to_regclass(tbl) IS NOT NULL THEN
+    PERFORM fencekit.check_ddl_runs_no_owner_code(pg_catalog.to_regclass(tbl));
+  END IF;
   SELECT '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false, "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row", "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have
     FROM fencekit.protected p
    WHERE p.schema_name OPERATOR(pg_catalog.=) 'app'
