@@ -182,11 +182,16 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
                'issuer_mismatch', 'usage', 'unfenced', 'bypassed']
 $fn$;
 
--- Every per-table sequence: a counter per reason and three gauges, the last rejection time
--- (epoch ms), the largest token gap and the worst lateness (ms, see fencekit.reject) seen.
+-- Every per-table sequence: a counter per reason, the last rejection time (epoch ms) per
+-- rejection reason ('last_at:<reason>': a row of fencekit.rejections means its reason only),
+-- and two gauges, the largest gap of a stale token and the worst lateness (ms, see
+-- fencekit.reject) seen. 'unfenced' and 'bypassed' count writes let through: no time is kept.
 CREATE OR REPLACE FUNCTION fencekit.counter_names() RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
-  SELECT fencekit.counter_reasons() || ARRAY['last_at', 'max_gap', 'max_late_ms']
+  SELECT fencekit.counter_reasons() || ARRAY['max_gap', 'max_late_ms']
+         || ARRAY(SELECT 'last_at:' || r
+                    FROM pg_catalog.unnest(fencekit.counter_reasons()) AS r
+                   WHERE r <> ALL (ARRAY['unfenced', 'bypassed']))
 $fn$;
 
 -- Per-table counters (fencekit.counter_names). Called by the generated protect script, and by
@@ -295,22 +300,27 @@ BEGIN
 END
 $fn$;
 
--- Count a rejection: its reason's counter, the last rejection time (epoch ms) and the largest
--- token gap. Called by fencekit.reject only (as its owner: writers hold no rights on these).
+-- Count a rejection: its reason's counter, the reason's last rejection time (epoch ms) and,
+-- for a stale token, the largest gap below the fence. Called by fencekit.reject only (as its
+-- owner: writers hold no rights on these).
 CREATE OR REPLACE FUNCTION fencekit.count_rejection(tag text, reason text, gap bigint)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   seq regclass := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || reason));
+  at_seq regclass := pg_catalog.to_regclass(
+    pg_catalog.format('fencekit.%I', tag || ':last_at:' || reason));
   cur bigint;
 BEGIN
   IF seq IS NULL THEN
     RETURN;  -- table protected by a template without this counter; never fail a write over it
   END IF;
   PERFORM pg_catalog.nextval(seq);
-  PERFORM pg_catalog.setval(pg_catalog.format('fencekit.%I', tag || ':last_at')::regclass,
-    (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint);
-  IF gap IS NOT NULL AND gap > 0 THEN
+  IF at_seq IS NOT NULL THEN
+    PERFORM pg_catalog.setval(at_seq,
+      (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint);
+  END IF;
+  IF reason = 'stale' AND gap IS NOT NULL AND gap > 0 THEN
     cur := fencekit.counter_value(tag, 'max_gap');
     IF cur IS NULL OR gap > cur THEN
       -- Not atomic with the read: two concurrent rejections may keep the smaller gap. A gauge.
@@ -435,7 +445,7 @@ BEGIN
   WHEN 'missing' THEN
     code := 'YF003';
     msg := pg_catalog.format('fencekit: write to %s without a fencing token', what);
-    hint := 'Set the token in the same transaction: SELECT set_config(''fencekit.token'', ''<token>'', true); in Python wrap the write in fencekit.fencing(token) or install the session plugin.';
+    hint := 'Set the token in the same transaction as the write: SELECT set_config(''fencekit.token'', ''<token>'', true). fencekit''s Python adapters send it for a write inside a lease or a fencekit.fencing(token) scope.';
   WHEN 'malformed' THEN
     code := 'YF004';
     msg := pg_catalog.format('fencekit: malformed fencing token %L for %s', extra, what);
@@ -476,12 +486,17 @@ BEGIN
 END
 $fn$;
 
--- Rejected and allowed-unfenced writes per protected table and reason.
+-- Rejected and let-through writes per protected table and reason; every column of a row is
+-- about that row's reason (docs/errors-and-metrics.md): last_rejected_at is the reason's own
+-- (NULL for 'unfenced' and 'bypassed', which are not rejections), max_token_gap is on the
+-- 'stale' row only (the fence minus the lowest stale token seen).
 CREATE OR REPLACE VIEW fencekit.rejections AS
 SELECT p.schema_name, p.table_name, r.reason,
        COALESCE(fencekit.counter_value(p.tag, r.reason), 0) AS count,
-       pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at') / 1000.0) AS last_rejected_at,
-       fencekit.counter_value(p.tag, 'max_gap') AS max_token_gap
+       pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:' || r.reason) / 1000.0)
+         AS last_rejected_at,
+       CASE WHEN r.reason = 'stale' THEN fencekit.counter_value(p.tag, 'max_gap') END
+         AS max_token_gap
   FROM fencekit.protected p
  CROSS JOIN LATERAL pg_catalog.unnest(fencekit.counter_reasons()) AS r(reason);
 GRANT SELECT ON fencekit.rejections TO PUBLIC;
@@ -1608,7 +1623,8 @@ $fn$;
 -- current_user. Reading a table runs its owner's code (index, statistics and partition key
 -- expressions are folded while the read is planned): it runs with the rights of the role that
 -- defined it, or not at all. A table given to another owner after protect, or a child owned by
--- someone else, fails closed (YF000) until protect runs again. Reads the catalogs only.
+-- someone else, fails closed (YF000) until protect runs again; so does a table that forces
+-- row-level security on its owner (unless the owner has BYPASSRLS). Reads the catalogs only.
 CREATE OR REPLACE FUNCTION fencekit.check_fence_column(tag text, relid oid, trigger_name text,
                                                        rel regclass, col name)
 RETURNS void
@@ -1630,6 +1646,27 @@ BEGIN
     FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid
    WHERE c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
    LIMIT 1;
+  IF stranger IS NULL AND NOT (SELECT r.rolbypassrls FROM pg_catalog.pg_roles r
+                                 WHERE r.rolname = current_user) THEN
+    -- A policy forced on the owner could hide rows (and fences) from the check, and what it
+    -- hides can depend on the writer's own settings: refused rather than judged on a part.
+    WITH RECURSIVE tree(oid) AS (
+           SELECT rel::oid
+           UNION
+           SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+    SELECT c.oid::regclass INTO stranger
+      FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid
+     WHERE c.relrowsecurity AND c.relforcerowsecurity
+     LIMIT 1;
+    IF stranger IS NOT NULL THEN
+      PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
+        pg_catalog.format('%s forces row-level security on its owner %I, so the TRUNCATE check, '
+                          'which reads every row''s fence as the owner, cannot see every row; '
+                          'ALTER TABLE %s NO FORCE ROW LEVEL SECURITY, or give %I BYPASSRLS',
+                          stranger, current_user, stranger, current_user));
+    END IF;
+    RETURN;
+  END IF;
   IF stranger IS NOT NULL THEN
     PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
       pg_catalog.format('the TRUNCATE check reads the fences of %s as %I, the role that owned '
@@ -3204,6 +3241,71 @@ CREATE TABLE IF NOT EXISTS fencekit.allowed_code (
 REVOKE ALL ON fencekit.allowed_code FROM PUBLIC;
 GRANT SELECT ON fencekit.allowed_code TO PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON fencekit.allowed_code TO fencekit_admin;
+
+-- 85_forget_dropped.sql
+-- A protected table that is dropped leaves its registry row (fencekit.protected) and its
+-- counters behind; `fencekit status` then reports table_missing, and a new table created under
+-- the old name would be protected over the old entry and its counts. An application that drops
+-- and re-creates its tables (an uninstall and install of a queue's schema) wants neither: this
+-- event trigger forgets the table when it is dropped. The fences stay (a fence is never
+-- lowered): a new table of the same name on an unnamed key or table fence starts above every
+-- token the old one accepted, which tokens from fencekit's issuer always are.
+--
+-- Trusted surface (docs/security.md): SECURITY DEFINER because the role that drops a table (its
+-- owner) may not write fencekit.protected nor drop the counters. It touches only
+-- pg_event_trigger_dropped_objects(), the catalogs pg_trigger and pg_proc, one row of
+-- fencekit.protected and the table's counter sequences (fencekit."<tag>:<counter>"). It acts
+-- only for a registered table that was dropped by this command and whose generated trigger
+-- functions no remaining table's trigger calls (nobody but their owner and fencekit_admin may
+-- attach them): dropping another table that took a protected table's old name (after a
+-- rename) forgets nothing. It never runs caller code: no user table, type, cast or operator;
+-- names are compared as text with pg_catalog's operators. It cannot be called: it returns
+-- event_trigger.
+CREATE OR REPLACE FUNCTION fencekit.forget_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  p record;
+BEGIN
+  FOR p IN
+    SELECT pr.tag
+      FROM pg_catalog.pg_event_trigger_dropped_objects() o
+      JOIN fencekit.protected pr
+        ON pr.schema_name OPERATOR(pg_catalog.=) o.schema_name
+       AND pr.table_name OPERATOR(pg_catalog.=) o.object_name
+     WHERE o.object_type OPERATOR(pg_catalog.=) 'table'
+       AND NOT EXISTS (
+         SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
+          WHERE f.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace
+            AND f.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY[
+                  pr.tag || '_ins', pr.tag || '_upd', pr.tag || '_del', pr.tag || '_stmt',
+                  pr.tag || '_trunc']))
+  LOOP
+    DELETE FROM fencekit.protected WHERE tag OPERATOR(pg_catalog.=) p.tag;
+    PERFORM fencekit.drop_counters(p.tag);
+  END LOOP;
+END
+$fn$;
+REVOKE ALL ON FUNCTION fencekit.forget_dropped_tables() FROM PUBLIC;
+
+-- Event triggers need a superuser (or a managed service's equivalent role): installed only
+-- when the installer is one; otherwise the install says so and goes on.
+DO $do$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger
+                  WHERE evtname = 'fencekit_forget_dropped') THEN
+    CREATE EVENT TRIGGER fencekit_forget_dropped ON sql_drop
+      WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+      EXECUTE FUNCTION fencekit.forget_dropped_tables();
+  END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+  RAISE NOTICE USING
+    MESSAGE = 'fencekit: dropped protected tables are not forgotten automatically: the event '
+              'trigger that does it needs a superuser',
+    HINT = 'Re-run the install as a superuser (or your provider''s equivalent role) to add it; '
+           'without it, after dropping a protected table, unprotect it or delete its '
+           'fencekit.protected row (fencekit status reports it as table_missing).';
+END
+$do$;
 
 INSERT INTO fencekit.meta (key, value) VALUES ('core_version', '10')
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;

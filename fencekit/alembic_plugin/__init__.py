@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from fencekit._alembic_entry import setup
 from fencekit.alembic_plugin import enforce as enforce
+from fencekit.alembic_plugin import grants as grants
 from fencekit.alembic_plugin import ops as ops
 from fencekit.alembic_plugin import render as render
 from fencekit.alembic_plugin.filters import include_name, include_object

@@ -20,7 +20,7 @@ from alembic.operations import MigrateOperation, Operations
 
 from fencekit import sqlgen
 from fencekit.alembic_plugin.ops import run_sql
-from fencekit.catalog.model import CatalogError
+from fencekit.errors import CatalogError
 from fencekit.catalog.rollout import (
     DBAPIConnection,
     enforce_check,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from fencekit.catalog.model import CatalogError
+from fencekit.errors import CatalogError
 from fencekit.spec import FenceSpec, SpecError, TableName
 
 if TYPE_CHECKING:

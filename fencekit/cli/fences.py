@@ -12,8 +12,9 @@ import argparse
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from fencekit.cli import HelpFormatter, UsageError
+from fencekit.cli import HelpFormatter
 from fencekit.cli.common import connect, dsn_from, dsn_option, emit, json_option, parse_table
+from fencekit.errors import UsageError
 from fencekit.spec import Scope
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
     from fencekit.catalog import ProtectedTable
 
-__all__ = ["register"]
+__all__: list[str] = []
 
 _BIGINT_MAX = 2**63 - 1
 _TABLE_HELP = 'the protected table, as SQL writes it: billing, public.billing, "My Schema"."T"'
@@ -154,7 +155,7 @@ def _owner_session_only(conn: psycopg.Connection[Any], pt: ProtectedTable) -> No
     code (index, statistics and partition key expressions) as the reader. In the owner's own
     session it runs with the owner's rights; in an admin's or a superuser's it would run with
     theirs, and SET ROLE cannot contain it (the code can RESET ROLE)."""
-    from fencekit.catalog import CatalogError
+    from fencekit.errors import CatalogError
 
     row = conn.execute(
         "SELECT fencekit.session_is(c.relowner), pg_catalog.quote_ident(r.rolname), "
@@ -294,7 +295,7 @@ def _row_fences(
             sql.SQL("SELECT {i}, {c} FROM {t} WHERE {w}").format(i=ident, c=col, t=table, w=where)
         ).fetchone()
         if found is None:
-            from fencekit.catalog import CatalogError
+            from fencekit.errors import CatalogError
 
             raise CatalogError(f"{pt.spec.table} has no row with primary key {key}")
         doc["row"] = {"key": found[0], "fence": found[1]}

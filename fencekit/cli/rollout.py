@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from fencekit import sqlgen
-from fencekit.cli import HelpFormatter, UsageError
+from fencekit.cli import HelpFormatter
 from fencekit.cli.common import (
     TABLE_HELP,
     connect,
@@ -27,6 +27,7 @@ from fencekit.cli.common import (
     run_script,
     table_keys,
 )
+from fencekit.errors import UsageError
 
 __all__ = ["register"]
 

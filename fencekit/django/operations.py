@@ -23,7 +23,8 @@ from django.db.migrations.writer import MigrationWriter
 
 from fencekit import sqlgen
 from fencekit.django.fences import META_OPTION, Fence
-from fencekit.spec import FenceSpec, SpecError
+from fencekit.errors import SpecError
+from fencekit.spec import FenceSpec
 from fencekit.sqlgen.pin import pinned
 
 __all__ = [

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import json
 
+from fencekit.errors import SpecError
 from fencekit.ident import quote_ident
-from fencekit.spec import FenceSpec, Scope, SpecError
+from fencekit.spec import FenceSpec, Scope
 from fencekit.sqlgen.common import names_for
 from fencekit.sqlgen.key import KEY_SETTINGS, key_expression
 from fencekit.sqlgen.objects import TEMPLATE_VERSION
@@ -128,10 +129,10 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         # The name must still be the protected table, not a view (whose functions would run as
         # the mover) or another relation the owner put under it after renaming the table.
         "  PERFORM fencekit.registered_table(tbl::pg_catalog.regclass);\n"
-        # Before anything reads, writes or drops: only in the owner's session (_owner_only).
-        + (_owner_only(new) + "\n" if is_move(old, new) and _reads_rows(old, new) else "")
         + _column_types(old, new)
         + _column_free(old, new)
+        # Before anything reads, writes or drops: only in the owner's session (_owner_only).
+        + (_owner_only(new) + "\n" if is_move(old, new) and _reads_rows(old, new) else "")
         + "END\n"
     )
 

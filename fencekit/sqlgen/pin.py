@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["IN_TRANSACTION", "PINNED_PATH", "RESTORE", "SAVE_AND_PIN", "SCRIPT_PIN", "pinned"]
+__all__ = ["IN_TRANSACTION", "PINNED_PATH", "SCRIPT_PIN", "pinned"]
 
 #: The only path generated SQL is parsed under: pg_catalog, then the session's temporary schema
 #: last (pg_temp is never searched for functions or operators, and last for relations).

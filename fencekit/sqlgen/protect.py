@@ -22,13 +22,11 @@ from fencekit.sqlgen.text import do, dollar, lit
 
 __all__ = [
     "add_column_quietly",
-    "create_counters_quietly",
     "drop_objects",
     "protect_statements",
     "shell_args_sql",
     "table_objects",
     "trigger_stamp",
-    "unprotect_guard",
     "unprotect_statements",
 ]
 

@@ -106,6 +106,8 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
     "write-update": lambda t: f"UPDATE {t.table} SET v = v + 1 WHERE id = '1'",
     "write-delete": lambda t: f"DELETE FROM {t.table} WHERE id = '1'",
     "write-truncate": lambda t: f"TRUNCATE {t.table}",
+    # Fires the sql_drop event trigger fencekit_forget_dropped (as the installer).
+    "drop-table": lambda t: f"DROP TABLE {t.table}",
 }
 # Which CALLS entry reaches each SECURITY DEFINER function (generated ones as <tag>_<suffix>).
 # count_event, counter_value and lease_mismatch run as their callers: still attacked through
@@ -126,6 +128,7 @@ DEFINERS = {
     "<tag>_stmt": "write-update",
     "<tag>_trunc": "write-truncate",  # a row fence's TRUNCATE check (reads every row's fence)
     "judge_fences": "judge_fences",
+    "forget_dropped_tables": "drop-table",
     "record_unfenced_writer": "record_unfenced_writer",
 }
 
