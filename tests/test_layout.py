@@ -184,8 +184,11 @@ ALLOWED: dict[str, set[str]] = {
     "fencekit.sqlalchemy": {
         "asyncpg", "context", "declare", "errors", "metrics", "psycopg", "psycopg2", "spec",
     },
-    "fencekit.django": {"context", "errors", "spec", "sqlgen"},
-    "fencekit.alembic_plugin": {"_alembic_entry", "declare", "errors", "ident", "spec", "sqlgen"},
+    # Django's and alembic's enforce operations read the rollout report (catalog.rollout).
+    "fencekit.django": {"catalog", "context", "errors", "spec", "sqlgen"},
+    "fencekit.alembic_plugin": {
+        "_alembic_entry", "catalog", "declare", "errors", "ident", "spec", "sqlgen",
+    },
     "fencekit._alembic_entry": {"alembic_plugin"},
     "fencekit.leases": {"context", "errors"},
     "fencekit.metrics": {"errors"},

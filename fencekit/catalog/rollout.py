@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from fencekit.errors import CatalogError
-from fencekit.spec import FenceSpec, SpecError, TableName
+from fencekit.errors import CatalogError, SpecError
+from fencekit.spec import FenceSpec, TableName
 
 if TYPE_CHECKING:
     import psycopg

@@ -13,7 +13,7 @@ from typing import Any, cast
 import psycopg
 from psycopg import errors as pg_errors
 
-from fencekit.errors import translate
+from fencekit.errors import IssuerUnavailableError, translate
 from fencekit.leases._postgres_base import (
     ACQUIRE,
     EPOCH,
@@ -25,7 +25,6 @@ from fencekit.leases._postgres_base import (
 from fencekit.leases._postgres_base import connect_kwargs as connect_kwargs_for
 from fencekit.leases.base import (
     Grant,
-    IssuerUnavailableError,
     check_resource,
     check_ttl,
 )
