@@ -20,13 +20,13 @@ from alembic.operations import MigrateOperation, Operations
 
 from fencekit import sqlgen
 from fencekit.alembic_plugin.ops import run_sql
-from fencekit.errors import CatalogError
 from fencekit.catalog.rollout import (
     DBAPIConnection,
     enforce_check,
     parse_duration,
     registered_spec,
 )
+from fencekit.errors import CatalogError
 from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, TableName
 
 __all__ = ["EnforceFenceOp"]
