@@ -36,17 +36,15 @@ from fencekit.ident import quote_ident
 from fencekit.spec import FenceSpec, Scope, SpecError
 from fencekit.sqlgen.common import names_for
 from fencekit.sqlgen.key import KEY_SETTINGS, key_expression
-from fencekit.sqlgen.objects import TEMPLATE_VERSION
 from fencekit.sqlgen.protect import (
     add_column_quietly,
     drop_objects,
     protect_statements,
     shell_args_sql,
 )
-from fencekit.sqlgen.script import DEFAULT_LOCK_TIMEOUT, _script
 from fencekit.sqlgen.text import do, lit
 
-__all__ = ["STRUCTURE", "is_move", "move_statements", "render_move"]
+__all__ = ["STRUCTURE", "is_move", "move_statements"]
 
 #: The parts of a spec that decide which objects, columns and fences a table has; a change of
 #: any of them is a move. Every other option is a policy and changes by re-running protect.
@@ -398,6 +396,7 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
 def move_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
     """Statements that move ``old.table`` from spec ``old`` to spec ``new``, without
     transaction control (the caller's transaction holds the locks until it commits).
+    Callers go through :func:`fencekit.sqlgen.change_statements`, the one fence-change model.
 
     With only policies changed this is protect's in-place re-run behind the same lock and
     guard. The script refuses to run (YF000) unless the registry holds exactly ``old``.
@@ -429,16 +428,3 @@ def move_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
         # Only now: the carry read it.
         out.append(f"ALTER TABLE {t.sql} DROP COLUMN {quote_ident(old.column)}")
     return out
-
-
-def render_move(old: FenceSpec, new: FenceSpec, *, lock_timeout: str = DEFAULT_LOCK_TIMEOUT) -> str:
-    """:func:`move_statements` as a reviewable psql script, in one transaction."""
-    what = "move" if is_move(old, new) else "change the policies of"
-    title = [
-        f"fencekit: {what} {old.table.sql} ({old.scope} -> {new.scope} fence, "
-        f"template {TEMPLATE_VERSION})",
-        f"from: {json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)}",
-        f"to:   {json.dumps(new.as_dict(), sort_keys=True, ensure_ascii=False)}",
-        "Writers of the table (and of tables sharing its resource) wait until it commits.",
-    ]
-    return _script(title, move_statements(old, new), lock_timeout)

@@ -38,10 +38,11 @@ def test_changed_fence_autogenerates_alter_and_downgrade_restores(project: Proje
     project.write_models(AFTER)
     text = project.autogenerate("alter fence").read_text()
     upgrade, downgrade = text.split("def upgrade", 1)[1].split("def downgrade", 1)
-    # Another key is a move (issue 13, item 1): one operation each way, fences carried.
-    assert "op.move_fence(" in upgrade
+    # Another key is a move: one operation each way, fences carried.
+    assert "op.alter_fence(" in upgrade
     assert "'key': ['account_id', 'region']" in upgrade.split("new=", 1)[1]
-    assert "op.move_fence(" in downgrade
+    assert "op.alter_fence(" in downgrade
+    assert "fences carried over" in upgrade
     for direction in (upgrade, downgrade):
         sql = direction.split("sql=", 1)[1]
         assert sql.index("LOCK TABLE") < sql.index("fencekit.register_table(")
