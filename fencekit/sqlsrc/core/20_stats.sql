@@ -104,7 +104,6 @@ $fn$;
 -- other (create_counters): a sequence, so that the count costs the same whatever other sessions
 -- do, and survives a rollback like the rejection counts. A table protected by a template without
 -- the counter is not counted rather than failed.
-DROP FUNCTION IF EXISTS fencekit.count_event(text, oid, text, bigint);  -- before core 5
 CREATE OR REPLACE FUNCTION fencekit.count_event(tag text, relid oid, reason text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -155,7 +154,7 @@ DECLARE
   cur bigint;
 BEGIN
   IF seq IS NULL OR late_ms IS NULL OR late_ms < 1 THEN
-    RETURN;  -- a sequence cannot hold 0; a table protected before core 4 has no gauge yet
+    RETURN;  -- a sequence cannot hold 0
   END IF;
   cur := fencekit.counter_value(tag, 'max_late_ms');
   IF cur IS NULL OR late_ms > cur THEN
@@ -324,16 +323,3 @@ REVOKE ALL ON FUNCTION fencekit.writing(text, oid), fencekit.refuse_caller(text,
 GRANT EXECUTE ON FUNCTION fencekit.count_event(text, oid, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
   TO PUBLIC;
-
--- Counters of tables protected before core 5 lack the grants above (and before core 4 the
--- lateness gauge): give them. A counter owned by a role the installer cannot act for is left
--- with a warning from GRANT; re-run the install as a superuser.
-DO $do$
-DECLARE
-  p record;
-BEGIN
-  FOR p IN SELECT pr.tag FROM fencekit.protected pr LOOP
-    PERFORM fencekit.create_counters(p.tag);
-  END LOOP;
-END
-$do$;
