@@ -12,7 +12,6 @@ it installs, not because fencekit keeps its old templates.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from fencekit.spec import FenceSpec, SpecError, TableName
 from fencekit.sqlgen.move import is_move, move_statements
 from fencekit.sqlgen.objects import TEMPLATE_VERSION
 from fencekit.sqlgen.protect import protect_statements, unprotect_statements
-from fencekit.sqlgen.script import DEFAULT_LOCK_TIMEOUT, _script
+from fencekit.sqlgen.script import DEFAULT_LOCK_TIMEOUT, _script, spec_comment
 
 __all__ = ["FenceChange", "change_statements", "frozen_statements", "render_move"]
 
@@ -53,8 +52,8 @@ def render_move(old: FenceSpec, new: FenceSpec, *, lock_timeout: str = DEFAULT_L
     title = [
         f"fencekit: {what} {old.table.sql} ({old.scope} -> {new.scope} fence, "
         f"template {TEMPLATE_VERSION})",
-        f"from: {json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)}",
-        f"to:   {json.dumps(new.as_dict(), sort_keys=True, ensure_ascii=False)}",
+        *spec_comment("from: ", old),
+        *spec_comment("to:   ", new),
         "Writers of the table (and of tables sharing its resource) wait until it commits.",
     ]
     return _script(title, change_statements(old, new), lock_timeout)

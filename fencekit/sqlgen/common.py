@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,8 +17,34 @@ __all__ = [
     "definer_function",
     "judge_fences",
     "names_for",
+    "spec_json_lines",
+    "spec_jsonb",
     "statement_token",
 ]
+
+
+def spec_json_lines(spec: FenceSpec, width: int = 88) -> list[str]:
+    """The spec as JSON (keys sorted, as the registry compares it), wrapped between options so
+    that no line is longer than ``width`` where one option fits: generated SQL stays readable."""
+    items = [
+        f"{json.dumps(k)}: {json.dumps(v, sort_keys=True, ensure_ascii=False)}"
+        for k, v in sorted(spec.as_dict().items())
+    ]
+    lines = ["{"]
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "}")
+        if len(lines[-1]) > 1 and len(lines[-1]) + 1 + len(piece) > width:
+            lines.append(" " + piece)
+        else:
+            lines[-1] += ("" if lines[-1] == "{" else " ") + piece
+    return lines
+
+
+def spec_jsonb(spec: FenceSpec, indent: str = "  ") -> str:
+    """SQL: the spec as a jsonb literal, wrapped (:func:`spec_json_lines`; jsonb ignores the
+    line breaks)."""
+    return lit(("\n" + indent).join(spec_json_lines(spec))) + "::pg_catalog.jsonb"
+
 
 #: What SECURITY DEFINER functions run under (docs/dev/design.md, principle 8).
 PINNED_SEARCH_PATH = ("search_path", "pg_catalog, pg_temp")

@@ -30,18 +30,11 @@ The old resource's fences are removed when no other table uses it, as unprotect 
 
 from __future__ import annotations
 
-import json
-
 from fencekit.ident import quote_ident
 from fencekit.spec import FenceSpec, Scope, SpecError
-from fencekit.sqlgen.common import names_for
+from fencekit.sqlgen.common import names_for, spec_jsonb
 from fencekit.sqlgen.key import KEY_SETTINGS, key_expression
-from fencekit.sqlgen.protect import (
-    add_column_quietly,
-    drop_objects,
-    protect_statements,
-    shell_args_sql,
-)
+from fencekit.sqlgen.protect import add_column_quietly, drop_objects, protect_statements
 from fencekit.sqlgen.text import do, lit
 
 __all__ = ["STRUCTURE", "is_move", "move_statements"]
@@ -94,35 +87,16 @@ def _lock(old: FenceSpec, new: FenceSpec) -> list[str]:
 
 
 def _guard(old: FenceSpec, new: FenceSpec) -> str:
-    """Refuse (YF000) unless the registry holds exactly ``old`` for the table: a script
-    generated for another spec would carry the wrong fences."""
+    """Refuse (YF000) unless the registry holds exactly ``old`` for the table
+    (``fencekit.move_guard``, 48_guards.sql): a script generated for another spec would carry
+    the wrong fences."""
     t = old.table
-    wanted = json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)
-    base = json.dumps(FenceSpec(t).as_dict(), sort_keys=True, ensure_ascii=False)
-    target = shell_args_sql(lit(json.dumps(new.as_dict())) + "::pg_catalog.jsonb", "tbl")
     return do(
         "\nDECLARE\n"
-        "  have pg_catalog.jsonb;\n"
         f"  tbl pg_catalog.text := {lit(t.sql)};\n"
         "BEGIN\n"
-        f"  SELECT {lit(base)}::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have\n"
-        f"    FROM fencekit.protected p WHERE {_registered(t.schema, t.name)};\n"
-        "  IF NOT FOUND THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        "      MESSAGE = pg_catalog.format('fencekit: %s is not protected; nothing was moved', "
-        "tbl),\n"
-        "      HINT = 'Protect it: fencekit protect ' OPERATOR(pg_catalog.||) "
-        f"{target};\n"
-        f"  ELSIF have IS DISTINCT FROM {lit(wanted)}::pg_catalog.jsonb THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        "      MESSAGE = pg_catalog.format('fencekit: this script moves %s from spec %s, but '\n"
-        "        'fencekit.protected holds %s; nothing was changed', tbl,\n"
-        f"        {lit(wanted)}, have::pg_catalog.text),\n"
-        "      HINT = 'Generate the script from what is there: fencekit sql move '\n"
-        f"        OPERATOR(pg_catalog.||) {target}\n"
-        "        OPERATOR(pg_catalog.||) ' --dsn DSN (it reads the current spec from the "
-        "registry)';\n"
-        "  END IF;\n"
+        f"  PERFORM fencekit.move_guard(tbl,\n    {spec_jsonb(old, '    ')},\n"
+        f"    {spec_jsonb(new, '    ')});\n"
         # The name must still be the protected table, not a view (whose functions would run as
         # the mover) or another relation the owner put under it after renaming the table.
         "  PERFORM fencekit.registered_table(tbl::pg_catalog.regclass);\n"

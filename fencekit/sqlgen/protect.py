@@ -12,8 +12,8 @@ import hashlib
 import json
 
 from fencekit.ident import quote_ident
-from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope
-from fencekit.sqlgen.common import PINNED_SEARCH_PATH, Names, names_for
+from fencekit.spec import FenceSpec, Scope
+from fencekit.sqlgen.common import PINNED_SEARCH_PATH, Names, names_for, spec_jsonb
 from fencekit.sqlgen.key import key_objects
 from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger, stamp
 from fencekit.sqlgen.row import FENCE_DEFAULT, row_objects
@@ -25,7 +25,6 @@ __all__ = [
     "create_counters_quietly",
     "drop_objects",
     "protect_statements",
-    "shell_args_sql",
     "table_objects",
     "trigger_stamp",
     "unprotect_guard",
@@ -243,7 +242,6 @@ def protect_statements(spec: FenceSpec) -> list[str]:
         out += _create_function_sql(f)
     out += _grants_sql(objs.functions)
     out += _triggers_sql(objs, n)
-    spec_json = json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)
     resource = n.resource if spec.scope is not Scope.ROW else "NULL"
     families = "NULL"
     if spec.scope is Scope.KEY:
@@ -251,7 +249,7 @@ def protect_statements(spec: FenceSpec) -> list[str]:
         families = f"fencekit.key_families({lit(t.sql)}::pg_catalog.regclass, ARRAY[{keys}])"
     out.append(
         f"SELECT fencekit.register_table({lit(t.schema)}, {lit(t.name)}, {n.lit_tag}, "
-        f"{resource},\n  {lit(spec_json)},\n  {TEMPLATE_VERSION}, {families})"
+        f"{resource},\n  {spec_jsonb(spec)},\n  {TEMPLATE_VERSION}, {families})"
     )
     return out
 
@@ -335,75 +333,9 @@ def create_counters_quietly(tag: str) -> str:
     return f"SELECT fencekit.ensure_counters({lit(tag)})"
 
 
-_SHELL_SAFE = "'^[A-Za-z0-9_@%+=:,./-]+$'"
-
-
-def _sh(expr: str) -> str:
-    """SQL: the text ``expr`` quoted for a POSIX shell, as :func:`shlex.quote` quotes it."""
-    return (
-        f"CASE WHEN {expr} OPERATOR(pg_catalog.~) {_SHELL_SAFE} THEN {expr}\n"
-        f"        ELSE '''' OPERATOR(pg_catalog.||) pg_catalog.replace({expr}, '''', "
-        "'''\"''\"''') OPERATOR(pg_catalog.||) '''' END"
-    )
-
-
-def shell_args_sql(spec_expr: str, table_expr: str) -> str:
-    """SQL: the command-line arguments that reproduce the spec ``spec_expr`` (jsonb) for the
-    table ``table_expr`` (text, as SQL writes it), shell-quoted: what ``FenceSpec.cli_args``
-    prints for the same spec (a test compares them)."""
-    s = spec_expr
-    cat = "OPERATOR(pg_catalog.||)"
-    eq = "OPERATOR(pg_catalog.=)"
-    ne = "OPERATOR(pg_catalog.<>)"
-    resource = f"({s} ->> 'resource')"
-    column = f"({s} ->> 'column')"
-    issuer = f"({s} ->> 'issuer')"
-    return (
-        f"pg_catalog.concat_ws(' ', {_sh(table_expr)},\n"
-        f"      CASE WHEN {s} ->> 'scope' {eq} 'table' THEN '--scope table' END,\n"
-        f"      (SELECT pg_catalog.string_agg('--key ' {cat} {_sh('k')}, ' ' ORDER BY o)\n"
-        f"         FROM pg_catalog.jsonb_array_elements_text({s} -> 'key')"
-        " WITH ORDINALITY AS e(k, o)),\n"
-        f"      '--resource ' {cat} {_sh(resource)},\n"
-        f"      CASE WHEN {s} ->> 'on_missing' {ne} 'reject'\n"
-        f"           THEN '--on-missing ' {cat} ({s} ->> 'on_missing') END,\n"
-        f"      CASE WHEN {s} ->> 'on_equal' {ne} 'accept'\n"
-        f"           THEN '--on-equal ' {cat} ({s} ->> 'on_equal') END,\n"
-        f"      CASE WHEN {s} ->> 'scope' {eq} 'row' AND {column} {ne} {lit(DEFAULT_COLUMN)}\n"
-        f"           THEN '--column ' {cat} {_sh(column)} END,\n"
-        f"      '--issuer ' {cat} {_sh(issuer)})"
-    )
-
-
 def unprotect_guard(spec: FenceSpec) -> str:
-    """A DO block refusing (YF000) unless the registry holds exactly ``spec`` for the table,
-    with a hint naming the command that generates the right script. For a table the registry
-    does not know it says so (a NOTICE): the script then only cleans leftovers."""
-    t = spec.table
-    wanted = json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)
-    # Registry rows written before an option existed take its default.
-    base = json.dumps(FenceSpec(t).as_dict(), sort_keys=True, ensure_ascii=False)
-    cli = shell_args_sql("have", "tbl")
-    return do(
-        "\nDECLARE\n"
-        "  have pg_catalog.jsonb;\n"
-        f"  tbl pg_catalog.text := {lit(t.sql)};\n"
-        "BEGIN\n"
-        f"  SELECT {lit(base)}::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have\n"
-        "    FROM fencekit.protected p\n"
-        f"   WHERE p.schema_name OPERATOR(pg_catalog.=) {lit(t.schema)}\n"
-        f"     AND p.table_name OPERATOR(pg_catalog.=) {lit(t.name)};\n"
-        "  IF NOT FOUND THEN\n"
-        "    RAISE NOTICE 'fencekit: % is not in fencekit.protected; removing leftover fencekit '\n"
-        "                 'objects only', tbl;\n"
-        f"  ELSIF have IS DISTINCT FROM {lit(wanted)}::pg_catalog.jsonb THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        "      MESSAGE = pg_catalog.format('fencekit: this script unprotects %s with spec %s, '\n"
-        "        'but fencekit.protected holds %s; nothing was changed', tbl,\n"
-        f"        {lit(wanted)}, have::pg_catalog.text),\n"
-        "      HINT = 'Generate the script for what is there: fencekit sql unprotect '\n"
-        f"        OPERATOR(pg_catalog.||) {cli}\n"
-        "        OPERATOR(pg_catalog.||) ' (or run fencekit unprotect TABLE --dsn DSN, which '\n"
-        "        'reads the spec from the registry)';\n"
-        "  END IF;\nEND\n"
-    )
+    """Refuse (YF000) unless the registry holds exactly ``spec`` for the table, with a hint
+    naming the command that generates the right script; a table the registry does not know
+    gets a NOTICE, and the script then only cleans leftovers (``fencekit.unprotect_guard``,
+    48_guards.sql)."""
+    return f"SELECT fencekit.unprotect_guard({lit(spec.table.sql)},\n  {spec_jsonb(spec)})"
