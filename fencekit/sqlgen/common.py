@@ -16,11 +16,27 @@ __all__ = [
     "Names",
     "definer_function",
     "judge_fences",
+    "lit_lines",
     "names_for",
     "spec_json_lines",
     "spec_jsonb",
     "statement_token",
 ]
+
+
+def lit_lines(text: str, indent: str, width: int = 100) -> str:
+    """``text`` as an SQL string literal, split between words into adjacent literals on lines
+    of their own when it is longer than ``width`` (SQL joins literals separated by a line
+    break): a stamp or a message stays one value and the line a reviewer reads stays short."""
+    words = text.split(" ")
+    pieces = [words[0]]
+    for word in words[1:]:
+        if len(pieces[-1]) + 1 + len(word) > width:
+            pieces[-1] += " "
+            pieces.append(word)
+        else:
+            pieces[-1] += " " + word
+    return f"\n{indent}".join(lit(p) for p in pieces)
 
 
 def spec_json_lines(spec: FenceSpec, width: int = 88) -> list[str]:
@@ -96,7 +112,7 @@ def definer_function(
     """A SECURITY DEFINER trigger function; its settings are written into the body as a comment
     so that the body's hash (its stamp) changes whenever they do."""
     pinned = (PINNED_SEARCH_PATH, *settings)
-    header = "-- SECURITY DEFINER; pinned: " + ", ".join(f"{k}={v}" for k, v in pinned) + "\n"
+    header = "-- SECURITY DEFINER; pinned:\n" + "".join(f"--   {k}={v}\n" for k, v in pinned)
     return make(suffix, "\n" + header + body.lstrip("\n"), definer=True, settings=pinned)
 
 
@@ -109,8 +125,8 @@ def statement_token(n: Names, *, counted: bool = True) -> str:
     issuer = lit(n.spec.issuer) if n.spec.issuer is not None else "NULL"
     count = "" if counted else ", counted => false"
     return (
-        f"fencekit.statement_token(tag => {n.lit_tag}, relid => TG_RELID, "
-        f"trigger_name => TG_NAME,\n      allow => {n.allow}, issuer => {issuer}{count})"
+        f"fencekit.statement_token(tag => {n.lit_tag}, relid => TG_RELID,\n"
+        f"      trigger_name => TG_NAME, allow => {n.allow}, issuer => {issuer}{count})"
     )
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from fencekit.ident import quote_ident
 from fencekit.spec import FenceSpec, Scope, SpecError
-from fencekit.sqlgen.common import names_for, spec_jsonb
+from fencekit.sqlgen.common import lit_lines, names_for, spec_jsonb
 from fencekit.sqlgen.key import KEY_SETTINGS, key_expression
 from fencekit.sqlgen.protect import add_column_quietly, drop_objects, protect_statements
 from fencekit.sqlgen.text import do, lit
@@ -51,9 +51,11 @@ def is_move(old: FenceSpec, new: FenceSpec) -> bool:
     return any(a[k] != b[k] for k in STRUCTURE)
 
 
-def _registered(t_schema: str, t_name: str) -> str:
+def _registered(t_schema: str, t_name: str, indent: str = "") -> str:
+    """SQL: ``p`` (a fencekit.protected row) is the table's; ``indent``: break the line."""
+    sep = f"\n{' ' * 22}{indent}" if indent else " "
     return (
-        f"p.schema_name OPERATOR(pg_catalog.=) {lit(t_schema)} "
+        f"p.schema_name OPERATOR(pg_catalog.=) {lit(t_schema)}{sep}"
         f"AND p.table_name OPERATOR(pg_catalog.=) {lit(t_name)}"
     )
 
@@ -153,8 +155,8 @@ def _unbind(spec: FenceSpec, resource: str) -> str:
     return (
         f"DELETE FROM fencekit.resources r WHERE r.resource = {lit(resource)}\n"
         "   AND NOT EXISTS (SELECT FROM fencekit.protected p\n"
-        f"                    WHERE p.resource = {lit(resource)}"
-        f" AND NOT ({_registered(t.schema, t.name)}))"
+        f"                    WHERE p.resource = {lit(resource)}\n"
+        f"                      AND NOT ({_registered(t.schema, t.name, '  ')}))"
     )
 
 
@@ -178,16 +180,17 @@ def _owner_only(new: FenceSpec) -> str:
     )
     owner = (
         "(SELECT c.relowner FROM pg_catalog.pg_class c\n"
-        f"                                  WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass)"
+        f"           WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass)"
     )
     return (
         f"    IF NOT fencekit.session_is({owner}) THEN\n"
         "      RAISE EXCEPTION USING ERRCODE = '42501',\n"
-        f"        MESSAGE = pg_catalog.format({lit(message)}, {lit(t.sql)},\n"
-        "                                    fencekit.session_role(),\n"
-        f"                                    {owner}::pg_catalog.regrole),\n"
-        f"        HINT = pg_catalog.format({lit(hint)}, {owner}::pg_catalog.regrole,\n"
-        f"                                 {owner}::pg_catalog.regrole);\n"
+        f"        MESSAGE = pg_catalog.format(\n          {lit_lines(message, ' ' * 10)},\n"
+        f"          {lit(t.sql)}, fencekit.session_role(),\n"
+        f"          {owner}::pg_catalog.regrole),\n"
+        f"        HINT = pg_catalog.format(\n          {lit_lines(hint, ' ' * 10)},\n"
+        f"          {owner}::pg_catalog.regrole,\n"
+        f"          {owner}::pg_catalog.regrole);\n"
         "    END IF;\n"
     )
 
@@ -247,7 +250,8 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
     elif ok:
         row_fence = (
             f"COALESCE((SELECT f.fence FROM {fences} f WHERE f.resource = {src}\n"
-            f"                     AND f.key = {old_key}), old_floor)"
+            f"                     AND f.key =\n                   {old_key}),\n"
+            "                 old_floor)"
         )
     else:
         row_fence = "top"
@@ -256,8 +260,8 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
         highest = f"(SELECT pg_catalog.max(r.{quote_ident(old.column)}) FROM {t.sql} r)"
     else:
         highest = (
-            f"GREATEST((SELECT pg_catalog.max(f.fence) FROM {fences} f WHERE f.resource = {src}),"
-            " old_floor)"
+            f"GREATEST((SELECT pg_catalog.max(f.fence) FROM {fences} f\n"
+            f"                      WHERE f.resource = {src}), old_floor)"
         )
     if old.scope is Scope.TABLE:
         body.append(
@@ -275,7 +279,8 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
             f"    {add};\n"
             "  ELSE\n"
             "    -- dynamic SQL: the carried table fence, a bigint, is known only at run time\n"
-            f"    EXECUTE {lit(add + ' DEFAULT ')} OPERATOR(pg_catalog.||) top::pg_catalog.text;\n"
+            f"    EXECUTE {lit(add + ' DEFAULT ')}\n"
+            "      OPERATOR(pg_catalog.||) top::pg_catalog.text;\n"
             f"    ALTER TABLE {t.sql} ALTER COLUMN {col} DROP DEFAULT;\n"
             "  END IF;"
         )
@@ -292,7 +297,7 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
             + _owner_only(new)
             + "    PERFORM pg_catalog.set_config('fencekit.bypass', '', true);\n"
             f"    UPDATE {t.sql} AS r SET {col} = f.fence FROM {fences} f\n"
-            f"     WHERE f.resource = {src} AND f.key = {old_key};\n"
+            f"     WHERE f.resource = {src}\n       AND f.key = {old_key};\n"
             "    IF old_floor IS NOT NULL THEN\n"
             f"      UPDATE {t.sql} AS r SET {col} = old_floor WHERE r.{col} IS NULL;\n"
             "    END IF;\n"
@@ -306,13 +311,13 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
     elif old.scope is Scope.ROW:
         body.append(
             f"  INSERT INTO {carry}\n"
-            f"  SELECT {new_key}, pg_catalog.max({row_fence}) FROM {t.sql} r\n"
+            f"  SELECT {new_key},\n         pg_catalog.max({row_fence})\n    FROM {t.sql} r\n"
             f"   WHERE {row_fence} IS NOT NULL GROUP BY 1;"
         )
     elif old.scope is Scope.TABLE:
         body.append(
             "  new_floor := top;\n"
-            f"  INSERT INTO {carry} SELECT DISTINCT {new_key}, top FROM {t.sql} r"
+            f"  INSERT INTO {carry}\n  SELECT DISTINCT {new_key}, top\n    FROM {t.sql} r"
             " WHERE top IS NOT NULL;"
         )
     elif old.key == new.key:
@@ -327,9 +332,10 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
             # new key takes the highest of them.
             f"  SELECT pg_catalog.max(f.fence) INTO orphan FROM {fences} f\n"
             f"   WHERE f.resource = {src}\n"
-            f"     AND NOT EXISTS (SELECT FROM {t.sql} r WHERE {old_key} = f.key);\n"
+            f"     AND NOT EXISTS (SELECT FROM {t.sql} r\n"
+            f"                      WHERE {old_key} = f.key);\n"
             f"  INSERT INTO {carry}\n"
-            f"  SELECT {new_key}, GREATEST(pg_catalog.max({row_fence}), orphan)\n"
+            f"  SELECT {new_key},\n         GREATEST(pg_catalog.max({row_fence}), orphan)\n"
             f"    FROM {t.sql} r GROUP BY 1\n"
             f"  HAVING GREATEST(pg_catalog.max({row_fence}), orphan) IS NOT NULL;\n"
             f"  new_floor := {highest};"
@@ -386,7 +392,7 @@ def move_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
     if not is_move(old, new):
         return out + protect_statements(new)
     out.append(drop_objects(names_for(old).tag, f"{lit(t.sql)}::pg_catalog.regclass"))
-    out.append(f"DELETE FROM fencekit.protected p WHERE {_registered(t.schema, t.name)}")
+    out.append(f"DELETE FROM fencekit.protected p\n WHERE {_registered(t.schema, t.name)}")
     row_to_row = old.scope is Scope.ROW and new.scope is Scope.ROW
     if row_to_row:
         out.append(

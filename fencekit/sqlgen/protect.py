@@ -13,7 +13,7 @@ import json
 
 from fencekit.ident import quote_ident
 from fencekit.spec import FenceSpec, Scope
-from fencekit.sqlgen.common import PINNED_SEARCH_PATH, Names, names_for, spec_jsonb
+from fencekit.sqlgen.common import PINNED_SEARCH_PATH, Names, lit_lines, names_for, spec_jsonb
 from fencekit.sqlgen.key import key_objects
 from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger, stamp
 from fencekit.sqlgen.row import FENCE_DEFAULT, row_objects
@@ -99,8 +99,8 @@ def _create_function_sql(f: Function) -> list[str]:
         f"CREATE OR REPLACE FUNCTION {f.sql_name}() RETURNS {f.returns}\n"
         f"LANGUAGE plpgsql{' SECURITY DEFINER' if f.definer else ''}{attrs}\n"
         f"AS {dollar(f.body, 'fn')}",
-        f"COMMENT ON FUNCTION {f.sql_name}() IS "
-        + lit(stamp("function", f" sha256={f.body_hash}")),
+        f"COMMENT ON FUNCTION {f.sql_name}() IS\n  "
+        + lit_lines(stamp("function", f" sha256={f.body_hash}"), "  "),
     ]
     return out
 
@@ -111,10 +111,10 @@ def _grants_sql(functions: tuple[Function, ...]) -> list[str]:
     # can attach a definer function (and its rights) to another table, and a trigger calling a
     # fencekit.<tag>_* function marks a table as the one protected under <tag>
     # (fencekit.writing relies on that).
-    names = ", ".join(f"{f.sql_name}()" for f in functions)
+    names = ",\n  ".join(f"{f.sql_name}()" for f in functions)
     return [
-        f"REVOKE ALL ON FUNCTION {names} FROM PUBLIC",
-        f"GRANT EXECUTE ON FUNCTION {names} TO fencekit_admin",
+        f"REVOKE ALL ON FUNCTION\n  {names}\n  FROM PUBLIC",
+        f"GRANT EXECUTE ON FUNCTION\n  {names}\n  TO fencekit_admin",
     ]
 
 
@@ -128,9 +128,11 @@ def _guard(spec: FenceSpec) -> str:
     """
     d = spec.as_dict()
     structure = {k: d[k] for k in ("scope", "key", "resource", "column")}
+    # One option a line past the first: a long key list keeps the line short.
+    text = json.dumps(structure, sort_keys=True).replace(', "key"', ',\n   "key"')
     return (
         f"SELECT fencekit.protect_guard({lit(spec.table.sql)}::pg_catalog.regclass,\n"
-        f"  {lit(json.dumps(structure, sort_keys=True))}::pg_catalog.jsonb)"
+        f"  {lit(text)}::pg_catalog.jsonb)"
     )
 
 
@@ -139,7 +141,7 @@ def _ensure(tr: Trigger, on: str) -> str:
     regclass): replaced when its stamp differs, created when missing (47_protect.sql)."""
     return (
         f"fencekit.ensure_trigger({on}, {lit(tr.name)},\n"
-        f"      {lit(trigger_stamp(tr))},\n"
+        f"      {lit_lines(trigger_stamp(tr), '      ')},\n"
         f"      {lit(_format_template(tr))})"
     )
 
@@ -147,8 +149,11 @@ def _ensure(tr: Trigger, on: str) -> str:
 def _drop_foreign_generations(n: Names, keep: set[str], on: str) -> str:
     """SQL: drop the ``fencekit_<tag>_*`` triggers on ``on`` that this template does not make
     (another release made them): re-protect must not leave an old trigger firing."""
-    keep_sql = ", ".join(lit(k) for k in sorted(keep))
-    return f"fencekit.drop_other_triggers({on}, {lit(f'fencekit_{n.tag}_')}, ARRAY[{keep_sql}])"
+    keep_sql = ",\n         ".join(lit(k) for k in sorted(keep))
+    return (
+        f"fencekit.drop_other_triggers({on}, {lit(f'fencekit_{n.tag}_')},\n"
+        f"         ARRAY[{keep_sql}])"
+    )
 
 
 _DESCENDANTS = (
@@ -184,7 +189,7 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
     t = objs.spec.table
     root = f"{lit(t.sql)}::pg_catalog.regclass"
     keep = {tr.name for tr in objs.triggers}
-    keep_functions = ", ".join(lit(f.name) for f in objs.functions)
+    keep_functions = ",\n         ".join(lit(f.name) for f in objs.functions)
     cover = next(f for f in objs.functions if f.returns == "void")
     out = []
     for tr in objs.triggers:
@@ -194,7 +199,8 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
             create_trigger_sql(tr, t.sql).replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1)
         )
         out.append(
-            f"COMMENT ON TRIGGER {quote_ident(tr.name)} ON {t.sql} IS {lit(trigger_stamp(tr))}"
+            f"COMMENT ON TRIGGER {quote_ident(tr.name)} ON {t.sql} IS\n  "
+            + lit_lines(trigger_stamp(tr), "  ")
         )
     for tr in objs.triggers:
         if tr.root_only:
@@ -209,7 +215,8 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
     # What an older template made and this one does not: dropped, so none keeps firing.
     out.append(
         f"SELECT {_drop_foreign_generations(n, keep, root)},\n"
-        f"       fencekit.drop_other_functions({lit(f'{n.tag}_')}, ARRAY[{keep_functions}])"
+        f"       fencekit.drop_other_functions({lit(f'{n.tag}_')},\n"
+        f"         ARRAY[{keep_functions}])"
     )
     return out
 
@@ -223,16 +230,16 @@ def protect_statements(spec: FenceSpec) -> list[str]:
     if spec.scope is Scope.ROW:
         # Nullable, and a default only new rows use: catalog-only changes, no table rewrite.
         out.append(add_column_quietly(spec))
-        out.append(f"ALTER TABLE {t.sql} ALTER COLUMN {n.col} SET DEFAULT {FENCE_DEFAULT}")
+        out.append(f"ALTER TABLE {t.sql} ALTER COLUMN {n.col} SET DEFAULT\n  {FENCE_DEFAULT}")
         out.append(
-            f"COMMENT ON COLUMN {t.sql}.{n.col} IS "
+            f"COMMENT ON COLUMN {t.sql}.{n.col} IS\n  "
             + lit("fencekit: the fence of this row (highest token accepted); managed by fencekit")
         )
     if spec.scope is Scope.KEY:
         keys = ", ".join(lit(k) for k in spec.key)
         out.append(
-            f"SELECT fencekit.check_key_columns({lit(t.sql)}::pg_catalog.regclass, "
-            f"ARRAY[{keys}], {n.resource})"
+            f"SELECT fencekit.check_key_columns({lit(t.sql)}::pg_catalog.regclass,\n"
+            f"  ARRAY[{keys}], {n.resource})"
         )
     if spec.resource is not None or spec.issuer is not None:
         issuer = lit(spec.issuer) if spec.issuer else "NULL"
@@ -277,12 +284,12 @@ def unprotect_statements(spec: FenceSpec) -> list[str]:
     if spec.scope is not Scope.ROW:
         # A named resource shared with other tables keeps its fences.
         unused = f"NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
-        out.append(f"DELETE FROM fencekit.fences WHERE resource = {n.resource} AND {unused}")
-        out.append(f"DELETE FROM fencekit.floors WHERE resource = {n.resource} AND {unused}")
+        out.append(f"DELETE FROM fencekit.fences WHERE resource = {n.resource}\n  AND {unused}")
+        out.append(f"DELETE FROM fencekit.floors WHERE resource = {n.resource}\n  AND {unused}")
     if spec.resource is not None or spec.issuer is not None:
         out.append(
-            f"DELETE FROM fencekit.resources WHERE resource = {n.resource} "
-            f"AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
+            f"DELETE FROM fencekit.resources WHERE resource = {n.resource}\n"
+            f"  AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
         )
     return out
 

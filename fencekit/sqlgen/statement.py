@@ -55,8 +55,8 @@ def _row_truncate(n: Names) -> str:
     """
     t = n.spec.table
     return (
-        f"    PERFORM fencekit.check_fence_column({n.lit_tag}, TG_RELID, TG_NAME, "
-        f"{lit(t.sql)}, {lit(n.spec.column)});\n"
+        f"    PERFORM fencekit.check_fence_column({n.lit_tag}, TG_RELID, TG_NAME,\n"
+        f"      {lit(t.sql)}, {lit(n.spec.column)});\n"
         f"    SELECT pg_catalog.max({n.col}) INTO fence FROM {t.sql};\n"
         f"    PERFORM fencekit.judge_row_truncate({n.lit_tag}, TG_RELID, TG_NAME, tok, fence);\n"
     )

@@ -230,7 +230,8 @@ BEGIN
     code := 'YF001';
     msg := pg_catalog.format('fencekit: stale write to %s: token %s is lower than the fence %s',
                              what, token, fence);
-    hint := 'A newer holder took over this resource. Stop this work; acquire the lease again and re-read before writing.';
+    hint := 'A newer holder took over this resource. Stop this work; acquire the lease again '
+            'and re-read before writing.';
     -- A token that is a live lease of fencekit's own issuer is the current holder's (its tokens
     -- never repeat): a fence above it is ahead of the issuer (the issuer was restored or reset,
     -- or another issuer fed this resource), not a newer holder. Only this slow path reads it.
@@ -259,7 +260,9 @@ BEGIN
   WHEN 'missing' THEN
     code := 'YF003';
     msg := pg_catalog.format('fencekit: write to %s without a fencing token', what);
-    hint := 'Set the token in the same transaction: SELECT set_config(''fencekit.token'', ''<token>'', true); in Python wrap the write in fencekit.fencing(token) or install the session plugin.';
+    hint := 'Set the token in the same transaction: SELECT set_config(''fencekit.token'', '
+            '''<token>'', true); in Python wrap the write in fencekit.fencing(token) or install '
+            'the session plugin.';
   WHEN 'malformed' THEN
     code := 'YF004';
     msg := pg_catalog.format('fencekit: malformed fencing token %L for %s', extra, what);
@@ -283,7 +286,8 @@ BEGIN
     code := 'YF000';
     msg := pg_catalog.format('fencekit: %s (on %s)', COALESCE(extra, reason), what);
     -- Every rejection says what to do (contracts.md), usage errors too.
-    hint := 'Not a stale write: a fencekit setting or the protected table is used wrongly; fix what the message names and retry.';
+    hint := 'Not a stale write: a fencekit setting or the protected table is used wrongly; fix '
+            'what the message names and retry.';
   END CASE;
   RAISE EXCEPTION USING
     ERRCODE = code,

@@ -8,9 +8,11 @@ SET LOCAL lock_timeout = '5s';
 SET LOCAL search_path = pg_catalog, pg_temp;
 
 SELECT fencekit.protect_guard('app.invoices'::pg_catalog.regclass,
-  '{"column": "fencekit_fence", "key": ["tenant_id", "account_id"], "resource": "billing", "scope": "key"}'::pg_catalog.jsonb);
+  '{"column": "fencekit_fence",
+   "key": ["tenant_id", "account_id"], "resource": "billing", "scope": "key"}'::pg_catalog.jsonb);
 
-SELECT fencekit.check_key_columns('app.invoices'::pg_catalog.regclass, ARRAY['tenant_id', 'account_id'], 'billing');
+SELECT fencekit.check_key_columns('app.invoices'::pg_catalog.regclass,
+  ARRAY['tenant_id', 'account_id'], 'billing');
 
 SELECT fencekit.bind_resource('billing', 'etcd');
 
@@ -20,11 +22,12 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
 -- fencekit: statement check (key fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => 'etcd');
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => 'etcd');
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -36,7 +39,9 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=1 sha256=661444b3fd7b5e7857bce937b3ca79c9b038ca15b1903d5d350da244228ebab6; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
+  'fencekit function template=1 '
+  'sha256=28b05a8e44abf1f5ac08d77a5229590850e5f96167518c870688368973f1f5d4; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -47,11 +52,17 @@ SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
 SET extra_float_digits TO 1
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   timezone='UTC'
+--   datestyle='ISO, YMD'
+--   intervalstyle='postgres'
+--   bytea_output='hex'
+--   extra_float_digits=1
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => 'etcd');
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => 'etcd');
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
@@ -65,7 +76,9 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=1 sha256=b4368b86609a595accc33a2d79f21111c5f720732068e807495e82e28d3560fc; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
+  'fencekit function template=1 '
+  'sha256=8c13feae04ab5bc93422849ddec02236687d992c145da2a5abe74526b7d45c30; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -76,11 +89,17 @@ SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
 SET extra_float_digits TO 1
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   timezone='UTC'
+--   datestyle='ISO, YMD'
+--   intervalstyle='postgres'
+--   bytea_output='hex'
+--   extra_float_digits=1
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => 'etcd');
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => 'etcd');
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
@@ -88,13 +107,16 @@ BEGIN
       resource => 'billing', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'tenant_id', key_label => '(tenant_id, account_id)',
       keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
-                      FROM (SELECT tenant_id, account_id FROM fencekit_new UNION ALL SELECT tenant_id, account_id FROM fencekit_old) AS x ORDER BY 1));
+                      FROM (SELECT tenant_id, account_id FROM fencekit_new
+                            UNION ALL SELECT tenant_id, account_id FROM fencekit_old) AS x ORDER BY 1));
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=1 sha256=fdb1f8e9612b639955ddfd5aa0a54eb6a4634ada976d9dabb17a3ad2a146b0f1; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
+  'fencekit function template=1 '
+  'sha256=f676c7212e88d9bdcaa15e1667918850efa3358ab55ab1f6acba191fee4d592d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -105,11 +127,17 @@ SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
 SET extra_float_digits TO 1
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   timezone='UTC'
+--   datestyle='ISO, YMD'
+--   intervalstyle='postgres'
+--   bytea_output='hex'
+--   extra_float_digits=1
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => 'etcd');
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => 'etcd');
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
@@ -123,7 +151,9 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=1 sha256=76e5dc949a4cba409d5aebbbcf35ae769a0609ab02f9d74e76ceaf9fa9eda41b; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
+  'fencekit function template=1 '
+  'sha256=96950fbaf96be15240569a94463d1e5b75f29e3802c0bea1d66f729031e18b9a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -135,38 +165,61 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=1 sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
+  'fencekit function template=1 '
+  'sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
 
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_ins(),
+  fencekit.invoices_883e1d3584_upd(),
+  fencekit.invoices_883e1d3584_del(),
+  fencekit.invoices_883e1d3584_cover()
+  FROM PUBLIC;
 
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
+GRANT EXECUTE ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_ins(),
+  fencekit.invoices_883e1d3584_upd(),
+  fencekit.invoices_883e1d3584_del(),
+  fencekit.invoices_883e1d3584_cover()
+  TO fencekit_admin;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS 'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
+  'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON app.invoices
   REFERENCING NEW TABLE AS fencekit_new FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS 'fencekit trigger template=1 sha256=2a153e037f474560f13c6eca01f6a456c31999665fbb2589bac4e2b82f6b6558; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
+  'fencekit trigger template=1 sha256=2a153e037f474560f13c6eca01f6a456c31999665fbb2589bac4e2b82f6b6558; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON app.invoices
   REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS 'fencekit trigger template=1 sha256=cdec902b1cfabfe6733bbb016e1d345cc4e28b9d338591b81d76e19a01e8b8d4; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
+  'fencekit trigger template=1 sha256=cdec902b1cfabfe6733bbb016e1d345cc4e28b9d338591b81d76e19a01e8b8d4; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON app.invoices
   REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS 'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
+  'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; '
+  'generated, do not edit';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
-      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; generated, do not edit',
+      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; '
+      'generated, do not edit',
       'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
@@ -176,8 +229,18 @@ SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_88
 
 SELECT fencekit.invoices_883e1d3584_cover();
 
-SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_', ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_root', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']),
-       fencekit.drop_other_functions('invoices_883e1d3584_', ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_ins', 'invoices_883e1d3584_upd', 'invoices_883e1d3584_del', 'invoices_883e1d3584_cover']);
+SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
+         ARRAY['fencekit_invoices_883e1d3584_del',
+         'fencekit_invoices_883e1d3584_ins',
+         'fencekit_invoices_883e1d3584_root',
+         'fencekit_invoices_883e1d3584_trunc',
+         'fencekit_invoices_883e1d3584_upd']),
+       fencekit.drop_other_functions('invoices_883e1d3584_',
+         ARRAY['invoices_883e1d3584_stmt',
+         'invoices_883e1d3584_ins',
+         'invoices_883e1d3584_upd',
+         'invoices_883e1d3584_del',
+         'invoices_883e1d3584_cover']);
 
 SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'billing',
   '{"column": "fencekit_fence", "issuer": "etcd", "key": ["tenant_id", "account_id"],
@@ -235,10 +298,13 @@ SELECT fencekit.drop_counters('invoices_883e1d3584');
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 
-DELETE FROM fencekit.fences WHERE resource = 'billing' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'billing');
+DELETE FROM fencekit.fences WHERE resource = 'billing'
+  AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'billing');
 
-DELETE FROM fencekit.floors WHERE resource = 'billing' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'billing');
+DELETE FROM fencekit.floors WHERE resource = 'billing'
+  AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'billing');
 
-DELETE FROM fencekit.resources WHERE resource = 'billing' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'billing');
+DELETE FROM fencekit.resources WHERE resource = 'billing'
+  AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'billing');
 
 COMMIT;

@@ -8,9 +8,11 @@ SET LOCAL lock_timeout = '5s';
 SET LOCAL search_path = pg_catalog, pg_temp;
 
 SELECT fencekit.protect_guard('app.invoices'::pg_catalog.regclass,
-  '{"column": "fencekit_fence", "key": ["account_id"], "resource": null, "scope": "key"}'::pg_catalog.jsonb);
+  '{"column": "fencekit_fence",
+   "key": ["account_id"], "resource": null, "scope": "key"}'::pg_catalog.jsonb);
 
-SELECT fencekit.check_key_columns('app.invoices'::pg_catalog.regclass, ARRAY['account_id'], 'app.invoices');
+SELECT fencekit.check_key_columns('app.invoices'::pg_catalog.regclass,
+  ARRAY['account_id'], 'app.invoices');
 
 SELECT fencekit.ensure_counters('invoices_883e1d3584');
 
@@ -18,11 +20,12 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
 -- fencekit: statement check (key fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -34,7 +37,9 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=1 sha256=9c5e7a2ba667ef13499dd278f1717acc4d413948af615e857e5f71704caf27a3; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
+  'fencekit function template=1 '
+  'sha256=8257327207cb67fc9b4b65412f9a63a78baf00f988453f284b423d6da8882ae1; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -45,11 +50,17 @@ SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
 SET extra_float_digits TO 1
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   timezone='UTC'
+--   datestyle='ISO, YMD'
+--   intervalstyle='postgres'
+--   bytea_output='hex'
+--   extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
@@ -63,7 +74,9 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=1 sha256=c5625d7cbe7bc296e2d65c4e50d958147db661a0b810f9373daf64a810bad14d; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
+  'fencekit function template=1 '
+  'sha256=ba7adff4fdb4fbdeeb1cf1deae7087ccb818d5ff8131fcabcb3722977b8b159f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -74,11 +87,17 @@ SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
 SET extra_float_digits TO 1
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   timezone='UTC'
+--   datestyle='ISO, YMD'
+--   intervalstyle='postgres'
+--   bytea_output='hex'
+--   extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
@@ -86,13 +105,16 @@ BEGIN
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'account_id', key_label => 'account_id',
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT account_id FROM fencekit_new UNION ALL SELECT account_id FROM fencekit_old) AS x ORDER BY 1));
+                      FROM (SELECT account_id FROM fencekit_new
+                            UNION ALL SELECT account_id FROM fencekit_old) AS x ORDER BY 1));
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=1 sha256=0c2c63069ac314cdb9e2700a5f1e95132f05f1d6eb7c468ff77d5558fe9bde34; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
+  'fencekit function template=1 '
+  'sha256=6065568d829b3ac6662126d2d148f853ed083ecf39ddbc447043d4f15be10bf6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -103,11 +125,17 @@ SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
 SET extra_float_digits TO 1
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, timezone='UTC', datestyle='ISO, YMD', intervalstyle='postgres', bytea_output='hex', extra_float_digits=1
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   timezone='UTC'
+--   datestyle='ISO, YMD'
+--   intervalstyle='postgres'
+--   bytea_output='hex'
+--   extra_float_digits=1
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
@@ -121,7 +149,9 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=1 sha256=5c0d17dc9387a44131c6c13e7cad247e4d77e503cbedd34477f76d9f54130a82; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
+  'fencekit function template=1 '
+  'sha256=bd872d2131525962837fada5de24910917e8659ca0416304f1e88088a31f07a6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -133,38 +163,61 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=1 sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
+  'fencekit function template=1 '
+  'sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
 
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_ins(),
+  fencekit.invoices_883e1d3584_upd(),
+  fencekit.invoices_883e1d3584_del(),
+  fencekit.invoices_883e1d3584_cover()
+  FROM PUBLIC;
 
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
+GRANT EXECUTE ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_ins(),
+  fencekit.invoices_883e1d3584_upd(),
+  fencekit.invoices_883e1d3584_del(),
+  fencekit.invoices_883e1d3584_cover()
+  TO fencekit_admin;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS 'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
+  'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON app.invoices
   REFERENCING NEW TABLE AS fencekit_new FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS 'fencekit trigger template=1 sha256=2a153e037f474560f13c6eca01f6a456c31999665fbb2589bac4e2b82f6b6558; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
+  'fencekit trigger template=1 sha256=2a153e037f474560f13c6eca01f6a456c31999665fbb2589bac4e2b82f6b6558; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON app.invoices
   REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS 'fencekit trigger template=1 sha256=cdec902b1cfabfe6733bbb016e1d345cc4e28b9d338591b81d76e19a01e8b8d4; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
+  'fencekit trigger template=1 sha256=cdec902b1cfabfe6733bbb016e1d345cc4e28b9d338591b81d76e19a01e8b8d4; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON app.invoices
   REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS 'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
+  'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; '
+  'generated, do not edit';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
-      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; generated, do not edit',
+      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; '
+      'generated, do not edit',
       'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
@@ -174,8 +227,18 @@ SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_88
 
 SELECT fencekit.invoices_883e1d3584_cover();
 
-SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_', ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_root', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']),
-       fencekit.drop_other_functions('invoices_883e1d3584_', ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_ins', 'invoices_883e1d3584_upd', 'invoices_883e1d3584_del', 'invoices_883e1d3584_cover']);
+SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
+         ARRAY['fencekit_invoices_883e1d3584_del',
+         'fencekit_invoices_883e1d3584_ins',
+         'fencekit_invoices_883e1d3584_root',
+         'fencekit_invoices_883e1d3584_trunc',
+         'fencekit_invoices_883e1d3584_upd']),
+       fencekit.drop_other_functions('invoices_883e1d3584_',
+         ARRAY['invoices_883e1d3584_stmt',
+         'invoices_883e1d3584_ins',
+         'invoices_883e1d3584_upd',
+         'invoices_883e1d3584_del',
+         'invoices_883e1d3584_cover']);
 
 SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'app.invoices',
   '{"column": "fencekit_fence", "issuer": null, "key": ["account_id"],
@@ -233,8 +296,10 @@ SELECT fencekit.drop_counters('invoices_883e1d3584');
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 
-DELETE FROM fencekit.fences WHERE resource = 'app.invoices' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
+DELETE FROM fencekit.fences WHERE resource = 'app.invoices'
+  AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
 
-DELETE FROM fencekit.floors WHERE resource = 'app.invoices' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
+DELETE FROM fencekit.floors WHERE resource = 'app.invoices'
+  AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
 
 COMMIT;

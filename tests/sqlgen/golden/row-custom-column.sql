@@ -8,13 +8,19 @@ SET LOCAL lock_timeout = '5s';
 SET LOCAL search_path = pg_catalog, pg_temp;
 
 SELECT fencekit.protect_guard('app.invoices'::pg_catalog.regclass,
-  '{"column": "Fence Column", "key": [], "resource": null, "scope": "row"}'::pg_catalog.jsonb);
+  '{"column": "Fence Column",
+   "key": [], "resource": null, "scope": "row"}'::pg_catalog.jsonb);
 
 SELECT fencekit.add_fence_column('app.invoices'::pg_catalog.regclass, 'Fence Column');
 
-ALTER TABLE app.invoices ALTER COLUMN "Fence Column" SET DEFAULT CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.<) 19 THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
+ALTER TABLE app.invoices ALTER COLUMN "Fence Column" SET DEFAULT
+  CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) ''
+      AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.>) 0
+      AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.<) 19
+    THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
 
-COMMENT ON COLUMN app.invoices."Fence Column" IS 'fencekit: the fence of this row (highest token accepted); managed by fencekit';
+COMMENT ON COLUMN app.invoices."Fence Column" IS
+  'fencekit: the fence of this row (highest token accepted); managed by fencekit';
 
 SELECT fencekit.ensure_counters('invoices_883e1d3584');
 
@@ -29,28 +35,33 @@ BEGIN
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL, counted => false);
+  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL, counted => false);
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=1 sha256=43cb73d8e94f0f39d3a889801d581b9f0cfcc2cd230dfcdb7a219d28aa9eea96; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
+  'fencekit function template=1 '
+  'sha256=838771138b000c8bace8fee6ee89649c61e0fd74728654a5b0a9e03f7453dffd; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET row_security TO off
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, row_security=off
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
   fence pg_catalog.int8;
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, 'app.invoices', 'Fence Column');
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME,
+      'app.invoices', 'Fence Column');
     SELECT pg_catalog.max("Fence Column") INTO fence FROM app.invoices;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
   END IF;
@@ -58,21 +69,25 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=1 sha256=770ded6a765239e2b16b96ea05b4ae2e626a535cbac600cde63296abc4332ba5; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
+  'fencekit function template=1 '
+  'sha256=889842728ab7c500aa57dbca2c235b238df50e6d225d49d2bd77e8efafc8343f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: row fence (Fence Column) on app.invoices. Generated; do not edit.
 BEGIN
-  NEW."Fence Column" := COALESCE(fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL),
+  NEW."Fence Column" := COALESCE(fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL),
     NEW."Fence Column");
   RETURN NEW;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=1 sha256=0ca1988672a369ca835706a2fcf40624bbc8d11f7662ee8a55e0d51b78b3edd4; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
+  'fencekit function template=1 '
+  'sha256=e75d5cb977993795d1426e0195c2bdb172703f7a9ab1f030d285c2c8de556357; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -82,15 +97,17 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
+      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
+      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN  -- a canonical positive bigint, not below the fence
     NEW."Fence Column" := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
       NEW."Fence Column" := OLD."Fence Column";
@@ -101,14 +118,18 @@ BEGIN
     NEW."Fence Column" := tok;
     RETURN NEW;
   END IF;
-  PERFORM fencekit.rejected_row(reason => 'stale', tag => 'invoices_883e1d3584',
+  PERFORM fencekit.rejected_row(
+    reason => 'stale',
+    tag => 'invoices_883e1d3584',
     relid => TG_RELID, trigger_name => TG_NAME, column_name => 'Fence Column',
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD."Fence Column");
   RETURN NEW;  -- bypassed: the row passes as written
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=1 sha256=4c1d952bd321717e45049b14ca0ebb8a57723ad279ff38e45da77a6b800a4645; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
+  'fencekit function template=1 '
+  'sha256=2a71047c5db5f6287050fc2f6c6f58eb75f11f423981f52baa741f2e6a3e46a7; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -118,28 +139,34 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
+      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
+      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN  -- a canonical positive bigint, not below the fence
     RETURN OLD;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0) THEN
     RETURN OLD;
   END IF;
-  PERFORM fencekit.rejected_row(reason => 'stale', tag => 'invoices_883e1d3584',
+  PERFORM fencekit.rejected_row(
+    reason => 'stale',
+    tag => 'invoices_883e1d3584',
     relid => TG_RELID, trigger_name => TG_NAME, column_name => 'Fence Column',
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD."Fence Column");
   RETURN OLD;  -- bypassed: the row passes as written
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=1 sha256=c61ee21d15e90a320c3c0e92edaf357bf9ceca74a35b92d5e591b8b5769dce24; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
+  'fencekit function template=1 '
+  'sha256=7d7384dfaea8c85a198a7ab698b2df03f2c5c8b224ac6f9c46f00c7b7b97ded9; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -151,44 +178,76 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=1 sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
+  'fencekit function template=1 '
+  'sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
 
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_trunc(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_trunc(),
+  fencekit.invoices_883e1d3584_ins(),
+  fencekit.invoices_883e1d3584_upd(),
+  fencekit.invoices_883e1d3584_del(),
+  fencekit.invoices_883e1d3584_cover()
+  FROM PUBLIC;
 
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_trunc(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
+GRANT EXECUTE ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_trunc(),
+  fencekit.invoices_883e1d3584_ins(),
+  fencekit.invoices_883e1d3584_upd(),
+  fencekit.invoices_883e1d3584_del(),
+  fencekit.invoices_883e1d3584_cover()
+  TO fencekit_admin;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON app.invoices
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS
+  'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_trunc();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS 'fencekit trigger template=1 sha256=a99640b8b0c0c4e32a7c8e8efda6d696179199a509fca95e6212b27bfc3157f5; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
+  'fencekit trigger template=1 sha256=a99640b8b0c0c4e32a7c8e8efda6d696179199a509fca95e6212b27bfc3157f5; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
-  FOR EACH ROW WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>) 0 AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+  FOR EACH ROW WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>) 0
+    AND NEW."Fence Column"::pg_catalog.text
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS 'fencekit trigger template=1 sha256=ebaa9b520e1b127f909eb096493f1a0722852878c94af63b6cad16a115919078; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
+  'fencekit trigger template=1 sha256=3d32ee739b9a44ec437897061785a740a6ca58fa50d6e68f422d829d4ffaa8a0; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
-  FOR EACH ROW WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1) AND NEW."Fence Column" OPERATOR(pg_catalog.>) 0 AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+  FOR EACH ROW WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
+    AND NEW."Fence Column" OPERATOR(pg_catalog.>) 0
+    AND NEW."Fence Column"::pg_catalog.text
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS 'fencekit trigger template=1 sha256=9486811ada38287476735d4fecd61963b70d7294c0803296dffbf39f54397fe4; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
+  'fencekit trigger template=1 sha256=be0368a8e80ee2cada228aa98307d9f1734881ce389ea3cd92cacd58af011ea1; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices
   FOR EACH ROW
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS 'fencekit trigger template=1 sha256=86059e4f4ad8956c119956ecacf782119ca8b4c09da6bcf225a0ec66723438d7; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
+  'fencekit trigger template=1 sha256=86059e4f4ad8956c119956ecacf782119ca8b4c09da6bcf225a0ec66723438d7; '
+  'generated, do not edit';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
-      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; generated, do not edit',
+      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; '
+      'generated, do not edit',
       'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
@@ -198,8 +257,20 @@ SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_88
 
 SELECT fencekit.invoices_883e1d3584_cover();
 
-SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_', ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_root', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']),
-       fencekit.drop_other_functions('invoices_883e1d3584_', ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_trunc', 'invoices_883e1d3584_ins', 'invoices_883e1d3584_upd', 'invoices_883e1d3584_del', 'invoices_883e1d3584_cover']);
+SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
+         ARRAY['fencekit_invoices_883e1d3584_del',
+         'fencekit_invoices_883e1d3584_ins',
+         'fencekit_invoices_883e1d3584_root',
+         'fencekit_invoices_883e1d3584_stmt',
+         'fencekit_invoices_883e1d3584_trunc',
+         'fencekit_invoices_883e1d3584_upd']),
+       fencekit.drop_other_functions('invoices_883e1d3584_',
+         ARRAY['invoices_883e1d3584_stmt',
+         'invoices_883e1d3584_trunc',
+         'invoices_883e1d3584_ins',
+         'invoices_883e1d3584_upd',
+         'invoices_883e1d3584_del',
+         'invoices_883e1d3584_cover']);
 
 SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', NULL,
   '{"column": "Fence Column", "issuer": null, "key": [], "lease_bound": false,

@@ -8,13 +8,19 @@ SET LOCAL lock_timeout = '5s';
 SET LOCAL search_path = pg_catalog, pg_temp;
 
 SELECT fencekit.protect_guard('app.invoices'::pg_catalog.regclass,
-  '{"column": "fencekit_fence", "key": [], "resource": null, "scope": "row"}'::pg_catalog.jsonb);
+  '{"column": "fencekit_fence",
+   "key": [], "resource": null, "scope": "row"}'::pg_catalog.jsonb);
 
 SELECT fencekit.add_fence_column('app.invoices'::pg_catalog.regclass, 'fencekit_fence');
 
-ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.<) 19 THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
+ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT
+  CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) ''
+      AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.>) 0
+      AND pg_catalog.length(pg_catalog.current_setting('fencekit.token', true)) OPERATOR(pg_catalog.<) 19
+    THEN pg_catalog.current_setting('fencekit.token', true)::pg_catalog.int8 END;
 
-COMMENT ON COLUMN app.invoices.fencekit_fence IS 'fencekit: the fence of this row (highest token accepted); managed by fencekit';
+COMMENT ON COLUMN app.invoices.fencekit_fence IS
+  'fencekit: the fence of this row (highest token accepted); managed by fencekit';
 
 SELECT fencekit.ensure_counters('invoices_883e1d3584');
 
@@ -30,28 +36,33 @@ BEGIN
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL, counted => false);
+  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => true, issuer => NULL, counted => false);
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=1 sha256=d526424d36bff7e470a77fada5ad8b9114d4c21121d7e7312f43bdf40245f417; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
+  'fencekit function template=1 '
+  'sha256=e484055309fda23151ebc9a596ff4c4e65e2b9fb5e447694917d745bedacae82; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET row_security TO off
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp, row_security=off
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => true, issuer => NULL);
   fence pg_catalog.int8;
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME, 'app.invoices', 'fencekit_fence');
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME,
+      'app.invoices', 'fencekit_fence');
     SELECT pg_catalog.max(fencekit_fence) INTO fence FROM app.invoices;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
   END IF;
@@ -59,21 +70,25 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=1 sha256=32f2e381403ac87dc8be8e02a3221eb8ddbcd540208f68a73567be35a05d6023; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
+  'fencekit function template=1 '
+  'sha256=5e453cc0e8b07561003999239a87d19e1be2cf81b7746877cc1108a1b5f21099; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: row fence (fencekit_fence) on app.invoices. Generated; do not edit.
 BEGIN
-  NEW.fencekit_fence := COALESCE(fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL),
+  NEW.fencekit_fence := COALESCE(fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => true, issuer => NULL),
     NEW.fencekit_fence);
   RETURN NEW;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS 'fencekit function template=1 sha256=e61c2be13566db5377ac8cf4604b79198b5e0cc176de90cd8cd65f326d4f7a84; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
+  'fencekit function template=1 '
+  'sha256=6c6a469ddd844d6b8502a603b92bd6b9728d34d56a10505d606e5e5260bcda78; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -83,15 +98,17 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
+      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
+      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN  -- a canonical positive bigint, not below the fence
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => true, issuer => NULL);
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
       NEW.fencekit_fence := OLD.fencekit_fence;
@@ -102,14 +119,18 @@ BEGIN
     NEW.fencekit_fence := tok;
     RETURN NEW;
   END IF;
-  PERFORM fencekit.rejected_row(reason => 'stale', tag => 'invoices_883e1d3584',
+  PERFORM fencekit.rejected_row(
+    reason => 'stale',
+    tag => 'invoices_883e1d3584',
     relid => TG_RELID, trigger_name => TG_NAME, column_name => 'fencekit_fence',
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.fencekit_fence);
   RETURN NEW;  -- bypassed: the row passes as written
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS 'fencekit function template=1 sha256=2bb8e4f454d3df20e3bdef00c64bb1de9dd94f1f423d736ccfdaa9adac5b574a; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
+  'fencekit function template=1 '
+  'sha256=23e6eb36e1501f4141d2d0c41348ab5fa7656f083f97cfdd67ae0c782e3d6d15; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -119,28 +140,34 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) '' AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0 AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
+  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
+      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
+      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
            ELSE false END) THEN  -- a canonical positive bigint, not below the fence
     RETURN OLD;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => true, issuer => NULL);
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
     RETURN OLD;
   END IF;
-  PERFORM fencekit.rejected_row(reason => 'stale', tag => 'invoices_883e1d3584',
+  PERFORM fencekit.rejected_row(
+    reason => 'stale',
+    tag => 'invoices_883e1d3584',
     relid => TG_RELID, trigger_name => TG_NAME, column_name => 'fencekit_fence',
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.fencekit_fence);
   RETURN OLD;  -- bypassed: the row passes as written
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS 'fencekit function template=1 sha256=ce56c39299a49becab037035762b64fe4579a840e08db340cf8312631f60ea2f; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
+  'fencekit function template=1 '
+  'sha256=37881cbde853da6036d26c7e691408bb56265e50638f2c973defbad0390b80b8; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -152,44 +179,76 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=1 sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
+  'fencekit function template=1 '
+  'sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
 
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_trunc(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_trunc(),
+  fencekit.invoices_883e1d3584_ins(),
+  fencekit.invoices_883e1d3584_upd(),
+  fencekit.invoices_883e1d3584_del(),
+  fencekit.invoices_883e1d3584_cover()
+  FROM PUBLIC;
 
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_trunc(), fencekit.invoices_883e1d3584_ins(), fencekit.invoices_883e1d3584_upd(), fencekit.invoices_883e1d3584_del(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
+GRANT EXECUTE ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_trunc(),
+  fencekit.invoices_883e1d3584_ins(),
+  fencekit.invoices_883e1d3584_upd(),
+  fencekit.invoices_883e1d3584_del(),
+  fencekit.invoices_883e1d3584_cover()
+  TO fencekit_admin;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON app.invoices
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS
+  'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_trunc();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS 'fencekit trigger template=1 sha256=a99640b8b0c0c4e32a7c8e8efda6d696179199a509fca95e6212b27bfc3157f5; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
+  'fencekit trigger template=1 sha256=a99640b8b0c0c4e32a7c8e8efda6d696179199a509fca95e6212b27bfc3157f5; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
-  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
+    AND NEW.fencekit_fence::pg_catalog.text
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS 'fencekit trigger template=1 sha256=f0c757eb8c4899457056c50a14a8e48dbb0f75e22cc4dc4e40d9bf8b92443475; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
+  'fencekit trigger template=1 sha256=f515ca763ceb90bfa50ec903bd934f87aa9a463403c4efe51118b9ca403f84f6; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
-  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1) AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0 AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+    AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
+    AND NEW.fencekit_fence::pg_catalog.text
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS 'fencekit trigger template=1 sha256=a2f41ce0ed24836e450c3c1884fe4ee64e1622e790a2d31fdf5079de78858dae; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
+  'fencekit trigger template=1 sha256=07999ff616dd6b54e376c729d1628e97ae18ad0bc00dedc338613011477f7717; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices
   FOR EACH ROW
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS 'fencekit trigger template=1 sha256=86059e4f4ad8956c119956ecacf782119ca8b4c09da6bcf225a0ec66723438d7; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
+  'fencekit trigger template=1 sha256=86059e4f4ad8956c119956ecacf782119ca8b4c09da6bcf225a0ec66723438d7; '
+  'generated, do not edit';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
-      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; generated, do not edit',
+      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; '
+      'generated, do not edit',
       'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
@@ -199,8 +258,20 @@ SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_88
 
 SELECT fencekit.invoices_883e1d3584_cover();
 
-SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_', ARRAY['fencekit_invoices_883e1d3584_del', 'fencekit_invoices_883e1d3584_ins', 'fencekit_invoices_883e1d3584_root', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc', 'fencekit_invoices_883e1d3584_upd']),
-       fencekit.drop_other_functions('invoices_883e1d3584_', ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_trunc', 'invoices_883e1d3584_ins', 'invoices_883e1d3584_upd', 'invoices_883e1d3584_del', 'invoices_883e1d3584_cover']);
+SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
+         ARRAY['fencekit_invoices_883e1d3584_del',
+         'fencekit_invoices_883e1d3584_ins',
+         'fencekit_invoices_883e1d3584_root',
+         'fencekit_invoices_883e1d3584_stmt',
+         'fencekit_invoices_883e1d3584_trunc',
+         'fencekit_invoices_883e1d3584_upd']),
+       fencekit.drop_other_functions('invoices_883e1d3584_',
+         ARRAY['invoices_883e1d3584_stmt',
+         'invoices_883e1d3584_trunc',
+         'invoices_883e1d3584_ins',
+         'invoices_883e1d3584_upd',
+         'invoices_883e1d3584_del',
+         'invoices_883e1d3584_cover']);
 
 SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', NULL,
   '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false,

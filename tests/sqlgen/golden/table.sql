@@ -8,7 +8,8 @@ SET LOCAL lock_timeout = '5s';
 SET LOCAL search_path = pg_catalog, pg_temp;
 
 SELECT fencekit.protect_guard('app.invoices'::pg_catalog.regclass,
-  '{"column": "fencekit_fence", "key": [], "resource": null, "scope": "table"}'::pg_catalog.jsonb);
+  '{"column": "fencekit_fence",
+   "key": [], "resource": null, "scope": "table"}'::pg_catalog.jsonb);
 
 SELECT fencekit.ensure_counters('invoices_883e1d3584');
 
@@ -16,11 +17,12 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $fn$
--- SECURITY DEFINER; pinned: search_path=pg_catalog, pg_temp
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
 -- fencekit: statement check (table fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
@@ -32,7 +34,9 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=1 sha256=7c37595a98606dbcaa621eaea37b02a2a162da367e12bc31b77a398f211cd4d0; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
+  'fencekit function template=1 '
+  'sha256=1b252e1fdf13b4dab201fc2de05732ddaf66fcc454a9a9d1b1a95deabd5a534f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -44,26 +48,39 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS 'fencekit function template=1 sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
+  'fencekit function template=1 '
+  'sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
 
-REVOKE ALL ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_cover() FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_cover()
+  FROM PUBLIC;
 
-GRANT EXECUTE ON FUNCTION fencekit.invoices_883e1d3584_stmt(), fencekit.invoices_883e1d3584_cover() TO fencekit_admin;
+GRANT EXECUTE ON FUNCTION
+  fencekit.invoices_883e1d3584_stmt(),
+  fencekit.invoices_883e1d3584_cover()
+  TO fencekit_admin;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON app.invoices
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS 'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS
+  'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; '
+  'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
-COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS 'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; generated, do not edit';
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
+  'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; '
+  'generated, do not edit';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
-      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; generated, do not edit',
+      'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; '
+      'generated, do not edit',
       'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
@@ -73,8 +90,13 @@ SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_88
 
 SELECT fencekit.invoices_883e1d3584_cover();
 
-SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_', ARRAY['fencekit_invoices_883e1d3584_root', 'fencekit_invoices_883e1d3584_stmt', 'fencekit_invoices_883e1d3584_trunc']),
-       fencekit.drop_other_functions('invoices_883e1d3584_', ARRAY['invoices_883e1d3584_stmt', 'invoices_883e1d3584_cover']);
+SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
+         ARRAY['fencekit_invoices_883e1d3584_root',
+         'fencekit_invoices_883e1d3584_stmt',
+         'fencekit_invoices_883e1d3584_trunc']),
+       fencekit.drop_other_functions('invoices_883e1d3584_',
+         ARRAY['invoices_883e1d3584_stmt',
+         'invoices_883e1d3584_cover']);
 
 SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'app.invoices',
   '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false,
@@ -132,8 +154,10 @@ SELECT fencekit.drop_counters('invoices_883e1d3584');
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 
-DELETE FROM fencekit.fences WHERE resource = 'app.invoices' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
+DELETE FROM fencekit.fences WHERE resource = 'app.invoices'
+  AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
 
-DELETE FROM fencekit.floors WHERE resource = 'app.invoices' AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
+DELETE FROM fencekit.floors WHERE resource = 'app.invoices'
+  AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = 'app.invoices');
 
 COMMIT;
