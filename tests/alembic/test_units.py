@@ -120,7 +120,7 @@ def test_a_policy_change_re_protects_behind_the_guard_and_a_new_key_moves() -> N
     assert statements[-len(sqlgen.protect_statements(policy)) :] == sqlgen.protect_statements(
         policy
     )
-    assert any("fencekit.protected holds" in s for s in statements)  # refuses another old spec
+    assert any("fencekit.move_guard(" in s for s in statements)  # refuses another old spec
     rekey = SPEC.with_changes(key=("account_id", "region"))
     # Another key is a move, fences carried, never unprotect + protect.
     moved = "\n".join(sqlgen.change_statements(SPEC, rekey))
