@@ -78,6 +78,12 @@ def _sql(value: Iterable[str] | None) -> Iterable[str] | None:
     return value.statements if isinstance(value, Statements) else value
 
 
+def _both_ways(old: FenceSpec | None, new: FenceSpec | None) -> tuple[Any, Any]:
+    """The change's SQL and its reverse's, rendered now (what makemigrations freezes)."""
+    change = FenceChange.generate(old, new)
+    return change.sql, change.undo_sql
+
+
 _LOCK_TIMEOUT = f"SET LOCAL lock_timeout = {lit(sqlgen.DEFAULT_LOCK_TIMEOUT)}"
 
 
@@ -180,6 +186,8 @@ class _FenceOperation(_TableOperation):
     spec ``new``, ``None`` for "not protected"), the model alembic's operations share."""
 
     change: FenceChange
+    #: The start of the migration name makemigrations derives from the operation.
+    fragment: str
 
     def _init(
         self,
@@ -193,6 +201,11 @@ class _FenceOperation(_TableOperation):
         self.change = FenceChange(
             _spec(old), _spec(new), _sql(sql), _sql(reverse_sql), undo_argument="reverse_sql"
         )
+
+    @property
+    def spec(self) -> FenceSpec:
+        """The spec naming the table: the new one, else the old one."""
+        return self.change.spec
 
     @property
     def sql(self) -> tuple[str, ...] | None:
@@ -220,6 +233,14 @@ class _FenceOperation(_TableOperation):
         if self._allowed(schema_editor, state, app_label):
             self._run(schema_editor, self.change.reverse().statements())
 
+    def describe(self) -> str:
+        what = self.change.describe()
+        return f"{what[0].upper()}{what[1:]} (model {self.model_name})"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"{self.fragment}_{self.model_name_lower}"
+
     def _kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model_name": self.model_name}
         old, new = self.change.old, self.change.new
@@ -241,6 +262,7 @@ class ProtectTable(_FenceOperation):
     """Protect a model's table with a fence: column (row fences), functions, triggers."""
 
     category = OperationCategory.ADDITION
+    fragment = "protect"
 
     def __init__(
         self,
@@ -251,22 +273,10 @@ class ProtectTable(_FenceOperation):
     ) -> None:
         self._init(model_name, None, spec, sql, reverse_sql)
 
-    @property
-    def spec(self) -> FenceSpec:
-        return self.change.spec
-
     @classmethod
     def generate(cls, model_name: str, spec: FenceSpec) -> ProtectTable:
         """What makemigrations writes: protect and its undo, frozen now."""
-        change = FenceChange.generate(None, spec)
-        return cls(model_name, spec, change.sql, change.undo_sql)
-
-    def describe(self) -> str:
-        return f"Protect {self.spec.table} with a {self.spec.scope} fence (model {self.model_name})"
-
-    @property
-    def migration_name_fragment(self) -> str:
-        return f"protect_{self.model_name_lower}"
+        return cls(model_name, spec, *_both_ways(None, spec))
 
 
 class UnprotectTable(_FenceOperation):
@@ -276,6 +286,7 @@ class UnprotectTable(_FenceOperation):
     """
 
     category = OperationCategory.REMOVAL
+    fragment = "unprotect"
 
     def __init__(
         self,
@@ -286,22 +297,10 @@ class UnprotectTable(_FenceOperation):
     ) -> None:
         self._init(model_name, spec, None, sql, reverse_sql)
 
-    @property
-    def spec(self) -> FenceSpec:
-        return self.change.spec
-
     @classmethod
     def generate(cls, model_name: str, spec: FenceSpec) -> UnprotectTable:
         """What makemigrations writes: unprotect and its undo, frozen now."""
-        change = FenceChange.generate(spec, None)
-        return cls(model_name, spec, change.sql, change.undo_sql)
-
-    def describe(self) -> str:
-        return f"Unprotect {self.spec.table} (model {self.model_name})"
-
-    @property
-    def migration_name_fragment(self) -> str:
-        return f"unprotect_{self.model_name_lower}"
+        return cls(model_name, spec, *_both_ways(spec, None))
 
 
 class MoveFence(_FenceOperation):
@@ -312,6 +311,7 @@ class MoveFence(_FenceOperation):
     """
 
     category = OperationCategory.ALTERATION
+    fragment = "move_fence"
 
     def __init__(
         self,
@@ -336,15 +336,4 @@ class MoveFence(_FenceOperation):
     @classmethod
     def generate(cls, model_name: str, old: FenceSpec, new: FenceSpec) -> MoveFence:
         """What makemigrations writes: the change and its way back, frozen now."""
-        change = FenceChange.generate(old, new)
-        return cls(model_name, old, new, change.sql, change.undo_sql)
-
-    def describe(self) -> str:
-        return (
-            f"Move the fence of {self.new.table} ({self.old.scope} -> {self.new.scope} fence, "
-            "fences carried)"
-        )
-
-    @property
-    def migration_name_fragment(self) -> str:
-        return f"move_fence_{self.model_name_lower}"
+        return cls(model_name, old, new, *_both_ways(old, new))
