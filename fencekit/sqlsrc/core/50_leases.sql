@@ -59,10 +59,6 @@ REVOKE ALL ON SEQUENCE fencekit.lease_token_seq FROM PUBLIC;
 -- The timeline is read from the name of the WAL file being written now: it is live at once,
 -- unlike pg_control_checkpoint().timeline_id, which lags a promotion until the end-of-recovery
 -- checkpoint. Both functions are executable by PUBLIC on PostgreSQL 13 to 18.
---
--- Tokens granted before this scheme (small numbers) stay valid and below every new one, so an
--- upgrade of the core rejects no current holder: renew compares the row's token, and fences
--- only ever rise.
 CREATE OR REPLACE FUNCTION fencekit.lease_epoch() RETURNS bigint
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
