@@ -24,7 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fencekit.spec import DEFAULT_COLUMN, DEFAULT_SCHEMA, FenceSpec, Scope, SpecError, TableName
+from fencekit.spec import (
+    DEFAULT_COLUMN,
+    DEFAULT_SCHEMA,
+    FenceSpec,
+    Scope,
+    SpecError,
+    TableName,
+    check_shared_resources,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy import MetaData, Table
@@ -120,8 +128,11 @@ def declared_fences(metadata: MetaData | Iterable[MetaData]) -> Iterator[tuple[T
     from sqlalchemy import MetaData
 
     collections = [metadata] if isinstance(metadata, MetaData) else list(metadata)
-    for md in collections:
-        for table in md.tables.values():
-            spec = declared_fence(table)
-            if spec is not None:
-                yield table, spec
+    pairs = [
+        (table, spec)
+        for md in collections
+        for table in md.tables.values()
+        if (spec := declared_fence(table)) is not None
+    ]
+    check_shared_resources(spec for _, spec in pairs)
+    yield from pairs

@@ -27,10 +27,16 @@ def quote_ident(name: str) -> str:
 
 
 def quote_literal(value: str) -> str:
-    """A SQL string literal; standard_conforming_strings is on since PostgreSQL 9.1."""
+    """A SQL string literal that means ``value`` whatever ``standard_conforming_strings`` is:
+    a plain literal without backslashes reads the same either way, and one with backslashes is
+    an escape string (``E'...'``), which reads the same either way (as ``quote_literal()`` and
+    ``format('%L')`` in PostgreSQL do)."""
     if "\x00" in value:
         raise ValueError("string literals cannot contain NUL bytes")
-    return "'" + value.replace("'", "''") + "'"
+    quoted = value.replace("'", "''")
+    if "\\" in value:
+        return "E'" + quoted.replace("\\", "\\\\") + "'"
+    return "'" + quoted + "'"
 
 
 def object_tag(schema: str, table: str) -> str:

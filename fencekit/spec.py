@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Literal
@@ -22,6 +23,7 @@ __all__ = [
     "Scope",
     "SpecError",
     "TableName",
+    "check_shared_resources",
 ]
 
 DEFAULT_SCHEMA = "public"
@@ -259,3 +261,25 @@ class FenceSpec:
             if isinstance(exc, SpecError):
                 raise
             raise SpecError(f"invalid fence spec {d!r}: {exc}") from exc
+
+
+def check_shared_resources(specs: Iterable[FenceSpec]) -> None:
+    """Refuse a resource shared by a key fence and a table fence (``SpecError``).
+
+    A table fence is its resource's key ``''``, which a key fence's keys share: a writer of
+    one table would advance the other's fence, and lock its holder out. Protect makes the same
+    check against the tables already protected (``fencekit.register_table``).
+    """
+    seen: dict[str, FenceSpec] = {}
+    for spec in specs:
+        if spec.scope is Scope.ROW:
+            continue
+        other = seen.setdefault(spec.resource_name, spec)
+        if other.scope is not spec.scope:
+            key, table = (other, spec) if other.scope is Scope.KEY else (spec, other)
+            raise SpecError(
+                f"resource {spec.resource_name!r} cannot be shared by the key fence of "
+                f"{key.table} and the table fence of {table.table}: a table fence is the "
+                "resource's key '', so writers of one table would advance the other's fence; "
+                "give one of them another resource name"
+            )

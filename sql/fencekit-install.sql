@@ -1092,13 +1092,21 @@ $fn$;
 
 -- Turn auto-cover on or off. Event triggers need a superuser (or a managed service's
 -- equivalent role); anyone else gets fencekit's error saying so.
+-- The commands that can make a table a child or partition: CREATE TABLE (INHERITS, PARTITION
+-- OF), ALTER TABLE (INHERIT, ATTACH PARTITION), and CREATE SCHEMA, whose CREATE TABLE elements
+-- fire no CREATE TABLE event of their own (pg_event_trigger_ddl_commands lists them under it).
+-- Turning it on again replaces a trigger that listens to fewer commands.
 CREATE OR REPLACE FUNCTION fencekit.set_auto_cover(enabled boolean) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
-  IF enabled AND NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger
-                              WHERE evtname = 'fencekit_auto_cover') THEN
+  IF enabled AND NOT EXISTS (
+       SELECT FROM pg_catalog.pg_event_trigger
+        WHERE evtname = 'fencekit_auto_cover' AND evtevent = 'ddl_command_end'
+          AND evtfoid = 'fencekit.cover_new_children()'::pg_catalog.regprocedure
+          AND evttags::text[] @> ARRAY['CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA']) THEN
+    DROP EVENT TRIGGER IF EXISTS fencekit_auto_cover;
     CREATE EVENT TRIGGER fencekit_auto_cover ON ddl_command_end
-      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA')
       EXECUTE FUNCTION fencekit.cover_new_children();
   ELSIF NOT enabled THEN
     DROP EVENT TRIGGER IF EXISTS fencekit_auto_cover;
@@ -1169,12 +1177,17 @@ $fn$;
 -- functions that call it. It reads and writes fencekit's own tables and takes text keys and a
 -- bigint token as arguments: no cast, operator, policy or trigger of a user's table or type
 -- runs in it (the generated trigger computes the keys' text, under pinned settings, before).
+-- Lease-bound: the token must be the live lease of every key written; for TRUNCATE (keys NULL)
+-- of every key the resource has a fence for, as if each were written.
 CREATE OR REPLACE FUNCTION fencekit.judge_fences(
   tag text, relid oid, trigger_name text, resource text, keys text[], token bigint,
   on_equal text, lease_bound boolean, key_column text DEFAULT NULL,
   key_label text DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- Generic plans, as advance_fences: the plan cache otherwise keeps choosing a custom plan for
+-- the common-case query and plans it again on every call (about 0.15 ms a statement).
+SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
   -- The call's collation is "C" (TG_NAME is a name): compare under the default collation, the
   -- one fencekit.fences' index was built with, or no index is used at all.
@@ -1186,6 +1199,18 @@ DECLARE
   bad record;
   lb record;
 BEGIN
+  IF keys IS NULL AND lease_bound THEN
+    -- TRUNCATE deletes every key's rows: the token must hold the lease of every fenced key.
+    SELECT * INTO lb FROM fencekit.lease_mismatch(res,
+      ARRAY(SELECT f.key FROM fencekit.fences f WHERE f.resource = res ORDER BY f.key), token);
+    IF lb.bad_key IS NOT NULL AND NOT fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+      PERFORM fencekit.reject('lease_mismatch', tag, relid, trigger_name, key_column,
+        fencekit.lease_resource(resource, lb.bad_key),
+        CASE WHEN key_label IS NOT NULL
+             THEN pg_catalog.jsonb_build_object(key_label, lb.bad_key) END,
+        token, lb.lease_token);
+    END IF;
+  END IF;
   IF keys IS NOT NULL THEN
     IF pg_catalog.cardinality(keys) = 0 THEN
       RETURN;  -- no rows written
@@ -1250,8 +1275,9 @@ GRANT EXECUTE ON FUNCTION fencekit.judge_fences(text, oid, text, text, text[], b
                                                 boolean, text, text) TO fencekit_admin;
 
 -- TRUNCATE of a row-fenced table under `token`: stale when any row's fence (`fence`: the
--- highest, which the generated definer reads with row_security off) is higher; counted when
--- the session may bypass, else YF001. SECURITY INVOKER.
+-- highest, which the table's generated fencekit.<tag>_trunc() reads as the table's owner) is
+-- higher; counted when the session may bypass, else YF001. SECURITY INVOKER: it takes two
+-- bigints and reads nothing of the table.
 CREATE OR REPLACE FUNCTION fencekit.judge_row_truncate(tag text, relid oid, trigger_name text,
                                                        token bigint, fence bigint)
 RETURNS void
@@ -1267,18 +1293,42 @@ BEGIN
 END
 $fn$;
 
--- A row fence's column must still be a plain bigint before a definer reads it: reading another
--- type's values could run its owner's cast or operator with the definer's rights. YF000 if not.
+-- Before a row fence's TRUNCATE check reads the fences of `rel` (the truncated table, by OID,
+-- never by name) as current_user (fencekit.<tag>_trunc() runs as its owner, the table's owner):
+-- the fence column must still be a plain bigint (max() of another type would compare other
+-- values), and `rel` and every partition and inheritance child under it must be owned by
+-- current_user. Reading a table runs its owner's code (index, statistics and partition key
+-- expressions are folded while the read is planned): it runs with the rights of the role that
+-- defined it, or not at all. A table given to another owner after protect, or a child owned by
+-- someone else, fails closed (YF000) until protect runs again. Reads the catalogs only.
 CREATE OR REPLACE FUNCTION fencekit.check_fence_column(tag text, relid oid, trigger_name text,
                                                        rel regclass, col name)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  stranger regclass;
 BEGIN
   IF (SELECT a.atttypid FROM pg_catalog.pg_attribute a
        WHERE a.attrelid = rel AND a.attname = col AND NOT a.attisdropped)
      IS DISTINCT FROM 'int8'::regtype THEN
     PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
                             'the fence column is no longer a bigint; protect the table again');
+  END IF;
+  WITH RECURSIVE tree(oid) AS (
+         SELECT rel::oid
+         UNION
+         SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+  SELECT c.oid::regclass INTO stranger
+    FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid
+   WHERE c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
+   LIMIT 1;
+  IF stranger IS NOT NULL THEN
+    PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
+      pg_catalog.format('the TRUNCATE check reads the fences of %s as %I, the role that owned '
+                        'the table at protect, but %s is owned by %s; protect the table again '
+                        '(as a superuser or as its owner)', rel, current_user, stranger,
+                        (SELECT c.relowner::regrole FROM pg_catalog.pg_class c
+                          WHERE c.oid = stranger)));
   END IF;
 END
 $fn$;
@@ -1413,7 +1463,87 @@ BEGIN
 END
 $fn$;
 
--- Refuse to protect fencekit's own tables, or a table already protected with another scope, key,
+-- Refuse (42501) fencekit's own DDL on `rel` (protect, unprotect, move, rename, re-protect)
+-- when it would run code the table's owner defined in a session with more rights than the
+-- owner. What that DDL does to a user table (ADD COLUMN bigint, SET DEFAULT, DROP COLUMN,
+-- CREATE/DROP/COMMENT ON TRIGGER, RENAME, LOCK) is catalog work except in one place: on a
+-- partitioned table, CREATE TRIGGER and DROP COLUMN load the partition key, and loading it
+-- folds the constant parts of its expressions, which call whatever functions and operators the
+-- owner wrote there, as the session's role. So: in a session logged in as the owner
+-- (fencekit.session_is) anything goes (the owner's code runs as the owner); in any other, a
+-- superuser's included, refuse when `rel` or a partitioned table under it has a partition key
+-- that depends on a function, operator or type that is not built in. Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.check_ddl_runs_no_owner_code(rel regclass)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  owner_oid oid;
+  bad record;
+BEGIN
+  SELECT c.relowner INTO owner_oid FROM pg_catalog.pg_class c WHERE c.oid = rel;
+  IF owner_oid IS NULL OR fencekit.session_is(owner_oid) THEN
+    RETURN;
+  END IF;
+  WITH RECURSIVE tree(oid) AS (
+         SELECT rel::oid
+         UNION
+         SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+  SELECT pt.partrelid::regclass AS partitioned,
+         pg_catalog.pg_describe_object(d.refclassid, d.refobjid, 0) AS code
+    INTO bad
+    FROM tree
+    JOIN pg_catalog.pg_partitioned_table pt ON pt.partrelid = tree.oid
+    JOIN pg_catalog.pg_depend d
+      ON d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = pt.partrelid
+     AND d.objsubid = 0 AND d.deptype = 'n'
+     AND d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass,
+                          'pg_catalog.pg_type'::regclass)
+     AND d.refobjid >= 16384
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = pg_catalog.format(
+        'fencekit: refusing to change fencekit''s triggers or columns on %s in a session of %I: '
+        'on the partitioned table %s that DDL loads the partition key, which evaluates %s (not '
+        'built in: its owner''s code) with this session''s rights; nothing was changed', rel,
+        session_user, bad.partitioned, bad.code),
+      HINT = pg_catalog.format(
+        'Run the same command in a session logged in as the table''s owner %s (a member of '
+        'fencekit_admin): its code then runs with its own rights. SET ROLE is not enough: the '
+        'owner''s code could RESET ROLE back to yours.', owner_oid::regrole);
+  END IF;
+END
+$fn$;
+
+-- Give `fn` (a protected table's generated function that reads the table: a row fence's
+-- TRUNCATE check) to `rel`'s owner, so that reading the table runs its owner's code with the
+-- owner's rights only. A superuser can always; another protector must be the owner or a member
+-- of it (PostgreSQL's rule for ALTER ... OWNER TO), and refused, says what to do instead.
+CREATE OR REPLACE FUNCTION fencekit.give_to_table_owner(fn regprocedure, rel regclass)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  owner_oid oid;
+BEGIN
+  SELECT c.relowner INTO owner_oid FROM pg_catalog.pg_class c WHERE c.oid = rel;
+  IF (SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.oid = fn) = owner_oid THEN
+    RETURN;
+  END IF;
+  BEGIN
+    -- dynamic SQL: the function and the owner are known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s OWNER TO %I', fn, owner_oid::regrole::text);
+  EXCEPTION WHEN insufficient_privilege THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = pg_catalog.format(
+        'fencekit: %s reads %s and must belong to its owner %s, which %I cannot give it: %s',
+        fn, rel, owner_oid::regrole, session_user, SQLERRM),
+      HINT = 'Protect the table as a superuser, or as its owner (a member of fencekit_admin).';
+  END;
+END
+$fn$;
+
+-- Refuse to protect fencekit's own tables, DDL that would run the owner's code in this session
+-- (check_ddl_runs_no_owner_code), or a table already protected with another scope, key,
 -- resource or fence column (`structure`: those four of the spec; that is a move, which carries
 -- the fences; policies alone change by re-running protect).
 CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
@@ -1432,6 +1562,7 @@ BEGIN
       MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
   END IF;
+  PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   SELECT pg_catalog.jsonb_build_object('scope', p.spec -> 'scope', 'key', p.spec -> 'key',
                                        'resource', p.spec -> 'resource',
                                        'column', p.spec -> 'column')
@@ -1478,23 +1609,45 @@ END
 $fn$;
 
 -- Record (or update) a protected table in the registry; a re-run with the same spec, template
--- and key families changes nothing.
+-- and key families changes nothing. A resource is shared by key fences or by table fences,
+-- never both: a table fence is its resource's key '', which a key fence's keys share, so a
+-- writer of one table would advance the other's fence and lock its holder out.
 CREATE OR REPLACE FUNCTION fencekit.register_table(schema_name text, table_name text, tag text,
                                                    resource text, spec jsonb,
                                                    template_version integer,
                                                    key_families text[])
 RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+#variable_conflict use_variable
+DECLARE
+  other record;
+BEGIN
+  SELECT p.schema_name, p.table_name, p.scope INTO other
+    FROM fencekit.protected p
+   WHERE p.resource = register_table.resource AND p.scope IN ('key', 'table')
+     AND p.scope <> (spec ->> 'scope')
+     AND (p.schema_name, p.table_name) <> (register_table.schema_name, register_table.table_name)
+   ORDER BY p.schema_name, p.table_name LIMIT 1;
+  IF FOUND AND spec ->> 'scope' IN ('key', 'table') THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: resource %L cannot be shared by a key fence and a '
+                                  'table fence: %I.%I has a %s fence on it', resource,
+                                  other.schema_name, other.table_name, other.scope),
+      DETAIL = 'A table fence is its resource''s key '''', which a key fence''s keys share: '
+               'writers of one table would advance the other''s fence.',
+      HINT = 'Give one of them another resource name.';
+  END IF;
   INSERT INTO fencekit.protected AS p
          (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
   VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
           key_families)
-  ON CONFLICT (schema_name, table_name) DO UPDATE
+  ON CONFLICT ON CONSTRAINT protected_pkey DO UPDATE
     SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
         spec = excluded.spec, template_version = excluded.template_version,
         key_families = excluded.key_families, protected_at = pg_catalog.now()
     WHERE (p.spec, p.template_version, p.key_families)
-          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families)
+          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families);
+END
 $fn$;
 
 -- 48_guards.sql
@@ -1537,12 +1690,16 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 $fn$;
 
 -- The unprotect script's guard. A table the registry does not know gets a NOTICE: the script
--- then only removes leftover objects.
+-- then only removes leftover objects. DROP COLUMN on a partitioned table loads its partition
+-- key: not in an admin's session when that key runs the owner's code (47_protect.sql).
 CREATE OR REPLACE FUNCTION fencekit.unprotect_guard(tbl text, spec jsonb) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   have jsonb := fencekit.registered_spec(spec);
 BEGIN
+  IF to_regclass(tbl) IS NOT NULL THEN
+    PERFORM fencekit.check_ddl_runs_no_owner_code(to_regclass(tbl));
+  END IF;
   IF have IS NULL THEN
     RAISE NOTICE 'fencekit: % is not in fencekit.protected; removing leftover fencekit objects only',
       tbl;
@@ -2036,10 +2193,13 @@ $do$;
 -- token for one resource being used on another.
 
 -- The lease resource of a key of a fenced resource: '<resource>:<key>', or the resource itself
--- for a table fence (key '').
+-- for a table fence (key ''). PL/pgSQL, not SQL: a SQL function with a SET clause is never
+-- inlined and plans its body on every call (once per key of every lease-bound write).
 CREATE OR REPLACE FUNCTION fencekit.lease_resource(resource text, key text) RETURNS text
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
-  SELECT CASE WHEN key = '' THEN resource ELSE resource || ':' || key END
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  RETURN CASE WHEN key = '' THEN resource ELSE resource || ':' || key END;
+END
 $fn$;
 
 -- The first key (in key order, the order leases are locked in) whose lease is not live under
@@ -2542,7 +2702,7 @@ SELECT p.schema_name, p.table_name, p.scope, p.template_version,
                                 AND t.tgname = 'fencekit_' || p.tag || '_' || s.suffix))
        END AS triggers_missing,
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger t
-         WHERE t.tgrelid = rel AND t.tgname LIKE 'fencekit\_%' AND t.tgenabled <> 'O')
+         WHERE t.tgrelid = rel AND t.tgname LIKE E'fencekit\\_%' AND t.tgenabled <> 'O')
          AS triggers_not_firing,
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_proc f
          WHERE f.pronamespace = 'fencekit'::regnamespace

@@ -108,27 +108,37 @@ class Inspector:
     conn: Conn
     _functions: dict[int, _Function] = field(default_factory=dict)
     _types: dict[int, Code] = field(default_factory=dict)
+    #: Functions the per-kind checks looked at since :meth:`start_table`: the catalog walk
+    #: reports what they did not (:func:`fencekit.catalog.code.unknown_code_drift`).
+    looked_at: set[int] = field(default_factory=set)
+
+    def start_table(self) -> None:
+        self.looked_at = set()
 
     # ------------------------------------------------------------------ functions
 
     def functions(self, oids: Iterable[int]) -> list[_Function]:
-        wanted = sorted({o for o in oids if o} - self._functions.keys())
+        oids = [o for o in oids if o]
+        self.looked_at.update(oids)
+        wanted = sorted(set(oids) - self._functions.keys())
         if wanted:
             rows = self.conn.execute(
                 """SELECT p.oid, pg_catalog.format('%%I.%%I(%%s)', n.nspname, p.proname,
                                                pg_catalog.pg_get_function_identity_arguments(p.oid)),
-                          p.oid >= %s AND n.nspname <> 'fencekit' AND NOT EXISTS (
+                          p.oid >= %s AND n.nspname <> 'fencekit' AND NOT (EXISTS (
                             SELECT FROM pg_catalog.pg_depend d
                              WHERE d.classid OPERATOR(pg_catalog.=)
                                    'pg_catalog.pg_proc'::pg_catalog.regclass
-                               AND d.objid = p.oid AND d.deptype = 'e'),
+                               AND d.objid = p.oid AND d.deptype = 'e') AND o.rolsuper),
                           n.nspname = 'pg_catalog' AND p.proname = ANY(%s),
-                          p.oid < %s OR EXISTS (
+                          p.oid < %s OR (EXISTS (
                             SELECT FROM pg_catalog.pg_depend d
                              WHERE d.classid OPERATOR(pg_catalog.=)
                                    'pg_catalog.pg_proc'::pg_catalog.regclass
-                               AND d.objid = p.oid AND d.deptype = 'e'),
+                               AND d.objid = p.oid AND d.deptype = 'e') AND o.rolsuper),
                           l.lanname, p.prosrc, p.probin, p.prosecdef,
+                          CASE WHEN p.prosqlbody IS NOT NULL
+                               THEN pg_catalog.pg_get_function_sqlbody(p.oid) END,
                           CASE WHEN p.prosecdef THEN p.proowner::pg_catalog.regrole::pg_catalog.text
                           END,
                           p.proconfig, pg_catalog.pg_get_function_arguments(p.oid),
@@ -136,6 +146,9 @@ class Inspector:
                      FROM pg_catalog.pg_proc p
                      JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
                      JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+                     -- an extension's member is PostgreSQL's own code only when a superuser
+                     -- owns it: an owner can ALTER EXTENSION ... ADD its own function
+                     JOIN pg_catalog.pg_roles o ON o.oid = p.proowner
                     WHERE p.oid = ANY(%s)""",
                 (FIRST_NORMAL_OID, list(RISKY_BUILTINS), FIRST_NORMAL_OID, wanted),
             ).fetchall()
@@ -149,6 +162,7 @@ class Inspector:
                 src,
                 binary,
                 secdef,
+                atomic,
                 owner,
                 config,
                 args,
@@ -163,6 +177,8 @@ class Inspector:
                             "language": lang,
                             "source": src,
                             "binary": binary,
+                            # a BEGIN ATOMIC body is in prosqlbody, not prosrc ('')
+                            "atomic_body": atomic,
                             "security_definer": secdef,
                             "owner": owner,
                             "config": list(config or []),
@@ -243,13 +259,19 @@ class Inspector:
         row = self.conn.execute(
             "SELECT t.oid::pg_catalog.regtype::pg_catalog.text, t.typtype::pg_catalog.text, "
             "t.typbasetype, t.typelem, t.typrelid, t.typinput, "
-            "(SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = t.oid) "
+            "(SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = t.oid), "
+            "t.typdefaultbin::pg_catalog.text, "
+            "ARRAY(SELECT r.rngsubdiff::pg_catalog.oid FROM pg_catalog.pg_range r "
+            "       WHERE r.rngtypid = t.oid "
+            "      UNION ALL SELECT r.rngcanonical::pg_catalog.oid FROM pg_catalog.pg_range r "
+            "       WHERE r.rngtypid = t.oid), "
+            "(SELECT r.rngtypid FROM pg_catalog.pg_range r WHERE r.rngmultitypid = t.oid) "
             "FROM pg_catalog.pg_type t WHERE t.oid = %s",
             (oid,),
         ).fetchone()
         if row is None:
             return Code(())
-        name, typtype, base, elem, relid, typinput, subtype = row
+        name, typtype, base, elem, relid, typinput, subtype, default, range_procs, range_of = row
         reasons: list[str] = []
         hashes: list[str] = []
 
@@ -258,13 +280,23 @@ class Inspector:
             hashes.extend(code.hashes)
 
         if typtype == "d":
-            for cname, tree in self.conn.execute(
-                "SELECT conname, conbin::pg_catalog.text FROM pg_catalog.pg_constraint "
-                "WHERE contypid = %s AND contype = 'c' ORDER BY conname",
+            checks = self.conn.execute(
+                "SELECT conname, conbin::pg_catalog.text, pg_catalog.pg_get_constraintdef(oid) "
+                "FROM pg_catalog.pg_constraint WHERE contypid = %s AND contype = 'c' "
+                "ORDER BY conname",
                 (oid,),
-            ).fetchall():
+            ).fetchall()
+            for cname, tree, _ in checks:
                 add(self.expression(tree), f"domain {name} CHECK {cname} ")
+            add(self.expression(default), f"domain {name} DEFAULT ")
             add(self.type_code(int(base)), "")
+            # The whole definition is pinned: a CHECK added to an allowed domain (even one
+            # of built-ins only) or a changed DEFAULT changes the hash.
+            hashes.append(
+                code_hash({"domain": name, "checks": [c[2] for c in checks], "default": default})
+            )
+        elif typtype == "m" and range_of:
+            add(self.type_code(int(range_of)), "")
         elif typtype == "b" and elem:
             add(self.type_code(int(elem)), "")
         elif typtype == "b":
@@ -274,6 +306,11 @@ class Inspector:
                 hashes.append(f.sha256)
         elif typtype == "r" and subtype:
             add(self.type_code(int(subtype)), "")
+            # subtype_diff runs in GiST penalties, selectivity and ANALYZE; canonical on input
+            for f in self.functions([int(p) for p in range_procs or []]):
+                if f.user:
+                    reasons.append(f"range {name} runs {f.name}")
+                    hashes.append(f.sha256)
         elif typtype == "c" and relid:
             for (att,) in self.conn.execute(
                 "SELECT atttypid FROM pg_catalog.pg_attribute WHERE attrelid = %s AND attnum > 0 "

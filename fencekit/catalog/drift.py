@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import psycopg
 
 from fencekit import sqlgen
-from fencekit.catalog.code import foreign_code_drift
+from fencekit.catalog.code import foreign_code_drift, unknown_code_drift
 from fencekit.catalog.codeinfo import Inspector
 from fencekit.catalog.model import COMMAND, Action, Command, Conn, Drift, DriftKind, ProtectedTable
 from fencekit.catalog.triggers import foreign_trigger_drift
@@ -151,6 +151,7 @@ def table_drift(
     if pt.spec.scope is Scope.KEY:
         out += _key_type_drift(conn, oid, pt.spec)
     out += _ancestor_drift(conn, oid, t.dotted)
+    insp.start_table()
     out += foreign_trigger_drift(conn, insp, oid, t.sql, pt.spec, objs, allowed)
     out += foreign_code_drift(conn, insp, oid, t.sql, pt.spec, allowed)
     for desc in _descendants(conn, oid):
@@ -159,6 +160,7 @@ def table_drift(
             conn, insp, desc.oid, desc.sql, pt.spec, objs, allowed, clones=False
         )
         out += foreign_code_drift(conn, insp, desc.oid, desc.sql, pt.spec, allowed)
+    out += unknown_code_drift(conn, insp, oid, t.sql, allowed)
     return out
 
 

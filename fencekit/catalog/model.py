@@ -50,6 +50,7 @@ class DriftKind(str, Enum):
     OWNER_ROLE_MISSING = "owner_role_missing"
     # server settings that switch fencing off
     REPLICATION_ROLE_GRANTED = "replication_role_granted"
+    REPLICATION_ROLE_DEFAULT = "replication_role_default"
     TOKEN_SETTING = "token_setting"
     # a protected table against what its spec generates
     TEMPLATE_OUTDATED = "template_outdated"
@@ -84,6 +85,7 @@ class DriftKind(str, Enum):
     FOREIGN_RULE = "foreign_rule"
     FOREIGN_CASCADE = "foreign_cascade"
     FOREIGN_VIEW = "foreign_view"
+    FOREIGN_CODE = "foreign_code"
 
     def __str__(self) -> str:
         return self.value

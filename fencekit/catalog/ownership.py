@@ -67,7 +67,8 @@ def ownership_drift(conn: Conn) -> list[Drift]:
     """fencekit's objects owned by another role than the one that installed it, or by a role
     that is neither a superuser nor a member of fencekit_admin. A protected table's generated
     functions and counters may also belong to any superuser or member of fencekit_admin (the
-    role that ran protect).
+    role that ran protect), and a row fence's TRUNCATE check (``<tag>_trunc``) to the table's
+    owner, since it reads the table.
 
     Whoever owns fencekit's tables and functions can lower fences, edit the registry and
     replace the checks; a ``pg_restore`` run by an application role leaves them all owned by
@@ -109,7 +110,14 @@ def ownership_drift(conn: Conn) -> list[Drift]:
         "       pg_catalog.pg_has_role(r.oid, a.oid, 'MEMBER'), "
         "       o.kind IN ('function', 'sequence') AND EXISTS ("
         "         SELECT FROM fencekit.protected t WHERE pg_catalog.left(o.ident, "
-        "           pg_catalog.length(t.tag) + 1) IN (t.tag || '_', t.tag || ':')) "
+        "           pg_catalog.length(t.tag) + 1) IN (t.tag || '_', t.tag || ':')), "
+        # A row fence's TRUNCATE check reads the table: it belongs to the table's owner.
+        "       o.kind = 'function' AND EXISTS ("
+        "         SELECT FROM fencekit.protected t JOIN pg_catalog.pg_class c"
+        "           ON c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format("
+        "                '%I.%I', t.schema_name, t.table_name))"
+        "          WHERE t.scope = 'row' AND o.ident = t.tag || '_trunc'"
+        "            AND c.relowner = o.owner) "
         f"FROM ({_OWNED_SQL}) o "
         "JOIN pg_catalog.pg_roles r ON r.oid = o.owner "
         "LEFT JOIN pg_catalog.pg_roles a ON a.rolname = 'fencekit_admin' "
@@ -117,8 +125,10 @@ def ownership_drift(conn: Conn) -> list[Drift]:
     ).fetchall()
     by_owner: dict[str, list[tuple[str, str, str]]] = {}
     privileged: dict[str, bool] = {}
-    for kind, name, alter_sql, owner, is_super, is_admin, per_table in rows:
+    for kind, name, alter_sql, owner, is_super, is_admin, per_table, table_owned in rows:
         role = quote_ident(owner)
+        if table_owned:
+            continue
         privileged[role] = bool(is_super) or bool(is_admin)
         if per_table and privileged[role] and role != expected:
             continue

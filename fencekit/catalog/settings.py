@@ -8,7 +8,73 @@ from __future__ import annotations
 from fencekit.catalog.model import Conn, Drift, DriftKind, ProtectedTable
 from fencekit.ident import quote_ident
 
-__all__ = ["durability_warnings", "setting_drift", "subscription_warnings"]
+__all__ = [
+    "backend_settings",
+    "durability_warnings",
+    "setting_drift",
+    "subscription_warnings",
+]
+
+#: The backend's command-line switches that take an argument (postgres.c's getopt string,
+#: "B:bC:c:D:d:EeFf:h:ijk:lN:nOPp:r:S:sTt:v:W:-:"); ``c`` and ``-`` set a setting.
+_SWITCHES_WITH_ARG = frozenset("BCcDdfhkNprStvW-")
+
+
+_C_SPACE = " \t\n\r\f\v"  # isspace() in the C locale
+
+
+def split_options(options: str) -> list[str]:
+    """The words of a libpq ``options`` string as the server splits them (``pg_split_opts``):
+    at unescaped whitespace, each backslash dropped and the character after it kept as is.
+    So ``-c fencekit.tok\\en=9`` is ``-c``, ``fencekit.token=9``."""
+    words: list[str] = []
+    word: list[str] | None = None
+    escaped = False
+    for ch in options:
+        if word is None:
+            if ch in _C_SPACE:
+                continue
+            word = []
+        if not escaped and ch in _C_SPACE:
+            words.append("".join(word))
+            word = None
+        elif not escaped and ch == "\\":
+            escaped = True
+        else:
+            escaped = False
+            word.append(ch)
+    if word is not None:
+        words.append("".join(word))
+    return words
+
+
+def backend_settings(options: str) -> list[tuple[str, str]]:
+    """The (name, value) settings a libpq ``options`` string gives the session it opens, the
+    way the server reads them: ``-c name=value``, ``-cname=value``, ``--name=value``, switches
+    bundled before ``c`` (``-ec name=value``); names are lower-cased and ``-`` is ``_``."""
+    out: list[tuple[str, str]] = []
+    args = split_options(options)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("-") or arg == "-":
+            continue
+        j = 1
+        while j < len(arg):
+            switch = arg[j]
+            if switch not in _SWITCHES_WITH_ARG:
+                j += 1
+                continue
+            value = arg[j + 1 :]
+            if not value and i < len(args):
+                value = args[i]
+                i += 1
+            if switch in "c-":
+                name, _, setting = value.partition("=")
+                out.append((name.lower().replace("-", "_"), setting))
+            break
+    return out
 
 
 def durability_warnings(conn: Conn) -> list[str]:
@@ -84,6 +150,33 @@ def setting_drift(conn: Conn) -> list[Drift]:
                     tuple(grantees),
                 )
             )
+    for where, setting, fix in conn.execute(
+        "SELECT CASE WHEN s.setrole = 0 THEN 'database ' || d.datname "
+        "       WHEN s.setdatabase = 0 THEN 'role ' || s.setrole::pg_catalog.regrole "
+        "       ELSE 'role ' || s.setrole::pg_catalog.regrole || ' in database ' || d.datname "
+        "       END, c, "
+        "       CASE WHEN s.setrole = 0 THEN 'ALTER DATABASE ' || pg_catalog.quote_ident(d.datname)"
+        "       ELSE 'ALTER ROLE ' || s.setrole::pg_catalog.regrole || CASE WHEN s.setdatabase = 0"
+        "         THEN '' ELSE ' IN DATABASE ' || pg_catalog.quote_ident(d.datname) END END"
+        "       || ' RESET session_replication_role' "
+        "FROM pg_catalog.pg_db_role_setting s "
+        "LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase, "
+        "pg_catalog.unnest(s.setconfig) c "
+        "WHERE pg_catalog.lower(pg_catalog.split_part(c, '=', 1)) = 'session_replication_role' "
+        "  AND pg_catalog.lower(pg_catalog.btrim(pg_catalog.substr(c, "
+        "        pg_catalog.strpos(c, '=') + 1), ' ''\"')) = 'replica' "
+        "ORDER BY 1"
+    ).fetchall():
+        out.append(
+            Drift(
+                DriftKind.REPLICATION_ROLE_DEFAULT,
+                str(where),
+                f"{where} has the default setting {setting}: no trigger fires in the sessions "
+                "it applies to, fencekit's checks included, so they write unchecked and "
+                "uncounted",
+                str(fix),
+            )
+        )
     token = "fencekit.token"
     for where, setting, fix in conn.execute(
         "SELECT CASE WHEN s.setrole = 0 THEN 'database ' || d.datname "
@@ -119,18 +212,32 @@ def setting_drift(conn: Conn) -> list[Drift]:
         "       || pg_catalog.quote_ident(u.srvname) || ' OPTIONS (DROP options)' "
         "  FROM pg_catalog.pg_user_mappings u ORDER BY 1, 2"
     ).fetchall():
-        bad = [o for o in (options or []) if token in str(o).lower()]
+        bad = [str(o) for o in (options or []) if _hands_out(str(o))]
         if bad:
             out.append(
                 Drift(
                     DriftKind.TOKEN_SETTING,
                     f"{kind} {name}",
-                    f"{kind} {name} sets {token} ({'; '.join(bad)}): every session it opens "
-                    "(postgres_fdw, dblink) presents that token, stale or not",
+                    f"{kind} {name} sets {token} or session_replication_role = replica "
+                    f"({'; '.join(bad)}): every session it opens (postgres_fdw, dblink) "
+                    "presents that token, stale or not, or fires no trigger at all",
                     f"remove the setting from its options ({fix}, keeping any other setting)",
                 )
             )
     return out
+
+
+def _hands_out(option: str) -> bool:
+    """Whether a foreign server's or user mapping's option (``key=value``) gives the sessions
+    it opens a fencekit.token, or session_replication_role = replica, however spelled."""
+    key, _, value = option.partition("=")
+    if key.strip().lower() != "options":
+        return "fencekit.token" in option.lower()  # another wrapper's own way to pass it
+    return any(
+        name == "fencekit.token"
+        or (name == "session_replication_role" and value_.strip("'\" ").lower() == "replica")
+        for name, value_ in backend_settings(value)
+    )
 
 
 def subscription_warnings(conn: Conn, tables: list[ProtectedTable]) -> list[str]:

@@ -20,7 +20,8 @@ def register(subparsers: Any) -> None:
         description="Protect puts a table's triggers on the partitions and inheritance "
         "children it has when it runs. A child created or attached later is not covered until "
         "protect is re-run (`fencekit status` reports it). `auto-cover on` installs an event "
-        "trigger that covers such a child in the transaction that creates it, or refuses to "
+        "trigger that covers such a child in the transaction that creates it (CREATE TABLE, "
+        "ALTER TABLE, and the CREATE TABLE elements of CREATE SCHEMA), or refuses to "
         "create it when the creating role may not attach fencekit's triggers. Event triggers "
         "need a superuser (or your provider's equivalent role).",
         epilog="examples:\n  fencekit auto-cover on --dsn postgresql://admin@db/app\n"

@@ -47,8 +47,11 @@ def _fences(subparsers: Any) -> None:
         "values, in key-column order; row fence: the primary key's values, in index order). "
         "Values are written as SQL would write them ('2024-05-01 10:00+02', 42, 'eu') and "
         "named exactly as the key triggers name them, whatever this session's settings.\n\n"
-        "Reads fencekit.fences: needs a member of fencekit_admin (a row fence needs SELECT on "
-        "the table).",
+        "Reads fencekit.fences: needs a member of fencekit_admin. A row fence's fences are the "
+        "table's rows, and reading them runs the table owner's code (the planner evaluates "
+        "index and statistics expressions): it runs only in a session logged in as the table's "
+        "owner; any other session, a superuser's included, is refused with the command to run "
+        "as the owner.",
         epilog="examples:\n"
         "  fencekit fences billing_summary\n"
         "  fencekit fences payments --key 42            # key fence on account_id\n"
@@ -144,6 +147,35 @@ def _protected(conn: psycopg.Connection[Any], text: str) -> ProtectedTable:
     return pt
 
 
+def _owner_session_only(conn: psycopg.Connection[Any], pt: ProtectedTable) -> None:
+    """Refuse unless this session logged in as the table's owner (``fencekit.session_is``).
+
+    A row fence's fences are the table's rows, and planning a read of them runs the owner's
+    code (index, statistics and partition key expressions) as the reader. In the owner's own
+    session it runs with the owner's rights; in an admin's or a superuser's it would run with
+    theirs, and SET ROLE cannot contain it (the code can RESET ROLE)."""
+    from fencekit.catalog import CatalogError
+
+    row = conn.execute(
+        "SELECT fencekit.session_is(c.relowner), pg_catalog.quote_ident(r.rolname), "
+        "pg_catalog.quote_ident(session_user) "
+        "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r ON r.oid = c.relowner "
+        "WHERE c.oid OPERATOR(pg_catalog.=) %s::pg_catalog.regclass",
+        (pt.spec.table.sql,),
+    ).fetchone()
+    if row is None or row[0]:
+        return
+    owner, me = str(row[1]), str(row[2])
+    raise CatalogError(
+        f"refusing to read the row fences of {pt.spec.table} in a session of {me}: they are the "
+        "table's rows, and reading them runs its owner's code (index and statistics expressions "
+        "are evaluated while the read is planned), which fencekit runs only in a session logged "
+        f"in as the owner {owner} (SET ROLE cannot contain it). Run: fencekit fences "
+        f"{pt.spec.table.sql} ... --dsn <a DSN that logs in as {owner}> (a member of "
+        "fencekit_admin)"
+    )
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
@@ -197,6 +229,7 @@ def _row_fences(
 
     table = sql.SQL(pt.spec.table.sql)
     col = sql.Identifier(pt.spec.column)
+    _owner_session_only(conn, pt)
     # Hold the name until the transaction ends (a rename needs ACCESS EXCLUSIVE), then check
     # again that it is the protected table: between _protected's check and the reads below
     # the owner could otherwise swap a view in under it.

@@ -107,13 +107,29 @@ def names_for(spec: FenceSpec) -> Names:
 
 
 def definer_function(
-    make: Callable[..., Function], suffix: str, body: str, settings: tuple[tuple[str, str], ...]
+    make: Callable[..., Function],
+    suffix: str,
+    body: str,
+    settings: tuple[tuple[str, str], ...],
+    *,
+    table_owner: bool = False,
 ) -> Function:
-    """A SECURITY DEFINER trigger function; its settings are written into the body as a comment
-    so that the body's hash (its stamp) changes whenever they do."""
+    """A SECURITY DEFINER trigger function; its settings (and who owns it) are written into the
+    body as a comment so that the body's hash (its stamp) changes whenever they do.
+    ``table_owner``: owned by the protected table's owner, not by the role that ran protect
+    (see :attr:`fencekit.sqlgen.objects.Function.table_owner`)."""
     pinned = (PINNED_SEARCH_PATH, *settings)
-    header = "-- SECURITY DEFINER; pinned:\n" + "".join(f"--   {k}={v}\n" for k, v in pinned)
-    return make(suffix, "\n" + header + body.lstrip("\n"), definer=True, settings=pinned)
+    owner = "; owner: the table's owner" if table_owner else ""
+    header = f"-- SECURITY DEFINER{owner}; pinned:\n" + "".join(
+        f"--   {k}={v}\n" for k, v in pinned
+    )
+    return make(
+        suffix,
+        "\n" + header + body.lstrip("\n"),
+        definer=True,
+        settings=pinned,
+        table_owner=table_owner,
+    )
 
 
 def statement_token(n: Names, *, counted: bool = True) -> str:

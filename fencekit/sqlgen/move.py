@@ -102,6 +102,8 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         # The name must still be the protected table, not a view (whose functions would run as
         # the mover) or another relation the owner put under it after renaming the table.
         "  PERFORM fencekit.registered_table(tbl::pg_catalog.regclass);\n"
+        # Before anything reads, writes or drops: only in the owner's session (_owner_only).
+        + (_owner_only(new) + "\n" if is_move(old, new) and _reads_rows(old, new) else "")
         + _column_types(old, new)
         + _column_free(old, new)
         + "END\n"
@@ -160,38 +162,53 @@ def _unbind(spec: FenceSpec, resource: str) -> str:
     )
 
 
+def _reads_rows(old: FenceSpec, new: FenceSpec) -> bool:
+    """True when the carry reads or writes the table's rows: from or to a row fence (but table
+    -> row, which adds the column with a constant default), or to a key fence whose keys come
+    from the rows (from a table fence, or from a key fence with other key columns)."""
+    if old.scope is Scope.ROW:
+        return True
+    if new.scope is Scope.ROW:
+        return old.scope is Scope.KEY
+    if new.scope is Scope.KEY:
+        return old.scope is Scope.TABLE or old.key != new.key
+    return False
+
+
 def _owner_only(new: FenceSpec) -> str:
     """Refuse (42501) unless this session logged in as the table's owner
-    (``fencekit.session_is``): SET ROLE cannot contain the owner's code that filling the fence
-    column runs (it can RESET ROLE back to the mover, a superuser or an admin). The whole move
-    rolls back, nothing changed."""
+    (``fencekit.session_is``): reading the table runs its owner's code (the planner folds index,
+    statistics and partition key expressions; a write runs triggers, rules, constraints,
+    policies), and SET ROLE cannot contain it (it can RESET ROLE back to the mover, a superuser
+    or an admin). Checked before the first read; the whole move rolls back, nothing changed."""
     t = new.table
     message = (
-        "fencekit: refusing to move %s to a row fence in a session of %I: filling the "
-        "fence column writes the table, which runs its owner's code (triggers, rules, "
-        "constraints, index expressions, policies), and fencekit runs that code only in a "
-        "session logged in as the owner %s (SET ROLE cannot contain it); nothing was changed"
+        "fencekit: refusing to move %s in a session of %I: the move reads (to a row fence, "
+        "also writes) the table's rows, which runs its owner's code (index and statistics "
+        "expressions while the read is planned; triggers, rules, constraints, policies on a "
+        "write), and fencekit runs that code only in a session logged in as the owner %s (SET "
+        "ROLE cannot contain it); nothing was changed"
     )
     hint = (
         "Log in as %s (a member of fencekit_admin, owning the table's generated fencekit "
         "functions and counters) and run the same move: fencekit move ... --dsn <a DSN that "
-        "logs in as %s>. Or move through a table fence (--scope table, then --scope row), "
-        "which writes no row: every row then starts at the highest key fence."
+        "logs in as %s>. Or move through a table fence (--scope table, then the new options), "
+        "which reads no row when it starts from a key or table fence."
     )
     owner = (
         "(SELECT c.relowner FROM pg_catalog.pg_class c\n"
         f"           WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass)"
     )
     return (
-        f"    IF NOT fencekit.session_is({owner}) THEN\n"
-        "      RAISE EXCEPTION USING ERRCODE = '42501',\n"
-        f"        MESSAGE = pg_catalog.format(\n          {lit_lines(message, ' ' * 10)},\n"
-        f"          {lit(t.sql)}, fencekit.session_role(),\n"
-        f"          {owner}::pg_catalog.regrole),\n"
-        f"        HINT = pg_catalog.format(\n          {lit_lines(hint, ' ' * 10)},\n"
-        f"          {owner}::pg_catalog.regrole,\n"
-        f"          {owner}::pg_catalog.regrole);\n"
-        "    END IF;\n"
+        f"  IF NOT fencekit.session_is({owner}) THEN\n"
+        "    RAISE EXCEPTION USING ERRCODE = '42501',\n"
+        f"      MESSAGE = pg_catalog.format(\n        {lit_lines(message, ' ' * 8)},\n"
+        f"        {lit(t.sql)}, fencekit.session_role(),\n"
+        f"        {owner}::pg_catalog.regrole),\n"
+        f"      HINT = pg_catalog.format(\n        {lit_lines(hint, ' ' * 8)},\n"
+        f"        {owner}::pg_catalog.regrole,\n"
+        f"        {owner}::pg_catalog.regrole);\n"
+        "  END IF;"
     )
 
 
@@ -287,15 +304,14 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
     elif new.scope is Scope.ROW:
         # Each row takes its key's fence: filling the column writes the table, which runs its
         # owner's code (triggers, rules, constraints, index expressions, policies): only in a
-        # session logged in as the owner (see _owner_only), never with the bypass on. No UPDATE
-        # at all when there is nothing to carry: even one that matches no row fires statement
-        # triggers and rules.
+        # session logged in as the owner (checked first, by _guard), never with the bypass
+        # on. No UPDATE at all when there is nothing to carry: even one that matches no row
+        # fires statement triggers and rules.
         col = quote_ident(new.column)
         body.append(
             f"  IF (EXISTS (SELECT FROM {fences} f WHERE f.resource = {src})"
             f" OR old_floor IS NOT NULL)\n     AND EXISTS (SELECT FROM {t.sql}) THEN\n"
-            + _owner_only(new)
-            + "    PERFORM pg_catalog.set_config('fencekit.bypass', '', true);\n"
+            "    PERFORM pg_catalog.set_config('fencekit.bypass', '', true);\n"
             f"    UPDATE {t.sql} AS r SET {col} = f.fence FROM {fences} f\n"
             f"     WHERE f.resource = {src}\n       AND f.key = {old_key};\n"
             "    IF old_floor IS NOT NULL THEN\n"

@@ -27,12 +27,19 @@ class Function:
 
     name: str  # unquoted, in schema fencekit
     body: str  # PL/pgSQL source between the dollar quotes
-    #: SECURITY DEFINER: runs as the role that ran protect. Only for functions that write
-    #: fencekit's own tables (fences); trigger functions cannot be called directly, and
+    #: SECURITY DEFINER: runs as its owner (the role that ran protect, or the table's owner
+    #: when ``table_owner``). Only for functions that write fencekit's own tables (fences) or
+    #: read every row of the table; trigger functions cannot be called directly, and
     #: EXECUTE is revoked from PUBLIC so nobody can attach them to another table.
     definer: bool = False
     #: Settings pinned for the call (name, value as SQL), e.g. TimeZone for key encoding.
     settings: tuple[tuple[str, str], ...] = ()
+    #: Owned by the protected table's owner instead of the role that ran protect: for a
+    #: function that reads the user's table (a row fence's TRUNCATE check). Reading a table runs
+    #: its owner's code (the planner folds index, statistics and partition key expressions), so
+    #: that code must run with the owner's rights, never with the protector's (docs/security.md,
+    #: "the rule").
+    table_owner: bool = False
     returns: str = "trigger"
 
     @property

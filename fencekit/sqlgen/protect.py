@@ -247,6 +247,13 @@ def protect_statements(spec: FenceSpec) -> list[str]:
     out.append(create_counters_quietly(n.tag))
     for f in objs.functions:
         out += _create_function_sql(f)
+        if f.table_owner:
+            # Reads the table: runs as its owner, whose code that read runs (objects.Function).
+            out.append(
+                "SELECT fencekit.give_to_table_owner("
+                f"{lit(f.sql_name + '()')}::pg_catalog.regprocedure,\n"
+                f"  {lit(t.sql)}::pg_catalog.regclass)"
+            )
     out += _grants_sql(objs.functions)
     out += _triggers_sql(objs, n)
     resource = n.resource if spec.scope is not Scope.ROW else "NULL"
@@ -344,5 +351,6 @@ def unprotect_guard(spec: FenceSpec) -> str:
     """Refuse (YF000) unless the registry holds exactly ``spec`` for the table, with a hint
     naming the command that generates the right script; a table the registry does not know
     gets a NOTICE, and the script then only cleans leftovers (``fencekit.unprotect_guard``,
-    48_guards.sql)."""
+    48_guards.sql). It first refuses a partitioned table whose partition key runs the owner's
+    code when the session is not the owner's (DROP COLUMN loads the key; 47_protect.sql)."""
     return f"SELECT fencekit.unprotect_guard({lit(spec.table.sql)},\n  {spec_jsonb(spec)})"

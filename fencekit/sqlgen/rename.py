@@ -50,7 +50,10 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
         f"      MESSAGE = {lit(f'fencekit: {t.sql} is already in fencekit.protected')},\n"
         "      HINT = 'fencekit status shows both entries.';\n"
-        "  END IF;\nEND\n"
+        "  END IF;\n"
+        # Before the old triggers go: the DDL that follows must not run the owner's code here.
+        f"  PERFORM fencekit.check_ddl_runs_no_owner_code({lit(t.sql)}::pg_catalog.regclass);\n"
+        "END\n"
     )
 
 

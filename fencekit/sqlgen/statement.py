@@ -20,10 +20,11 @@ __all__ = ["statement_objects"]
 
 
 def _fast_path(n: Names) -> str:
-    """A row fence's common case in one expression, without a call: a well-formed token (or,
-    under on_missing = allow, none), no bypass, the right issuer (written inline for speed: it
-    is every statement's cost)."""
-    token = f"{TOKEN} OPERATOR(pg_catalog.~) {TOKEN_FAST}"
+    """A row fence's common case as one condition: a well-formed token (or, under on_missing =
+    allow, none), no bypass, the right issuer. It is the statement trigger's WHEN clause,
+    evaluated in C: a statement it holds for calls no PL/pgSQL at all (every statement's cost;
+    the function behind it judges the rest)."""
+    token = f"{TOKEN}\n      OPERATOR(pg_catalog.~) {TOKEN_FAST}"
     if n.spec.on_missing == "allow":
         # Rollout mode: a statement without a token needs nothing here either; its row
         # triggers judge and count each row it writes (unfenced_write).
@@ -31,33 +32,36 @@ def _fast_path(n: Names) -> str:
     issuer = ""
     if n.spec.issuer is not None:
         issuer = (
-            "\n     AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') "
+            "\n    AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') "
             "OPERATOR(pg_catalog.=) ''\n"
-            "          OR pg_catalog.current_setting('fencekit.issuer', true) "
+            "      OR pg_catalog.current_setting('fencekit.issuer', true) "
             f"OPERATOR(pg_catalog.=) {lit(n.spec.issuer)})"
         )
+    # A token is a positive bigint in plain decimal: this settles the ones below 10^18;
+    # anything else goes to fencekit.statement_token, which judges the rest.
     return (
-        "  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;\n"
-        "  -- anything else goes to fencekit.statement_token, which judges the rest.\n"
-        f"  IF {token}\n"
-        "     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
-        f"OPERATOR(pg_catalog.=) ''{issuer} THEN\n"
-        "    RETURN NULL;\n"
-        "  END IF;\n"
+        f"{token}\n    AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+        f"OPERATOR(pg_catalog.=) ''{issuer}"
     )
 
 
 def _row_truncate(n: Names) -> str:
     """TRUNCATE of a row-fenced table: its token must not be lower than any row's fence. The
-    function runs as the role that ran protect with row_security off, so the writer's RLS
-    policies hide no fence; the column is checked to be a plain bigint first, so reading it
-    runs no cast or operator of the caller's. The rows are gone afterwards: nothing to advance.
+    function is owned by the table's owner (protect gives it to the owner) and runs as that
+    owner with row_security off, so the writer's RLS policies hide no fence and everything of
+    the owner's that reading the table runs (index, statistics and partition key expressions
+    folded by the planner) runs with the owner's rights only. It reads the truncated table by
+    OID (TG_RELID), never by name: after a rename, whatever took the old name is not read.
+    check_fence_column refuses a table (or a child) owned by anyone else, and a fence column
+    that is no longer a bigint. The rows are gone afterwards: nothing to advance.
     """
-    t = n.spec.table
     return (
         f"    PERFORM fencekit.check_fence_column({n.lit_tag}, TG_RELID, TG_NAME,\n"
-        f"      {lit(t.sql)}, {lit(n.spec.column)});\n"
-        f"    SELECT pg_catalog.max({n.col}) INTO fence FROM {t.sql};\n"
+        f"      TG_RELID::pg_catalog.regclass, {lit(n.spec.column)});\n"
+        "    -- dynamic SQL: the table is the one the trigger fired on, known only at run time\n"
+        "    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',\n"
+        f"                              {lit(n.spec.column)}, TG_RELID::pg_catalog.regclass)\n"
+        "      INTO fence;\n"
         f"    PERFORM fencekit.judge_row_truncate({n.lit_tag}, TG_RELID, TG_NAME, tok, fence);\n"
     )
 
@@ -67,13 +71,13 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     title = n.title(f"statement check ({scope} fence)")
     if scope is Scope.ROW:
         # Before INSERT, UPDATE and DELETE: runs as the writer, fast path first. TRUNCATE reads
-        # every row's fence: its own function, as the role that ran protect (see _row_truncate).
+        # every row's fence: its own function, as the table's owner (see _row_truncate).
+        # The common case never calls it (the trigger's WHEN clause, _fast_path). Its row
+        # triggers count each row an allowed or bypassed statement writes.
         stmt = n.function(
             "stmt",
             f"\n{title}BEGIN\n"
-            + _fast_path(n)
-            # Its row triggers count each row an allowed or bypassed statement writes.
-            + f"  PERFORM {statement_token(n, counted=False)};\n  RETURN NULL;\nEND\n",
+            f"  PERFORM {statement_token(n, counted=False)};\n  RETURN NULL;\nEND\n",
         )
         trunc = definer_function(
             n.function,
@@ -82,9 +86,16 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             "  fence pg_catalog.int8;\nBEGIN\n"
             "  IF tok IS NOT NULL THEN\n" + _row_truncate(n) + "  END IF;\n  RETURN NULL;\nEND\n",
             (("row_security", "off"),),
+            table_owner=True,
         )
         return [stmt, trunc], [
-            Trigger(n.trigger("stmt"), "BEFORE INSERT OR UPDATE OR DELETE", "STATEMENT", stmt),
+            Trigger(
+                n.trigger("stmt"),
+                "BEFORE INSERT OR UPDATE OR DELETE",
+                "STATEMENT",
+                stmt,
+                when=f"({_fast_path(n)}) IS NOT TRUE",
+            ),
             Trigger(n.trigger("trunc"), "BEFORE TRUNCATE", "STATEMENT", trunc),
         ]
     # Key and table fences write fencekit.fences (through fencekit.judge_fences): the check runs

@@ -28,9 +28,10 @@ def lit(value: str) -> str:
 
 
 def dollar(body: str, tag: str) -> str:
-    """Dollar-quote ``body`` with a tag that does not occur in it (names can hold ``$fn$``)."""
+    """Dollar-quote ``body`` with a tag chosen so that the first place it occurs after the
+    opening one is the closing one (names can hold ``$fn$``, or end in ``$fn``)."""
     n = 0
-    while f"${tag}{n or ''}$" in body:
+    while (body + f"${tag}{n or ''}$").find(f"${tag}{n or ''}$") != len(body):
         n += 1
     t = f"${tag}{n or ''}$"
     return f"{t}{body}{t}"

@@ -67,13 +67,21 @@ $fn$;
 
 -- Turn auto-cover on or off. Event triggers need a superuser (or a managed service's
 -- equivalent role); anyone else gets fencekit's error saying so.
+-- The commands that can make a table a child or partition: CREATE TABLE (INHERITS, PARTITION
+-- OF), ALTER TABLE (INHERIT, ATTACH PARTITION), and CREATE SCHEMA, whose CREATE TABLE elements
+-- fire no CREATE TABLE event of their own (pg_event_trigger_ddl_commands lists them under it).
+-- Turning it on again replaces a trigger that listens to fewer commands.
 CREATE OR REPLACE FUNCTION fencekit.set_auto_cover(enabled boolean) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
-  IF enabled AND NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger
-                              WHERE evtname = 'fencekit_auto_cover') THEN
+  IF enabled AND NOT EXISTS (
+       SELECT FROM pg_catalog.pg_event_trigger
+        WHERE evtname = 'fencekit_auto_cover' AND evtevent = 'ddl_command_end'
+          AND evtfoid = 'fencekit.cover_new_children()'::pg_catalog.regprocedure
+          AND evttags::text[] @> ARRAY['CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA']) THEN
+    DROP EVENT TRIGGER IF EXISTS fencekit_auto_cover;
     CREATE EVENT TRIGGER fencekit_auto_cover ON ddl_command_end
-      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA')
       EXECUTE FUNCTION fencekit.cover_new_children();
   ELSIF NOT enabled THEN
     DROP EVENT TRIGGER IF EXISTS fencekit_auto_cover;

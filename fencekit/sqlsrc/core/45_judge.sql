@@ -51,12 +51,17 @@ $fn$;
 -- functions that call it. It reads and writes fencekit's own tables and takes text keys and a
 -- bigint token as arguments: no cast, operator, policy or trigger of a user's table or type
 -- runs in it (the generated trigger computes the keys' text, under pinned settings, before).
+-- Lease-bound: the token must be the live lease of every key written; for TRUNCATE (keys NULL)
+-- of every key the resource has a fence for, as if each were written.
 CREATE OR REPLACE FUNCTION fencekit.judge_fences(
   tag text, relid oid, trigger_name text, resource text, keys text[], token bigint,
   on_equal text, lease_bound boolean, key_column text DEFAULT NULL,
   key_label text DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- Generic plans, as advance_fences: the plan cache otherwise keeps choosing a custom plan for
+-- the common-case query and plans it again on every call (about 0.15 ms a statement).
+SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
   -- The call's collation is "C" (TG_NAME is a name): compare under the default collation, the
   -- one fencekit.fences' index was built with, or no index is used at all.
@@ -68,6 +73,18 @@ DECLARE
   bad record;
   lb record;
 BEGIN
+  IF keys IS NULL AND lease_bound THEN
+    -- TRUNCATE deletes every key's rows: the token must hold the lease of every fenced key.
+    SELECT * INTO lb FROM fencekit.lease_mismatch(res,
+      ARRAY(SELECT f.key FROM fencekit.fences f WHERE f.resource = res ORDER BY f.key), token);
+    IF lb.bad_key IS NOT NULL AND NOT fencekit.bypass_allowed(tag, relid, trigger_name) THEN
+      PERFORM fencekit.reject('lease_mismatch', tag, relid, trigger_name, key_column,
+        fencekit.lease_resource(resource, lb.bad_key),
+        CASE WHEN key_label IS NOT NULL
+             THEN pg_catalog.jsonb_build_object(key_label, lb.bad_key) END,
+        token, lb.lease_token);
+    END IF;
+  END IF;
   IF keys IS NOT NULL THEN
     IF pg_catalog.cardinality(keys) = 0 THEN
       RETURN;  -- no rows written
@@ -132,8 +149,9 @@ GRANT EXECUTE ON FUNCTION fencekit.judge_fences(text, oid, text, text, text[], b
                                                 boolean, text, text) TO fencekit_admin;
 
 -- TRUNCATE of a row-fenced table under `token`: stale when any row's fence (`fence`: the
--- highest, which the generated definer reads with row_security off) is higher; counted when
--- the session may bypass, else YF001. SECURITY INVOKER.
+-- highest, which the table's generated fencekit.<tag>_trunc() reads as the table's owner) is
+-- higher; counted when the session may bypass, else YF001. SECURITY INVOKER: it takes two
+-- bigints and reads nothing of the table.
 CREATE OR REPLACE FUNCTION fencekit.judge_row_truncate(tag text, relid oid, trigger_name text,
                                                        token bigint, fence bigint)
 RETURNS void
@@ -149,18 +167,42 @@ BEGIN
 END
 $fn$;
 
--- A row fence's column must still be a plain bigint before a definer reads it: reading another
--- type's values could run its owner's cast or operator with the definer's rights. YF000 if not.
+-- Before a row fence's TRUNCATE check reads the fences of `rel` (the truncated table, by OID,
+-- never by name) as current_user (fencekit.<tag>_trunc() runs as its owner, the table's owner):
+-- the fence column must still be a plain bigint (max() of another type would compare other
+-- values), and `rel` and every partition and inheritance child under it must be owned by
+-- current_user. Reading a table runs its owner's code (index, statistics and partition key
+-- expressions are folded while the read is planned): it runs with the rights of the role that
+-- defined it, or not at all. A table given to another owner after protect, or a child owned by
+-- someone else, fails closed (YF000) until protect runs again. Reads the catalogs only.
 CREATE OR REPLACE FUNCTION fencekit.check_fence_column(tag text, relid oid, trigger_name text,
                                                        rel regclass, col name)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  stranger regclass;
 BEGIN
   IF (SELECT a.atttypid FROM pg_catalog.pg_attribute a
        WHERE a.attrelid = rel AND a.attname = col AND NOT a.attisdropped)
      IS DISTINCT FROM 'int8'::regtype THEN
     PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
                             'the fence column is no longer a bigint; protect the table again');
+  END IF;
+  WITH RECURSIVE tree(oid) AS (
+         SELECT rel::oid
+         UNION
+         SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+  SELECT c.oid::regclass INTO stranger
+    FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid
+   WHERE c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
+   LIMIT 1;
+  IF stranger IS NOT NULL THEN
+    PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
+      pg_catalog.format('the TRUNCATE check reads the fences of %s as %I, the role that owned '
+                        'the table at protect, but %s is owned by %s; protect the table again '
+                        '(as a superuser or as its owner)', rel, current_user, stranger,
+                        (SELECT c.relowner::regrole FROM pg_catalog.pg_class c
+                          WHERE c.oid = stranger)));
   END IF;
 END
 $fn$;

@@ -127,7 +127,87 @@ BEGIN
 END
 $fn$;
 
--- Refuse to protect fencekit's own tables, or a table already protected with another scope, key,
+-- Refuse (42501) fencekit's own DDL on `rel` (protect, unprotect, move, rename, re-protect)
+-- when it would run code the table's owner defined in a session with more rights than the
+-- owner. What that DDL does to a user table (ADD COLUMN bigint, SET DEFAULT, DROP COLUMN,
+-- CREATE/DROP/COMMENT ON TRIGGER, RENAME, LOCK) is catalog work except in one place: on a
+-- partitioned table, CREATE TRIGGER and DROP COLUMN load the partition key, and loading it
+-- folds the constant parts of its expressions, which call whatever functions and operators the
+-- owner wrote there, as the session's role. So: in a session logged in as the owner
+-- (fencekit.session_is) anything goes (the owner's code runs as the owner); in any other, a
+-- superuser's included, refuse when `rel` or a partitioned table under it has a partition key
+-- that depends on a function, operator or type that is not built in. Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.check_ddl_runs_no_owner_code(rel regclass)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  owner_oid oid;
+  bad record;
+BEGIN
+  SELECT c.relowner INTO owner_oid FROM pg_catalog.pg_class c WHERE c.oid = rel;
+  IF owner_oid IS NULL OR fencekit.session_is(owner_oid) THEN
+    RETURN;
+  END IF;
+  WITH RECURSIVE tree(oid) AS (
+         SELECT rel::oid
+         UNION
+         SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+  SELECT pt.partrelid::regclass AS partitioned,
+         pg_catalog.pg_describe_object(d.refclassid, d.refobjid, 0) AS code
+    INTO bad
+    FROM tree
+    JOIN pg_catalog.pg_partitioned_table pt ON pt.partrelid = tree.oid
+    JOIN pg_catalog.pg_depend d
+      ON d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = pt.partrelid
+     AND d.objsubid = 0 AND d.deptype = 'n'
+     AND d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass,
+                          'pg_catalog.pg_type'::regclass)
+     AND d.refobjid >= 16384
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = pg_catalog.format(
+        'fencekit: refusing to change fencekit''s triggers or columns on %s in a session of %I: '
+        'on the partitioned table %s that DDL loads the partition key, which evaluates %s (not '
+        'built in: its owner''s code) with this session''s rights; nothing was changed', rel,
+        session_user, bad.partitioned, bad.code),
+      HINT = pg_catalog.format(
+        'Run the same command in a session logged in as the table''s owner %s (a member of '
+        'fencekit_admin): its code then runs with its own rights. SET ROLE is not enough: the '
+        'owner''s code could RESET ROLE back to yours.', owner_oid::regrole);
+  END IF;
+END
+$fn$;
+
+-- Give `fn` (a protected table's generated function that reads the table: a row fence's
+-- TRUNCATE check) to `rel`'s owner, so that reading the table runs its owner's code with the
+-- owner's rights only. A superuser can always; another protector must be the owner or a member
+-- of it (PostgreSQL's rule for ALTER ... OWNER TO), and refused, says what to do instead.
+CREATE OR REPLACE FUNCTION fencekit.give_to_table_owner(fn regprocedure, rel regclass)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  owner_oid oid;
+BEGIN
+  SELECT c.relowner INTO owner_oid FROM pg_catalog.pg_class c WHERE c.oid = rel;
+  IF (SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.oid = fn) = owner_oid THEN
+    RETURN;
+  END IF;
+  BEGIN
+    -- dynamic SQL: the function and the owner are known only at run time (quoted by format)
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s OWNER TO %I', fn, owner_oid::regrole::text);
+  EXCEPTION WHEN insufficient_privilege THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = pg_catalog.format(
+        'fencekit: %s reads %s and must belong to its owner %s, which %I cannot give it: %s',
+        fn, rel, owner_oid::regrole, session_user, SQLERRM),
+      HINT = 'Protect the table as a superuser, or as its owner (a member of fencekit_admin).';
+  END;
+END
+$fn$;
+
+-- Refuse to protect fencekit's own tables, DDL that would run the owner's code in this session
+-- (check_ddl_runs_no_owner_code), or a table already protected with another scope, key,
 -- resource or fence column (`structure`: those four of the spec; that is a move, which carries
 -- the fences; policies alone change by re-running protect).
 CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
@@ -146,6 +226,7 @@ BEGIN
       MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
   END IF;
+  PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   SELECT pg_catalog.jsonb_build_object('scope', p.spec -> 'scope', 'key', p.spec -> 'key',
                                        'resource', p.spec -> 'resource',
                                        'column', p.spec -> 'column')
@@ -192,21 +273,43 @@ END
 $fn$;
 
 -- Record (or update) a protected table in the registry; a re-run with the same spec, template
--- and key families changes nothing.
+-- and key families changes nothing. A resource is shared by key fences or by table fences,
+-- never both: a table fence is its resource's key '', which a key fence's keys share, so a
+-- writer of one table would advance the other's fence and lock its holder out.
 CREATE OR REPLACE FUNCTION fencekit.register_table(schema_name text, table_name text, tag text,
                                                    resource text, spec jsonb,
                                                    template_version integer,
                                                    key_families text[])
 RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+#variable_conflict use_variable
+DECLARE
+  other record;
+BEGIN
+  SELECT p.schema_name, p.table_name, p.scope INTO other
+    FROM fencekit.protected p
+   WHERE p.resource = register_table.resource AND p.scope IN ('key', 'table')
+     AND p.scope <> (spec ->> 'scope')
+     AND (p.schema_name, p.table_name) <> (register_table.schema_name, register_table.table_name)
+   ORDER BY p.schema_name, p.table_name LIMIT 1;
+  IF FOUND AND spec ->> 'scope' IN ('key', 'table') THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: resource %L cannot be shared by a key fence and a '
+                                  'table fence: %I.%I has a %s fence on it', resource,
+                                  other.schema_name, other.table_name, other.scope),
+      DETAIL = 'A table fence is its resource''s key '''', which a key fence''s keys share: '
+               'writers of one table would advance the other''s fence.',
+      HINT = 'Give one of them another resource name.';
+  END IF;
   INSERT INTO fencekit.protected AS p
          (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
   VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
           key_families)
-  ON CONFLICT (schema_name, table_name) DO UPDATE
+  ON CONFLICT ON CONSTRAINT protected_pkey DO UPDATE
     SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
         spec = excluded.spec, template_version = excluded.template_version,
         key_families = excluded.key_families, protected_at = pg_catalog.now()
     WHERE (p.spec, p.template_version, p.key_families)
-          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families)
+          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families);
+END
 $fn$;

@@ -37,12 +37,16 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 $fn$;
 
 -- The unprotect script's guard. A table the registry does not know gets a NOTICE: the script
--- then only removes leftover objects.
+-- then only removes leftover objects. DROP COLUMN on a partitioned table loads its partition
+-- key: not in an admin's session when that key runs the owner's code (47_protect.sql).
 CREATE OR REPLACE FUNCTION fencekit.unprotect_guard(tbl text, spec jsonb) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   have jsonb := fencekit.registered_spec(spec);
 BEGIN
+  IF to_regclass(tbl) IS NOT NULL THEN
+    PERFORM fencekit.check_ddl_runs_no_owner_code(to_regclass(tbl));
+  END IF;
   IF have IS NULL THEN
     RAISE NOTICE 'fencekit: % is not in fencekit.protected; removing leftover fencekit objects only',
       tbl;

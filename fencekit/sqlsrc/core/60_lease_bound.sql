@@ -4,10 +4,13 @@
 -- token for one resource being used on another.
 
 -- The lease resource of a key of a fenced resource: '<resource>:<key>', or the resource itself
--- for a table fence (key '').
+-- for a table fence (key ''). PL/pgSQL, not SQL: a SQL function with a SET clause is never
+-- inlined and plans its body on every call (once per key of every lease-bound write).
 CREATE OR REPLACE FUNCTION fencekit.lease_resource(resource text, key text) RETURNS text
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
-  SELECT CASE WHEN key = '' THEN resource ELSE resource || ':' || key END
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  RETURN CASE WHEN key = '' THEN resource ELSE resource || ':' || key END;
+END
 $fn$;
 
 -- The first key (in key order, the order leases are locked in) whose lease is not live under

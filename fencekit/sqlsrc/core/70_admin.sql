@@ -468,7 +468,7 @@ SELECT p.schema_name, p.table_name, p.scope, p.template_version,
                                 AND t.tgname = 'fencekit_' || p.tag || '_' || s.suffix))
        END AS triggers_missing,
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger t
-         WHERE t.tgrelid = rel AND t.tgname LIKE 'fencekit\_%' AND t.tgenabled <> 'O')
+         WHERE t.tgrelid = rel AND t.tgname LIKE E'fencekit\\_%' AND t.tgenabled <> 'O')
          AS triggers_not_firing,
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_proc f
          WHERE f.pronamespace = 'fencekit'::regnamespace

@@ -29,13 +29,6 @@ LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 BEGIN
-  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
-  -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      OR COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '')
-     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    RETURN NULL;
-  END IF;
   PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
       trigger_name => TG_NAME, allow => true, issuer => NULL, counted => false);
   RETURN NULL;
@@ -44,14 +37,14 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=e484055309fda23151ebc9a596ff4c4e65e2b9fb5e447694917d745bedacae82; generated, do not edit';
+  'sha256=31434ec27fc58d458847b954f590bf26182095dfa6ff10d88628afee69cbd824; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET row_security TO off
 AS $fn$
--- SECURITY DEFINER; pinned:
+-- SECURITY DEFINER; owner: the table's owner; pinned:
 --   search_path=pg_catalog, pg_temp
 --   row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
@@ -62,8 +55,11 @@ DECLARE
 BEGIN
   IF tok IS NOT NULL THEN
     PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME,
-      'app.invoices', 'fencekit_fence');
-    SELECT pg_catalog.max(fencekit_fence) INTO fence FROM app.invoices;
+      TG_RELID::pg_catalog.regclass, 'fencekit_fence');
+    -- dynamic SQL: the table is the one the trigger fired on, known only at run time
+    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',
+                              'fencekit_fence', TG_RELID::pg_catalog.regclass)
+      INTO fence;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
   END IF;
   RETURN NULL;
@@ -72,7 +68,10 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
   'fencekit function template=1 '
-  'sha256=5e453cc0e8b07561003999239a87d19e1be2cf81b7746877cc1108a1b5f21099; generated, do not edit';
+  'sha256=5a1c3ec4fb044f83630c4b046f5e08c4182529d1d528b42ab070cb61a9bf4fb2; generated, do not edit';
+
+SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure,
+  'app.invoices'::pg_catalog.regclass);
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
@@ -202,11 +201,14 @@ GRANT EXECUTE ON FUNCTION
   TO fencekit_admin;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON app.invoices
-  FOR EACH STATEMENT
+  FOR EACH STATEMENT WHEN (((pg_catalog.current_setting('fencekit.token', true)
+      OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      OR COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '')
+    AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '') IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_stmt ON app.invoices IS
-  'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; '
+  'fencekit trigger template=1 sha256=a5a5e71ae986a2f5ff1d776be4fec85849bdd73996b47166c832f9e0a2e399d1; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices

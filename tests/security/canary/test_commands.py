@@ -1,0 +1,182 @@
+"""Canary matrix: every CLI command (from the CLI's own parser) run as a superuser and as a
+fencekit_admin member, and every alembic and Django operation (from alembic's registry and the
+Django operations module) run as a superuser, each in a fresh copy of the planted database.
+No planted canary may run as anyone but the owner or the writer."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any
+
+import psycopg
+import pytest
+
+from fencekit.cli import main
+from tests.security.canary._builders import CLI_ARGS, TARGETS, UNPROTECTED, cli_commands
+from tests.security.canary._cells import Matrix
+from tests.security.canary.conftest import Planted, spec_of
+
+
+def _run_cli(argv: list[str]) -> None:
+    # a refusal is fine: what ran before it is the point
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+        contextlib.suppress(Exception),
+    ):
+        main(argv)
+
+
+@pytest.mark.parametrize("role", ["superuser", "admin"])
+def test_cli_commands(planted: Planted, role: str) -> None:
+    matrix = Matrix()
+    commands = cli_commands()
+    missing = [c for c in commands if c not in CLI_ARGS]
+    assert not missing, (
+        f"CLI commands with no argument builder: {missing}; add one to CLI_ARGS in "
+        "tests/security/canary/_builders.py"
+    )
+    for command in commands:
+        with planted.fresh() as db:
+            dsn = planted.dsn(db, None if role == "superuser" else planted.admin)
+            for argv in CLI_ARGS[command](dsn):
+                before = planted.hits(db)
+                _run_cli(argv)
+                shown = " ".join(a if a != dsn else "--dsn" for a in argv if a != "--dsn")
+                matrix.judge(f"fencekit {shown} as {role}", before, planted.hits(db))
+    matrix.assert_clean()
+
+
+def _alembic_ops() -> dict[str, Any]:
+    """Every operation class fencekit registers with alembic that has an implementation."""
+    from alembic.operations import Operations
+
+    from fencekit.alembic_plugin import ops
+
+    registered = {}
+    for name, obj in vars(ops).items():
+        if isinstance(obj, type) and obj.__module__ == ops.__name__:
+            try:
+                Operations._to_impl.dispatch(obj)
+            except ValueError:
+                continue
+            registered[name] = obj
+    return registered
+
+
+def _alembic_instances(name: str, cls: Any, table: Any) -> list[Any] | None:
+    from fencekit import sqlgen
+    from fencekit.spec import TableName
+
+    spec = spec_of(table)
+    moved = spec.with_changes(
+        **({"scope": "row", "key": ()} if table.scope == "key" else {"scope": "key", "key": ("k",)})
+    )
+    builders: dict[str, Any] = {
+        "InstallCoreOp": lambda: [cls(sqlgen.CORE_VERSION)],
+        "UpgradeCoreOp": lambda: [cls(sqlgen.CORE_VERSION, sqlgen.CORE_VERSION)],
+        "UninstallCoreOp": lambda: [cls(sqlgen.CORE_VERSION)],
+        "CreateFenceOp": lambda: [cls(spec_of(u)) for u in UNPROTECTED] + [cls(spec)],
+        "DropFenceOp": lambda: [cls(spec)],
+        "AlterFenceOp": lambda: [cls(spec, moved)],
+        "RenameFenceOp": lambda: [cls(spec, TableName("app", table.name + "_renamed"))],
+        "MoveFenceOp": lambda: [cls(spec, moved)],
+    }
+    return builders[name]() if name in builders else None
+
+
+def test_alembic_operations(planted: Planted) -> None:
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+    from sqlalchemy import create_engine
+
+    matrix = Matrix()
+    found = _alembic_ops()
+    assert found, "no alembic operation found"
+    missing = [n for n, c in found.items() if _alembic_instances(n, c, TARGETS[0]) is None]
+    assert not missing, (
+        f"alembic operations with no argument builder: {missing}; add one to "
+        "_alembic_instances in tests/security/canary/test_commands.py"
+    )
+    for name, cls in found.items():
+        with planted.fresh() as db:
+            url = planted.dsn(db).replace("postgresql://", "postgresql+psycopg://", 1)
+            engine = create_engine(url)
+            try:
+                for table in TARGETS:
+                    for op in _alembic_instances(name, cls, table) or []:
+                        before = planted.hits(db)
+                        with contextlib.suppress(Exception), engine.begin() as conn:
+                            Operations(MigrationContext.configure(conn)).invoke(op)
+                        matrix.judge(
+                            f"alembic {name} on app.{table.name}", before, planted.hits(db)
+                        )
+            finally:
+                engine.dispose()
+    matrix.assert_clean()
+
+
+class _Editor:
+    """What a Django operation needs of a schema editor, on a real psycopg connection."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.connection = type("C", (), {"vendor": "postgresql", "alias": "default"})()
+
+    def execute(self, sql: str, params: Any = None) -> None:
+        self.conn.execute(sql.encode())
+
+
+def test_django_operations(planted: Planted) -> None:
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(DATABASES={}, INSTALLED_APPS=[])
+    from fencekit import sqlgen
+    from fencekit.django import operations as dj
+
+    matrix = Matrix()
+    found = {
+        n: c
+        for n, c in vars(dj).items()
+        if isinstance(c, type)
+        and issubclass(c, dj._FencekitOperation)
+        and c.__module__ == dj.__name__
+        and not n.startswith("_")
+    }
+    assert found, "no Django operation found"
+
+    def build(name: str, cls: Any, table: Any) -> list[Any] | None:
+        spec = spec_of(table)
+        moved = spec.with_changes(
+            **(
+                {"scope": "row", "key": ()}
+                if table.scope == "key"
+                else {"scope": "key", "key": ("k",)}
+            )
+        )
+        return {
+            "InstallFencekit": lambda: [cls(sqlgen.CORE_VERSION)],
+            "ProtectTable": lambda: [cls("m", spec_of(u)) for u in UNPROTECTED] + [cls("m", spec)],
+            "UnprotectTable": lambda: [cls("m", spec)],
+            "MoveFence": lambda: [cls("m", spec, moved)],
+        }.get(name, lambda: None)()
+
+    missing = [n for n, c in found.items() if build(n, c, TARGETS[0]) is None]
+    assert not missing, (
+        f"Django operations with no argument builder: {missing}; add one to "
+        "test_django_operations in tests/security/canary/test_commands.py"
+    )
+    for name, cls in found.items():
+        with planted.fresh() as db:
+            for table in TARGETS:
+                for op in build(name, cls, table) or []:
+                    before = planted.hits(db)
+                    with psycopg.connect(planted.dsn(db)) as conn:
+                        op._allowed = lambda *a: True
+                        with contextlib.suppress(Exception):
+                            op.database_forwards("shop", _Editor(conn), None, None)
+                            conn.commit()
+                    matrix.judge(f"django {name} {op.describe()}", before, planted.hits(db))
+    matrix.assert_clean()
