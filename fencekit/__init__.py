@@ -25,10 +25,11 @@ from fencekit.errors import (
     MalformedTokenError,
     MissingTokenError,
     ReusedTokenError,
+    SpecError,
     StaleTokenError,
     validate_token,
 )
-from fencekit.spec import FenceSpec, Scope, SpecError, TableName
+from fencekit.spec import FenceSpec, Scope, TableName
 
 # psycopg 3 is a dependency: register the rejection classes with it now (any fencekit import
 # runs this first), so that psycopg raises them itself, from any connection, with or without an

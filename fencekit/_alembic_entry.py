@@ -33,8 +33,11 @@ sys.modules[__name__].__class__ = _PluginModule
 def _compare(*args: Any) -> Any:
     # Returns None: alembic >= 1.18 reads anything but STOP as "continue with the others".
     from fencekit.alembic_plugin.compare import compare_fences
+    from fencekit.alembic_plugin.grants import compare_grants, log_detected
 
     compare_fences(*args)
+    compare_grants(*args)
+    log_detected(args[1])
     return None
 
 

@@ -22,16 +22,7 @@ from psycopg.pq.abc import PGconn
 
 from fencekit import errors
 
-__all__ = [
-    "BypassRefusedError",
-    "FenceUsageError",
-    "IssuerMismatchError",
-    "LeaseMismatchError",
-    "MalformedTokenError",
-    "MissingTokenError",
-    "ReusedTokenError",
-    "StaleTokenError",
-]
+__all__: list[str] = []
 
 
 class _RegisteredError(errors.FencekitError, pg_errors.DatabaseError):
@@ -55,41 +46,13 @@ class _RegisteredError(errors.FencekitError, pg_errors.DatabaseError):
 
 # _RegisteredError first, for its constructor (the one psycopg calls); nothing else of psycopg's is
 # overridden by fencekit's classes, whose __str__, __repr__ and as_dict() come next in the MRO.
-class FenceUsageError(_RegisteredError, errors.FenceUsageError, code="YF000"):  # type: ignore[misc]
-    __doc__ = errors.FenceUsageError.__doc__
-
-
-class StaleTokenError(_RegisteredError, errors.StaleTokenError, code="YF001"):  # type: ignore[misc]
-    __doc__ = errors.StaleTokenError.__doc__
-
-
-class ReusedTokenError(_RegisteredError, errors.ReusedTokenError, code="YF002"):  # type: ignore[misc]
-    __doc__ = errors.ReusedTokenError.__doc__
-
-
-class MissingTokenError(_RegisteredError, errors.MissingTokenError, code="YF003"):  # type: ignore[misc]
-    __doc__ = errors.MissingTokenError.__doc__
-
-
-class MalformedTokenError(  # type: ignore[misc]
-    _RegisteredError, errors.MalformedTokenError, code="YF004"
-):
-    __doc__ = errors.MalformedTokenError.__doc__
-
-
-class BypassRefusedError(  # type: ignore[misc]
-    _RegisteredError, errors.BypassRefusedError, code="YF005"
-):
-    __doc__ = errors.BypassRefusedError.__doc__
-
-
-class LeaseMismatchError(  # type: ignore[misc]
-    _RegisteredError, errors.LeaseMismatchError, code="YF006"
-):
-    __doc__ = errors.LeaseMismatchError.__doc__
-
-
-class IssuerMismatchError(  # type: ignore[misc]
-    _RegisteredError, errors.IssuerMismatchError, code="YF007"
-):
-    __doc__ = errors.IssuerMismatchError.__doc__
+# ``code=`` registers each with psycopg for its SQLSTATE.
+_CLASSES = errors.driver_classes(_RegisteredError, __name__, driver_first=True, code_keyword="code")
+FenceUsageError = _CLASSES["FenceUsageError"]
+StaleTokenError = _CLASSES["StaleTokenError"]
+ReusedTokenError = _CLASSES["ReusedTokenError"]
+MissingTokenError = _CLASSES["MissingTokenError"]
+MalformedTokenError = _CLASSES["MalformedTokenError"]
+BypassRefusedError = _CLASSES["BypassRefusedError"]
+LeaseMismatchError = _CLASSES["LeaseMismatchError"]
+IssuerMismatchError = _CLASSES["IssuerMismatchError"]

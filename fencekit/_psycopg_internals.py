@@ -29,10 +29,9 @@ newest its pins allow (``scripts/test``, ``docs/testing.md``). What is used:
 - undocumented, though not underscored: ``Connection.lock`` and ``Connection.wait()``,
   ``psycopg.generators.execute`` and ``psycopg.errors.error_from_result``.
 
-Opt-in: nothing here runs unless the application calls ``fencekit.psycopg.use_begin_path()``
-(:data:`ENABLED`). The check runs at import: :data:`AVAILABLE` is False when any of these is
-missing (:func:`missing` names them), and :mod:`fencekit.psycopg` then never calls into this
-module, opted in or not: every transaction takes the public path.
+The default path. The check runs at import: :data:`AVAILABLE` is False when any of these is
+missing (:func:`missing` names them); :mod:`fencekit.psycopg` then warns once
+(``RuntimeWarning``) and never calls into this module: every transaction takes the public path.
 ``tests/adapters/test_begin.py`` compares the protocol traces of both paths with an unfenced
 transaction.
 """
@@ -47,7 +46,7 @@ from psycopg import generators
 from psycopg.abc import PQGen
 from psycopg.pq import ExecStatus
 
-__all__ = ["AVAILABLE", "ENABLED", "BeginHook", "async_begin", "begin", "missing"]
+__all__ = ["AVAILABLE", "BeginHook", "async_begin", "begin", "missing"]
 
 # Attributes that psycopg's Transaction.__init__ assigns (so they are not on the class).
 _TX_INIT_ATTRS = ("_conn", "_outer_transaction")
@@ -80,10 +79,6 @@ def missing() -> list[str]:
 
 AVAILABLE: bool = not missing()
 """True when the BEGIN path can run; :mod:`fencekit.psycopg` checks it before every use."""
-
-ENABLED: bool = False
-"""The BEGIN path is opt-in (``fencekit.psycopg.use_begin_path()``): by default fencekit uses
-only psycopg's public API, and a psycopg release that changes these internals cannot break it."""
 
 
 def _begin_gen(conn: Any, query: bytes) -> PQGen[None]:

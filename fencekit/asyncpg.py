@@ -29,15 +29,16 @@ fencekit's (``except fencekit.StaleTokenError``) and ``asyncpg.PostgresError``.
 
 from __future__ import annotations
 
-import re
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import asyncpg
+from asyncpg.cursor import CursorFactory
+from asyncpg.prepared_stmt import PreparedStatement
 
-from fencekit import errors, metrics
+from fencekit import errors, metrics, wire
 from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import commit_outcome_unknown, validate_token
 
@@ -53,14 +54,13 @@ __all__ = [
     "StaleTokenError",
     "init",
     "install",
+    "is_installed",
     "set_token",
     "transaction",
     "uninstall",
 ]
 
 R = TypeVar("R")
-_CLEAR = ("", "")
-_ISSUER_TEXT = re.compile(r"[a-z0-9_-]{0,31}")  # fencing()'s issuer names, or '' (untagged)
 
 
 # ---------------------------------------------------------------- errors
@@ -99,57 +99,28 @@ class _AsyncpgRejectionError(errors.FencekitError, asyncpg.PostgresError):  # ty
     detail = _field("detail")
 
 
-# _AsyncpgRejectionError first (its constructor and fields); ``sqlstate`` in the class body is
-# what asyncpg's metaclass registers.
-class FenceUsageError(_AsyncpgRejectionError, errors.FenceUsageError):
-    __doc__ = errors.FenceUsageError.__doc__
-    sqlstate = "YF000"
-
-
-class StaleTokenError(_AsyncpgRejectionError, errors.StaleTokenError):
-    __doc__ = errors.StaleTokenError.__doc__
-    sqlstate = "YF001"
-
-
-class ReusedTokenError(_AsyncpgRejectionError, errors.ReusedTokenError):
-    __doc__ = errors.ReusedTokenError.__doc__
-    sqlstate = "YF002"
-
-
-class MissingTokenError(_AsyncpgRejectionError, errors.MissingTokenError):
-    __doc__ = errors.MissingTokenError.__doc__
-    sqlstate = "YF003"
-
-
-class MalformedTokenError(_AsyncpgRejectionError, errors.MalformedTokenError):
-    __doc__ = errors.MalformedTokenError.__doc__
-    sqlstate = "YF004"
-
-
-class BypassRefusedError(_AsyncpgRejectionError, errors.BypassRefusedError):
-    __doc__ = errors.BypassRefusedError.__doc__
-    sqlstate = "YF005"
-
-
-class LeaseMismatchError(_AsyncpgRejectionError, errors.LeaseMismatchError):
-    __doc__ = errors.LeaseMismatchError.__doc__
-    sqlstate = "YF006"
-
-
-class IssuerMismatchError(_AsyncpgRejectionError, errors.IssuerMismatchError):
-    __doc__ = errors.IssuerMismatchError.__doc__
-    sqlstate = "YF007"
+# _AsyncpgRejectionError first (its constructor and fields); the ``sqlstate`` in each class's
+# body is what asyncpg's metaclass registers.
+_CLASSES = errors.driver_classes(_AsyncpgRejectionError, __name__, driver_first=True)
+FenceUsageError = _CLASSES["FenceUsageError"]
+StaleTokenError = _CLASSES["StaleTokenError"]
+ReusedTokenError = _CLASSES["ReusedTokenError"]
+MissingTokenError = _CLASSES["MissingTokenError"]
+MalformedTokenError = _CLASSES["MalformedTokenError"]
+BypassRefusedError = _CLASSES["BypassRefusedError"]
+LeaseMismatchError = _CLASSES["LeaseMismatchError"]
+IssuerMismatchError = _CLASSES["IssuerMismatchError"]
 
 
 # ---------------------------------------------------------------- state
 
 
-class _State:
-    __slots__ = ("dirty", "value")
+class _State(wire.Wire):
+    __slots__ = ("translate",)
 
     def __init__(self) -> None:
-        self.value: tuple[str, str] | None = None  # sent in the open transaction
-        self.dirty = False  # the open transaction holds a token that may need clearing
+        super().__init__()  # tracked: asyncpg's BEGIN, COMMIT and ROLLBACK go through execute()
+        self.translate = True
 
 
 # asyncpg's connections have __slots__: their state lives here, as long as they do.
@@ -161,32 +132,6 @@ def _state(conn: asyncpg.Connection) -> _State:
     if state is None:
         state = _states[conn] = _State()
     return state
-
-
-def _scope_value() -> tuple[str, str] | None:
-    token = current_token()
-    return None if token is None else (str(token), current_issuer() or "")
-
-
-def set_local_sql(value: tuple[str, str]) -> str:
-    """``SET LOCAL`` of ``value`` (token, issuer), built client-side: both are checked first."""
-    token, issuer = value
-    if not (token == "" or (token.isascii() and token.isdigit())):
-        raise ValueError(f"not a validated token: {token!r}")
-    if not _ISSUER_TEXT.fullmatch(issuer):  # fencing() checked it; spliced into SQL: again
-        raise ValueError(f"not a validated issuer: {issuer!r}")
-    # The issuer passed fencing()'s check ([a-z][a-z0-9_-]*): nothing to quote.
-    return f"SET LOCAL fencekit.token = '{token}'; SET LOCAL fencekit.issuer = '{issuer}'"
-
-
-def set_config_sql(value: tuple[str, str]) -> str:
-    """One statement (for the extended protocol) that sets ``value`` for the transaction."""
-    set_local_sql(value)  # the same checks
-    token, issuer = value
-    return (
-        f"SELECT set_config('fencekit.token', '{token}', true), "
-        f"set_config('fencekit.issuer', '{issuer}', true)"
-    )
 
 
 def _head(query: object) -> str:
@@ -202,24 +147,16 @@ def _is_begin(query: object) -> bool:
 _CONTROL = ("COMMIT", "ROLLBACK", "END", "ABORT", "RELEASE", "SAVEPOINT", "PREPARE TRANSACTION")
 
 
-def to_send(conn: asyncpg.Connection) -> tuple[str, str] | None:
-    """What must be set in the open transaction before the next statement (None: nothing).
-    Outside a transaction: None (the statement's own path carries the token)."""
-    state = _state(conn)
+async def _sync(conn: asyncpg.Connection) -> None:
+    """In an open transaction: set what the wire says before the next statement (one
+    statement, only when the scope changed since the transaction last set it)."""
     if not conn.is_in_transaction():
-        state.value, state.dirty = None, False
-        return None
-    value = _scope_value()
-    if value is None:
-        return _CLEAR if state.dirty else None
-    return None if state.value == value else value
-
-
-def sent(conn: asyncpg.Connection, value: tuple[str, str]) -> None:
-    """Record that ``value`` was set in the open transaction."""
+        return
     state = _state(conn)
-    state.value = value if value[0] else None
-    state.dirty = bool(value[0])
+    value = state.next(wire.INTRANS, wire.scope_value())
+    if value is not None:
+        await asyncpg.Connection.execute(conn, wire.set_local(value))
+        state.sent(value, open_after=True)
 
 
 async def _run(
@@ -228,7 +165,7 @@ async def _run(
     query: str,
     simple: bool,
 ) -> R:
-    """Run ``call(query)`` on ``conn`` with the scope's token set in its transaction.
+    """Run ``call(query)`` on ``conn`` with exactly the scope's token (or none) in force.
 
     ``simple``: ``call`` sends ``query`` as a simple query (no arguments), so it may hold
     several statements.
@@ -236,63 +173,125 @@ async def _run(
     if simple and _head(query).startswith(_CONTROL):
         return await call(query)
     try:
-        value = to_send(conn)
-        if value is not None:  # inside a transaction that does not have it yet
-            await asyncpg.Connection.execute(conn, set_local_sql(value))
-            sent(conn, value)
+        if conn.is_in_transaction():
+            await _sync(conn)
             return await call(query)
-        scope = _scope_value()
-        if scope is None or conn.is_in_transaction():
+        state = _state(conn)
+        value = state.next(wire.IDLE, wire.scope_value())
+        if value is None:
             return await call(query)
         if simple and _is_begin(query):  # asyncpg's own BEGIN, or the user's
-            result = await call(query.rstrip().rstrip(";") + "; " + set_local_sql(scope))
-            sent(conn, scope)
+            begin = query.rstrip().rstrip(";")
+            result = await call(begin + "; " + wire.set_local(value, fresh=True))
+            state.sent(value, open_after=True)
             return result
         if simple:  # one simple query: PostgreSQL runs it as one implicit transaction
-            return await call(set_local_sql(scope) + "; " + query)
+            return await call(wire.set_local(value, fresh=True) + "; " + query)
         async with conn.transaction():  # its BEGIN carries the token (the branch above)
             return await call(query)
     except errors.FenceError as exc:
-        metrics.record_rejection(exc)
+        if _state(conn).translate:
+            metrics.record_rejection(exc)
         raise
+
+
+class _FencedCursorFactory(CursorFactory):  # type: ignore[misc]
+    """A cursor whose every fetch runs with the scope's token (cursors need a transaction)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        yield from _sync(self._connection).__await__()
+        return (yield from super().__await__())
+
+    def __aiter__(self) -> _FencedIterator:
+        return _FencedIterator(self._connection, super().__aiter__())
+
+
+class _FencedIterator:
+    __slots__ = ("_conn", "_it")
+
+    def __init__(self, conn: asyncpg.Connection, it: Any) -> None:
+        self._conn, self._it = conn, it
+
+    def __aiter__(self) -> _FencedIterator:
+        return self
+
+    async def __anext__(self) -> Any:
+        await _sync(self._conn)  # each fetch runs the query further, under today's token
+        return await self._it.__anext__()
+
+
+def _fenced_cursor(factory: Any) -> Any:
+    factory.__class__ = _FencedCursorFactory
+    return factory
+
+
+def _fence_calls(owner: type[Any], names: tuple[str, ...], *, with_query: bool = False) -> None:
+    """Make each of ``owner``'s ``names`` run with exactly the scope's token (see :func:`_run`):
+    the next class in the MRO does the work (a user's subclass of the connection included)."""
+
+    def fenced(name: str) -> Callable[..., Awaitable[Any]]:
+        async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            unfenced = getattr(super(owner, self), name)
+            conn = self if isinstance(self, asyncpg.Connection) else self._connection
+            if with_query and args:  # the query first, as the driver reads it
+                query, *rest = args
+                return await _run(conn, lambda q: unfenced(q, *rest, **kwargs), query, False)
+            return await _run(conn, lambda _: unfenced(*args, **kwargs), "", False)
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    for name in names:
+        setattr(owner, name, fenced(name))
+
+
+class _FencedStatement(PreparedStatement):  # type: ignore[misc]
+    """A prepared statement that runs, each time, with the scope's token (see :func:`_run`)."""
+
+    __slots__ = ()
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        return _fenced_cursor(super().cursor(*args, **kwargs))
 
 
 class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg ships no types
     """An asyncpg connection whose transactions and statements carry the current
-    :func:`fencekit.fencing` token (see :func:`install`, and the module's docstring for how)."""
+    :func:`fencekit.fencing` token (see :func:`install`, and the module's docstring for how):
+    ``execute``/``fetch*``, prepared statements, cursors and every ``copy_*``."""
 
     __slots__ = ()
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         parent: Any = super()
+        if not args and _head(query).startswith(_CONTROL):  # COMMIT, ROLLBACK: as they are
+            done: str = await parent.execute(query, timeout=timeout)
+            return done
         result: str = await _run(
             self, lambda q: parent.execute(q, *args, timeout=timeout), query, not args
         )
         return result
 
-    async def executemany(self, command: str, args: Any, *, timeout: float | None = None) -> None:
-        parent: Any = super()
-        await _run(self, lambda q: parent.executemany(q, args, timeout=timeout), command, False)
+    async def prepare(self, query: str, **kwargs: Any) -> Any:
+        statement = await super().prepare(query, **kwargs)  # Parse only: nothing runs yet
+        statement.__class__ = _FencedStatement
+        return statement
 
-    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> list[Any]:
-        parent: Any = super()
-        rows: list[Any] = await _run(self, lambda q: parent.fetch(q, *args, **kwargs), query, False)
-        return rows
+    def cursor(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        return _fenced_cursor(super().cursor(query, *args, **kwargs))
 
-    async def fetchval(self, query: str, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(self, lambda q: parent.fetchval(q, *args, **kwargs), query, False)
 
-    async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return await _run(self, lambda q: parent.fetchrow(q, *args, **kwargs), query, False)
-
-    async def fetchmany(self, query: str, args: Any, **kwargs: Any) -> list[Any]:
-        parent: Any = super()
-        rows: list[Any] = await _run(
-            self, lambda q: parent.fetchmany(q, args, **kwargs), query, False
-        )
-        return rows
+_fence_calls(
+    _FencedStatement, ("fetch", "fetchval", "fetchrow", "fetchmany", "executemany", "explain")
+)
+_fence_calls(
+    FencedConnection,
+    ("copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table"),
+)
+_fence_calls(
+    FencedConnection, ("executemany", "fetch", "fetchval", "fetchrow", "fetchmany"), with_query=True
+)
 
 
 # fenced class -> the class it fences (what uninstall() puts back)
@@ -312,7 +311,7 @@ def _fenced_class(cls: type[Any]) -> type[Any]:
     return fenced
 
 
-def install(conn: asyncpg.Connection) -> None:
+def install(conn: asyncpg.Connection, *, translate_errors: bool = True) -> None:
     """Automatic mode: ``conn`` (an ``asyncpg.Connection``) carries the current
     :func:`fencing` token in its transactions and statements. Idempotent.
 
@@ -320,6 +319,8 @@ def install(conn: asyncpg.Connection) -> None:
     :class:`FencedConnection` (a subclass of its class that adds no state). For a pool, pass
     ``connection_class=FencedConnection`` or ``init=fencekit.asyncpg.init`` to
     ``asyncpg.create_pool()``; a connection acquired from a pool is installed there.
+    With ``translate_errors=False`` (a layer above counts them, as the SQLAlchemy plugin does)
+    rejections are not counted here; asyncpg raises fencekit's classes either way.
     """
     if not _is_connection(conn):
         if isinstance(conn, asyncpg.Pool | asyncpg.Connection):
@@ -333,6 +334,7 @@ def install(conn: asyncpg.Connection) -> None:
             f"{type(conn).__module__}.{type(conn).__name__}"
         )
     conn.__class__ = _fenced_class(type(conn))
+    _state(conn).translate = translate_errors
 
 
 async def init(conn: asyncpg.Connection) -> None:
@@ -350,6 +352,7 @@ def uninstall(conn: asyncpg.Connection) -> None:
 
 
 def is_installed(conn: object) -> bool:
+    """Whether ``conn`` (an asyncpg connection) is in automatic mode."""
     # Not isinstance(): asyncpg's connection metaclass answers True for every connection.
     return issubclass(type(conn), FencedConnection)
 
@@ -393,7 +396,7 @@ async def transaction(
     installed = is_installed(conn) or not _is_connection(conn)  # a proxy: its pool installs
     if not installed:
         install(conn)  # for the block only
-    outer = _state(conn).value if conn.is_in_transaction() else None
+    outer = _state(conn).held if conn.is_in_transaction() else None
     nested = conn.is_in_transaction()
     tx = conn.transaction(isolation=isolation, readonly=readonly, deferrable=deferrable)
     try:
@@ -418,9 +421,9 @@ async def transaction(
         try:
             if nested and not conn.is_closed() and conn.is_in_transaction():
                 # A SET LOCAL made in a savepoint outlives its release: set the outer one again.
-                restore = outer or _CLEAR
-                await asyncpg.Connection.execute(conn, set_local_sql(restore))
-                sent(conn, restore)
+                restore = outer or wire.CLEAR
+                await asyncpg.Connection.execute(conn, wire.set_local(restore))
+                _state(conn).sent(restore, open_after=True)
         finally:
             if not installed and not conn.is_closed():
                 uninstall(conn)
@@ -437,6 +440,6 @@ async def set_token(
             "set_token() needs an open transaction: outside one the setting would end with its "
             "own statement; use fencekit.asyncpg.transaction(conn, token) instead"
         )
-    value = (str(scope.token), scope.issuer or "")
-    await asyncpg.Connection.execute(conn, set_local_sql(value))
-    sent(conn, value)
+    value = wire.checked(scope.token, scope.issuer)
+    await asyncpg.Connection.execute(conn, wire.set_local(value))
+    _state(conn).sent(value, open_after=True)

@@ -21,6 +21,7 @@ from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
+from fencekit import errors as _errors
 from fencekit.errors import validate_token
 
 __all__ = ["current_issuer", "current_token", "fencing"]
@@ -36,6 +37,11 @@ R = TypeVar("R")
 def current_token() -> int | None:
     """The token of the innermost active :func:`fencing` scope, or ``None``."""
     return _TOKEN.get()
+
+
+# errors.MissingTokenError's hint tells "no token was current" from "the connection did not send
+# it"; errors sits below this module, so this module hands it the reader.
+_errors._current_token = current_token
 
 
 def current_issuer() -> str | None:

@@ -22,9 +22,9 @@ import pglast
 from pglast import ast
 from pglast.enums import AlterTableType, ConstrType, ObjectType
 
-from fencekit.errors import FencekitError
+from fencekit.errors import DdlError, SpecError
 from fencekit.ident import quote_ident
-from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, Scope, SpecError, TableName
+from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, Scope, TableName
 
 __all__ = [
     "Column",
@@ -39,10 +39,6 @@ __all__ = [
 # Types PostgreSQL makes NOT NULL by themselves.
 _IMPLICIT_NOT_NULL = {"serial", "serial4", "bigserial", "serial8", "smallserial", "serial2"}
 _TYPE_ALIASES = {"bigint": "int8", "integer": "int4", "int": "int4", "smallint": "int2"}
-
-
-class DdlError(FencekitError, ValueError):
-    """A schema file cannot be read, or the spec does not fit the tables it defines."""
 
 
 @dataclass(frozen=True)

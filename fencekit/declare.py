@@ -24,12 +24,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fencekit.errors import SpecError
 from fencekit.spec import (
     DEFAULT_COLUMN,
     DEFAULT_SCHEMA,
     FenceSpec,
     Scope,
-    SpecError,
     TableName,
     check_shared_resources,
 )

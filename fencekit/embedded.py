@@ -31,13 +31,9 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
-from fencekit.errors import FencekitError
+from fencekit.errors import EmbeddedServerError
 
-__all__ = ["EmbeddedServer", "EmbeddedServerError", "start_embedded"]
-
-
-class EmbeddedServerError(FencekitError, RuntimeError):
-    """The throwaway PostgreSQL server could not be started or stopped."""
+__all__ = ["EmbeddedServer", "EmbeddedServerError", "start_embedded", "stop_embedded"]
 
 
 class EmbeddedServer:
@@ -174,17 +170,19 @@ def _wait_gone(pid: int, timeout: float) -> bool:
     return True
 
 
-def start_embedded(datadir: Path | None = None) -> EmbeddedServer:
+def start_embedded(datadir: Path | None = None, *, port: int | None = None) -> EmbeddedServer:
     """Start a throwaway PostgreSQL server and return a handle to it.
 
     With no ``datadir`` a fresh temporary directory is used and removed on ``stop()``. With a
     ``datadir`` the data is kept on ``stop()`` (the server is only stopped), and an existing
-    cluster in it is reused. Independent servers may run concurrently as long as their data
-    directories differ: each listens only on a unix socket in its own directory.
+    cluster in it is reused (a server already running there is used as it is). Independent
+    servers may run concurrently as long as their data directories differ: each listens only on
+    a unix socket in its own directory, and with ``port`` also on TCP ``127.0.0.1:port`` (trust
+    authentication: anyone on this machine may connect as its superuser).
     """
     for attempt in range(3):
         try:
-            return _start_embedded(datadir)
+            return _start_embedded(datadir, port)
         except EmbeddedServerError:
             # The first start on a fresh machine can lose a race inside pgserver (as root it
             # creates its system user and chowns the data directory; initdb then failed once
@@ -195,7 +193,80 @@ def start_embedded(datadir: Path | None = None) -> EmbeddedServer:
     raise AssertionError("unreachable")
 
 
-def _start_embedded(datadir: Path | None) -> EmbeddedServer:
+def _listen_on(pg: Any, pgdata: Path, port: int) -> Any:
+    """Restart the server ``pg`` (pgserver's, unix socket only) listening on 127.0.0.1:port
+    too, with its socket where it was; returns the new postmaster info."""
+    from pgserver import _commands
+    from pgserver.utils import PostmasterInfo
+
+    info = pg.get_postmaster_info()
+    if info.port == port and info.hostname == "127.0.0.1":
+        return info  # already listening there (a server left running with this port)
+    try:
+        _commands.pg_ctl(  # type: ignore[attr-defined]  # generated at import time
+            ["-w", "-m", "fast", "stop"], pgdata=pgdata, user=pg.system_user, timeout=60
+        )
+        _commands.pg_ctl(  # type: ignore[attr-defined]
+            [
+                "-w",
+                "-o",
+                f"-h 127.0.0.1 -p {int(port)} -k {info.socket_dir}",
+                "-l",
+                str(pgdata / "log"),
+                "start",
+            ],
+            pgdata=pgdata,
+            user=pg.system_user,
+            timeout=60,
+        )
+    except Exception as exc:
+        log = pgdata / "log"
+        detail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no server log)"
+        raise EmbeddedServerError(
+            f"could not start the embedded PostgreSQL on 127.0.0.1:{port} (is the port in "
+            f"use?): {exc}\n{detail}"
+        ) from exc
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        new = PostmasterInfo.read_from_pgdata(pgdata)
+        if new is not None and new.is_running() and new.status == "ready":
+            return new
+        time.sleep(0.1)
+    raise EmbeddedServerError(f"the embedded PostgreSQL in {pgdata} did not become ready")
+
+
+def stop_embedded(datadir: Path) -> bool:
+    """Stop the embedded server running in ``datadir`` (started by another process, e.g.
+    ``fencekit dev-server --detach``); keeps the data. False when none was running there."""
+    pgdata = Path(datadir).expanduser().resolve()
+    pid_file = pgdata / "postmaster.pid"
+    if not pid_file.exists():
+        return False
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    if not _pid_alive(pid):
+        return False
+    _import_pgserver()
+    from pgserver import _commands
+
+    # As root pgserver runs the server as its system user 'pgserver'; pg_ctl must run as the
+    # data directory's owner.
+    user = "pgserver" if os.geteuid() == 0 else None
+    with contextlib.suppress(Exception):
+        _commands.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=60
+        )
+    if not _wait_gone(pid, 30):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        if not _wait_gone(pid, 10):
+            raise EmbeddedServerError(f"embedded PostgreSQL (pid {pid}) did not stop")
+    return True
+
+
+def _start_embedded(datadir: Path | None, port: int | None = None) -> EmbeddedServer:
     pgserver = _import_pgserver()
 
     owned_tmp: Path | None = None
@@ -212,6 +283,12 @@ def _start_embedded(datadir: Path | None) -> EmbeddedServer:
             # cleanup_mode=None: we stop (and delete) ourselves, and check that it worked.
             pg = pgserver.get_server(pgdata, cleanup_mode=None)
         info = pg.get_postmaster_info()
+        if port is not None:
+            info = _listen_on(pg, pgdata, port)
+    except EmbeddedServerError:
+        if owned_tmp is not None:
+            shutil.rmtree(owned_tmp, ignore_errors=True)
+        raise
     except Exception as exc:
         log = pgdata / "log"
         detail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no server log)"

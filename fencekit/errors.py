@@ -13,24 +13,46 @@ psycopg classes (:mod:`fencekit._psycopg_errors`).
 
 from __future__ import annotations
 
+import functools
 import json
+import types
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 __all__ = [
     "BIGINT_MAX",
     "SQLSTATES",
     "BypassRefusedError",
+    "CatalogError",
+    "ChaosSetupError",
     "CommitOutcomeUnknownError",
+    "DdlError",
+    "DemoError",
+    "EmbeddedServerError",
     "FenceError",
     "FenceUsageError",
     "FencekitError",
+    "FencingAssertionError",
+    "HistoryError",
+    "IssuerError",
     "IssuerMismatchError",
+    "IssuerNotReachableError",
+    "IssuerUnavailableError",
+    "LeaseError",
+    "LeaseLostError",
     "LeaseMismatchError",
+    "LeaseTimeoutError",
+    "LeaseWaitError",
     "MalformedTokenError",
     "MissingTokenError",
     "ReusedTokenError",
+    "SetupError",
+    "SpecError",
     "StaleTokenError",
+    "UsageError",
+    "WorkerError",
     "commit_outcome_unknown",
+    "driver_classes",
     "fields_of",
     "translate",
     "validate_token",
@@ -199,6 +221,39 @@ class MissingTokenError(FenceError):
     reason = "missing"
     advice = _NO_TOKEN_ADVICE
 
+    def _set_fields(self, message: str, **fields: Any) -> None:
+        super()._set_fields(message, **fields)
+        if self.hint is not None:  # the database's hint is generic; this process knows more
+            self.hint = _missing_token_cause()
+
+
+# The current token, as fencekit.context tells it. context sits above this module (it imports
+# validate_token), so it registers its reader here when it is imported; until then none is current.
+def _no_token() -> int | None:
+    return None
+
+
+_current_token: Callable[[], int | None] = _no_token
+
+
+def _missing_token_cause() -> str:
+    """Which of the two usual causes a rejected tokenless write had, judged where the driver
+    raised it (the writing thread or task): no token was current, or one was and the
+    connection did not send it."""
+    token = _current_token()
+    if token is None:
+        return (
+            "this write ran outside any lease or fencing() scope: no token was current in this "
+            "thread or task. Take the lease around the write (`with Lease(...)` makes its token "
+            "current) or wrap it in `with fencekit.fencing(token):`; a scope follows the work "
+            "into asyncio tasks and asyncio.to_thread, not into threads you start yourself"
+        )
+    return (
+        f"token {token} was current here, but the connection that wrote did not send it: "
+        "install the driver's adapter on that connection, engine or pool "
+        "(fencekit.psycopg / psycopg2 / asyncpg / sqlalchemy .install)"
+    )
+
 
 class MalformedTokenError(FenceError):
     """``fencekit.token`` is not a canonical positive bigint; or, raised before sending
@@ -256,6 +311,44 @@ SQLSTATES: dict[str, type[FenceError]] = {
         IssuerMismatchError,
     )
 }
+
+
+def _fill(body: dict[str, Any], namespace: dict[str, Any]) -> None:
+    namespace.update(body)
+
+
+def driver_classes(
+    base: type[BaseException],
+    module: str,
+    *,
+    driver_first: bool = False,
+    code_keyword: str | None = None,
+) -> dict[str, type[FenceError]]:
+    """One class per rejection reason that is fencekit's class *and* a driver's error ``base``,
+    named as fencekit's (``StaleTokenError``...), for ``module`` to publish as its own.
+
+    Every driver gets its classes here, so they cannot drift apart. ``driver_first`` puts
+    ``base`` first in the MRO, for a driver that builds the error itself with its own
+    constructor (psycopg 3, asyncpg); otherwise fencekit's constructor and fields come first
+    and the adapter builds the error from the driver's (psycopg2, Django). ``code_keyword``:
+    the class keyword by which the driver registers a class for a SQLSTATE (psycopg's
+    ``code=``); each class also carries ``sqlstate`` in its body, which is how asyncpg's
+    metaclass registers it.
+    """
+    made: dict[str, type[FenceError]] = {}
+    for reason in SQLSTATES.values():
+        bases = (base, reason) if driver_first else (reason, base)
+        keywords = {code_keyword: reason.sqlstate} if code_keyword else {}
+        body = {
+            "__doc__": reason.__doc__,
+            "__module__": module,
+            "__qualname__": reason.__name__,
+            "sqlstate": reason.sqlstate,
+        }
+        made[reason.__name__] = types.new_class(
+            reason.__name__, bases, keywords, functools.partial(_fill, body)
+        )
+    return made
 
 
 class CommitOutcomeUnknownError(FencekitError):
@@ -472,3 +565,103 @@ def translate(exc: BaseException) -> FenceError | None:
     error = cls(message, orig=driver, **fields)
     error.__cause__ = exc
     return error
+
+
+# ---------------------------------------------------------------- the other exceptions
+# Those of the spec, the catalog, the issuers and leases, the tools and the testing kit: each is
+# raised by one module, defined here so that every exception fencekit raises is on this page.
+
+
+class SpecError(FencekitError, ValueError):
+    """A fence spec or a table name is invalid; the message says which part and why."""
+
+
+class DdlError(FencekitError, ValueError):
+    """A schema file cannot be read, or the spec does not fit the tables it defines."""
+
+
+class CatalogError(FencekitError):
+    """The database does not fit the request (core missing, table missing, bad key column).
+
+    ``command``: the fencekit command that would fix it (the CLI appends it as a hint)."""
+
+    def __init__(self, message: str, command: Any = None) -> None:
+        super().__init__(message)
+        self.command = command
+
+
+class EmbeddedServerError(FencekitError, RuntimeError):
+    """The throwaway PostgreSQL server could not be started or stopped."""
+
+
+class IssuerError(FencekitError):
+    """Base class of issuer errors."""
+
+
+class IssuerUnavailableError(IssuerError):
+    """The issuer could not be reached in time.
+
+    Not a verdict on the lease: the attempt may or may not have taken effect, and a held lease
+    may still be alive until its deadline.
+    """
+
+
+class LeaseError(FencekitError):
+    """Base class of lease errors (a lease used while not held, ...)."""
+
+
+class LeaseTimeoutError(LeaseError, TimeoutError):
+    """The resource stayed held by someone else for the whole wait."""
+
+
+class LeaseLostError(LeaseError):
+    """The lease was lost: renewal was refused or failed until the lease expired.
+
+    Stop working on the resource. Writes made with the old token are rejected by fenced tables
+    once another holder wrote with a newer token.
+    """
+
+    # grant: the fencekit.leases.Grant that was lost (Any: errors sit below the leases layer).
+    def __init__(self, grant: Any, reason: str) -> None:
+        super().__init__(
+            f"lease on {grant.resource!r} (token {grant.token}, holder {grant.holder!r}) "
+            f"lost: {reason}"
+        )
+        self.grant = grant
+        self.reason = reason
+
+
+class HistoryError(FencekitError, ValueError):
+    """A history cannot be read or checked (the message says where and why)."""
+
+
+class ChaosSetupError(FencekitError, RuntimeError):
+    """The run could not prepare what it needs on the server (e.g. its worker role)."""
+
+
+class FencingAssertionError(FencekitError, AssertionError):
+    """A fencing assertion failed; the message carries the report (:func:`describe`)."""
+
+
+class WorkerError(FencekitError, AssertionError):
+    """A worker did not do what the test waited for (the message carries its output)."""
+
+
+class SetupError(FencekitError, RuntimeError):
+    """The fenced database could not be built (the message says which step and why)."""
+
+
+class LeaseWaitError(FencekitError, AssertionError):
+    """The lease did not expire in time, or there was no lease to wait for."""
+
+
+class UsageError(FencekitError):
+    """Bad command-line input detected after parsing; exit code 2."""
+
+
+class DemoError(FencekitError, RuntimeError):
+    """The demo could not run (server, privileges, a worker that misbehaved)."""
+
+
+class IssuerNotReachableError(IssuerError):
+    """The demo's external issuer is not installed (client library) or does not answer."""

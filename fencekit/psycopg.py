@@ -1,34 +1,35 @@
 """psycopg 3 adapter (sync and async): carry the fencing token into each transaction.
 
-The token always travels transaction-locally (``SET LOCAL``, or ``set_config(..., true)``), so a
-pooled connection or a transaction-mode pgbouncer never hands it to the next client; with it goes
-``fencekit.issuer``, the scope's issuer (``fencing(token, issuer=...)``, set by a ``Lease``) or
-``''`` for an untagged token: a resource bound to another issuer rejects the write (YF007).
+The token always travels transaction-locally (``SET LOCAL``), so a pooled connection or a
+transaction-mode pgbouncer never hands it to the next client; with a tagged token goes
+``fencekit.issuer`` (``fencing(token, issuer=...)``, set by a ``Lease``): a resource bound to
+another issuer rejects the write (YF007). What to send, and when, is :mod:`fencekit.wire`'s
+answer; this module only carries it, without a round trip of its own:
 
-How it travels, without a round trip of its own:
-
-- **In the BEGIN.** Where psycopg is about to open a transaction (``conn.transaction()`` on an
-  idle connection, or the implicit BEGIN before the first statement of a connection not in
-  autocommit mode), fencekit sends ``BEGIN; SET LOCAL fencekit.token = ...; SET LOCAL
-  fencekit.issuer = ...`` as that round trip's one simple query. This needs psycopg internals,
-  all in :mod:`fencekit._psycopg_internals`, checked at import.
-- **In a pipeline with the statement** (the public path). Where no BEGIN is coming (autocommit,
-  a transaction already open, pipeline mode), or when that import-time check failed, the fenced
-  cursor sends ``SELECT set_config(...)`` in one psycopg pipeline with the statement it guards,
-  flushed and answered together. A statement that may hold several (a ``Composed``, or text with
-  ``;`` and no parameters) cannot share a pipeline: the token goes one statement before it.
+- **In the BEGIN** (the default). Where psycopg is about to open a transaction
+  (``conn.transaction()`` on an idle connection, or the implicit BEGIN before the first
+  statement of a connection not in autocommit mode), fencekit sends ``BEGIN; SET LOCAL
+  fencekit.token = '34'`` as that round trip's one simple query. This needs psycopg internals,
+  all in :mod:`fencekit._psycopg_internals`, checked at import; when the check fails, importing
+  this module warns (``RuntimeWarning``) and every transaction takes the path below.
+- **In a pipeline with the statement.** Where no BEGIN is coming (autocommit, a scope entered
+  in a transaction already open, pipeline mode), the fenced cursor sends ``SELECT
+  set_config(...)`` in one psycopg pipeline with the statement it guards. A statement that may
+  hold several (a ``Composed``, or text with ``;`` and no parameters), ``copy()`` and named
+  cursors cannot share a pipeline: the token goes as a statement of its own before them.
 
 - :func:`transaction` / :func:`async_transaction`: a transaction block fenced with a token.
 - :func:`set_token` / :func:`async_set_token`: fence the transaction already open (one statement).
 - :func:`install`: automatic mode; every statement the connection runs inside a
   :func:`fencekit.fencing` scope carries the scope's token (works as psycopg_pool's ``configure``).
 
-Fence rejections are raised as :class:`~fencekit.errors.FenceError` subclasses, with the psycopg
-error chained.
+Fence rejections are raised as :class:`~fencekit.errors.FenceError` subclasses (psycopg raises
+them itself: :mod:`fencekit._psycopg_errors`).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
@@ -41,12 +42,11 @@ from types import TracebackType
 from typing import Any, TypeAlias, cast
 
 import psycopg
-from psycopg import sql
 from psycopg.abc import Params, Query
-from psycopg.pq import PipelineStatus, TransactionStatus
+from psycopg.pq import PipelineStatus
 
 from fencekit import _psycopg_internals as _internals
-from fencekit import metrics
+from fencekit import metrics, wire
 from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import (
     FenceError,
@@ -62,50 +62,43 @@ __all__ = [
     "async_set_token",
     "async_transaction",
     "install",
+    "is_installed",
     "set_token",
     "transaction",
     "uninstall",
-    "use_begin_path",
 ]
 
 AnyConnection: TypeAlias = "psycopg.Connection[Any] | psycopg.AsyncConnection[Any]"
 """A psycopg 3 connection, sync or async: what the helpers shared by the twins take."""
 
-SET_TOKEN = "SELECT set_config('fencekit.token', %s, true), set_config('fencekit.issuer', %s, true)"
-_CLEAR = ("", "")  # (token, issuer) sent to clear what an earlier statement set
-_IDLE = TransactionStatus.IDLE
-_INTRANS = TransactionStatus.INTRANS
 _STATE = "_fencekit_state"
 
-
-class _State:
-    """Per-connection bookkeeping, kept as an attribute of the psycopg connection."""
-
-    __slots__ = (
-        "dirty",
-        "installed",
-        "pinned",
-        "previous_factory",
-        "setter",
-        "tracked",
-        "tx_value",
+if not _internals.AVAILABLE:
+    warnings.warn(
+        f"fencekit.psycopg: psycopg {psycopg.__version__} lacks "
+        f"{', '.join(_internals.missing())}: the token rides a pipeline with each "
+        "transaction's first statement instead of its BEGIN (one statement more; "
+        "docs/psycopg.md)",
+        RuntimeWarning,
+        stacklevel=2,
     )
 
+
+class _State(wire.Wire):
+    """Per-connection bookkeeping, kept as an attribute of the psycopg connection.
+
+    Not tracked by default: raw psycopg cannot see a BEGIN that ``conn.transaction()`` sent
+    outside a scope, so a statement resends the token unless a block pinned it; the SQLAlchemy
+    plugin, which sees every boundary, declares it (:func:`_track_transactions`)."""
+
+    __slots__ = ("begin", "installed", "previous_factories", "setter")
+
     def __init__(self) -> None:
-        # True while the open transaction may hold a token we set (so it must be cleared when
-        # a statement runs outside any scope). Reset whenever the connection is seen idle.
-        self.dirty = False
+        super().__init__(tracked=False)
+        self.begin: tuple[Any, bytes] | None = None  # (characteristics, the BEGIN for them)
         self.installed = False
-        self.previous_factory: Any = None
+        self.previous_factories: tuple[Any, Any] | None = None
         self.setter: Any = None  # a plain cursor reused for set_config
-        # tracked: something that sees every transaction boundary (the SQLAlchemy plugin's
-        # events) resets tx_value, so a token already set in this transaction is not resent.
-        # Raw psycopg cannot see a BEGIN sent by conn.transaction(): it resends every time.
-        self.tracked = False
-        self.tx_value: tuple[str, str] | None = None
-        # pinned: the (token, issuer) a transaction() block began with, for as long as the
-        # block runs: psycopg forbids commit() inside it, so the transaction is the block's.
-        self.pinned: tuple[str, str] | None = None
 
 
 def _state(conn: AnyConnection) -> _State:
@@ -118,14 +111,12 @@ def _state(conn: AnyConnection) -> _State:
 
 def _forget_transaction(conn: AnyConnection) -> None:
     """A transaction boundary or savepoint rollback: what was set may no longer hold."""
-    state = _state(conn)
-    state.tx_value = None
+    _state(conn).forget()
 
 
 def _track_transactions(conn: AnyConnection) -> None:
     """Declare that :func:`_forget_transaction` is called at every boundary of ``conn``."""
-    state = _state(conn)
-    state.tracked = True
+    _state(conn).tracked = True
 
 
 def _is_tracked(conn: AnyConnection) -> bool:
@@ -134,83 +125,39 @@ def _is_tracked(conn: AnyConnection) -> bool:
     return state is not None and state.installed and state.tracked
 
 
-def _scope_value() -> tuple[str, str] | None:
-    """(token, issuer) of the current :func:`fencing` scope, as sent; None outside any."""
-    token = current_token()
-    return None if token is None else (str(token), current_issuer() or "")
-
-
-def _checked_value(token: int, issuer: str | None) -> tuple[str, str]:
-    """(token, issuer) as sent, for a validated token; ``fencing()`` checks the issuer name."""
-    return str(token), fencing(token, issuer).issuer or ""
-
-
-def _wanted(conn: AnyConnection) -> tuple[bool, tuple[str, str]]:
-    """(must send set_config before the next statement, (token, issuer) to send)."""
-    state = _state(conn)
-    status = conn.pgconn.transaction_status
-    if status == _IDLE:
-        state.dirty = False  # a new transaction starts clean: nothing to clear
-        state.tx_value = None
-    elif status != _INTRANS:
-        # Failed transaction (only ROLLBACK works) or broken connection: add nothing.
-        return False, _CLEAR
-    value = _scope_value()
-    if value is not None:
-        if state.pinned == value and status == _INTRANS:
-            return False, value
-        return not (state.tracked and state.tx_value == value), value
-    return state.dirty, _CLEAR
+def _next(conn: AnyConnection) -> wire.Value | None:
+    return _state(conn).next(conn.pgconn.transaction_status, wire.scope_value())
 
 
 # ---------------------------------------------------------------- BEGIN carries the token
 #
-# psycopg opens a transaction with its own round trip: BEGIN alone (conn.transaction(), or the
-# implicit BEGIN before the first statement of a non-autocommit connection). fencekit sends
-# "BEGIN; SET LOCAL fencekit.token = ..." in that round trip instead, as one simple query: the token
-# costs no round trip, no pipeline and no extra protocol message. The token is a validated int
-# and the issuer a quoted literal, so the query is built client-side like psycopg's own BEGIN.
-# Sending it takes psycopg internals, kept in fencekit._psycopg_internals, so it is opt-in
-# (use_begin_path()); when its import-time check fails (_internals.AVAILABLE is False) every
-# transaction takes the pipeline path, opted in or not.
+# psycopg opens a transaction with its own round trip: BEGIN alone. fencekit sends "BEGIN; SET
+# LOCAL fencekit.token = ..." in that round trip instead, as one simple query: the token costs no
+# round trip, no pipeline and no extra protocol message. This takes psycopg internals, kept in
+# fencekit._psycopg_internals; when its import-time check fails (_internals.AVAILABLE is False)
+# every transaction takes the pipeline path.
 
 
 def _begin_path() -> bool:
-    return _internals.ENABLED and _internals.AVAILABLE
+    return _internals.AVAILABLE
 
 
-def use_begin_path(enabled: bool = True) -> bool:
-    """Opt in to (or out of) sending the token inside psycopg's own ``BEGIN``.
-
-    Off by default: fencekit then uses psycopg's public API only, and the token rides a pipeline
-    with the transaction's first statement (the same round trips, one statement more). On, it
-    saves that statement by overriding private psycopg ``Transaction`` internals, checked at
-    import (:mod:`fencekit._psycopg_internals`; docs/psycopg.md has the measured difference).
-    Returns whether the BEGIN path is now in use: False when turned off, or when this psycopg
-    lacks an internal it needs (``fencekit._psycopg_internals.missing()`` names them).
-    """
-    _internals.ENABLED = bool(enabled)
-    return _begin_path()
-
-
-def _set_token_sql(conn: AnyConnection, value: tuple[str, str]) -> bytes:
+def _set_token_sql(value: wire.Value) -> bytes:
     # SET LOCAL, not SELECT set_config(): a utility statement is neither planned nor answered
     # with rows, which measured ~10 us against ~40 us of server time per transaction here.
-    # Built by hand: psycopg's sql.Literal costs ~10 us a call, as much as the statement.
-    token, issuer = value
-    if not (token.isascii() and token.isdigit()):
-        raise ValueError(f"not a validated token: {token!r}")  # tokens pass validate_token()
-    issuer_sql = sql.Literal(issuer).as_bytes(conn) if issuer else b"''"
-    return (
-        b"SET LOCAL fencekit.token = '"
-        + token.encode("ascii")
-        + b"'; SET LOCAL fencekit.issuer = "
-        + issuer_sql
-    )
+    return wire.set_local(value, fresh=True).encode("ascii")
 
 
 def _begin_sql(conn: AnyConnection) -> bytes:
     """The BEGIN psycopg would send for ``conn`` (isolation level, read only, deferrable)."""
+    state = _state(conn)
+    key = (conn.isolation_level, conn.read_only, conn.deferrable)
+    if state.begin is None or state.begin[0] != key:
+        state.begin = (key, _begin_text(conn))
+    return state.begin[1]
+
+
+def _begin_text(conn: AnyConnection) -> bytes:
     parts = [b"BEGIN"]
     if conn.isolation_level is not None:
         level = psycopg.IsolationLevel(conn.isolation_level).name.replace("_", " ")
@@ -224,7 +171,9 @@ def _begin_sql(conn: AnyConnection) -> bytes:
 
 def _idle_outside_pipeline(conn: AnyConnection) -> bool:
     pgconn = conn.pgconn
-    return bool(pgconn.transaction_status == _IDLE and pgconn.pipeline_status == PipelineStatus.OFF)
+    return bool(
+        pgconn.transaction_status == wire.IDLE and pgconn.pipeline_status == PipelineStatus.OFF
+    )
 
 
 def _opens_with_begin(conn: AnyConnection) -> bool:
@@ -233,14 +182,8 @@ def _opens_with_begin(conn: AnyConnection) -> bool:
     return _begin_path() and not conn.autocommit and _idle_outside_pipeline(conn)
 
 
-def _begin_with_token(conn: psycopg.Connection[Any], value: tuple[str, str]) -> None:
-    _internals.begin(conn, _begin_sql(conn) + b"; " + _set_token_sql(conn, value))
-
-
-async def _async_begin_with_token(
-    conn: psycopg.AsyncConnection[Any], value: tuple[str, str]
-) -> None:
-    await _internals.async_begin(conn, _begin_sql(conn) + b"; " + _set_token_sql(conn, value))
+def _begin_query(conn: AnyConnection, value: wire.Value) -> bytes:
+    return _begin_sql(conn) + b"; " + _set_token_sql(value)
 
 
 def _setter(conn: AnyConnection) -> Any:
@@ -251,6 +194,18 @@ def _setter(conn: AnyConnection) -> Any:
         else:
             state.setter = psycopg.Cursor(conn)
     return state.setter
+
+
+def _alone(conn: AnyConnection, value: wire.Value) -> bytes | None:
+    """The statement that sets ``value`` on its own, before a path that cannot share a
+    pipeline; None when it would end with itself (autocommit, no transaction open): the path
+    then runs with no token, and a fenced table refuses it as unfenced."""
+    pgconn = conn.pgconn
+    if conn.autocommit and pgconn.transaction_status == wire.IDLE:
+        return None
+    if pgconn.pipeline_status != PipelineStatus.OFF:
+        return wire.set_config(value).encode("ascii")  # a pipeline takes one statement
+    return wire.set_local(value, fresh=pgconn.transaction_status == wire.IDLE).encode("ascii")
 
 
 def _piggybacks(query: Query, params: object) -> bool:
@@ -265,18 +220,8 @@ def _piggybacks(query: Query, params: object) -> bool:
     return bool(body) and ";" not in body
 
 
-def _q(query: Query) -> Any:
-    # Template queries (PEP 750) go through psycopg's overloads untouched.
-    return query
-
-
-def _after(conn: AnyConnection, value: tuple[str, str]) -> None:
-    state = _state(conn)
-    if state.pinned != value:
-        state.pinned = None  # another value was sent: the block's token no longer holds
-    open_tx = conn.pgconn.transaction_status != _IDLE
-    state.dirty = bool(value[0]) and open_tx
-    state.tx_value = value if open_tx else None
+def _after(conn: AnyConnection, value: wire.Value) -> None:
+    _state(conn).sent(value, open_after=conn.pgconn.transaction_status != wire.IDLE)
 
 
 def _count(exc: BaseException) -> None:
@@ -287,6 +232,45 @@ def _count(exc: BaseException) -> None:
 
 
 # ---------------------------------------------------------------- cursors
+#
+# How the next statement carries what the wire says: "begin" (fencekit sends the BEGIN, with
+# the token), "pipeline" (set_config and the statement in one pipeline), "alone" (a statement
+# of its own first). _how() decides; the sync and async cursors only do it.
+
+
+def _how(conn: AnyConnection, query: Query, params: object, shares: bool) -> str:
+    if _opens_with_begin(conn):
+        return "begin"
+    return "pipeline" if shares and _piggybacks(query, params) else "alone"
+
+
+def _fence_before(conn: psycopg.Connection[Any]) -> None:
+    """Before ``copy()`` or a named cursor's statement: what the wire says, on its own."""
+    value = _next(conn)
+    if value is None:
+        return
+    if _opens_with_begin(conn):
+        _internals.begin(conn, _begin_query(conn, value))
+    else:
+        text = _alone(conn, value)
+        if text is None:
+            return
+        _setter(conn).execute(text)
+    _after(conn, value)
+
+
+async def _async_fence_before(conn: psycopg.AsyncConnection[Any]) -> None:
+    value = _next(conn)
+    if value is None:
+        return
+    if _opens_with_begin(conn):
+        await _internals.async_begin(conn, _begin_query(conn, value))
+    else:
+        text = _alone(conn, value)
+        if text is None:
+            return
+        await _setter(conn).execute(text)
+    _after(conn, value)
 
 
 class FencedCursor(psycopg.Cursor[Any]):
@@ -294,8 +278,33 @@ class FencedCursor(psycopg.Cursor[Any]):
 
     count_rejections = True
 
-    def _fence_now(self, value: tuple[str, str]) -> None:
-        _setter(self.connection).execute(SET_TOKEN, value)
+    def _fenced(
+        self, run: Callable[[], object], query: Query, params: object, shares: bool
+    ) -> None:
+        conn = self.connection
+        try:
+            value = _next(conn)
+            if value is None:
+                run()
+                return
+            how = _how(conn, query, params, shares)
+            if how == "begin":
+                _internals.begin(conn, _begin_query(conn, value))  # psycopg's BEGIN round trip
+                run()
+            elif how == "pipeline":
+                with conn.pipeline():
+                    _setter(conn).execute(wire.set_config(value).encode("ascii"))
+                    run()
+            else:
+                text = _alone(conn, value)
+                if text is not None:
+                    _setter(conn).execute(text)
+                run()
+            _after(conn, value)
+        except psycopg.Error as exc:
+            if self.count_rejections:
+                _count(exc)
+            raise
 
     def execute(
         self,
@@ -305,52 +314,60 @@ class FencedCursor(psycopg.Cursor[Any]):
         prepare: bool | None = None,
         binary: bool | None = None,
     ) -> FencedCursor:
-        conn = self.connection
-        try:
-            send, value = _wanted(conn)
-            if not send:
-                super().execute(_q(query), params, prepare=prepare, binary=binary)
-                return self
-            if _opens_with_begin(conn):
-                _begin_with_token(conn, value)  # replaces psycopg's own BEGIN round trip
-                super().execute(_q(query), params, prepare=prepare, binary=binary)
-            elif _piggybacks(query, params):
-                with conn.pipeline():
-                    _setter(conn).execute(SET_TOKEN, value)
-                    super().execute(_q(query), params, prepare=prepare, binary=binary)
-            else:
-                self._fence_now(value)
-                super().execute(_q(query), params, prepare=prepare, binary=binary)
-            _after(conn, value)
-            return self
-        except psycopg.Error as exc:
-            if self.count_rejections:
-                _count(exc)
-            raise
+        parent: Any = super()
+        self._fenced(
+            lambda: parent.execute(query, params, prepare=prepare, binary=binary),
+            query,
+            params,
+            True,
+        )
+        return self
 
     def executemany(
         self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
     ) -> None:
-        conn = self.connection
-        try:
-            send, value = _wanted(conn)
-            if not send:
-                super().executemany(query, params_seq, returning=returning)
-                return
-            with conn.pipeline():  # executemany rides the same pipeline
-                _setter(conn).execute(SET_TOKEN, value)
-                super().executemany(query, params_seq, returning=returning)
-            _after(conn, value)
-        except psycopg.Error as exc:
-            if self.count_rejections:
-                _count(exc)
-            raise
+        parent: Any = super()
+        self._fenced(
+            lambda: parent.executemany(query, params_seq, returning=returning), query, 1, True
+        )
+
+    def copy(self, statement: Query, params: Params | None = None, **kwargs: Any) -> Any:
+        _fence_before(self.connection)  # COPY cannot share a pipeline
+        return super().copy(statement, params, **kwargs)
 
 
 class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
     """Async twin of :class:`FencedCursor`."""
 
     count_rejections = True
+
+    async def _fenced(
+        self, run: Callable[[], Any], query: Query, params: object, shares: bool
+    ) -> None:
+        conn = self.connection
+        try:
+            value = _next(conn)
+            if value is None:
+                await run()
+                return
+            how = _how(conn, query, params, shares)
+            if how == "begin":
+                await _internals.async_begin(conn, _begin_query(conn, value))
+                await run()
+            elif how == "pipeline":
+                async with conn.pipeline():
+                    await _setter(conn).execute(wire.set_config(value).encode("ascii"))
+                    await run()
+            else:
+                text = _alone(conn, value)
+                if text is not None:
+                    await _setter(conn).execute(text)
+                await run()
+            _after(conn, value)
+        except psycopg.Error as exc:
+            if self.count_rejections:
+                _count(exc)
+            raise
 
     async def execute(
         self,
@@ -360,51 +377,84 @@ class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
         prepare: bool | None = None,
         binary: bool | None = None,
     ) -> AsyncFencedCursor:
-        conn = self.connection
-        try:
-            send, value = _wanted(conn)
-            if not send:
-                await super().execute(_q(query), params, prepare=prepare, binary=binary)
-                return self
-            if _opens_with_begin(conn):
-                await _async_begin_with_token(conn, value)
-                await super().execute(_q(query), params, prepare=prepare, binary=binary)
-            elif _piggybacks(query, params):
-                async with conn.pipeline():
-                    await _setter(conn).execute(SET_TOKEN, value)
-                    await super().execute(_q(query), params, prepare=prepare, binary=binary)
-            else:
-                await _setter(conn).execute(SET_TOKEN, value)
-                await super().execute(_q(query), params, prepare=prepare, binary=binary)
-            _after(conn, value)
-            return self
-        except psycopg.Error as exc:
-            if self.count_rejections:
-                _count(exc)
-            raise
+        parent: Any = super()
+        await self._fenced(
+            lambda: parent.execute(query, params, prepare=prepare, binary=binary),
+            query,
+            params,
+            True,
+        )
+        return self
 
     async def executemany(
         self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
     ) -> None:
-        conn = self.connection
-        try:
-            send, value = _wanted(conn)
-            if not send:
-                await super().executemany(query, params_seq, returning=returning)
-                return
-            async with conn.pipeline():
-                await _setter(conn).execute(SET_TOKEN, value)
-                await super().executemany(query, params_seq, returning=returning)
-            _after(conn, value)
-        except psycopg.Error as exc:
-            if self.count_rejections:
-                _count(exc)
-            raise
+        parent: Any = super()
+        await self._fenced(
+            lambda: parent.executemany(query, params_seq, returning=returning), query, 1, True
+        )
+
+    @asynccontextmanager
+    async def copy(
+        self, statement: Query, params: Params | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        await _async_fence_before(self.connection)  # COPY cannot share a pipeline
+        async with super().copy(statement, params, **kwargs) as copy:
+            yield copy
+
+
+class FencedServerCursor(psycopg.ServerCursor[Any]):
+    """A named (server-side) cursor whose DECLARE and FETCHes run under the scope's token."""
+
+    def execute(self, query: Query, params: Params | None = None, **kwargs: Any) -> Any:
+        _fence_before(self.connection)
+        return super().execute(query, params, **kwargs)
+
+    def fetchone(self) -> Any:
+        _fence_before(self.connection)  # a FETCH runs the query further
+        return super().fetchone()
+
+    def fetchmany(self, size: int = 0) -> list[Any]:
+        _fence_before(self.connection)
+        return super().fetchmany(size)
+
+    def fetchall(self) -> list[Any]:
+        _fence_before(self.connection)
+        return super().fetchall()
+
+
+class AsyncFencedServerCursor(psycopg.AsyncServerCursor[Any]):
+    """Async twin of :class:`FencedServerCursor`."""
+
+    async def execute(self, query: Query, params: Params | None = None, **kwargs: Any) -> Any:
+        await _async_fence_before(self.connection)
+        return await super().execute(query, params, **kwargs)
+
+    async def fetchone(self) -> Any:
+        await _async_fence_before(self.connection)
+        return await super().fetchone()
+
+    async def fetchmany(self, size: int = 0) -> list[Any]:
+        await _async_fence_before(self.connection)
+        return await super().fetchmany(size)
+
+    async def fetchall(self) -> list[Any]:
+        await _async_fence_before(self.connection)
+        return await super().fetchall()
 
 
 @cache
 def fenced_cursor_class(base: type[Any], *, count_rejections: bool = True) -> type[Any]:
     """The fenced variant of a cursor class (``ClientCursor``, ``RawCursor``, a subclass...)."""
+    if issubclass(base, psycopg.AsyncServerCursor | psycopg.ServerCursor):
+        server = AsyncFencedServerCursor if issubclass(base, psycopg.AsyncServerCursor) else None
+        fenced_server: type[Any] = server or FencedServerCursor
+        if issubclass(base, fenced_server) or base in (
+            psycopg.ServerCursor,
+            psycopg.AsyncServerCursor,
+        ):
+            return fenced_server if not issubclass(base, fenced_server) else base
+        return type(f"Fenced{base.__name__}", (fenced_server, base), {})
     fenced: type[Any] = AsyncFencedCursor if issubclass(base, psycopg.AsyncCursor) else FencedCursor
     if issubclass(base, fenced):
         return base  # already fenced: keep its error translation as it is
@@ -417,38 +467,47 @@ def fenced_cursor_class(base: type[Any], *, count_rejections: bool = True) -> ty
     return type(f"Fenced{base.__name__}", bases, {"count_rejections": count_rejections})
 
 
-def install(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
-    *,
-    count_rejections: bool = True,
-) -> None:
+def install(conn: AnyConnection, *, translate_errors: bool = True) -> None:
     """Automatic mode: statements on ``conn`` carry the current :func:`fencing` token.
 
-    Replaces ``conn.cursor_factory`` with its fenced variant (idempotent), and makes
-    ``conn.transaction()`` opened inside a scope send the token with its BEGIN (no extra
-    statement, no pipeline; without the BEGIN path, see the module docstring, the token rides
-    the block's first statement). Server-side (named) cursors are not covered. Usable as
-    ``psycopg_pool.ConnectionPool(configure=install)``.
+    Replaces ``conn.cursor_factory`` and ``conn.server_cursor_factory`` with their fenced
+    variants (idempotent), and makes ``conn.transaction()`` opened inside a scope send the token
+    with its BEGIN. ``copy()`` and named cursors carry it too. Usable as
+    ``psycopg_pool.ConnectionPool(configure=install)``. With ``translate_errors=False`` (a layer
+    above counts them, as the SQLAlchemy plugin does) rejections are not counted here; psycopg
+    raises fencekit's classes either way.
     """
+    if not isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
+        raise TypeError(
+            "fencekit.psycopg.install() takes a psycopg.Connection or psycopg.AsyncConnection "
+            f"(psycopg 3), not {type(conn).__module__}.{type(conn).__name__}: for psycopg2 "
+            "use fencekit.psycopg2.install(), for a pool psycopg_pool's configure=install"
+        )
     state = _state(conn)
-    factory = conn.cursor_factory
-    fenced = fenced_cursor_class(cast(Any, factory), count_rejections=count_rejections)
-    if factory is not fenced:
-        if not state.installed:
-            state.previous_factory = factory
-        conn.cursor_factory = fenced
+    factories = (conn.cursor_factory, conn.server_cursor_factory)
+    fenced = fenced_cursor_class(cast(Any, factories[0]), count_rejections=translate_errors)
+    if not state.installed:
+        state.previous_factories = factories
+    conn.cursor_factory = fenced
+    conn.server_cursor_factory = fenced_cursor_class(cast(Any, factories[1]))
     _wrap_transaction(conn)
     state.installed = True
 
 
-def uninstall(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+def uninstall(conn: AnyConnection) -> None:
     """Undo :func:`install`."""
     state = _state(conn)
-    if state.installed and state.previous_factory is not None:
-        conn.cursor_factory = state.previous_factory
+    if state.installed and state.previous_factories is not None:
+        conn.cursor_factory, conn.server_cursor_factory = state.previous_factories
     vars(conn).pop("transaction", None)
     state.installed = False
-    state.previous_factory = None
+    state.previous_factories = None
+
+
+def is_installed(conn: object) -> bool:
+    """Whether ``conn`` (a psycopg 3 connection) is in automatic mode."""
+    state: _State | None = getattr(conn, _STATE, None)
+    return state is not None and state.installed
 
 
 # ---------------------------------------------------------------- explicit API
@@ -462,10 +521,6 @@ def _resolve(token: int | None, issuer: str | None = None) -> tuple[int, str | N
             raise MissingTokenError()
         issuer = issuer or current_issuer()
     return validate_token(token), issuer
-
-
-def _outer() -> tuple[str, str]:
-    return _scope_value() or _CLEAR
 
 
 @contextmanager
@@ -493,7 +548,7 @@ def _token_tx(cls: Any, conn: AnyConnection, value: tuple[str, str], *args: Any)
     """A ``cls`` block on ``conn`` whose BEGIN carries ``value``; see :class:`_TokenBlock`."""
     tx = cls(conn, *args)
     tx._fk_value = value
-    tx._fk_tail = _set_token_sql(conn, value)  # what BeginHook appends to the BEGIN
+    tx._fk_tail = _set_token_sql(value)  # what BeginHook appends to the BEGIN
     tx._fk_scope = None
     tx._fk_translate = False
     tx._fk_factory = None
@@ -525,7 +580,7 @@ class _TokenBlock:
                 "transaction() right away, before running anything else on the connection"
             )
         state = _state(conn)
-        state.pinned, state.dirty, state.tx_value = self._fk_value, True, None
+        state.pin(self._fk_value)
         if self._fk_scope is not None:
             self._fk_scope.__enter__()
             if not state.installed:
@@ -535,8 +590,7 @@ class _TokenBlock:
     def _fk_exit(self) -> None:
         conn = self.connection
         state = _state(conn)
-        state.pinned = None
-        state.dirty = False
+        state.unpin()
         if self._fk_scope is not None:
             if self._fk_factory is not None:
                 conn.cursor_factory = self._fk_factory
@@ -635,7 +689,7 @@ def _wrap_transaction(conn: AnyConnection) -> None:
     cls = _AsyncTokenTransaction if isinstance(conn, psycopg.AsyncConnection) else _TokenTransaction
 
     def transaction(savepoint_name: str | None = None, force_rollback: bool = False) -> Any:
-        value = _scope_value()
+        value = wire.scope_value()
         if value is not None and _begins_with_token(conn):
             return _token_tx(cls, conn, value, savepoint_name, force_rollback)
         return original(conn, savepoint_name, force_rollback)
@@ -697,14 +751,13 @@ def _outer_to_restore(conn: AnyConnection, nested: bool) -> tuple[str, str] | No
     """After a nested block set its token: the outer one to set again (None: nothing to do)."""
     state = _state(conn)
     if nested and state.dirty and not state.installed and _in_transaction(conn):
-        return _outer()
+        return wire.scope_value() or wire.CLEAR
     return None
 
 
 def _restored(conn: AnyConnection, outer: tuple[str, str]) -> None:
     state = _state(conn)
-    state.dirty = bool(outer[0])
-    state.tx_value = None
+    state.dirty, state.held = bool(outer[0]), None
 
 
 @contextmanager
@@ -712,7 +765,7 @@ def _nested_transaction(
     conn: psycopg.Connection[Any], scope: fencing, savepoint_name: str | None, force_rollback: bool
 ) -> Iterator[psycopg.Transaction]:
     """:func:`transaction` inside an open transaction or a pipeline: psycopg's block."""
-    nested = conn.pgconn.transaction_status != _IDLE
+    nested = conn.pgconn.transaction_status != wire.IDLE
     committing = False
     try:
         with scope, _fenced_factory(conn), conn.transaction(savepoint_name, force_rollback) as tx:
@@ -725,7 +778,7 @@ def _nested_transaction(
     finally:
         outer = _outer_to_restore(conn, nested)
         if outer is not None:
-            psycopg.Cursor(conn).execute(SET_TOKEN, outer)
+            psycopg.Cursor(conn).execute(wire.set_local(outer))
             _restored(conn, outer)
 
 
@@ -757,7 +810,7 @@ async def _async_nested_transaction(
     savepoint_name: str | None,
     force_rollback: bool,
 ) -> AsyncIterator[psycopg.AsyncTransaction]:
-    nested = conn.pgconn.transaction_status != _IDLE
+    nested = conn.pgconn.transaction_status != wire.IDLE
     committing = False
     try:
         with scope, _fenced_factory(conn):
@@ -771,7 +824,7 @@ async def _async_nested_transaction(
     finally:
         outer = _outer_to_restore(conn, nested)
         if outer is not None:
-            await psycopg.AsyncCursor(conn).execute(SET_TOKEN, outer)
+            await psycopg.AsyncCursor(conn).execute(wire.set_local(outer))
             _restored(conn, outer)
 
 
@@ -786,18 +839,18 @@ def _raise_if_outcome_unknown(exc: BaseException, scope: fencing, at_commit: boo
 
 
 def _in_transaction(conn: AnyConnection) -> bool:
-    return bool(conn.pgconn.transaction_status == _INTRANS)
+    return bool(conn.pgconn.transaction_status == wire.INTRANS)
 
 
 def _explicit(conn: AnyConnection) -> None:
     state = _state(conn)
     state.pinned = None
     state.dirty = False  # set by hand: automatic mode must not clear it
-    state.tx_value = None  # and a scope's token must still be sent over it
+    state.held = None  # and a scope's token must still be sent over it
 
 
 def _check_open(conn: AnyConnection) -> None:
-    if conn.autocommit and conn.pgconn.transaction_status == _IDLE:
+    if conn.autocommit and conn.pgconn.transaction_status == wire.IDLE:
         raise psycopg.ProgrammingError(
             "set_token() needs an open transaction: in autocommit mode the setting would end "
             "with its own statement; use fencekit.psycopg.transaction(conn, token) instead"
@@ -814,8 +867,7 @@ def set_token(
     """
     value, issuer = _resolve(token, issuer)
     _check_open(conn)
-    params = _checked_value(value, issuer)
-    psycopg.Cursor(conn).execute(SET_TOKEN, params)
+    psycopg.Cursor(conn).execute(wire.set_local(wire.checked(value, issuer)))
     _explicit(conn)
 
 
@@ -825,6 +877,5 @@ async def async_set_token(
     """Async twin of :func:`set_token`."""
     value, issuer = _resolve(token, issuer)
     _check_open(conn)
-    params = _checked_value(value, issuer)
-    await psycopg.AsyncCursor(conn).execute(SET_TOKEN, params)
+    await psycopg.AsyncCursor(conn).execute(wire.set_local(wire.checked(value, issuer)))
     _explicit(conn)

@@ -7,11 +7,14 @@ a :func:`fencekit.fencing` scope carry its token; also for a ``psycopg2.pool`` p
 How the token travels, without a round trip of its own: psycopg2 sends each statement as one
 simple query (parameters are interpolated on the client), and PostgreSQL runs the statements of
 one simple query in one transaction. So the fenced cursor sends ``SET LOCAL fencekit.token =
-'34'; SET LOCAL fencekit.issuer = ''; <statement>`` as that statement's query: in a transaction
-(psycopg2 opens one with its own ``BEGIN`` before the first statement, as it always does), or in
-autocommit mode, where the three run as one implicit transaction. It is sent once per
-transaction; a statement run after the scope ended, in the same transaction, clears it first.
-``executemany()`` sends the token as a statement of its own (one round trip) before the batch.
+'34'; <statement>`` as that statement's query (with ``SET LOCAL fencekit.issuer`` too when the
+token is tagged, or the transaction set one before): in a transaction (psycopg2 opens one with
+its own ``BEGIN`` before the first statement, as it always does), or in autocommit mode, where
+they run as one implicit transaction. What is sent and when is :mod:`fencekit.wire`'s answer:
+once per transaction, and a statement run after the scope ended, in the same transaction,
+clears it first. ``executemany()``, ``callproc()``, ``copy_expert()``/``copy_from()``/
+``copy_to()`` and named (server-side) cursors cannot take a prefix: the token goes as a
+statement of its own (one round trip) before them, when the wire says one is needed.
 
 Rejections are raised as fencekit's classes that are also ``psycopg2.DatabaseError``
 (``pgcode``/``pgerror`` kept; psycopg2 has no way to register them, so the fenced cursor
@@ -20,9 +23,8 @@ translates): ``except fencekit.StaleTokenError`` and ``except psycopg2.Error`` b
 
 from __future__ import annotations
 
-import re
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -31,7 +33,7 @@ import psycopg2.extensions as ext
 from psycopg2 import pool as pg2_pool
 from psycopg2 import sql as pg2_sql
 
-from fencekit import errors, metrics
+from fencekit import errors, metrics, wire
 from fencekit.context import current_issuer, current_token, fencing
 from fencekit.errors import commit_outcome_unknown, validate_token
 
@@ -46,6 +48,7 @@ __all__ = [
     "ReusedTokenError",
     "StaleTokenError",
     "install",
+    "is_installed",
     "set_token",
     "transaction",
     "uninstall",
@@ -53,12 +56,7 @@ __all__ = [
 
 Connection = ext.connection
 C = TypeVar("C", bound=ext.connection)
-
-SET_TOKEN = "SELECT set_config('fencekit.token', %s, true), set_config('fencekit.issuer', %s, true)"
-_CLEAR = ("", "")
-_ISSUER_TEXT = re.compile(r"[a-z0-9_-]{0,31}")  # fencing()'s issuer names, or '' (untagged)
-_IDLE = ext.TRANSACTION_STATUS_IDLE
-_INTRANS = ext.TRANSACTION_STATUS_INTRANS
+R = TypeVar("R")
 
 
 # ---------------------------------------------------------------- errors
@@ -69,56 +67,21 @@ class _Psycopg2RejectionError(errors.FencekitError, psycopg2.DatabaseError):  # 
 
 
 # fencekit's class first, so its fields, __str__ and as_dict() are the ones seen.
-class FenceUsageError(errors.FenceUsageError, _Psycopg2RejectionError):
-    __doc__ = errors.FenceUsageError.__doc__
-
-
-class StaleTokenError(errors.StaleTokenError, _Psycopg2RejectionError):
-    __doc__ = errors.StaleTokenError.__doc__
-
-
-class ReusedTokenError(errors.ReusedTokenError, _Psycopg2RejectionError):
-    __doc__ = errors.ReusedTokenError.__doc__
-
-
-class MissingTokenError(errors.MissingTokenError, _Psycopg2RejectionError):
-    __doc__ = errors.MissingTokenError.__doc__
-
-
-class MalformedTokenError(errors.MalformedTokenError, _Psycopg2RejectionError):
-    __doc__ = errors.MalformedTokenError.__doc__
-
-
-class BypassRefusedError(errors.BypassRefusedError, _Psycopg2RejectionError):
-    __doc__ = errors.BypassRefusedError.__doc__
-
-
-class LeaseMismatchError(errors.LeaseMismatchError, _Psycopg2RejectionError):
-    __doc__ = errors.LeaseMismatchError.__doc__
-
-
-class IssuerMismatchError(errors.IssuerMismatchError, _Psycopg2RejectionError):
-    __doc__ = errors.IssuerMismatchError.__doc__
-
-
-_CLASSES: dict[str, type[errors.FenceError]] = {
-    cls.sqlstate: cls
-    for cls in (
-        FenceUsageError,
-        StaleTokenError,
-        ReusedTokenError,
-        MissingTokenError,
-        MalformedTokenError,
-        BypassRefusedError,
-        LeaseMismatchError,
-        IssuerMismatchError,
-    )
-}
+_CLASSES = errors.driver_classes(_Psycopg2RejectionError, __name__)
+FenceUsageError = _CLASSES["FenceUsageError"]
+StaleTokenError = _CLASSES["StaleTokenError"]
+ReusedTokenError = _CLASSES["ReusedTokenError"]
+MissingTokenError = _CLASSES["MissingTokenError"]
+MalformedTokenError = _CLASSES["MalformedTokenError"]
+BypassRefusedError = _CLASSES["BypassRefusedError"]
+LeaseMismatchError = _CLASSES["LeaseMismatchError"]
+IssuerMismatchError = _CLASSES["IssuerMismatchError"]
+_BY_SQLSTATE = {cls.sqlstate: cls for cls in _CLASSES.values()}
 
 
 def _rejection(exc: BaseException) -> BaseException:
     """``exc`` as fencekit's class that is also a psycopg2 error (counted), else ``exc``."""
-    cls = _CLASSES.get(getattr(exc, "pgcode", None) or "")
+    cls = _BY_SQLSTATE.get(getattr(exc, "pgcode", None) or "")
     if cls is None:
         return exc
     message, fields = errors.fields_of(exc)
@@ -132,16 +95,14 @@ def _rejection(exc: BaseException) -> BaseException:
 # ---------------------------------------------------------------- state
 
 
-class _State:
-    __slots__ = ("count", "dirty", "installed", "previous_factory", "value")
+class _State(wire.Wire):
+    __slots__ = ("installed", "previous_factory", "translate")
 
     def __init__(self) -> None:
+        super().__init__()  # tracked: every statement and BEGIN goes through a cursor
         self.installed = False
-        self.count = True
+        self.translate = True
         self.previous_factory: Any = None
-        # value: the (token, issuer) sent in the open transaction (None: nothing sent).
-        self.value: tuple[str, str] | None = None
-        self.dirty = False
 
 
 # psycopg2's connections take no attributes: their state lives here, as long as they do.
@@ -155,45 +116,11 @@ def _state(conn: ext.connection) -> _State:
     return state
 
 
-def _scope_value() -> tuple[str, str] | None:
-    token = current_token()
-    return None if token is None else (str(token), current_issuer() or "")
+def _sent(conn: ext.connection, value: wire.Value) -> None:
+    _state(conn).sent(value, open_after=conn.get_transaction_status() != wire.IDLE)
 
 
-def _prefix(value: tuple[str, str]) -> str:
-    token, issuer = value
-    if not (token == "" or (token.isascii() and token.isdigit())):
-        raise ValueError(f"not a validated token: {token!r}")
-    if not _ISSUER_TEXT.fullmatch(issuer):  # fencing() checked it; spliced into SQL: again
-        raise ValueError(f"not a validated issuer: {issuer!r}")
-    # The issuer passed fencing()'s check ([a-z][a-z0-9_-]*): no quote, no % to escape.
-    return f"SET LOCAL fencekit.token = '{token}'; SET LOCAL fencekit.issuer = '{issuer}'; "
-
-
-def _to_send(conn: ext.connection) -> tuple[str, str] | None:
-    """The (token, issuer) to send before the next statement, or None: nothing to send."""
-    state = _state(conn)
-    status = conn.info.transaction_status
-    if status == _IDLE:
-        state.value, state.dirty = None, False  # a new transaction starts clean
-    elif status != _INTRANS:
-        return None  # failed transaction or broken connection: add nothing
-    value = _scope_value()
-    if value is not None:
-        return None if state.value == value else value
-    return _CLEAR if state.dirty else None
-
-
-def _sent(conn: ext.connection, value: tuple[str, str]) -> None:
-    state = _state(conn)
-    if conn.info.transaction_status == _IDLE:  # autocommit: it ended with the statement
-        state.value, state.dirty = None, False
-    else:
-        state.value, state.dirty = value, bool(value[0])
-
-
-def _with_prefix(cursor: ext.cursor, query: Any, value: tuple[str, str]) -> Any:
-    prefix = _prefix(value)
+def _with_prefix(cursor: ext.cursor, query: Any, prefix: str) -> Any:
     if isinstance(query, pg2_sql.Composable):
         query = query.as_string(cursor)
     if isinstance(query, bytes):
@@ -201,44 +128,87 @@ def _with_prefix(cursor: ext.cursor, query: Any, value: tuple[str, str]) -> Any:
     return prefix + str(query)
 
 
+def _sync(conn: ext.connection) -> None:
+    """Before a path that cannot carry a prefix (executemany, callproc, COPY, a named
+    cursor): set what the wire says, as a statement of its own (one round trip).
+
+    In autocommit, outside a transaction, nothing is sent: a setting would end with its own
+    statement, and the path runs with no token (a fenced table refuses it as unfenced)."""
+    status = conn.get_transaction_status()
+    if status == wire.IDLE and conn.autocommit:
+        return
+    value = _state(conn).next(status, wire.scope_value())
+    if value is None:
+        return
+    with conn.cursor(cursor_factory=ext.cursor) as cur:
+        cur.execute(wire.set_local(value, fresh=status == wire.IDLE))
+    _sent(conn, value)
+
+
 # ---------------------------------------------------------------- cursor
 
 
 class FencedCursor(ext.cursor):  # type: ignore[misc]  # psycopg2 ships no types
-    """A cursor whose statements carry :func:`fencekit.current_token` (see :func:`install`)."""
+    """A cursor whose statements carry :func:`fencekit.current_token` (see :func:`install`):
+    ``execute`` as a prefix of its query; ``executemany``, ``callproc``, COPY and named
+    (server-side) cursors with a statement of their own first."""
 
-    def execute(self, query: Any, vars: Any = None) -> None:
+    def _guarded(self, call: Callable[[], R]) -> R:
         conn = self.connection
         try:
-            value = _to_send(conn)
+            return call()
+        except psycopg2.Error as exc:
+            if not _state(conn).translate:
+                raise
+            error = _rejection(exc)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def _synced(self, call: Callable[[], R]) -> R:
+        def run() -> R:
+            _sync(self.connection)
+            return call()
+
+        return self._guarded(run)
+
+    def execute(self, query: Any, vars: Any = None) -> Any:
+        if self.name is not None:  # DECLARE ... FOR <query>: no room for a prefix
+            return self._synced(lambda: super(FencedCursor, self).execute(query, vars))
+        conn = self.connection
+        try:
+            status = conn.get_transaction_status()
+            state = _states.get(conn) or _state(conn)
+            value = state.next(status, wire.scope_value())
             if value is None:
-                super().execute(query, vars)
-                return
-            super().execute(_with_prefix(self, query, value), vars)
-            _sent(conn, value)
+                return super().execute(query, vars)
+            prefix = wire.set_local(value, fresh=status == wire.IDLE) + "; "
+            super().execute(_with_prefix(self, query, prefix), vars)
+            state.sent(value, open_after=conn.get_transaction_status() != wire.IDLE)
         except psycopg2.Error as exc:
-            if not _state(conn).count:
+            if not _state(conn).translate:
                 raise
             error = _rejection(exc)
             if error is exc:
                 raise
             raise error from exc
 
-    def executemany(self, query: Any, vars_list: Iterable[Any]) -> None:
-        conn = self.connection
-        try:
-            value = _to_send(conn)
-            if value is not None:
-                super().execute(SET_TOKEN, value)
-                _sent(conn, value)
-            super().executemany(query, vars_list)
-        except psycopg2.Error as exc:
-            if not _state(conn).count:
-                raise
-            error = _rejection(exc)
-            if error is exc:
-                raise
-            raise error from exc
+    def executemany(self, query: Any, vars_list: Iterable[Any]) -> Any:
+        return self._synced(lambda: super(FencedCursor, self).executemany(query, vars_list))
+
+    def callproc(self, procname: Any, parameters: Any = None) -> Any:
+        return self._synced(lambda: super(FencedCursor, self).callproc(procname, parameters))
+
+    def copy_expert(self, sql: Any, file: Any, size: int = 8192) -> Any:
+        return self._synced(lambda: super(FencedCursor, self).copy_expert(sql, file, size))
+
+    def copy_from(self, file: Any, table: str, *args: Any, **kwargs: Any) -> Any:
+        return self._synced(
+            lambda: super(FencedCursor, self).copy_from(file, table, *args, **kwargs)
+        )
+
+    def copy_to(self, file: Any, table: str, *args: Any, **kwargs: Any) -> Any:
+        return self._synced(lambda: super(FencedCursor, self).copy_to(file, table, *args, **kwargs))
 
 
 _fenced_classes: dict[type[Any], type[Any]] = {}
@@ -278,7 +248,7 @@ def install(target: C | pg2_pool.AbstractConnectionPool, *, translate_errors: bo
             f"{type(target).__module__}.{type(target).__name__}"
         )
     state = _state(target)
-    state.count = translate_errors
+    state.translate = translate_errors
     factory = target.cursor_factory or ext.cursor
     fenced = _fenced_class(factory)
     if factory is not fenced:
@@ -317,8 +287,9 @@ def uninstall(target: ext.connection | pg2_pool.AbstractConnectionPool) -> None:
     state.previous_factory = None
 
 
-def is_installed(conn: ext.connection) -> bool:
-    state = _states.get(conn)
+def is_installed(conn: object) -> bool:
+    """Whether ``conn`` (a psycopg2 connection) is in automatic mode."""
+    state = _states.get(conn) if isinstance(conn, ext.connection) else None
     return state is not None and state.installed
 
 
@@ -359,7 +330,7 @@ def transaction(conn: C, token: int | None = None, *, issuer: str | None = None)
     :class:`~fencekit.errors.CommitOutcomeUnknownError` (docs/ha.md).
     """
     scope = _resolve(token, issuer)
-    if conn.info.transaction_status != _IDLE:
+    if conn.get_transaction_status() != wire.IDLE:
         raise psycopg2.ProgrammingError(
             "fencekit.psycopg2.transaction() needs an idle connection: commit or roll back "
             "first, or use set_token() to fence the transaction already open"
@@ -385,8 +356,7 @@ def transaction(conn: C, token: int | None = None, *, issuer: str | None = None)
                     raise
                 raise error from exc
     finally:
-        _state(conn).value = None
-        _state(conn).dirty = False
+        _state(conn).ended()
         if autocommit and not conn.closed:
             conn.autocommit = True
 
@@ -403,7 +373,7 @@ def set_token(conn: ext.connection, token: int | None = None, *, issuer: str | N
             "set_token() needs a transaction: in autocommit mode the setting would end with "
             "its own statement; use fencekit.psycopg2.transaction(conn, token) instead"
         )
-    value = (str(scope.token), scope.issuer or "")
+    value = wire.checked(scope.token, scope.issuer)
     with conn.cursor(cursor_factory=ext.cursor) as cur:
-        cur.execute(SET_TOKEN, value)
+        cur.execute(wire.set_local(value))
     _sent(conn, value)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Literal
 
-from fencekit.errors import FencekitError
+from fencekit.errors import SpecError
 from fencekit.ident import quote_ident
 
 __all__ = [
@@ -32,10 +32,6 @@ MAX_IDENT_BYTES = 63
 
 OnMissing = Literal["reject", "allow"]
 OnEqual = Literal["accept", "reject"]
-
-
-class SpecError(FencekitError, ValueError):
-    """A fence spec or a table name is invalid; the message says which part and why."""
 
 
 class Scope(str, Enum):

@@ -41,7 +41,7 @@ from sqlalchemy.engine import Connection, Engine, ExceptionContext
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
-from fencekit import metrics
+from fencekit import metrics, wire
 from fencekit import psycopg as fk_psycopg
 from fencekit.context import current_issuer, current_token
 from fencekit.errors import CommitOutcomeUnknownError, FenceError, commit_outcome_unknown, translate
@@ -81,7 +81,7 @@ def _fence_driver(driver: Any) -> None:
         return  # installed before: the common case
     if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
         # SQLAlchemy wraps driver errors itself; _on_error then counts them.
-        fk_psycopg.install(driver, count_rejections=False)
+        fk_psycopg.install(driver, translate_errors=False)
         # The engine's boundary listeners (_listen_engine) let the cursor send the token once
         # per transaction instead of once per statement.
         fk_psycopg._track_transactions(driver)
@@ -247,6 +247,8 @@ def _on_error(ctx: ExceptionContext) -> BaseException | None:
     unknown = _outcome_unknown(ctx)
     if unknown is not None:
         return unknown
+    if ctx.engine is not None and ctx.engine in _untranslated:
+        return None
     error = translate(original)
     if error is None:
         return None
@@ -263,6 +265,8 @@ def _on_begin(connection: Connection) -> None:
 
 def _on_session_begin(session: Session, transaction: Any, connection: Connection) -> None:
     _install_on(connection)
+    if _untranslated and (session in _untranslated or type(session) in _untranslated):
+        _untranslated.add(connection.engine)
     _listen_engine(connection.engine)
 
 
@@ -286,11 +290,13 @@ def _asyncpg_catch_up(conn: Connection, cursor: Any) -> None:
     BEGIN costs one statement, sent here on the statement's own cursor before it runs."""
     from fencekit import asyncpg as fk_asyncpg
 
-    driver = conn.connection.driver_connection
-    value = fk_asyncpg.to_send(driver)
-    if value is not None:
-        cursor.execute(fk_asyncpg.set_config_sql(value))
-        fk_asyncpg.sent(driver, value)
+    driver: Any = conn.connection.driver_connection
+    if driver.is_in_transaction():
+        state = fk_asyncpg._state(driver)
+        value = state.next(wire.INTRANS, wire.scope_value())
+        if value is not None:  # one statement: SQLAlchemy's asyncpg cursor prepares it
+            cursor.execute(wire.set_config(value))
+            state.sent(value, open_after=True)
 
 
 def _writes(context: Any) -> bool:
@@ -397,17 +403,36 @@ def _session_holder(target: Session | sessionmaker[Any] | type[Session]) -> Any:
     return target.class_ if isinstance(target, sessionmaker) else target
 
 
-def install(target: Target) -> None:
+# Engines (and session holders) installed with translate_errors=False.
+_untranslated: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def install(target: Target, *, translate_errors: bool = True) -> None:
     """Fence ``target``'s transactions with the current :func:`fencekit.fencing` token.
 
     Idempotent. Drivers: psycopg 3 (``postgresql+psycopg://``, sync or async), psycopg2
     (``postgresql+psycopg2://``, the plain ``postgresql://``) and asyncpg
     (``postgresql+asyncpg://``); an engine on another driver is refused here, with TypeError.
+    With ``translate_errors=False`` rejections stay SQLAlchemy's ``DBAPIError`` (not counted).
     """
     resolved = _resolve(target)
+    if not isinstance(resolved, Engine | Connection | Session | sessionmaker) and not (
+        isinstance(resolved, type) and issubclass(resolved, Session)
+    ):
+        raise TypeError(
+            "fencekit.sqlalchemy.install() takes an Engine, Connection, Session or "
+            "sessionmaker (sync or async), or a Session class, not "
+            f"{type(target).__module__}.{type(target).__name__}"
+        )
     engine = _engine_of(resolved)
     if engine is not None:
         _check_driver(engine.dialect)
+    key = engine if engine is not None else _holder_or_none(resolved)
+    if key is not None:
+        if translate_errors:
+            _untranslated.discard(key)
+        else:
+            _untranslated.add(key)
     if isinstance(resolved, Engine):
         _listen_engine(resolved, check=True)
         if not _has(resolved.pool.dispatch.checkout, _on_checkout):
@@ -425,8 +450,28 @@ def install(target: Target) -> None:
         if holder not in _sessions_listening:
             event.listen(resolved, "after_begin", _on_session_begin)
             _sessions_listening.add(holder)
-    else:
-        raise TypeError(f"cannot install fencekit on {type(target).__name__}")
+
+
+def _holder_or_none(resolved: Any) -> Any:
+    if isinstance(resolved, Engine | Connection):
+        return None
+    return _session_holder(resolved)
+
+
+def is_installed(target: object) -> bool:
+    """Whether :func:`install` fences ``target`` (an engine, connection, session or maker)."""
+    try:
+        resolved: Any = _resolve(cast(Target, target))
+    except ValueError:
+        return False
+    if isinstance(resolved, Engine | Connection):
+        return (resolved if isinstance(resolved, Engine) else resolved.engine) in _listening
+    if isinstance(resolved, Session | sessionmaker | type):
+        try:
+            return _session_holder(resolved) in _sessions_listening
+        except TypeError:  # not weak-referenceable: never installed
+            return False
+    return False
 
 
 def _engine_of(resolved: Any) -> Engine | None:

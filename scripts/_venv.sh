@@ -1,6 +1,10 @@
 # Sourced by scripts/test and scripts/demo: make .venv and install the project into it.
-# Usage: ensure_venv EXTRA   (e.g. test, embedded)
-# Reinstalls only when pyproject.toml changed since the last install of that extra.
+# Usage: ensure_venv WHAT   (test: the development setup; or an extra, e.g. embedded)
+# test installs pg-fencekit with every extra and pytest-fencekit (both editable) and the `dev`
+# dependency group (PEP 735: the test and lint tools, never a published extra); pip >= 25.1
+# reads groups, so pip is upgraded first. An extra alone gets psycopg[binary] beside it (the
+# library depends on plain psycopg: the application picks the implementation).
+# Reinstalls only when a pyproject.toml changed since the last install of that setup.
 
 ensure_venv() {
     local extra="$1"
@@ -14,11 +18,18 @@ ensure_venv() {
     fi
     local stamp="$venv/.fencekit-installed-$extra"
     local want
-    want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+    want="$(cat "$root/pyproject.toml" "$root/pytest-fencekit/pyproject.toml" | sha256sum | cut -d' ' -f1)"
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-        echo "==> pip install -e '.[$extra]'"
-        "$venv/bin/python" -m pip install --quiet --upgrade pip
-        "$venv/bin/python" -m pip install --quiet -e "$root[$extra]"
+        "$venv/bin/python" -m pip install --quiet --upgrade "pip>=25.1"
+        if [ "$extra" = "test" ]; then
+            local extras="all,etcd,zookeeper,psycopg2,asyncpg,embedded,chaos,django,testing"
+            echo "==> pip install -e '.[$extras]' -e ./pytest-fencekit --group dev"
+            "$venv/bin/python" -m pip install --quiet -e "$root[$extras]" \
+                -e "$root/pytest-fencekit" --group "$root/pyproject.toml:dev"
+        else
+            echo "==> pip install -e '.[$extra]' 'psycopg[binary]'"
+            "$venv/bin/python" -m pip install --quiet -e "$root[$extra]" "psycopg[binary]"
+        fi
         echo "$want" > "$stamp"
     fi
     export PATH="$venv/bin:$PATH"
@@ -33,9 +44,10 @@ ensure_venv() {
 ensure_lowest_psycopg() {
     local root
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-    LOWEST_PSYCOPG="$(sed -nE 's/^ *"psycopg\[binary\]>=([0-9.]+)",?$/\1/p' "$root/pyproject.toml")"
+    # The library's own dependency line, "psycopg>=X" (the dev group's psycopg[binary] follows it).
+    LOWEST_PSYCOPG="$(sed -nE 's/^ *"psycopg>=([0-9.]+)",?( *#.*)?$/\1/p' "$root/pyproject.toml")"
     if [ -z "$LOWEST_PSYCOPG" ]; then
-        echo "pyproject.toml: no \"psycopg[binary]>=X\" dependency line found" >&2
+        echo "pyproject.toml: no \"psycopg>=X\" dependency line found" >&2
         return 1
     fi
     LOWEST_PSYCOPG_DIR="$root/.cache/psycopg-lowest/$LOWEST_PSYCOPG"
@@ -71,7 +83,8 @@ print(
     f"libpq {libpq // 10000}.{libpq % 10000}) from {psycopg.__file__}"
 )
 PY
-        python -m pytest -q tests/adapters/test_begin.py tests/adapters/test_psycopg.py
+        python -m pytest -q tests/adapters/test_begin.py tests/adapters/test_psycopg.py \
+            tests/adapters/test_wire.py
     )
     local rc=$?
     if [ "$rc" -ne 0 ]; then

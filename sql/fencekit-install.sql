@@ -176,11 +176,16 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
                'issuer_mismatch', 'usage', 'unfenced', 'bypassed']
 $fn$;
 
--- Every per-table sequence: a counter per reason and three gauges, the last rejection time
--- (epoch ms), the largest token gap and the worst lateness (ms, see fencekit.reject) seen.
+-- Every per-table sequence: a counter per reason, the last rejection time (epoch ms) per
+-- rejection reason ('last_at:<reason>': a row of fencekit.rejections means its reason only),
+-- and two gauges, the largest gap of a stale token and the worst lateness (ms, see
+-- fencekit.reject) seen. 'unfenced' and 'bypassed' count writes let through: no time is kept.
 CREATE OR REPLACE FUNCTION fencekit.counter_names() RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
-  SELECT fencekit.counter_reasons() || ARRAY['last_at', 'max_gap', 'max_late_ms']
+  SELECT fencekit.counter_reasons() || ARRAY['max_gap', 'max_late_ms']
+         || ARRAY(SELECT 'last_at:' || r
+                    FROM pg_catalog.unnest(fencekit.counter_reasons()) AS r
+                   WHERE r <> ALL (ARRAY['unfenced', 'bypassed']))
 $fn$;
 
 -- Per-table counters (fencekit.counter_names). Called by the generated protect script, and by
@@ -288,22 +293,27 @@ BEGIN
 END
 $fn$;
 
--- Count a rejection: its reason's counter, the last rejection time (epoch ms) and the largest
--- token gap. Called by fencekit.reject only (as its owner: writers hold no rights on these).
+-- Count a rejection: its reason's counter, the reason's last rejection time (epoch ms) and,
+-- for a stale token, the largest gap below the fence. Called by fencekit.reject only (as its
+-- owner: writers hold no rights on these).
 CREATE OR REPLACE FUNCTION fencekit.count_rejection(tag text, reason text, gap bigint)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   seq regclass := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || reason));
+  at_seq regclass := pg_catalog.to_regclass(
+    pg_catalog.format('fencekit.%I', tag || ':last_at:' || reason));
   cur bigint;
 BEGIN
   IF seq IS NULL THEN
     RETURN;  -- table protected by a template without this counter; never fail a write over it
   END IF;
   PERFORM pg_catalog.nextval(seq);
-  PERFORM pg_catalog.setval(pg_catalog.format('fencekit.%I', tag || ':last_at')::regclass,
-    (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint);
-  IF gap IS NOT NULL AND gap > 0 THEN
+  IF at_seq IS NOT NULL THEN
+    PERFORM pg_catalog.setval(at_seq,
+      (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint);
+  END IF;
+  IF reason = 'stale' AND gap IS NOT NULL AND gap > 0 THEN
     cur := fencekit.counter_value(tag, 'max_gap');
     IF cur IS NULL OR gap > cur THEN
       -- Not atomic with the read: two concurrent rejections may keep the smaller gap. A gauge.
@@ -429,9 +439,9 @@ BEGIN
   WHEN 'missing' THEN
     code := 'YF003';
     msg := pg_catalog.format('fencekit: write to %s without a fencing token', what);
-    hint := 'Set the token in the same transaction: SELECT set_config(''fencekit.token'', '
-            '''<token>'', true); in Python wrap the write in fencekit.fencing(token) or install '
-            'the session plugin.';
+    hint := 'Set the token in the same transaction as the write: SELECT '
+            'set_config(''fencekit.token'', ''<token>'', true). fencekit''s Python adapters '
+            'send it for a write inside a lease or a fencekit.fencing(token) scope.';
   WHEN 'malformed' THEN
     code := 'YF004';
     msg := pg_catalog.format('fencekit: malformed fencing token %L for %s', extra, what);
@@ -473,12 +483,17 @@ BEGIN
 END
 $fn$;
 
--- Rejected and allowed-unfenced writes per protected table and reason.
+-- Rejected and let-through writes per protected table and reason; every column of a row is
+-- about that row's reason (docs/errors-and-metrics.md): last_rejected_at is the reason's own
+-- (NULL for 'unfenced' and 'bypassed', which are not rejections), max_token_gap is on the
+-- 'stale' row only (the fence minus the lowest stale token seen).
 CREATE OR REPLACE VIEW fencekit.rejections AS
 SELECT p.schema_name, p.table_name, r.reason,
        COALESCE(fencekit.counter_value(p.tag, r.reason), 0) AS count,
-       pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at') / 1000.0) AS last_rejected_at,
-       fencekit.counter_value(p.tag, 'max_gap') AS max_token_gap
+       pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:' || r.reason) / 1000.0)
+         AS last_rejected_at,
+       CASE WHEN r.reason = 'stale' THEN fencekit.counter_value(p.tag, 'max_gap') END
+         AS max_token_gap
   FROM fencekit.protected p
  CROSS JOIN LATERAL pg_catalog.unnest(fencekit.counter_reasons()) AS r(reason);
 GRANT SELECT ON fencekit.rejections TO PUBLIC;
@@ -496,6 +511,295 @@ REVOKE ALL ON FUNCTION fencekit.writing(text, oid), fencekit.refuse_caller(text,
 GRANT EXECUTE ON FUNCTION fencekit.count_event(text, oid, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
   TO PUBLIC;
+
+-- 22_attribution.sql
+-- Attribution of unfenced writes: who still writes a protected table without a token while it
+-- is in rollout mode (on_missing = allow), so that switching it to reject is not a leap of
+-- faith (`fencekit rollout`, docs/rollout.md).
+--
+-- A writer is a table, the session's login role (session_user), the role it acts as (SET
+-- ROLE, else the login role: current_user at the top level), application_name, the client
+-- address and the statement: its fingerprint (a hash of the top-level statement with literals
+-- replaced), its query id when the server computes one (compute_query_id), and its text with
+-- literals replaced (the text itself only when a member of fencekit_admin opts in).
+--
+-- Bounded by design:
+-- - at most `attribution_cap` writers per table (fencekit.meta, default 50); statements of
+--   writers beyond it are counted in fencekit.unfenced_overflow;
+-- - no hot row: a backend remembers what it recorded in session settings (fencekit.seen_*)
+--   and writes a writer's row at most once per 10 seconds per statement it runs, adding the
+--   statements it counted in between; a row another transaction is recording is skipped
+--   (pg_try_advisory_xact_lock), never waited for, and its count carried to the next time;
+-- - writers cannot erase or rewrite another writer's row: only fencekit.record_unfenced_writer
+--   writes these tables, and only the row of the identity it reads from the session itself.
+--
+-- The count of a writer is approximate (statements a backend ran after its last record are
+-- added when it next records that statement); the last time a writer was seen is at most 10
+-- seconds behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
+-- exact count of allowed writes.
+
+CREATE TABLE IF NOT EXISTS fencekit.unfenced_writers (
+  tag               text NOT NULL,
+  writer            text NOT NULL,  -- md5 of the identity below
+  session_user_name text NOT NULL,
+  current_user_name text NOT NULL,
+  application_name  text NOT NULL,
+  client_addr       inet,
+  query_id          bigint,
+  fingerprint       text NOT NULL,
+  statement         text NOT NULL,
+  first_seen        timestamptz NOT NULL,
+  last_seen         timestamptz NOT NULL,
+  statements        bigint NOT NULL,
+  PRIMARY KEY (tag, writer)
+);
+
+CREATE TABLE IF NOT EXISTS fencekit.unfenced_overflow (
+  tag        text PRIMARY KEY,
+  first_seen timestamptz NOT NULL,
+  last_seen  timestamptz NOT NULL,
+  statements bigint NOT NULL
+);
+
+-- Statements and client identities are the application's: only fencekit_admin reads them
+-- (the totals below are public, for metrics).
+REVOKE ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow FROM PUBLIC;
+GRANT ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow TO fencekit_admin;
+
+-- How far a writer's last_seen may lag its last statement: a backend records a statement it
+-- has recorded within this many seconds only by counting it in a session setting.
+CREATE OR REPLACE FUNCTION fencekit.attribution_lag() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT 10
+$fn$;
+
+-- A statement's text with every literal replaced by '?': quoted strings, numbers and comments
+-- go; an IN list of placeholders becomes one. Anything it cannot lex for sure (a backslash,
+-- which E'' strings and standard_conforming_strings = off use as an escape, a dollar quote, an
+-- unterminated quote) ends the text there with '...', so that no literal is ever kept.
+CREATE OR REPLACE FUNCTION fencekit.statement_shape(q text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  s text := q;
+  cut integer;
+BEGIN
+  IF s IS NULL THEN
+    RETURN '';
+  END IF;
+  -- A dollar sign not starting a parameter ($1) may open a dollar quote.
+  cut := pg_catalog.strpos(pg_catalog.regexp_replace(s, '\$[0-9]', '__', 'g'), '$');
+  IF pg_catalog.strpos(s, E'\\') > 0
+     AND (cut = 0 OR pg_catalog.strpos(s, E'\\') < cut) THEN
+    cut := pg_catalog.strpos(s, E'\\');
+  END IF;
+  IF cut > 0 THEN
+    s := pg_catalog.left(s, cut - 1) || ' ...';
+  END IF;
+  -- One left-to-right pass: a quote inside a comment is the comment's, a comment marker
+  -- inside a string the string's.
+  s := pg_catalog.regexp_replace(s,
+         '''([^'']|'''')*''|--[^\n]*|/\*([^*]|\*+[^*/])*\*+/|(?<!\$)\m[0-9][0-9A-Za-z_.]*', '?', 'g');
+  cut := pg_catalog.strpos(s, '''');
+  IF cut > 0 THEN
+    s := pg_catalog.left(s, cut - 1) || ' ...';
+  END IF;
+  s := pg_catalog.regexp_replace(s, '\?(\s*,\s*\?)+', '?, ...', 'g');
+  s := pg_catalog.btrim(pg_catalog.regexp_replace(s, '\s+', ' ', 'g'));
+  RETURN pg_catalog.left(s, 2000);
+END
+$fn$;
+
+-- Record the session's current statement as an unfenced writer of the table protected under
+-- `tag`, adding `statements` to its count. False when another transaction is recording the same
+-- writer (or the table's overflow) right now: the caller keeps its count for the next time.
+--
+-- Trusted surface (docs/security.md): SECURITY DEFINER because it writes
+-- fencekit.unfenced_writers and fencekit.unfenced_overflow, which writers may not write (they
+-- could erase or rewrite other writers' rows). It acts only for a role that may write the table
+-- it names, or a transaction writing it (fencekit.writing), and writes only the row of the
+-- identity it reads itself from
+-- the session (session_user, fencekit.session_role(), application_name, inet_client_addr(),
+-- current_query(), pg_stat_get_activity for the query id): a caller chooses none of it but
+-- the table. It reads fencekit.meta and the catalogs (pg_locks, pg_trigger, pg_proc through
+-- fencekit.writing), names no user relation, casts no user type, and every function and
+-- operator it calls is pg_catalog's or fencekit's under a pinned search_path: nothing of the
+-- table owner's runs in it.
+CREATE OR REPLACE FUNCTION fencekit.record_unfenced_writer(tag text, relid oid, statements bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+#variable_conflict use_variable
+DECLARE
+  q text := pg_catalog.current_query();
+  shape text := fencekit.statement_shape(q);
+  fp text := pg_catalog.md5(shape);
+  su text := session_user;
+  cu text := fencekit.session_role();
+  app text := COALESCE(pg_catalog.current_setting('application_name', true), '');
+  addr inet := pg_catalog.inet_client_addr();
+  w text;
+  qid bigint;
+  cap integer;
+  n integer;
+  seen timestamptz := pg_catalog.statement_timestamp();
+BEGIN
+  IF statements IS NULL OR statements < 1 THEN
+    RETURN true;
+  END IF;
+  -- A role that may write the table could as well write it without a token: its own rows
+  -- are all it can add. Anyone else must be writing it now (a cascade, a definer function):
+  -- only then is the server's lock table read, so a plain writer's cost never depends on the
+  -- locks other sessions hold.
+  IF NOT pg_catalog.has_table_privilege(cu, relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
+     AND NOT fencekit.writing(tag, relid) THEN
+    PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.record_unfenced_writer');
+  END IF;
+  w := pg_catalog.md5(pg_catalog.concat_ws(E'\x1f', su, cu, app,
+                                           pg_catalog.host(addr), fp));
+  -- One recorder per writer at a time; the others skip rather than wait behind its
+  -- transaction. The first key is fencekit's class of advisory locks ('fencekit.attribution').
+  IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
+                                              pg_catalog.hashtext(tag || ' ' || w)) THEN
+    RETURN false;
+  END IF;
+  SELECT a.query_id INTO qid
+    FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
+  UPDATE fencekit.unfenced_writers u
+     SET last_seen = GREATEST(u.last_seen, seen),
+         statements = u.statements + record_unfenced_writer.statements,
+         query_id = COALESCE(qid, u.query_id)
+   WHERE u.tag = record_unfenced_writer.tag AND u.writer = w;
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  SELECT pg_catalog.int4(m.value) INTO cap FROM fencekit.meta m
+   WHERE m.key = 'attribution_cap' AND m.value ~ '^[0-9]{1,9}$';
+  SELECT pg_catalog.count(*) INTO n FROM fencekit.unfenced_writers u
+   WHERE u.tag = record_unfenced_writer.tag;
+  IF n < COALESCE(cap, 50) THEN
+    INSERT INTO fencekit.unfenced_writers AS u
+           (tag, writer, session_user_name, current_user_name, application_name, client_addr,
+            query_id, fingerprint, statement, first_seen, last_seen, statements)
+    VALUES (tag, w, su, cu, app, addr, qid, fp,
+            CASE WHEN EXISTS (SELECT FROM fencekit.meta m
+                               WHERE m.key = 'attribution_literals' AND m.value = 'on')
+                 THEN pg_catalog.left(q, 2000) ELSE shape END,
+            seen, seen, statements)
+    ON CONFLICT ON CONSTRAINT unfenced_writers_pkey DO NOTHING;
+    RETURN true;
+  END IF;
+  IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
+                                              pg_catalog.hashtext(tag)) THEN
+    RETURN false;
+  END IF;
+  INSERT INTO fencekit.unfenced_overflow AS o (tag, first_seen, last_seen, statements)
+  VALUES (tag, seen, seen, statements)
+  ON CONFLICT ON CONSTRAINT unfenced_overflow_pkey DO UPDATE
+    SET last_seen = GREATEST(o.last_seen, excluded.last_seen),
+        statements = o.statements + excluded.statements;
+  RETURN true;
+END
+$fn$;
+
+-- Attribute an unfenced write: called by the generated checks of a table protected with
+-- on_missing = allow, once per statement that goes on without a token (a row fence's check
+-- before the statement, a key fence's after it, a table fence's before it; TRUNCATE's). Runs
+-- as its caller and writes nothing but session settings, except when the statement is new to
+-- this backend or was last recorded more than attribution_lag() seconds ago: then
+-- fencekit.record_unfenced_writer records it. A bypassed write is not attributed (it is
+-- audited as 'bypassed').
+--
+-- What a backend remembers: fencekit.seen_<hash> = '<epoch>:<count>', the time it last
+-- recorded a statement and the statements it counted since, under two keys, both with the
+-- session's identity: the exact text of the top-level statement (clients that send parameters,
+-- $1, repeat it), and on a miss a coarse one, the text before its first quote or digit (clients
+-- that write literals into the text). Statements that share a coarse key are recorded, one per
+-- attribution_lag(), in turn; one can wait behind another only while that other keeps writing
+-- without a token, so a table never looks ready early. A session that sets these settings
+-- itself hides only its own statements; the 'unfenced' counter still counts them.
+--
+-- Every statement runs this, so it is written like the generated hot path: no SET clause (a
+-- function's `SET search_path` costs more than the rest of it), every function, operator and
+-- type qualified, no regular expression; the hit path is a hash, two settings read and one
+-- written. The lag (10 s) is written in, for the same reason; attribution_lag() says it.
+CREATE OR REPLACE FUNCTION fencekit.attribute(tag pg_catalog.text, relid pg_catalog.oid)
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  q pg_catalog.text := pg_catalog.current_query();
+  who pg_catalog.text := pg_catalog.concat_ws(E'\x1f', tag, session_user,
+    pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name'));
+  exact pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+    pg_catalog.hashtext(pg_catalog.concat(who, E'\x1f', q)));
+  now_s pg_catalog.int8 :=
+    pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8;
+  coarse pg_catalog.text;
+  v pg_catalog.text;
+  at pg_catalog.int8;
+  pending pg_catalog.int8;
+BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) ''
+     AND fencekit.bypass_allowed(tag, relid, NULL) THEN
+    RETURN;
+  END IF;
+  v := pg_catalog.current_setting(exact, true);
+  IF v OPERATOR(pg_catalog.<>) '' THEN
+    at := pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
+    IF now_s OPERATOR(pg_catalog.-) at OPERATOR(pg_catalog.<) 10
+       AND at OPERATOR(pg_catalog.<=) now_s THEN
+      PERFORM pg_catalog.set_config(exact, pg_catalog.concat(at, ':',
+        pg_catalog.split_part(v, ':', 2)::pg_catalog.int8 OPERATOR(pg_catalog.+) 1), false);
+      RETURN;
+    END IF;
+  END IF;
+  -- The text before the first quote or digit.
+  coarse := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(
+    pg_catalog.concat(who, E'\x1f',
+    pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
+    pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
+    pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(q, '''', 1),
+    '0', 1), '1', 1), '2', 1), '3', 1), '4', 1), '5', 1), '6', 1), '7', 1), '8', 1), '9', 1))));
+  pending := 1 OPERATOR(pg_catalog.+) CASE WHEN v OPERATOR(pg_catalog.<>) ''
+    THEN pg_catalog.split_part(v, ':', 2)::pg_catalog.int8 ELSE 0 END;
+  v := pg_catalog.current_setting(coarse, true);
+  IF v OPERATOR(pg_catalog.<>) '' THEN
+    at := pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
+    pending := pending OPERATOR(pg_catalog.+) pg_catalog.split_part(v, ':', 2)::pg_catalog.int8;
+    IF now_s OPERATOR(pg_catalog.-) at OPERATOR(pg_catalog.<) 10
+       AND at OPERATOR(pg_catalog.<=) now_s THEN
+      PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(at, ':', pending), false);
+      PERFORM pg_catalog.set_config(exact, '', false);
+      RETURN;
+    END IF;
+  END IF;
+  IF fencekit.record_unfenced_writer(tag, relid, pending) THEN
+    pending := 0;
+  END IF;
+  PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(now_s, ':', pending), false);
+  PERFORM pg_catalog.set_config(exact, pg_catalog.concat(now_s, ':0'), false);
+END
+$fn$;
+
+-- Per protected table: how many writers wrote without a token, and when the last one did
+-- (last_seen + attribution_lag() bounds the last unfenced statement). Public, for metrics:
+-- counts and times only, no identities.
+CREATE OR REPLACE VIEW fencekit.unfenced_writer_totals AS
+SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
+       (SELECT pg_catalog.count(*) FROM fencekit.unfenced_writers u WHERE u.tag = p.tag)
+         AS writers,
+       COALESCE((SELECT o.statements FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag), 0)
+         AS overflow_statements,
+       GREATEST((SELECT pg_catalog.max(u.last_seen) FROM fencekit.unfenced_writers u
+                  WHERE u.tag = p.tag),
+                (SELECT o.last_seen FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag))
+         AS last_seen
+  FROM fencekit.protected p;
+GRANT SELECT ON fencekit.unfenced_writer_totals TO PUBLIC;
+
+-- Writers need no grant for the rest: the generated checks run as the writer (row fences) and
+-- call attribute, which calls record_unfenced_writer; that acts only for a transaction writing
+-- the table it names.
+GRANT EXECUTE ON FUNCTION fencekit.record_unfenced_writer(text, oid, bigint) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.attribute(pg_catalog.text, pg_catalog.oid) TO PUBLIC;
 
 -- 30_fences.sql
 -- Key and table fences: advancing the high-water mark and checking writes against it.
@@ -1300,7 +1604,8 @@ $fn$;
 -- current_user. Reading a table runs its owner's code (index, statistics and partition key
 -- expressions are folded while the read is planned): it runs with the rights of the role that
 -- defined it, or not at all. A table given to another owner after protect, or a child owned by
--- someone else, fails closed (YF000) until protect runs again. Reads the catalogs only.
+-- someone else, fails closed (YF000) until protect runs again; so does a table that forces
+-- row-level security on its owner (unless the owner has BYPASSRLS). Reads the catalogs only.
 CREATE OR REPLACE FUNCTION fencekit.check_fence_column(tag text, relid oid, trigger_name text,
                                                        rel regclass, col name)
 RETURNS void
@@ -1322,6 +1627,27 @@ BEGIN
     FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid
    WHERE c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
    LIMIT 1;
+  IF stranger IS NULL AND NOT (SELECT r.rolbypassrls FROM pg_catalog.pg_roles r
+                                 WHERE r.rolname = current_user) THEN
+    -- A policy forced on the owner could hide rows (and fences) from the check, and what it
+    -- hides can depend on the writer's own settings: refused rather than judged on a part.
+    WITH RECURSIVE tree(oid) AS (
+           SELECT rel::oid
+           UNION
+           SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+    SELECT c.oid::regclass INTO stranger
+      FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid
+     WHERE c.relrowsecurity AND c.relforcerowsecurity
+     LIMIT 1;
+    IF stranger IS NOT NULL THEN
+      PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
+        pg_catalog.format('%s forces row-level security on its owner %I, so the TRUNCATE check, '
+                          'which reads every row''s fence as the owner, cannot see every row; '
+                          'ALTER TABLE %s NO FORCE ROW LEVEL SECURITY, or give %I BYPASSRLS',
+                          stranger, current_user, stranger, current_user));
+    END IF;
+    RETURN;
+  END IF;
   IF stranger IS NOT NULL THEN
     PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
       pg_catalog.format('the TRUNCATE check reads the fences of %s as %I, the role that owned '
@@ -2979,6 +3305,71 @@ CREATE TABLE IF NOT EXISTS fencekit.allowed_code (
 REVOKE ALL ON fencekit.allowed_code FROM PUBLIC;
 GRANT SELECT ON fencekit.allowed_code TO PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON fencekit.allowed_code TO fencekit_admin;
+
+-- 85_forget_dropped.sql
+-- A protected table that is dropped leaves its registry row (fencekit.protected) and its
+-- counters behind; `fencekit status` then reports table_missing, and a new table created under
+-- the old name would be protected over the old entry and its counts. An application that drops
+-- and re-creates its tables (an uninstall and install of a queue's schema) wants neither: this
+-- event trigger forgets the table when it is dropped. The fences stay (a fence is never
+-- lowered): a new table of the same name on an unnamed key or table fence starts above every
+-- token the old one accepted, which tokens from fencekit's issuer always are.
+--
+-- Trusted surface (docs/security.md): SECURITY DEFINER because the role that drops a table (its
+-- owner) may not write fencekit.protected nor drop the counters. It touches only
+-- pg_event_trigger_dropped_objects(), the catalogs pg_trigger and pg_proc, one row of
+-- fencekit.protected and the table's counter sequences (fencekit."<tag>:<counter>"). It acts
+-- only for a registered table that was dropped by this command and whose generated trigger
+-- functions no remaining table's trigger calls (nobody but their owner and fencekit_admin may
+-- attach them): dropping another table that took a protected table's old name (after a
+-- rename) forgets nothing. It never runs caller code: no user table, type, cast or operator;
+-- names are compared as text with pg_catalog's operators. It cannot be called: it returns
+-- event_trigger.
+CREATE OR REPLACE FUNCTION fencekit.forget_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  p record;
+BEGIN
+  FOR p IN
+    SELECT pr.tag
+      FROM pg_catalog.pg_event_trigger_dropped_objects() o
+      JOIN fencekit.protected pr
+        ON pr.schema_name OPERATOR(pg_catalog.=) o.schema_name
+       AND pr.table_name OPERATOR(pg_catalog.=) o.object_name
+     WHERE o.object_type OPERATOR(pg_catalog.=) 'table'
+       AND NOT EXISTS (
+         SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
+          WHERE f.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace
+            AND f.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY[
+                  pr.tag || '_ins', pr.tag || '_upd', pr.tag || '_del', pr.tag || '_stmt',
+                  pr.tag || '_trunc']))
+  LOOP
+    DELETE FROM fencekit.protected WHERE tag OPERATOR(pg_catalog.=) p.tag;
+    PERFORM fencekit.drop_counters(p.tag);
+  END LOOP;
+END
+$fn$;
+REVOKE ALL ON FUNCTION fencekit.forget_dropped_tables() FROM PUBLIC;
+
+-- Event triggers need a superuser (or a managed service's equivalent role): installed only
+-- when the installer is one; otherwise the install says so and goes on.
+DO $do$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger
+                  WHERE evtname = 'fencekit_forget_dropped') THEN
+    CREATE EVENT TRIGGER fencekit_forget_dropped ON sql_drop
+      WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+      EXECUTE FUNCTION fencekit.forget_dropped_tables();
+  END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+  RAISE NOTICE USING
+    MESSAGE = 'fencekit: dropped protected tables are not forgotten automatically: the event '
+              'trigger that does it needs a superuser',
+    HINT = 'Re-run the install as a superuser (or your provider''s equivalent role) to add it; '
+           'without it, after dropping a protected table, unprotect it or delete its '
+           'fencekit.protected row (fencekit status reports it as table_missing).';
+END
+$do$;
 
 INSERT INTO fencekit.meta (key, value) VALUES ('core_version', '1')
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -1,4 +1,7 @@
-"""The server-free tier: ``pytest --fast`` (docs/testing.md, "The fast tier").
+"""The tiers below the full suite (docs/testing.md): ``pytest --fast``, the server-free tier,
+and ``pytest --embedded``, everything the embedded server can run with pip alone and no root.
+
+The fast tier: ``pytest --fast``.
 
 It runs every test that needs no server: spec, identifiers, DDL parsing, the SQL golden files,
 error translation, the chaos checker, argument parsing and drift formatting. Nothing but pip
@@ -27,7 +30,18 @@ SERVER_FIXTURES = frozenset(
     }
 )  # fmt: skip
 #: Markers that say a test needs servers or real processes.
-SERVER_MARKERS = ("server", "slow", "multiproc", "bench", "all_servers", "django_db")
+SERVER_MARKERS = ("server", "slow", "multiproc", "bench", "all_servers", "django_db", "system")
+
+#: Fixtures that start a program pip does not install (Debian's PostgreSQL and the version
+#: matrix's builds, which need its libraries; pgbouncer, etcd, ZooKeeper, redis, Patroni):
+#: left out of the embedded tier.
+SYSTEM_FIXTURES = frozenset(
+    {
+        "debian15_server", *(f"pg{v}_server" for v in range(14, 19)), "pgbouncer",
+        "postgresql_proc", "cluster", "ha_db", "etcd_cluster", "etcd", "etcd_issuer",
+        "zk_ensemble", "zk", "zk_issuer", "restartable_pg", "redis_url",
+    }
+)  # fmt: skip
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,6 +50,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="only the tests that need no server (seconds, nothing but pip; docs/testing.md)",
     )
+    parser.addoption(
+        "--embedded",
+        action="store_true",
+        help="only the tests the embedded server can run with pip alone and no root (use with "
+        "--pg=embedded --pg-matrix=; docs/testing.md)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,6 +63,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "server: needs a server (or a program pip does not install) although it uses no server "
         "fixture (left out of --fast)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "system: needs a program pip does not install (Debian's PostgreSQL, pgbouncer, etcd, "
+        "ZooKeeper, redis, chromium, plpgsql_check, libfaketime, Patroni) or root, although it "
+        "uses no fixture that starts one (left out of --fast and --embedded)",
     )
 
 
@@ -55,12 +81,26 @@ def needs_server(item: pytest.Item) -> bool:
     return bool(servers)
 
 
+def needs_system(item: pytest.Item) -> bool:
+    if item.get_closest_marker("system") is not None:
+        return True
+    callspec = getattr(item, "callspec", None)
+    target = callspec.params.get("pg_target") if callspec is not None else None
+    if target not in (None, "embedded"):
+        return True
+    return bool(set(getattr(item, "fixturenames", ())) & SYSTEM_FIXTURES)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--fast"):
+    if config.getoption("--fast"):
+        leave_out = needs_server
+    elif config.getoption("--embedded"):
+        leave_out = needs_system
+    else:
         return
     keep, drop = [], []
     for item in items:
-        (drop if needs_server(item) else keep).append(item)
+        (drop if leave_out(item) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

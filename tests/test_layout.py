@@ -10,10 +10,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fencekit"
+PLUGIN = ROOT / "pytest-fencekit" / "pytest_fencekit"  # the sibling distribution
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
+    base = PLUGIN.parent if path.is_relative_to(PLUGIN) else ROOT
+    rel = path.relative_to(base).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -35,6 +37,10 @@ def _imports(path: Path, *, top_level_only: bool) -> set[str]:
 
 def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _plugin_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PLUGIN.rglob("*.py"))}
 
 
 def test_no_product_module_imports_the_lab_or_the_tests() -> None:
@@ -109,7 +115,10 @@ def test_no_cli_command_imports_another() -> None:
 #: imports only from its own layer or lower ones, at any depth.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("fencekit.spec", "fencekit.ident", "fencekit.errors"),
-    ("fencekit._psycopg_errors", "fencekit.context", "fencekit.sqlgen", "fencekit.ddl"),
+    (
+        "fencekit._psycopg_errors", "fencekit.context", "fencekit.wire", "fencekit.sqlgen",
+        "fencekit.ddl",
+    ),
     ("fencekit.catalog", "fencekit.embedded", "fencekit.declare"),
     (
         "fencekit.psycopg", "fencekit.psycopg2", "fencekit.asyncpg", "fencekit._psycopg_internals",
@@ -150,3 +159,118 @@ def test_imports_run_from_pure_data_to_io() -> None:
             if theirs is not None and theirs > mine:
                 upward.append(f"{name} (layer {mine}) imports {target} (layer {theirs})")
     assert sorted(set(upward)) == []
+
+
+#: What each part of fencekit/ may import of the others (the unit is the longest LAYERS prefix
+#: naming the module; names without "fencekit." are fencekit's). Narrower than the layers: an
+#: adapter does not import the testing kit, the CLI or another adapter although they share a
+#: layer. A new import between parts is a design decision: add it here, on purpose.
+ALLOWED: dict[str, set[str]] = {
+    "fencekit.spec": {"errors", "ident"},
+    "fencekit.ident": set(),
+    "fencekit.errors": set(),
+    "fencekit._psycopg_errors": {"errors"},
+    "fencekit.context": {"errors"},
+    "fencekit.wire": {"context", "errors"},
+    "fencekit.sqlgen": {"errors", "ident", "spec"},
+    "fencekit.ddl": {"errors", "ident", "spec"},
+    "fencekit.catalog": {"errors", "ident", "spec", "sqlgen"},
+    "fencekit.embedded": {"errors"},
+    "fencekit.declare": {"errors", "spec"},
+    "fencekit.psycopg": {"_psycopg_internals", "context", "errors", "metrics", "wire"},
+    "fencekit.psycopg2": {"context", "errors", "metrics", "wire"},
+    "fencekit.asyncpg": {"context", "errors", "metrics", "wire"},
+    "fencekit._psycopg_internals": set(),
+    # SQLAlchemy runs on each driver: it installs that driver's adapter.
+    "fencekit.sqlalchemy": {
+        "asyncpg", "context", "declare", "errors", "metrics", "psycopg", "psycopg2", "spec", "wire",
+    },
+    # The app reads leases from DATABASES, quotes role names for its grant operations, and its
+    # enforce operation reads the rollout report (catalog.rollout); alembic's does too.
+    "fencekit.django": {
+        "catalog", "context", "errors", "ident", "leases", "metrics", "spec", "sqlgen", "wire",
+    },
+    "fencekit.alembic_plugin": {
+        "_alembic_entry", "catalog", "declare", "errors", "ident", "spec", "sqlgen",
+    },
+    "fencekit._alembic_entry": {"alembic_plugin"},
+    "fencekit.leases": {"context", "errors"},
+    "fencekit.metrics": {"errors"},
+    "fencekit.tasks": {"errors", "leases", "psycopg"},
+    "fencekit.chaos": {"embedded", "errors", "leases", "psycopg", "spec", "sqlgen"},
+    "fencekit.testing": {"chaos", "declare", "errors", "metrics", "spec", "sqlgen"},
+    "fencekit.cli": {
+        "alembic_plugin", "bench", "catalog", "chaos", "ddl", "demo", "embedded", "errors",
+        "ident", "spec", "sqlgen",
+    },
+    "fencekit.bench": {
+        "asyncpg", "context", "psycopg", "psycopg2", "spec", "sqlalchemy", "sqlgen",
+    },
+    "fencekit.demo": {"context", "embedded", "errors", "leases", "psycopg", "spec", "sqlgen"},
+    # pytest-fencekit's plugin: the kit and the server it may start; fencekit imports none of it.
+    "pytest_fencekit": {"embedded", "errors", "testing"},
+}  # fmt: skip
+
+
+def _unit(module: str) -> str | None:
+    units = [u for u in ALLOWED if module == u or module.startswith(u + ".")]
+    return max(units, key=len) if units else None
+
+
+def test_every_part_has_an_allow_list() -> None:
+    assert set(ALLOWED) - {"pytest_fencekit"} == {u for layer in LAYERS for u in layer}
+
+
+def test_each_part_imports_only_what_it_is_allowed() -> None:
+    """Per part, at any depth (inside functions too): fencekit's own imports are on its
+    allow-list, and nothing in fencekit imports pytest-fencekit."""
+    known = {**_modules(), **_plugin_modules()}
+    found = []
+    for name, path in known.items():
+        mine = _unit(name)
+        if mine is None:
+            continue
+        for imp in _imports(path, top_level_only=False):
+            if imp.split(".")[0] == "pytest_fencekit" and mine != "pytest_fencekit":
+                found.append(f"{name} imports {imp} (the plugin is pytest-fencekit's)")
+                continue
+            target = next((m for m in (imp, imp.rsplit(".", 1)[0]) if m in known), None)
+            if target is None or target == "fencekit":
+                continue
+            theirs = _unit(target)
+            if theirs is None or theirs == mine:
+                continue
+            if theirs.removeprefix("fencekit.") not in ALLOWED[mine]:
+                found.append(f"{name} imports {target} ({mine} may not import {theirs})")
+    assert sorted(set(found)) == []
+
+
+def test_the_allow_list_keeps_the_layers() -> None:
+    """An allowance never points up a layer."""
+    upward = [
+        f"{unit} -> {dep}"
+        for unit, deps in ALLOWED.items()
+        if unit != "pytest_fencekit"
+        for dep in deps
+        if (_layer(f"fencekit.{dep}") or 0) > (_layer(unit) or 0)
+    ]
+    assert upward == []
+
+
+def test_exceptions_are_imported_from_errors() -> None:
+    """fencekit/errors.py defines every exception class (docs/dev/architecture.md); inside the
+    package they are imported from there, never through a module that re-exports one."""
+    errors = ast.parse((PACKAGE / "errors.py").read_text(encoding="utf-8"))
+    defined = {n.name for n in errors.body if isinstance(n, ast.ClassDef)}
+    found = []
+    for name, path in {**_modules(), **_plugin_modules()}.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+                continue
+            if node.module.split(".")[0] not in ("fencekit", "pytest_fencekit"):
+                continue
+            if node.module != "fencekit.errors":
+                found += [
+                    f"{name}: {a.name} from {node.module}" for a in node.names if a.name in defined
+                ]
+    assert found == []

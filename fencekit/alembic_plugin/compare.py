@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from alembic.operations.ops import MigrateOperation, UpgradeOps
     from sqlalchemy.engine import Connection
 
-__all__ = ["OWNED_PREFIX", "compare_fences"]
+__all__ = ["compare_fences"]
 
 OWNED_PREFIX = "fencekit"
 """Every per-table object the generator creates is named with this prefix."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from fencekit.spec import DEFAULT_COLUMN
 
-__all__ = ["CORE_SCHEMA", "FENCE_COLUMN_COMMENT", "include_name", "include_object"]
+__all__ = ["CORE_SCHEMA", "include_name", "include_object"]
 
 CORE_SCHEMA = "fencekit"
 #: How the comment protect puts on a row fence's column begins (fencekit.sqlgen.protect).

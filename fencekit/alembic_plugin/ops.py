@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 from alembic.operations import MigrateOperation, Operations
 
 from fencekit import sqlgen
+from fencekit.errors import SpecError
 from fencekit.ident import quote_ident
-from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, SpecError, TableName
+from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, TableName
 from fencekit.sqlgen.change import FenceChange, frozen_statements
 from fencekit.sqlgen.pin import pinned
 

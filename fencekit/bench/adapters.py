@@ -1,19 +1,34 @@
-"""Adapter benchmarks: what carrying the token costs a psycopg, psycopg2, asyncpg or SQLAlchemy
-application, each against the same driver unfenced.
+"""Adapter benchmarks: what carrying the token costs, as users feel it, per adapter.
 
-Baseline: the same work on an identical unprotected table, without fencekit. Fenced: the
-protected table, the token carried by the adapter (``fencing()`` scope, fenced cursor, trigger
-check). Both sides run interleaved in small batches on a noisy shared machine; the ratio is the
-median of per-round throughput ratios (fenced / baseline, higher is better). Nothing here
-asserts on time.
+Each adapter's one-row transaction (``UPDATE ... WHERE id = $1`` on a row-fenced table) is
+measured three ways, all on the same driver, interleaved transaction by transaction (the order
+of the sides rotates every transaction, so each sees the same machine):
+
+- **vs the same driver unfenced**: the same UPDATE on an identical unprotected table;
+- **vs the least cost**: the same fenced UPDATE with the token sent by hand as one ``SET
+  LOCAL`` in the BEGIN's query, and no fencekit code on the client: what any token carrier
+  must at least spend on this fence;
+- **vs a hand-written conditional UPDATE**: ``... SET fence = $t WHERE id = $1 AND fence <=
+  $t`` on a table without triggers, the fencing an application writes by hand.
+
+Per side: wall time, client CPU (this thread's) and server CPU (the backend's, from
+``/proc/<pid>/schedstat`` when the server runs on this machine; 0 when it does not) per
+transaction, each the median over rounds. The ratio is the other side's CPU per transaction
+over the adapter's (client plus server; higher is better): the target is >= 0.95x of the least
+cost. Round trips per transaction are counted through a protocol proxy (client-to-server
+bursts after a server reply). Nothing here asserts on time.
 """
 
 from __future__ import annotations
 
 import itertools
+import socket
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -28,46 +43,48 @@ __all__ = ["run"]
 
 SCHEMA = "fencekit_bench_adapters"
 ROWS = 1000
-BATCH = 20
 
 _TABLE = """
 CREATE TABLE {t} (
   id         bigint PRIMARY KEY,
   account_id bigint NOT NULL,
   total      numeric(12, 2) NOT NULL DEFAULT 0,
-  status     text NOT NULL DEFAULT 'open',
-  updated_at timestamptz NOT NULL DEFAULT now()
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  fence      bigint NOT NULL DEFAULT 0
 );
 INSERT INTO {t} (id, account_id) SELECT g, g % 100 FROM generate_series(1, {rows}) g;
 """
 
-# The least any fence of this design adds to a write: a statement trigger and a row trigger,
-# both PL/pgSQL that do nothing (fencekit ships no C: it must run on managed PostgreSQL).
-_FLOOR = f"""
-CREATE FUNCTION {SCHEMA}.nothing_stmt() RETURNS trigger LANGUAGE plpgsql
-  AS $$BEGIN RETURN NULL; END$$;
-CREATE FUNCTION {SCHEMA}.nothing_row() RETURNS trigger LANGUAGE plpgsql
-  AS $$BEGIN RETURN NEW; END$$;
-CREATE TRIGGER s BEFORE UPDATE ON {SCHEMA}.floor
-  FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.nothing_stmt();
-CREATE TRIGGER r BEFORE UPDATE ON {SCHEMA}.floor
-  FOR EACH ROW EXECUTE FUNCTION {SCHEMA}.nothing_row();
-"""
+_UPDATE = "UPDATE {schema}.{table} SET total = total + 1, updated_at = now() WHERE id = {row}"
+_CONDITIONAL = (
+    "UPDATE {schema}.conditional SET total = total + 1, updated_at = now(), fence = {token} "
+    "WHERE id = {row} AND fence <= {token}"
+)
 
 Work = Callable[[int, int], None]  # (row id, token) -> one transaction
+_LOCK_TIMEOUT = "20s"
+
+
+@dataclass
+class Side:
+    work: Work
+    pid: int  # the backend that runs it (its CPU is the server side)
+
+
+Sides = dict[str, Side]  # "unfenced", "least", "conditional", "adapter"
+Builder = Callable[[str, ExitStack], Sides]
 
 
 def _setup(conn: psycopg.Connection[Any]) -> None:
     _teardown(conn)
     conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
-    for name in ("plain", "fenced", "floor"):
+    for name in ("plain", "fenced", "conditional"):
         conn.execute(_TABLE.format(t=f"{SCHEMA}.{name}", rows=ROWS).encode())
-    conn.execute(_FLOOR.encode())
     with conn.transaction():
         conn.execute("SELECT set_config('fencekit.token', '1', true)")
         for stmt in protect_statements(FenceSpec(TableName(SCHEMA, "fenced"))):
             conn.execute(stmt.encode())
-    conn.execute(f"VACUUM ANALYZE {SCHEMA}.plain, {SCHEMA}.fenced, {SCHEMA}.floor".encode())
+    conn.execute(f"VACUUM ANALYZE {SCHEMA}.plain, {SCHEMA}.fenced, {SCHEMA}.conditional".encode())
 
 
 def _teardown(conn: psycopg.Connection[Any]) -> None:
@@ -78,250 +95,247 @@ def _teardown(conn: psycopg.Connection[Any]) -> None:
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 
 
-# Tokens only grow across all cases of a run: every case writes the same fenced rows.
+def _sql(table: str, param: str) -> str:
+    return _UPDATE.format(schema=SCHEMA, table=table, row=param)
+
+
+def _least(token: int) -> bytes:
+    return f"BEGIN; SET LOCAL fencekit.token = '{token:d}'".encode()
+
+
+def _cond(param_row: str, param_token: str) -> str:
+    return _CONDITIONAL.format(schema=SCHEMA, row=param_row, token=param_token)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def _server_ns(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # the server is not on this machine (or not readable): no server CPU
+
+
+# Tokens only grow across the whole run: every case writes the same fenced rows.
 _tokens = itertools.count(int(time.time()))
 
 
-def _compare(
-    name: str, baseline: Work, fenced: Work, transactions: int, rounds: int
-) -> dict[str, Any]:
-    """Throughput of both sides, alternating batches so both see the same machine load."""
-    warm = next(_tokens)
-    for work in (baseline, fenced):  # warm up: prepared statements, mapper compilation
-        for i in range(BATCH):
-            work(i + 1, warm)
-    seconds: dict[str, list[float]] = {"baseline": [], "fenced": []}
-    batches = max(1, transactions // BATCH)
+def _measure(sides: Sides, transactions: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Per side: wall, client and server seconds per transaction (medians over rounds)."""
+    names = list(sides)
+    for i in range(20):  # warm up: prepared statements, caches
+        token = next(_tokens)
+        for name in names:
+            sides[name].work(i + 1, token)
+    per_round = max(1, transactions // rounds)
+    samples: dict[str, dict[str, list[float]]] = {
+        n: {"wall": [], "client": [], "server": []} for n in names
+    }
+    row = 0
     for _ in range(rounds):
-        spent = {"baseline": 0.0, "fenced": 0.0}
-        for b in range(batches):
-            token = next(_tokens)  # a new lease every batch: the trigger checks and advances fences
-            sides = (("baseline", baseline), ("fenced", fenced))
-            for side, work in sides if b % 2 else sides[::-1]:
-                start = time.perf_counter()
-                for i in range(BATCH):
-                    work((b * BATCH + i) % ROWS + 1, token)
-                spent[side] += time.perf_counter() - start
-        for side, value in spent.items():
-            seconds[side].append(value)
-    n = batches * BATCH
-    ratios = [b / f for b, f in zip(seconds["baseline"], seconds["fenced"], strict=True)]
+        spent = {n: [0, 0, 0] for n in names}
+        for i in range(per_round):
+            token = next(_tokens)
+            row = row % ROWS + 1
+            shift = i % len(names)
+            for name in names[shift:] + names[:shift]:
+                side = sides[name]
+                s0, c0, w0 = _server_ns(side.pid), time.thread_time_ns(), time.perf_counter_ns()
+                side.work(row, token)
+                w1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+                s1 = _server_ns(side.pid)
+                total = spent[name]
+                total[0] += w1 - w0
+                total[1] += c1 - c0
+                total[2] += s1 - s0
+        for name, (wall, client, server) in spent.items():
+            samples[name]["wall"].append(wall / 1e9 / per_round)
+            samples[name]["client"].append(client / 1e9 / per_round)
+            samples[name]["server"].append(server / 1e9 / per_round)
+    return {n: {k: statistics.median(v) for k, v in kinds.items()} for n, kinds in samples.items()}
+
+
+class _TripCounter:
+    """A TCP proxy in front of the server that counts round trips: each burst the client
+    sends after the server last spoke is one."""
+
+    def __init__(self, dsn: str) -> None:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        host = str(params.get("host") or "localhost")
+        port = int(str(params.get("port") or 5432))
+        self._target: Any = f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port)
+        self._family = socket.AF_UNIX if host.startswith("/") else socket.AF_INET
+        self.trips = 0
+        self._last = "server"
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.dsn = psycopg.conninfo.make_conninfo(
+            dsn,
+            host="127.0.0.1",
+            port=str(self._listener.getsockname()[1]),
+            sslmode="disable",
+            gssencmode="disable",
+            connect_timeout="10",
+        )
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(self._family, socket.SOCK_STREAM)
+            try:
+                upstream.connect(self._target)
+            except OSError:
+                client.close()  # the client sees the connection fail, not a hang
+                upstream.close()
+                continue
+            for src, dst, who in ((client, upstream, "client"), (upstream, client, "server")):
+                threading.Thread(target=self._pump, args=(src, dst, who), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, who: str) -> None:
+        try:
+            while data := src.recv(65536):
+                with self._lock:
+                    if who == "client" and self._last == "server":
+                        self.trips += 1
+                    self._last = who
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _trips(build: Builder, counter: _TripCounter, n: int = 10) -> dict[str, float]:
+    """Round trips per transaction of each side, on connections through the proxy."""
+    out: dict[str, float] = {}
+    with ExitStack() as stack:
+        sides = build(counter.dsn, stack)
+        for name, side in sides.items():
+            side.work(1, next(_tokens))  # warm: nothing left of connecting or preparing
+            before = counter.trips
+            for i in range(n):
+                side.work(i + 1, next(_tokens))
+            out[name] = (counter.trips - before) / n
+    return out
+
+
+# ---------------------------------------------------------------- the adapters, side by side
+
+
+def _pid(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.pgconn.backend_pid)
+
+
+@contextmanager
+def _psycopg_pair(dsn: str) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as installed:
+        yield conn, installed
+
+
+def _psycopg(dsn: str, stack: ExitStack, *, automatic: bool) -> Sides:
+    # The baselines share one autocommit connection with transaction(); install() gets a
+    # connection of its own (as an application's pool gives it), not in autocommit mode.
+    conn, installed = stack.enter_context(_psycopg_pair(dsn))
+    plain, fenced = _sql("plain", "%s"), _sql("fenced", "%s")
+    cond = _cond("%s", "%s")
+
+    def unfenced(row: int, token: int) -> None:
+        with conn.transaction():
+            conn.execute(plain, (row,))
+
+    def least(row: int, token: int) -> None:
+        conn.execute(_least(token))
+        conn.execute(fenced, (row,))
+        conn.execute(b"COMMIT")
+
+    def conditional(row: int, token: int) -> None:
+        with conn.transaction():
+            conn.execute(cond, (token, row, token))
+
+    def explicit(row: int, token: int) -> None:
+        with fk_psycopg.transaction(conn, token):
+            conn.execute(fenced, (row,))
+
+    fk_psycopg.install(installed)
+
+    def scoped(row: int, token: int) -> None:  # the implicit BEGIN: how SQLAlchemy begins
+        with fencing(token):
+            installed.execute(fenced, (row,))
+            installed.commit()
+
+    adapter = Side(scoped, _pid(installed)) if automatic else Side(explicit, _pid(conn))
     return {
-        "name": name,
-        "baseline": n / statistics.median(seconds["baseline"]),
-        "fenced": n / statistics.median(seconds["fenced"]),
-        "ratio": statistics.median(ratios),
-        "unit": "tx/s",
-        "target": ">= 0.95x",
+        "unfenced": Side(unfenced, _pid(conn)),
+        "least": Side(least, _pid(conn)),
+        "conditional": Side(conditional, _pid(conn)),
+        "adapter": adapter,
     }
 
 
-def _psycopg_cases(dsn: str, transactions: int, rounds: int) -> list[dict[str, Any]]:
-    # Both sides share one connection, as pgbench's interleaved scripts do: on the shared
-    # machines this runs on, a second connection for the fenced side measured markedly lower
-    # (0.67x against 0.83x) although plain work on two connections measured 1.02x.
-    update = "UPDATE {} SET total = total + 1, updated_at = now() WHERE id = %s"
-    plain_sql = update.format(f"{SCHEMA}.plain")
-    fenced_sql = update.format(f"{SCHEMA}.fenced")
-    floor_sql = update.format(f"{SCHEMA}.floor")
-    with psycopg.connect(dsn) as conn, psycopg.connect(dsn, autocommit=True) as raw:
-
-        def baseline(row: int, token: int) -> None:
-            with conn.transaction():
-                conn.execute(plain_sql, (row,))
-
-        def automatic(row: int, token: int) -> None:
-            fk_psycopg.install(conn)  # a plain attribute swap; undone below for the baseline
-            try:
-                with fencing(token), conn.transaction():
-                    conn.execute(fenced_sql, (row,))
-            finally:
-                fk_psycopg.uninstall(conn)
-
-        def explicit(row: int, token: int) -> None:
-            with fk_psycopg.transaction(conn, token):
-                conn.execute(fenced_sql, (row,))
-
-        # Anatomy: where the fenced transaction's extra time goes, in the same run. The
-        # adapter alone carries a token to the unprotected table (fencekit's Python and the
-        # SET LOCAL); the triggers alone get the token from a hand-written BEGIN (no fencekit
-        # code on the client). Together they make up the explicit case above.
-        def adapter_alone(row: int, token: int) -> None:
-            with fk_psycopg.transaction(conn, token):
-                conn.execute(plain_sql, (row,))
-
-        # The hand-written transactions run on an autocommit connection of their own: on
-        # this one psycopg would send its own BEGIN first (a round trip more on both sides).
-        def triggers_alone(row: int, token: int) -> None:
-            raw.execute(f"BEGIN; SET LOCAL fencekit.token = '{token:d}'".encode())
-            raw.execute(fenced_sql, (row,))
-            raw.execute(b"COMMIT")
-
-        def baseline_alike(row: int, token: int) -> None:  # BEGIN and COMMIT sent the same way
-            raw.execute(b"BEGIN")
-            raw.execute(plain_sql, (row,))
-            raw.execute(b"COMMIT")
-
-        def floor(row: int, token: int) -> None:
-            raw.execute(f"BEGIN; SET LOCAL fencekit.token = '{token:d}'".encode())
-            raw.execute(floor_sql, (row,))
-            raw.execute(b"COMMIT")
-
-        anatomy = [
-            _compare(
-                "psycopg anatomy: the adapter alone (transaction(), unprotected table)",
-                baseline,
-                adapter_alone,
-                transactions,
-                rounds,
-            ),
-            _compare(
-                "psycopg anatomy: the triggers alone (token in a hand-written BEGIN)",
-                baseline_alike,
-                triggers_alone,
-                transactions,
-                rounds,
-            ),
-            _compare(
-                "psycopg anatomy: the floor (empty PL/pgSQL statement and row triggers)",
-                baseline_alike,
-                floor,
-                transactions,
-                rounds,
-            ),
-        ]
-        for case in anatomy:
-            case["target"] = ""
-        return [
-            _compare(
-                "psycopg: single-row transaction, fencing() + install() vs unfenced",
-                baseline,
-                automatic,
-                transactions,
-                rounds,
-            ),
-            _compare(
-                "psycopg: single-row transaction, fencekit.psycopg.transaction() vs unfenced",
-                baseline,
-                explicit,
-                transactions,
-                rounds,
-            ),
-            *anatomy,
-        ]
-
-
-def _orm_case(dsn: str, transactions: int, rounds: int) -> dict[str, Any]:
-    from sqlalchemy import BigInteger, Numeric, Text, create_engine
-    from sqlalchemy.engine import URL
-    from sqlalchemy.orm import DeclarativeBase, mapped_column, sessionmaker
-
-    from fencekit import sqlalchemy as fk_sqlalchemy
-
-    class Base(DeclarativeBase):
-        pass
-
-    class Row:  # no annotations: they would be strings here (postponed evaluation)
-        id = mapped_column(BigInteger, primary_key=True)
-        account_id = mapped_column(BigInteger)
-        total = mapped_column(Numeric(12, 2))
-        status = mapped_column(Text)
-
-    class Plain(Row, Base):
-        __tablename__ = "plain"
-        __table_args__ = {"schema": SCHEMA}  # noqa: RUF012 - SQLAlchemy's declarative API
-
-    class Fenced(Row, Base):
-        __tablename__ = "fenced"
-        __table_args__ = {"schema": SCHEMA}  # noqa: RUF012
-
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    host = str(params.get("host") or "localhost")
-    url = URL.create(
-        "postgresql+psycopg",
-        username=str(params["user"]) if params.get("user") else None,
-        password=str(params["password"]) if params.get("password") else None,
-        host=None if host.startswith("/") else host,
-        port=int(str(params["port"])) if params.get("port") else None,
-        database=str(params.get("dbname") or "postgres"),
-        query={"host": host} if host.startswith("/") else {},
-    )
-    # One engine, one pooled connection for both sides (see _psycopg_cases); the plugin is
-    # installed on the fenced sessions only. A connection that served a fenced session keeps
-    # the fenced cursor, so the baseline's statements pass through it outside any scope, as
-    # unfenced code does in an application that installed fencekit.
-    engine = create_engine(url, pool_size=1)
-    fenced_sessions = sessionmaker(engine)
-    plain_sessions = sessionmaker(engine)
-    fk_sqlalchemy.install(fenced_sessions)
-
-    def unit_of_work(sessions: Any, model: Any, row: int) -> None:
-        with sessions() as session:
-            obj: Any = session.get(model, row)
-            obj.status = "paid" if obj.status == "open" else "open"
-            session.commit()
-
-    def baseline(row: int, token: int) -> None:
-        unit_of_work(plain_sessions, Plain, row)
-
-    def fenced(row: int, token: int) -> None:
-        with fencing(token):
-            unit_of_work(fenced_sessions, Fenced, row)
-
-    try:
-        return _compare(
-            "SQLAlchemy ORM unit of work (load, modify, flush, commit one row) vs unfenced",
-            baseline,
-            fenced,
-            transactions,
-            rounds,
-        )
-    finally:
-        engine.dispose()
-
-
-_UPDATE = "UPDATE {} SET total = total + 1, updated_at = now() WHERE id = {}"
-
-
-def _psycopg2_case(dsn: str, transactions: int, rounds: int) -> dict[str, Any]:
+def _psycopg2(dsn: str, stack: ExitStack) -> Sides:
     import psycopg2
 
     from fencekit import psycopg2 as fk_psycopg2
 
-    plain_sql = _UPDATE.format(f"{SCHEMA}.plain", "%s")
-    fenced_sql = _UPDATE.format(f"{SCHEMA}.fenced", "%s")
-    conn = psycopg2.connect(dsn)  # one connection for both sides (see _psycopg_cases)
+    conn = psycopg2.connect(dsn)
+    raw = psycopg2.connect(dsn)
+    raw.autocommit = True
+    for c in (conn, raw):
+        stack.callback(c.close)
+    plain, fenced = _sql("plain", "%s"), _sql("fenced", "%s")
+    cond = _cond("%s", "%s")
+    cur, raw_cur = conn.cursor(), raw.cursor()
 
-    def baseline(row: int, token: int) -> None:
-        with conn.cursor() as cur:
-            cur.execute(plain_sql, (row,))
+    def unfenced(row: int, token: int) -> None:
+        cur.execute(plain, (row,))
         conn.commit()
 
-    def fenced(row: int, token: int) -> None:
-        with fk_psycopg2.transaction(conn, token), conn.cursor() as cur:
-            cur.execute(fenced_sql, (row,))
+    def least(row: int, token: int) -> None:
+        raw_cur.execute(_least(token))
+        raw_cur.execute(fenced, (row,))
+        raw_cur.execute(b"COMMIT")
 
-    try:
-        return _compare(
-            "psycopg2: single-row transaction, fencekit.psycopg2.transaction() vs unfenced",
-            baseline,
-            fenced,
-            transactions,
-            rounds,
-        )
-    finally:
-        conn.close()
+    def conditional(row: int, token: int) -> None:
+        cur.execute(cond, (token, row, token))
+        conn.commit()
+
+    installed = psycopg2.connect(dsn)  # as a pool installed with the adapter hands it out
+    stack.callback(installed.close)
+    fk_psycopg2.install(installed)
+    installed_cur = installed.cursor()
+
+    def adapter(row: int, token: int) -> None:
+        with fencing(token):
+            installed_cur.execute(fenced, (row,))
+            installed.commit()
+
+    pid, raw_pid = conn.info.backend_pid, raw.info.backend_pid
+    return {
+        "unfenced": Side(unfenced, pid),
+        "least": Side(least, raw_pid),
+        "conditional": Side(conditional, pid),
+        "adapter": Side(adapter, installed.info.backend_pid),
+    }
 
 
-def _asyncpg_cases(dsn: str, transactions: int, rounds: int) -> list[dict[str, Any]]:
+def _asyncpg(dsn: str, stack: ExitStack) -> Sides:
     import asyncio
 
     import asyncpg
 
     from fencekit import asyncpg as fk_asyncpg
 
-    plain_sql = _UPDATE.format(f"{SCHEMA}.plain", "$1")
-    fenced_sql = _UPDATE.format(f"{SCHEMA}.fenced", "$1")
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     kwargs = {
         "host": params.get("host"),
@@ -329,56 +343,155 @@ def _asyncpg_cases(dsn: str, transactions: int, rounds: int) -> list[dict[str, A
         "user": params.get("user"),
         "password": params.get("password"),
         "database": params.get("dbname"),
+        "ssl": False if params.get("sslmode") == "disable" else None,
+        "server_settings": {"lock_timeout": _LOCK_TIMEOUT},
     }
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
     loop = asyncio.new_event_loop()
-    # One connection for both sides; the fenced side installs it for its block only.
-    conn = loop.run_until_complete(
-        asyncpg.connect(**{k: v for k, v in kwargs.items() if v is not None})
-    )
+    stack.callback(loop.close)
+    conn = loop.run_until_complete(asyncpg.connect(**kwargs))
+    installed = loop.run_until_complete(asyncpg.connect(**kwargs))
+    for c in (conn, installed):
+        stack.callback(loop.run_until_complete, c.close())
+    fk_asyncpg.install(installed)  # as a pool's init=fencekit.asyncpg.init does
+    plain, fenced = _sql("plain", "$1"), _sql("fenced", "$1")
+    cond = _cond("$2", "$1")
+    run = loop.run_until_complete
 
-    async def baseline(row: int) -> None:
+    async def unfenced(row: int) -> None:
         async with conn.transaction():
-            await conn.execute(plain_sql, row)
+            await conn.execute(plain, row)
 
-    async def fenced(row: int, token: int) -> None:
-        async with fk_asyncpg.transaction(conn, token):
-            await conn.execute(fenced_sql, row)
+    async def least(row: int, token: int) -> None:
+        await conn.execute(_least(token).decode())
+        await conn.execute(fenced, row)
+        await conn.execute("COMMIT")
 
-    async def baseline_statement(row: int) -> None:
-        await conn.execute(plain_sql, row)  # autocommit: its own implicit transaction
+    async def conditional(row: int, token: int) -> None:
+        async with conn.transaction():
+            await conn.execute(cond, token, row)
 
-    async def fenced_statement(row: int, token: int) -> None:
-        fk_asyncpg.install(conn)
-        try:
-            with fencing(token):  # outside a transaction, with arguments: wrapped in one
-                await conn.execute(fenced_sql, row)
-        finally:
-            fk_asyncpg.uninstall(conn)
+    async def adapter(row: int, token: int) -> None:
+        with fencing(token):
+            async with installed.transaction():
+                await installed.execute(fenced, row)
 
-    try:
-        return [
-            _compare(
-                "asyncpg: single-row transaction, fencekit.asyncpg.transaction() vs unfenced",
-                lambda row, token: loop.run_until_complete(baseline(row)),
-                lambda row, token: loop.run_until_complete(fenced(row, token)),
-                transactions,
-                rounds,
-            ),
-            {
-                **_compare(
-                    "asyncpg: one statement with arguments outside a transaction "
-                    "(wrapped: BEGIN and COMMIT added) vs unfenced",
-                    lambda row, token: loop.run_until_complete(baseline_statement(row)),
-                    lambda row, token: loop.run_until_complete(fenced_statement(row, token)),
-                    transactions,
-                    rounds,
-                ),
-                "target": "",  # the documented cost of that path (docs/asyncpg.md)
-            },
-        ]
-    finally:
-        loop.run_until_complete(conn.close())
-        loop.close()
+    pid, installed_pid = conn.get_server_pid(), installed.get_server_pid()
+    return {
+        "unfenced": Side(lambda row, token: run(unfenced(row)), pid),
+        "least": Side(lambda row, token: run(least(row, token)), pid),
+        "conditional": Side(lambda row, token: run(conditional(row, token)), pid),
+        "adapter": Side(lambda row, token: run(adapter(row, token)), installed_pid),
+    }
+
+
+def _sqlalchemy(dsn: str, stack: ExitStack) -> Sides:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import URL
+
+    from fencekit import sqlalchemy as fk_sqlalchemy
+
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    host = str(params.get("host") or "localhost")
+    query = {"host": host} if host.startswith("/") else {}
+    for name in ("sslmode", "options"):
+        if params.get(name):
+            query[name] = str(params[name])
+    url = URL.create(
+        "postgresql+psycopg",
+        username=str(params["user"]) if params.get("user") else None,
+        password=str(params["password"]) if params.get("password") else None,
+        host=None if host.startswith("/") else host,
+        port=int(str(params["port"])) if params.get("port") else None,
+        database=str(params.get("dbname") or "postgres"),
+        query=query,
+    )
+    engines = [create_engine(url, pool_size=1, max_overflow=0) for _ in range(3)]
+    for e in engines:
+        stack.callback(e.dispose)
+    engine, least_engine, fenced_engine = engines
+    least_engine = least_engine.execution_options(isolation_level="AUTOCOMMIT")
+    fk_sqlalchemy.install(fenced_engine)
+    plain, fenced = text(_sql("plain", ":row")), text(_sql("fenced", ":row"))
+    cond = text(_cond(":row", ":token"))
+
+    def unfenced(row: int, token: int) -> None:
+        with engine.begin() as c:
+            c.execute(plain, {"row": row})
+
+    def least(row: int, token: int) -> None:
+        with least_engine.connect() as c:
+            c.exec_driver_sql(_least(token).decode())
+            c.execute(fenced, {"row": row})
+            c.exec_driver_sql("COMMIT")
+
+    def conditional(row: int, token: int) -> None:
+        with engine.begin() as c:
+            c.execute(cond, {"row": row, "token": token})
+
+    def adapter(row: int, token: int) -> None:
+        with fencing(token), fenced_engine.begin() as c:
+            c.execute(fenced, {"row": row})
+
+    def pid(e: Any) -> int:
+        with e.connect() as c:
+            return int(c.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+
+    return {
+        "unfenced": Side(unfenced, pid(engine)),
+        "least": Side(least, pid(least_engine)),
+        "conditional": Side(conditional, pid(engine)),
+        "adapter": Side(adapter, pid(fenced_engine)),
+    }
+
+
+_CASES: list[tuple[str, str | None, Builder]] = [
+    ("psycopg transaction()", None, lambda d, s: _psycopg(d, s, automatic=False)),
+    ("psycopg install() + fencing()", None, lambda d, s: _psycopg(d, s, automatic=True)),
+    ("psycopg2 install() + fencing()", "psycopg2", _psycopg2),
+    ("asyncpg install() + fencing()", "asyncpg", _asyncpg),
+    ("SQLAlchemy on psycopg (Core, engine.begin())", "sqlalchemy", _sqlalchemy),
+]
+
+_VERSUS = {
+    "unfenced": ("vs the same driver unfenced", ""),
+    "least": ("vs the least cost (one SET LOCAL in the BEGIN)", ">= 0.95x"),
+    "conditional": ("vs a hand-written conditional UPDATE", ""),
+}
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f}"
+
+
+def _rows(
+    label: str, times: dict[str, dict[str, float]], trips: dict[str, float]
+) -> list[dict[str, Any]]:
+    mine = times["adapter"]
+    cpu = mine["client"] + mine["server"]
+    out = []
+    for other, (versus, target) in _VERSUS.items():
+        theirs = times[other]
+        their_cpu = theirs["client"] + theirs["server"]
+        detail = (
+            f"wall {theirs['wall'] / mine['wall']:.2f}x; CPU/tx client+server "
+            f"{_us(mine['client'])}+{_us(mine['server'])} vs "
+            f"{_us(theirs['client'])}+{_us(theirs['server'])} us; round trips/tx "
+            f"{trips.get('adapter', 0):g} vs {trips.get(other, 0):g}"
+        )
+        out.append({
+            "name": f"{label} {versus} ({detail})",
+            "baseline": their_cpu,
+            "fenced": cpu,
+            "ratio": their_cpu / cpu if cpu else 0.0,
+            "unit": "s CPU/tx",
+            "target": target,
+            "wall_ratio": theirs["wall"] / mine["wall"],
+            "client": {"adapter": mine["client"], other: theirs["client"]},
+            "server": {"adapter": mine["server"], other: theirs["server"]},
+            "round_trips": {"adapter": trips.get("adapter"), other: trips.get(other)},
+        })  # fmt: skip
+    return out
 
 
 def run(
@@ -386,36 +499,35 @@ def run(
 ) -> list[dict[str, Any]]:
     """Run the adapter benchmarks against ``dsn`` (a database with fencekit's core installed).
 
-    Creates and drops schema ``fencekit_bench_adapters``. The ORM case needs SQLAlchemy, the
-    psycopg2 and asyncpg cases their driver; each is left out when it is not installed.
+    Creates and drops schema ``fencekit_bench_adapters``. psycopg2, asyncpg and SQLAlchemy
+    cases are left out when their package is not installed.
     """
-    transactions = 200 if quick else 1000
-    rounds = 3 if quick else 7
+    transactions = 300 if quick else 2000
+    rounds = 3 if quick else 9
+    results: list[dict[str, Any]] = []
+    # A side that waits on a lock fails loudly instead of hanging the run.
+    dsn = psycopg.conninfo.make_conninfo(dsn, options=f"-c lock_timeout={_LOCK_TIMEOUT}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         _setup(conn)
+        counter = _TripCounter(dsn)
         try:
-            progress("adapters: psycopg single-row transactions")
-            results = _psycopg_cases(dsn, transactions, rounds)
-            try:
-                import sqlalchemy  # noqa: F401 - optional extra
-            except ImportError:
-                progress("adapters: SQLAlchemy not installed, ORM case skipped")
-            else:
-                progress("adapters: SQLAlchemy ORM unit of work")
-                results.append(_orm_case(dsn, transactions, rounds))
-            # The other drivers, each against itself unfenced (extras: left out when absent).
-            for module, label, case in (
-                ("psycopg2", "psycopg2 single-row transactions", _psycopg2_case),
-                ("asyncpg", "asyncpg single-row transactions", _asyncpg_cases),
-            ):
-                try:
-                    __import__(module)
-                except ImportError:
-                    progress(f"adapters: {module} not installed, its case skipped")
-                    continue
+            for label, module, build in _CASES:
+                if module is not None:
+                    try:
+                        __import__(module)
+                    except ImportError:
+                        progress(f"adapters: {module} not installed, {label} skipped")
+                        continue
                 progress(f"adapters: {label}")
-                found = case(dsn, transactions, rounds)
-                results.extend(found if isinstance(found, list) else [found])
+                try:
+                    trips = _trips(build, counter)
+                except (OSError, psycopg.Error) as exc:  # the proxy could not reach the server
+                    progress(f"adapters: round trips not counted ({exc})")
+                    trips = {}
+                with ExitStack() as stack:
+                    times = _measure(build(dsn, stack), transactions, rounds)
+                results.extend(_rows(label, times, trips))
         finally:
+            counter.close()
             _teardown(conn)
     return results

@@ -18,7 +18,7 @@ from fencekit.bench.results import ratio_result
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements, unprotect_statements
 
-__all__ = ["run"]
+__all__: list[str] = []
 
 SCHEMA = "fencekit_bench_inserts"
 _TABLE = "CREATE TABLE {t} (id bigint PRIMARY KEY, account_id bigint NOT NULL, v integer NOT NULL)"

@@ -28,7 +28,6 @@ from fencekit.catalog.allowed import allow_code, allowed_code, revoke_code
 from fencekit.catalog.drift import table_drift
 from fencekit.catalog.model import (
     Action,
-    CatalogError,
     Command,
     Drift,
     DriftKind,
@@ -48,6 +47,7 @@ from fencekit.catalog.registry import (
     search_path,
 )
 from fencekit.catalog.report import status
+from fencekit.errors import CatalogError
 
 __all__ = [
     "Action",

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from fencekit.catalog.model import CatalogError, Conn, Status, iso
+from fencekit.catalog.model import Conn, Status, iso
+from fencekit.errors import CatalogError
 
 __all__ = ["allow_code", "allowed_code", "allowed_hashes", "revoke_code"]
 

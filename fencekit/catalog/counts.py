@@ -18,8 +18,12 @@ def add_rejections(conn: Conn, tables: list[ProtectedTable]) -> None:
         if pt is None:
             continue
         pt.rejections[reason] = int(count or 0)
-        pt.last_rejected_at = last_at
-        pt.max_token_gap = int(gap) if gap is not None else None
+        # Each row is about its reason: the table's last rejection is the latest of them, its
+        # largest token gap is on the 'stale' row.
+        if last_at is not None and (pt.last_rejected_at is None or last_at > pt.last_rejected_at):
+            pt.last_rejected_at = last_at
+        if gap is not None:
+            pt.max_token_gap = int(gap)
 
 
 def add_lateness(conn: Conn, tables: list[ProtectedTable]) -> None:

@@ -19,7 +19,7 @@ from fencekit.catalog.triggers import foreign_trigger_drift
 from fencekit.ident import quote_ident, quote_literal
 from fencekit.spec import FenceSpec, Scope, TableName
 
-__all__ = ["orphaned_fences", "renamed_to", "table_drift"]
+__all__ = ["orphaned_fences", "table_drift"]
 
 #: The fix of what protect re-creates.
 REPROTECT = f"{COMMAND} (re-creates what is missing)"

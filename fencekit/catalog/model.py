@@ -16,12 +16,10 @@ from typing import Any
 import psycopg
 
 from fencekit import sqlgen
-from fencekit.errors import FencekitError
 from fencekit.spec import FenceSpec, TableName
 
 __all__ = [
     "Action",
-    "CatalogError",
     "Command",
     "Conn",
     "Drift",
@@ -115,16 +113,6 @@ class Command:
     new_name: TableName | None = None
     #: ALLOW: the code hash.
     sha256: str | None = None
-
-
-class CatalogError(FencekitError):
-    """The database does not fit the request (core missing, table missing, bad key column).
-
-    ``command``: the fencekit command that would fix it (the CLI appends it as a hint)."""
-
-    def __init__(self, message: str, command: Command | None = None) -> None:
-        super().__init__(message)
-        self.command = command
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,45 @@ def ownership_drift(conn: Conn) -> list[Drift]:
                     names,
                 )
             )
+    # A TRUNCATE check not owned by its table's owner, unless a line above names it already.
+    named = {o for d in out for o in d.objects}
+    out += [d for d in _truncate_check_drift(conn) if not named.intersection(d.objects)]
     return out
+
+
+def _truncate_check_drift(conn: Conn) -> list[Drift]:
+    """Row fences whose TRUNCATE check (``fencekit.<tag>_trunc``, which reads the table) does
+    not belong to the table's owner: protected before the table changed owner (or by an older
+    release). The check refuses every TRUNCATE under a token until it belongs to the owner."""
+    rows = conn.execute(
+        "SELECT pg_catalog.format('fencekit.%I()', p.proname), "
+        "       pg_catalog.quote_ident(fo.rolname), pg_catalog.quote_ident(t_o.rolname), "
+        "       c.oid::pg_catalog.regclass::pg_catalog.text "
+        "FROM fencekit.protected t "
+        "JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass("
+        "     pg_catalog.format('%I.%I', t.schema_name, t.table_name)) "
+        "JOIN pg_catalog.pg_proc p ON p.pronamespace OPERATOR(pg_catalog.=) "
+        "     'fencekit'::pg_catalog.regnamespace AND p.proname = t.tag || '_trunc' "
+        "     AND p.pronargs = 0 "
+        "JOIN pg_catalog.pg_roles fo ON fo.oid = p.proowner "
+        "JOIN pg_catalog.pg_roles t_o ON t_o.oid = c.relowner "
+        "WHERE t.scope = 'row' AND p.proowner <> c.relowner "
+        "ORDER BY 4"
+    ).fetchall()
+    return [
+        Drift(
+            DriftKind.OWNER_CHANGED,
+            str(table),
+            f"{fn}, the TRUNCATE check that reads {table}'s fences, belongs to {fn_owner}, not "
+            f"to the table's owner {owner}: reading the table would run {owner}'s code with "
+            f"{fn_owner}'s rights, so every TRUNCATE under a token is refused until it belongs "
+            "to the owner (the table changed owner after protect)",
+            f"ALTER FUNCTION {fn} OWNER TO {owner} (as a superuser), or re-run fencekit "
+            "protect on the table",
+            (f"function {fn}",),
+        )
+        for fn, fn_owner, owner, table in rows
+    ]
 
 
 def _owner_fix(old: str, new: str, objects: list[tuple[str, str, str]]) -> str:
@@ -193,7 +231,7 @@ def _owner_fix(old: str, new: str, objects: list[tuple[str, str, str]]) -> str:
         return "; ".join(f"{alter_sql} OWNER TO {new}" for _, _, alter_sql in objects)
     by = f"{quote_literal(old)}::pg_catalog.regrole"
     # oid = regrole/regnamespace has no exact match in pg_catalog: qualified, or an operator
-    # planted in public would run as the DBA who pastes this (issue 23).
+    # planted in public would run as the DBA who pastes this.
     eq = "OPERATOR(pg_catalog.=)"
     ns = "'fencekit'::pg_catalog.regnamespace"
     return "\n".join(

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from fencekit import sqlgen
-from fencekit.catalog.model import Action, CatalogError, Command, Conn, ProtectedTable
+from fencekit.catalog.model import Action, Command, Conn, ProtectedTable
 from fencekit.catalog.session import caller_search_path, regclass_oid
+from fencekit.errors import CatalogError, SpecError
 from fencekit.ident import quote_ident
-from fencekit.spec import FenceSpec, Scope, SpecError, TableName
+from fencekit.spec import FenceSpec, Scope, TableName
 
 __all__ = [
     "check_spec",

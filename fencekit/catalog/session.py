@@ -2,7 +2,7 @@
 
 An operator or function in ``public`` whose argument types match exactly beats pg_catalog's
 inexact one (``public.=(oid, regclass)`` over ``oid = oid``), so a catalog query run by a DBA
-under the default path runs code anyone with CREATE on ``public`` planted (issue 23, F10).
+under the default path runs code anyone with CREATE on ``public`` planted.
 :func:`pin_search_path` remembers the session's own path, then pins it: the only thing still
 resolved through the user's path is the TABLE a user typed (:func:`regclass_oid`), as SQL
 would resolve it, by ``pg_catalog.to_regclass`` alone.

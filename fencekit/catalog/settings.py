@@ -50,8 +50,9 @@ def split_options(options: str) -> list[str]:
 
 def backend_settings(options: str) -> list[tuple[str, str]]:
     """The (name, value) settings a libpq ``options`` string gives the session it opens, the
-    way the server reads them: ``-c name=value``, ``-cname=value``, ``--name=value``, switches
-    bundled before ``c`` (``-ec name=value``); names are lower-cased and ``-`` is ``_``."""
+    way the server reads them: ``-c name=value``, ``-cname=value``, the double-dash long form,
+    switches bundled before ``c`` (``-ec name=value``); names are lower-cased and ``-`` is
+    ``_``."""
     out: list[tuple[str, str]] = []
     args = split_options(options)
     i = 0

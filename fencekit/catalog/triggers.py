@@ -1,5 +1,5 @@
 """Triggers that are not fencekit's on a protected table (and those a write reaches through
-it): which fire ahead of fencekit's first check, which can rewrite a row fence's column, which
+it): which fire ahead of fencekit's last check, which can rewrite a row fence's column, which
 fire after it, each with the hash of its code."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fencekit.catalog.model import COMMAND, Action, Command, Conn, Drift, DriftK
 from fencekit.ident import quote_ident
 from fencekit.spec import FenceSpec, Scope
 
-__all__ = ["allow_fix", "foreign_trigger_drift", "other_triggers", "relation_triggers"]
+__all__ = ["allow_fix", "foreign_trigger_drift", "other_triggers"]
 
 # pg_trigger.tgtype bits (PostgreSQL's TRIGGER_TYPE_*).
 _TG_ROW = 1
@@ -104,18 +104,24 @@ def foreign_trigger_drift(
     """Every trigger on one relation that is not fencekit's and fires, unless its code hash is
     allowed.
 
-    fencekit's first check of a statement reads the token once; a trigger that fires ahead of
-    it can set fencekit.token (set_config) or, at row level, change the row first
-    (``foreign_trigger_first``). That first check is the statement check, except on key-fenced
-    tables, whose INSERT, UPDATE and DELETE are judged by AFTER STATEMENT triggers: every
-    BEFORE trigger and AFTER ROW trigger fires ahead of them. On a row-fenced table any BEFORE
-    ROW INSERT/UPDATE trigger can also overwrite the fence column after fencekit's trigger set
-    it (``foreign_trigger_fence_column``). Any other trigger fires after the check, and can
-    still set the token for the rest of the transaction, which the next statement's check
-    reads (``foreign_trigger``). ``clones=False`` skips a partition's clones of its parent's
-    triggers (reported on the parent).
+    fencekit's checks read the token; a trigger that fires ahead of the last of them on an
+    event (in PostgreSQL's firing order: BEFORE statement, BEFORE row, AFTER row, AFTER
+    statement, each by name) can set fencekit.token (set_config) or, at row level, change the
+    row first (``foreign_trigger_first``). That last check is the row trigger on a row-fenced
+    table (the statement check before it refuses only a missing or malformed token), the
+    statement check on a table-fenced one, and on a key-fenced one the AFTER STATEMENT trigger
+    (every BEFORE trigger and AFTER ROW trigger fires ahead of it; the root guard, an AFTER
+    DELETE row trigger ``WHEN (false)``, is never queued and checks nothing). On a row-fenced
+    table a BEFORE ROW INSERT/UPDATE trigger after fencekit's can also overwrite the fence
+    column fencekit's trigger set (``foreign_trigger_fence_column``). Any other trigger fires
+    after the checks, and can still set the token for the rest of the transaction, which the
+    next statement's check reads (``foreign_trigger``). ``clones=False`` skips a partition's
+    clones of its parent's triggers (reported on the parent).
     """
     ours = {tr.name for tr in objs.triggers}
+    # fencekit's triggers that are never queued (the root guard, WHEN (false)): they judge
+    # nothing, so they are not the check a foreign trigger fires ahead of or behind.
+    never_queued = {tr.name for tr in objs.triggers if tr.when == "false"}
     trigs = relation_triggers(conn, oid)
 
     def is_fencekit(t: _Trig) -> bool:
@@ -123,13 +129,22 @@ def foreign_trigger_drift(
             t.name.startswith("fencekit_") and t.function.startswith("fencekit.")
         )
 
+    def is_check(t: _Trig) -> bool:
+        return (
+            is_fencekit(t) and t.name not in never_queued and " WHEN (false) " not in (t.definition)
+        )
+
     # Disabled triggers never fire; ENABLE REPLICA ones only where fencekit's do not.
     firing = [t for t in trigs if t.enabled not in ("D", "R")]
-    first: dict[str, _Trig] = {}
+    # The last of fencekit's checks that read the token on each event, in PostgreSQL's firing
+    # order (_Trig.order): a foreign trigger ordered before it can hand it a token. On a row
+    # fence that is the row trigger: the statement check before it only refuses a missing or
+    # malformed token, and each row is judged by the token the row trigger reads.
+    judge: dict[str, _Trig] = {}
     for event in ("INSERT", "UPDATE", "DELETE", "TRUNCATE"):
-        checks = [t for t in firing if is_fencekit(t) and event in t.events()]
+        checks = [t for t in firing if is_check(t) and event in t.events()]
         if checks:
-            first[event] = min(checks, key=_Trig.order)
+            judge[event] = max(checks, key=_Trig.order)
     column = quote_ident(spec.column)
     out: list[Drift] = []
     for t in firing:
@@ -138,7 +153,7 @@ def foreign_trigger_drift(
         sha = insp.trigger_hash(t.function_oid, t.args, t.definition, t.when_tree)
         if sha in allowed:
             continue
-        ahead = [e for e in t.events() if e in first and t.order() < first[e].order()]
+        ahead = [e for e in t.events() if e in judge and t.order() < judge[e].order()]
         rewrites = (
             spec.scope is Scope.ROW
             and t.row
@@ -149,7 +164,7 @@ def foreign_trigger_drift(
         never = "fencekit.token" + (f" nor NEW.{column}" if rewrites else "")
         allow = allow_fix(f"{t.function}", never)
         if ahead:
-            passed = sorted({first[e].name for e in ahead})
+            passed = sorted({judge[e].name for e in ahead})
             can = "set fencekit.token (set_config), so the statement is judged by a token its "
             can += "writer never presented"
             if t.row and spec.scope is not Scope.KEY:
@@ -159,7 +174,7 @@ def foreign_trigger_drift(
             # PostgreSQL truncates names to 63 bytes.
             renamed = quote_ident(("zz_" + t.name).encode()[:63].decode(errors="ignore"))
             # A new name helps only a trigger that fires in the same phase as fencekit's check.
-            movable = all(t.order()[0] == first[e].order()[0] for e in ahead)
+            movable = all(t.order()[0] == judge[e].order()[0] for e in ahead)
             move = (
                 f"; renaming it (ALTER TRIGGER {quote_ident(t.name)} ON {rel_sql} RENAME TO "
                 f"{renamed}) lets it fire after fencekit's check, where it is still reported: "

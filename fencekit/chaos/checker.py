@@ -60,11 +60,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fencekit.chaos.contracts import CLOCK_NOTE, IssuerContract, contract_for
-from fencekit.chaos.history import Event, HistoryError
+from fencekit.chaos.history import Event
+from fencekit.errors import HistoryError
 
 __all__ = [
     "KINDS",
-    "HistoryError",
     "LogRow",
     "Report",
     "Violation",

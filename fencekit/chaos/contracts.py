@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CLOCK_NOTE", "CONTRACTS", "IssuerContract", "contract_for", "etcd_revokes_early"]
+__all__ = ["CLOCK_NOTE", "IssuerContract", "contract_for"]
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from fencekit.errors import FencekitError
+from fencekit.errors import HistoryError
 
 __all__ = [
     "Event",
-    "HistoryError",
     "HistoryWriter",
     "load_history",
     "merge",
@@ -53,10 +52,6 @@ __all__ = [
     "true_time",
     "write_merged",
 ]
-
-
-class HistoryError(FencekitError, ValueError):
-    """A history cannot be read or checked (the message says where and why)."""
 
 
 Event = dict[str, Any]

@@ -20,7 +20,7 @@ from typing import Any
 from fencekit.chaos.checker import Report, format_report
 from fencekit.chaos.history import Event
 
-__all__ = ["FAULT_SYMBOLS", "REASON_SYMBOLS", "write_html"]
+__all__ = ["FAULT_SYMBOLS", "write_html"]
 
 _PALETTE = (
     "#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2", "#EECA3B", "#FF9DA6",

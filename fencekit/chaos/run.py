@@ -38,14 +38,13 @@ from fencekit.chaos.checker import (
 from fencekit.chaos.history import HistoryWriter, merge, write_merged
 from fencekit.chaos.nemesis import Fault, Nemesis
 from fencekit.chaos.worker import LEASE_PREFIX
-from fencekit.errors import FencekitError
+from fencekit.errors import ChaosSetupError, FencekitError
 
 __all__ = [
     "ISSUERS",
     "SCOPES",
     "ChaosConfig",
     "ChaosResult",
-    "ChaosSetupError",
     "Environment",
     "Target",
     "WorkerRole",
@@ -110,10 +109,6 @@ class ChaosConfig:
             raise ValueError("duration must be 1 s to 24 h")
         if not (0.1 <= self.ttl <= 30):
             raise ValueError("ttl must be 0.1 to 30 s")
-
-
-class ChaosSetupError(FencekitError, RuntimeError):
-    """The run could not prepare what it needs on the server (e.g. its worker role)."""
 
 
 @dataclass

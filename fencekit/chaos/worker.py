@@ -37,10 +37,10 @@ import psycopg
 
 from fencekit import psycopg as fk_psycopg
 from fencekit.chaos.history import HistoryWriter, true_time
-from fencekit.errors import FenceError, translate
-from fencekit.leases import Grant, Issuer, IssuerError, PostgresIssuer
+from fencekit.errors import FenceError, IssuerError, translate
+from fencekit.leases import Grant, Issuer, PostgresIssuer
 
-__all__ = ["LEASE_PREFIX", "main", "make_issuer"]
+__all__ = ["LEASE_PREFIX"]
 
 LEASE_PREFIX = "chaos"  # lease of resource r: "chaos:r" (contracts: <resource>:<key text>)
 

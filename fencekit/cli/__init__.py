@@ -18,9 +18,9 @@ import sys
 import textwrap
 from typing import Any, NoReturn
 
-from fencekit.errors import FencekitError
+from fencekit.errors import UsageError
 
-__all__ = ["GROUPS", "main"]
+__all__ = ["main"]
 
 #: Subcommand modules, in the order ``fencekit --help`` lists them.
 GROUPS = (
@@ -32,11 +32,13 @@ GROUPS = (
     "rename",
     "auto_cover",
     "status",
+    "rollout",
     "allow",
     "move",
     "fences",
     "monitoring",
     "demo",
+    "dev_server",
     "alembic",
     "bench",
     "chaos",
@@ -52,11 +54,8 @@ _EXTRAS = {
     "prometheus_client": "prometheus",
     "opentelemetry": "otel",
     "pgserver": "embedded",
+    "pglast": "ddl",
 }
-
-
-class UsageError(FencekitError):
-    """Bad command-line input detected after parsing; exit code 2."""
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -144,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """A driver error's primary message (and hint), else the exception text, on one line."""
-    from fencekit.catalog import CatalogError
+    from fencekit.errors import CatalogError
 
     if isinstance(exc, CatalogError):
         from fencekit.cli.hints import error_text
@@ -184,6 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"{prog}: error: {exc} (see: {prog} --help)", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # An option whose optional dependency is missing (--from-ddl reads SQL with pglast).
+        top = (exc.name or "").split(".")[0]
+        if args.debug or top not in _EXTRAS:
+            raise
+        print(
+            f"{prog}: error: needs the Python package {top!r}: "
+            f"pip install 'pg-fencekit[{_EXTRAS[top]}]'",
+            file=sys.stderr,
+        )
         return 2
     except Exception as exc:
         if args.debug or not _expected(exc):
@@ -254,9 +264,6 @@ def _expected(exc: Exception) -> bool:
     """Errors a user can act on (printed as one line); anything else is a bug (traceback)."""
     import psycopg
 
-    from fencekit.catalog import CatalogError
-    from fencekit.ddl import DdlError
-    from fencekit.errors import FenceError
-    from fencekit.spec import SpecError
+    from fencekit.errors import CatalogError, DdlError, FenceError, SpecError
 
     return isinstance(exc, (FenceError, SpecError, DdlError, CatalogError, OSError, psycopg.Error))

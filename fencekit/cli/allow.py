@@ -13,10 +13,11 @@ import argparse
 import re
 from typing import Any
 
-from fencekit.cli import HelpFormatter, UsageError
+from fencekit.cli import HelpFormatter
 from fencekit.cli.common import connect, dsn_from, dsn_option, emit, json_option
+from fencekit.errors import UsageError
 
-__all__ = ["register"]
+__all__: list[str] = []
 
 _SHA = re.compile(r"[0-9a-f]{64}")
 

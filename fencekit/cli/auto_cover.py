@@ -8,7 +8,7 @@ from typing import Any
 
 from fencekit.cli.common import FMT, connect, dsn_from, dsn_option
 
-__all__ = ["register", "run_auto_cover"]
+__all__: list[str] = []
 
 
 def register(subparsers: Any) -> None:

@@ -84,7 +84,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def check_history(args: argparse.Namespace) -> int:
     from fencekit.chaos.checker import check, format_report
-    from fencekit.chaos.history import HistoryError, load_history
+    from fencekit.chaos.history import load_history
+    from fencekit.errors import HistoryError
 
     try:
         events = load_history(args.history)
@@ -188,8 +189,8 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
 
 def run(args: argparse.Namespace, environment: Environment | None = None) -> int:
     """``fencekit chaos``; the lab calls it with its own :class:`Environment`."""
-    from fencekit.chaos.run import ChaosSetupError, run_chaos
-    from fencekit.embedded import EmbeddedServerError
+    from fencekit.chaos.run import run_chaos
+    from fencekit.errors import ChaosSetupError, EmbeddedServerError
 
     prog = "fencekit chaos" if environment is None else "chaos"
     try:

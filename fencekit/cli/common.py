@@ -15,8 +15,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from fencekit import sqlgen
-from fencekit.cli import HelpFormatter, UsageError
-from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope, SpecError, TableName
+from fencekit.cli import HelpFormatter
+from fencekit.errors import SpecError, UsageError
+from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope, TableName
 
 if TYPE_CHECKING:
     import psycopg
@@ -223,7 +224,7 @@ def run_script(conn: psycopg.Connection[Any], script: str, lock_timeout: str) ->
     """Run a generated psql script as is (its own BEGIN/COMMIT) in one simple query."""
     import psycopg
 
-    from fencekit.catalog import CatalogError
+    from fencekit.errors import CatalogError
 
     try:
         conn.execute(script.encode())  # bytes and no params: simple protocol, no % parsing

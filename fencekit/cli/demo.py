@@ -69,7 +69,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fencekit.demo import DemoError, run_demo
+    from fencekit.demo import run_demo
+    from fencekit.errors import DemoError
 
     if not 0.2 <= args.ttl <= 30:
         print("fencekit demo: --ttl must be between 0.2 and 30 seconds", file=sys.stderr)

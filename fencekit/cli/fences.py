@@ -12,8 +12,9 @@ import argparse
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from fencekit.cli import HelpFormatter, UsageError
+from fencekit.cli import HelpFormatter
 from fencekit.cli.common import connect, dsn_from, dsn_option, emit, json_option, parse_table
+from fencekit.errors import UsageError
 from fencekit.spec import Scope
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
     from fencekit.catalog import ProtectedTable
 
-__all__ = ["register"]
+__all__: list[str] = []
 
 _BIGINT_MAX = 2**63 - 1
 _TABLE_HELP = 'the protected table, as SQL writes it: billing, public.billing, "My Schema"."T"'
@@ -154,7 +155,7 @@ def _owner_session_only(conn: psycopg.Connection[Any], pt: ProtectedTable) -> No
     code (index, statistics and partition key expressions) as the reader. In the owner's own
     session it runs with the owner's rights; in an admin's or a superuser's it would run with
     theirs, and SET ROLE cannot contain it (the code can RESET ROLE)."""
-    from fencekit.catalog import CatalogError
+    from fencekit.errors import CatalogError
 
     row = conn.execute(
         "SELECT fencekit.session_is(c.relowner), pg_catalog.quote_ident(r.rolname), "
@@ -229,17 +230,9 @@ def _row_fences(
 
     table = sql.SQL(pt.spec.table.sql)
     col = sql.Identifier(pt.spec.column)
+    # Only in the owner's own session: its code that the reads below run, runs as the owner.
     _owner_session_only(conn, pt)
-    # Hold the name until the transaction ends (a rename needs ACCESS EXCLUSIVE), then check
-    # again that it is the protected table: between _protected's check and the reads below
-    # the owner could otherwise swap a view in under it.
-    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table))
-    conn.execute(
-        "SELECT FROM fencekit.registered_table(%s::pg_catalog.regclass)", (pt.spec.table.sql,)
-    )
-    # This reads the user's table as the admin: no policy of its owner is evaluated (with
-    # row_security off, one that would apply makes the read fail instead), and every operator
-    # and function below is pg_catalog's.
+    # Every row, or an error: a policy forced on the owner would hide rows (and fences).
     conn.execute("SET row_security = off")
     conn.execute("SET search_path = pg_catalog, pg_temp")
     pk = _primary_key(conn, pt.spec.table.sql)
@@ -294,7 +287,7 @@ def _row_fences(
             sql.SQL("SELECT {i}, {c} FROM {t} WHERE {w}").format(i=ident, c=col, t=table, w=where)
         ).fetchone()
         if found is None:
-            from fencekit.catalog import CatalogError
+            from fencekit.errors import CatalogError
 
             raise CatalogError(f"{pt.spec.table} has no row with primary key {key}")
         doc["row"] = {"key": found[0], "fence": found[1]}

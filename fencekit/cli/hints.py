@@ -9,9 +9,10 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from fencekit.catalog import Action, CatalogError, Command, Drift, Status
+from fencekit.catalog import Action, Command, Drift, Status
+from fencekit.errors import CatalogError
 
-__all__ = ["command_text", "error_text", "fix_text", "status_document"]
+__all__ = ["error_text", "fix_text", "status_document"]
 
 
 def command_text(c: Command) -> str:

@@ -21,7 +21,7 @@ from fencekit.cli.common import (
 from fencekit.ident import quote_literal
 from fencekit.sqlgen.pin import SCRIPT_PIN
 
-__all__ = ["register", "run_install"]
+__all__: list[str] = []
 
 
 def register(subparsers: Any) -> None:

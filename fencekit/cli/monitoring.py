@@ -14,7 +14,7 @@ from typing import Any
 
 from fencekit.cli import HelpFormatter
 
-__all__ = ["FILES", "read", "register"]
+__all__ = ["FILES", "read"]
 
 #: Subcommand -> file under fencekit/monitoring/.
 FILES = {

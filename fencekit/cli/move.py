@@ -10,7 +10,6 @@ import sys
 from typing import Any
 
 from fencekit import sqlgen
-from fencekit.cli import UsageError
 from fencekit.cli.common import (
     FMT,
     TABLE_HELP,
@@ -27,9 +26,10 @@ from fencekit.cli.common import (
     spec_options,
     table_keys,
 )
+from fencekit.errors import UsageError
 from fencekit.spec import FenceSpec, TableName
 
-__all__ = ["register"]
+__all__: list[str] = []
 
 _CARRIED = (
     "Fences are carried conservatively: no row or key ends up below a token the old spec "

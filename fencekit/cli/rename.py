@@ -22,7 +22,7 @@ from fencekit.cli.common import (
 )
 from fencekit.spec import TableName
 
-__all__ = ["register", "run_rename"]
+__all__: list[str] = []
 
 
 def register(subparsers: Any) -> None:

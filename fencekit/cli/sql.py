@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from fencekit import sqlgen
-from fencekit.cli import UsageError
 from fencekit.cli.common import (
     FMT,
     TABLE_HELP,
@@ -22,16 +21,10 @@ from fencekit.cli.common import (
     spec_from,
     spec_options,
 )
-from fencekit.spec import FenceSpec, SpecError, TableName
+from fencekit.errors import SpecError, UsageError
+from fencekit.spec import FenceSpec, TableName
 
-__all__ = [
-    "register",
-    "run_sql_install",
-    "run_sql_protect",
-    "run_sql_rename",
-    "run_sql_uninstall",
-    "run_sql_unprotect",
-]
+__all__: list[str] = []
 
 
 def register(subparsers: Any) -> None:

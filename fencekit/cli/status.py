@@ -14,7 +14,7 @@ from fencekit.cli.common import FMT, connect, dsn_from, dsn_option
 if TYPE_CHECKING:
     from fencekit.catalog import Status
 
-__all__ = ["format_status", "register", "run_status", "status_lines"]
+__all__: list[str] = []
 
 
 def register(subparsers: Any) -> None:

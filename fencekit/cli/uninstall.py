@@ -19,7 +19,7 @@ from fencekit.cli.common import (
     run_script,
 )
 
-__all__ = ["register", "run_uninstall"]
+__all__: list[str] = []
 
 
 def register(subparsers: Any) -> None:

@@ -22,7 +22,7 @@ from fencekit.cli.common import (
     table_keys,
 )
 
-__all__ = ["register", "run_unprotect"]
+__all__: list[str] = []
 
 
 def register(subparsers: Any) -> None:

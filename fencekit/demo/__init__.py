@@ -40,9 +40,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from fencekit.errors import FencekitError
+from fencekit.errors import DemoError
 
-__all__ = ["DemoError", "DemoResult", "run_demo"]
+__all__ = ["run_demo"]
 
 RESOURCE = "billing"  # the named resource of the key fence
 ACCOUNT = 42
@@ -72,10 +72,6 @@ ON CONFLICT (account_id) DO UPDATE
    SET total = EXCLUDED.total, invoices = EXCLUDED.invoices,
        computed_by = EXCLUDED.computed_by, token = EXCLUDED.token
 """
-
-
-class DemoError(FencekitError, RuntimeError):
-    """The demo could not run (server, privileges, a worker that misbehaved)."""
 
 
 @dataclass
@@ -203,6 +199,18 @@ class _Worker:
             self.proc.wait(10)
 
 
+def token_anatomy(token: int) -> str:
+    """Why a token of fencekit's issuer is a large number that skips values (docs/leases.md,
+    "How tokens stay monotonic")."""
+    epoch, n = token >> 40, token & ((1 << 40) - 1)
+    return (
+        f"(token {token} = epoch {epoch} * 2^40 + {n}: the epoch is the server's WAL timeline, "
+        "raised by every failover, so tokens granted after one are higher than all before it; "
+        "the rest is a sequence shared by every resource, so one resource's tokens only grow "
+        "but skip the numbers other resources took)"
+    )
+
+
 class _Story:
     def __init__(
         self, out: TextIO, fenced: bool, issuer: str = "postgres", endpoints: str | None = None
@@ -213,6 +221,7 @@ class _Story:
         self.t0 = time.monotonic()
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.result = DemoResult(fenced=fenced)
+        self.explained = False  # the first token of fencekit's issuer is explained once
 
     def say(self, who: str, text: str) -> None:
         at = time.monotonic() - self.t0
@@ -240,6 +249,9 @@ class _Story:
         who, kind = f"worker {ev['who']}", ev["event"]
         if kind == "acquired":
             self.say(who, f"acquired the lease on {LEASE!r}: token {ev['token']}")
+            if self.issuer == "postgres" and not self.explained:
+                self.explained = True
+                self.say("", "  " + token_anatomy(int(ev["token"])))
         elif kind == "computing":
             self.say(who, f"read {ev['invoices']} invoices (total {ev['total']}), computing...")
         elif kind == "writing":
@@ -435,7 +447,8 @@ def run_demo(
     throwaway embedded server. Returns what happened; ``result.ok`` says whether the outcome
     is the one expected for the mode. ``issuer``: where the leases come from (postgres, etcd,
     zookeeper; see fencekit.demo.issuers for how an external server is found)."""
-    from fencekit.demo.issuers import IssuerNotReachableError, check_reachable, endpoints_for
+    from fencekit.demo.issuers import check_reachable, endpoints_for
+    from fencekit.errors import IssuerNotReachableError
 
     out = out or sys.stdout
     try:

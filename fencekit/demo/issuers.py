@@ -20,18 +20,10 @@ import os
 import time
 from typing import Any
 
-from fencekit.leases.base import Issuer, IssuerError
+from fencekit.errors import IssuerNotReachableError
+from fencekit.leases.base import Issuer
 
-__all__ = [
-    "DEFAULT_ENDPOINTS",
-    "ENDPOINTS_ENV",
-    "ISSUERS",
-    "IssuerNotReachableError",
-    "check_reachable",
-    "endpoints_for",
-    "make_issuer",
-    "wait_released",
-]
+__all__ = ["check_reachable", "endpoints_for", "make_issuer", "wait_released"]
 
 ISSUERS = ("postgres", "etcd", "zookeeper")
 ENDPOINTS_ENV = {"etcd": "FENCEKIT_ETCD_ENDPOINTS", "zookeeper": "FENCEKIT_ZOOKEEPER_HOSTS"}
@@ -41,10 +33,6 @@ _HOW_TO_START = {
     "zookeeper": "start one (e.g. Debian's zookeeper package, or "
     "`zkServer.sh start`; it listens on 127.0.0.1:2181)",
 }
-
-
-class IssuerNotReachableError(IssuerError):
-    """The demo's external issuer is not installed (client library) or does not answer."""
 
 
 def _check_kind(kind: str) -> None:

@@ -15,7 +15,7 @@ from django.apps import AppConfig
 from django.db import connections
 from django.db.backends.signals import connection_created
 
-__all__ = ["FencekitConfig"]
+__all__: list[str] = []
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:

@@ -22,10 +22,11 @@ from django.core.management.base import CommandError
 from django.db.migrations.autodetector import MigrationAutodetector, OperationDependency
 
 from fencekit.django.fences import META_OPTION, fence_of
+from fencekit.django.grants import add_writer_grants
 from fencekit.django.operations import MoveFence, ProtectTable, UnprotectTable
 from fencekit.spec import FenceSpec
 
-__all__ = ["INSTALL_MIGRATION", "FenceAutodetector"]
+__all__ = ["FenceAutodetector"]
 
 #: The ``fencekit`` app migration that installs the core every fence needs.
 INSTALL_MIGRATION = ("fencekit", "0001_install")
@@ -108,6 +109,7 @@ class FenceAutodetector(MigrationAutodetector):
             else:
                 op = MoveFence.generate(model_name, old_spec, new_spec)
             self.add_operation(new_key[0], op, dependencies=deps)
+        add_writer_grants(self, self._graph, sorted({k[0] for k in self._fence_new}))
 
     def _key_field_deps(self, key: _Key, spec: FenceSpec) -> list[OperationDependency]:
         model = self.to_state.apps.get_model(*key)
@@ -123,6 +125,7 @@ class FenceAutodetector(MigrationAutodetector):
         return str(state.models[key].name)
 
     def _detect_changes(self, convert_apps: Any = None, graph: Any = None) -> Any:
+        self._graph = graph
         migrations = super()._detect_changes(convert_apps, graph)
         fence_ops = (ProtectTable, UnprotectTable, MoveFence)
         for app_label, app_migrations in migrations.items():

@@ -28,7 +28,8 @@ from typing import Any
 from django.db.migrations import state as _migration_state
 from django.db.models import options as _model_options
 
-from fencekit.spec import DEFAULT_COLUMN, DEFAULT_SCHEMA, FenceSpec, Scope, SpecError, TableName
+from fencekit.errors import SpecError
+from fencekit.spec import DEFAULT_COLUMN, DEFAULT_SCHEMA, FenceSpec, Scope, TableName
 
 __all__ = ["META_OPTION", "Fence", "fence_of", "spec_of"]
 

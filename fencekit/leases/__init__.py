@@ -9,18 +9,14 @@ The etcd and ZooKeeper issuers live in ``fencekit.leases.etcd`` / ``fencekit.lea
 and are not imported here (they need extras).
 """
 
-from fencekit.leases.base import (
-    AsyncIssuer,
-    Backoff,
-    Grant,
-    Issuer,
+from fencekit.errors import (
     IssuerError,
     IssuerUnavailableError,
     LeaseError,
     LeaseLostError,
     LeaseTimeoutError,
-    LossCallback,
 )
+from fencekit.leases.base import AsyncIssuer, Backoff, Grant, Issuer, LossCallback
 from fencekit.leases.claim import async_claim, claim
 from fencekit.leases.lease import AsyncLease, Lease
 from fencekit.leases.postgres import AsyncPostgresIssuer, PostgresIssuer

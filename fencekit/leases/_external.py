@@ -16,28 +16,11 @@ import logging
 import threading
 import time
 
-from fencekit.leases.base import (
-    MAX_TOKEN,
-    Grant,
-    Issuer,
-    IssuerError,
-    IssuerUnavailableError,
-    LossCallback,
-    check_resource,
-)
+from fencekit.leases.base import Grant, LossCallback, check_resource
 
 log = logging.getLogger("fencekit.leases")
 
-__all__ = [
-    "MAX_TOKEN",
-    "Grant",
-    "Issuer",
-    "IssuerError",
-    "IssuerUnavailableError",
-    "LossCallback",
-    "LossTracker",
-    "check_resource",
-]
+__all__ = ["Grant", "LossCallback", "LossTracker", "check_resource"]
 
 
 class LossTracker:

@@ -19,7 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from fencekit.leases.base import Grant, Issuer, IssuerError, LossCallback
+from fencekit.errors import IssuerError
+from fencekit.leases.base import Grant, Issuer, LossCallback
 
 __all__ = ["ThreadedAsyncIssuer"]
 

@@ -22,7 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from fencekit.errors import FencekitError
+from fencekit.errors import (
+    LeaseLostError,
+)
 
 log = logging.getLogger("fencekit.leases")
 
@@ -31,17 +33,11 @@ MAX_TTL = 86400.0  # the SQL issuer's limit too: renew a short lease rather than
 
 __all__ = [
     "MAX_TOKEN",
-    "MAX_TTL",
     "AsyncIssuer",
     "Backoff",
     "Grant",
     "Issuer",
-    "IssuerError",
-    "IssuerUnavailableError",
-    "LeaseError",
-    "LeaseLostError",
     "LeaseState",
-    "LeaseTimeoutError",
     "LossCallback",
     "check_resource",
     "check_ttl",
@@ -100,45 +96,6 @@ class AsyncIssuer(Protocol):
     async def renew(self, grant: Grant) -> bool: ...
     async def release(self, grant: Grant) -> None: ...
     async def close(self) -> None: ...
-
-
-# ---------------------------------------------------------------- errors
-
-
-class IssuerError(FencekitError):
-    """Base class of issuer errors."""
-
-
-class IssuerUnavailableError(IssuerError):
-    """The issuer could not be reached in time.
-
-    Not a verdict on the lease: the attempt may or may not have taken effect, and a held lease
-    may still be alive until its deadline.
-    """
-
-
-class LeaseError(FencekitError):
-    """Base class of lease errors (a lease used while not held, ...)."""
-
-
-class LeaseTimeoutError(LeaseError, TimeoutError):
-    """The resource stayed held by someone else for the whole wait."""
-
-
-class LeaseLostError(LeaseError):
-    """The lease was lost: renewal was refused or failed until the lease expired.
-
-    Stop working on the resource. Writes made with the old token are rejected by fenced tables
-    once another holder wrote with a newer token.
-    """
-
-    def __init__(self, grant: Grant, reason: str) -> None:
-        super().__init__(
-            f"lease on {grant.resource!r} (token {grant.token}, holder {grant.holder!r}) "
-            f"lost: {reason}"
-        )
-        self.grant = grant
-        self.reason = reason
 
 
 # ---------------------------------------------------------------- input checks

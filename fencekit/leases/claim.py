@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from fencekit.errors import FenceError, translate, validate_token
 
-__all__ = ["CLAIM_SQL", "async_claim", "claim", "conninfo", "key_texts"]
+__all__ = ["async_claim", "claim", "conninfo"]
 
 CLAIM_SQL = "SELECT fencekit.claim(%s::regclass, %s::text[], %s, %s)"
 _CLAIM_NUMBERED = "SELECT fencekit.claim($1::regclass, $2::text[], $3, $4)"  # asyncpg

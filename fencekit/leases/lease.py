@@ -22,16 +22,13 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
-from fencekit.errors import FenceError
+from fencekit.errors import FenceError, IssuerUnavailableError, LeaseError, LeaseTimeoutError
 from fencekit.leases.base import (
     AsyncIssuer,
     Backoff,
     Grant,
     Issuer,
-    IssuerUnavailableError,
-    LeaseError,
     LeaseState,
-    LeaseTimeoutError,
     LossCallback,
     check_resource,
     check_ttl,

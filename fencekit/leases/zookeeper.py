@@ -52,15 +52,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from fencekit.leases._external import (
-    Grant,
-    IssuerError,
-    IssuerUnavailableError,
-    LossCallback,
-    LossTracker,
-    check_resource,
-    log,
-)
+from fencekit.errors import IssuerError, IssuerUnavailableError
+from fencekit.leases._external import Grant, LossCallback, LossTracker, check_resource, log
 from fencekit.leases._threaded import ThreadedAsyncIssuer
 
 try:

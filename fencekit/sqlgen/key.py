@@ -20,9 +20,9 @@ refuses key types whose equal values can print differently (``fencekit.check_key
 from __future__ import annotations
 
 from fencekit.ident import quote_ident
-from fencekit.sqlgen.common import Names, definer_function, judge_fences, statement_token
+from fencekit.sqlgen.common import Names, attribute, definer_function, judge_fences, statement_token
 from fencekit.sqlgen.objects import Function, Trigger
-from fencekit.sqlgen.text import comment
+from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, comment, lit
 
 __all__ = ["KEY_SETTINGS", "key_expression", "key_objects"]
 
@@ -48,17 +48,42 @@ def key_expression(columns: tuple[str, ...], alias: str) -> str:
 def _keys(n: Names, sources: list[str]) -> str:
     """SQL: the statement's distinct keys as text, sorted (every lock a key fence takes is
     taken in key order, so two writers never deadlock on fences)."""
-    cols = ", ".join(quote_ident(c) for c in n.spec.key)
+    # Qualified: a key column may be named like a variable of the function (raw, tok).
+    cols = ", ".join(f"y.{quote_ident(c)}" for c in n.spec.key)
     if len(sources) == 1:
         rows = f"{sources[0]} AS x"
     else:
         union = "\n                            UNION ALL ".join(
-            f"SELECT {cols} FROM {s}" for s in sources
+            f"SELECT {cols} FROM {s} AS y" for s in sources
         )
         rows = f"({union}) AS x"
     return (
         f"ARRAY(SELECT DISTINCT {key_expression(n.spec.key, 'x')}\n"
         f"                      FROM {rows} ORDER BY 1)"
+    )
+
+
+def _token(n: Names) -> str:
+    """PL/pgSQL: ``tok``, the statement's token. The common case (a canonical token below
+    10^18, no bypass asked for, the right issuer) is one inline condition on the value read
+    once into ``raw``; anything else is judged by ``fencekit.statement_token``, which reads
+    the token itself and says what is wrong (a call, with its settings, per statement saved)."""
+    issuer = ""
+    if n.spec.issuer is not None:
+        issuer = (
+            "\n      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') "
+            "OPERATOR(pg_catalog.=) ''\n"
+            "           OR pg_catalog.current_setting('fencekit.issuer', true) "
+            f"OPERATOR(pg_catalog.=) {lit(n.spec.issuer)})"
+        )
+    return (
+        f"  IF raw OPERATOR(pg_catalog.~) {TOKEN_FAST}\n"
+        "      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+        f"OPERATOR(pg_catalog.=) ''{issuer} THEN\n"
+        "    tok := raw::pg_catalog.int8;\n"
+        "  ELSE\n"
+        f"    tok := {statement_token(n)};\n"
+        "  END IF;\n"
     )
 
 
@@ -68,12 +93,13 @@ def _body(n: Names, sources: list[str]) -> str:
     label = spec.key[0] if len(spec.key) == 1 else f"({', '.join(spec.key)})"
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
-        + f"DECLARE\n  tok pg_catalog.int8 := {statement_token(n)};\nBEGIN\n"
-        "  IF tok IS NOT NULL THEN\n"
+        + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
+        "  tok pg_catalog.int8;\nBEGIN\n" + _token(n) + "  IF tok IS NOT NULL THEN\n"
         # Before any key's text is computed (plpgsql plans the statement below only when it
         # reaches it): a key column retyped to a type of the owner's would run its cast as us.
         f"    PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID);\n"
         + judge_fences(n, _keys(n, sources), label)
+        + attribute(n)
         + "  END IF;\n  RETURN NULL;\nEND\n"
     )
 

@@ -30,8 +30,9 @@ The old resource's fences are removed when no other table uses it, as unprotect 
 
 from __future__ import annotations
 
+from fencekit.errors import SpecError
 from fencekit.ident import quote_ident
-from fencekit.spec import FenceSpec, Scope, SpecError
+from fencekit.spec import FenceSpec, Scope
 from fencekit.sqlgen.common import lit_lines, names_for, spec_jsonb
 from fencekit.sqlgen.key import KEY_SETTINGS, key_expression
 from fencekit.sqlgen.protect import add_column_quietly, drop_objects, protect_statements

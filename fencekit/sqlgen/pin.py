@@ -5,7 +5,7 @@ operator (or function) in a later schema whose argument types match *exactly* be
 pg_catalog's when pg_catalog's needs a cast: ``public./(bigint, numeric)`` wins over
 ``pg_catalog./(numeric, numeric)`` for ``bigint / 1000.0`` even with pg_catalog searched
 first. Anyone with CREATE on ``public`` can plant one, and a DBA running fencekit's SQL would
-run it (issue 23, F9/F10). So nothing fencekit generates is parsed under the caller's path:
+run it. So nothing fencekit generates is parsed under the caller's path:
 
 - a whole script (``fencekit sql ...``, the CLI) pins it with ``SET LOCAL`` right after
   ``BEGIN`` (:data:`SCRIPT_PIN`);
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["IN_TRANSACTION", "PINNED_PATH", "RESTORE", "SAVE_AND_PIN", "SCRIPT_PIN", "pinned"]
+__all__ = ["IN_TRANSACTION", "PINNED_PATH", "SCRIPT_PIN", "pinned"]
 
 #: The only path generated SQL is parsed under: pg_catalog, then the session's temporary schema
 #: last (pg_temp is never searched for functions or operators, and last for relations).

@@ -22,12 +22,10 @@ from fencekit.sqlgen.text import do, dollar, lit
 
 __all__ = [
     "add_column_quietly",
-    "create_counters_quietly",
     "drop_objects",
     "protect_statements",
     "table_objects",
     "trigger_stamp",
-    "unprotect_guard",
     "unprotect_statements",
 ]
 
@@ -179,7 +177,7 @@ def cover_function(objs: TableObjects, n: Names) -> Function:
         "END\n"
     )
     # Not on the hot path (protect and the auto-cover event trigger call it): it pins its
-    # search_path rather than qualify every operator (issue 23, F10).
+    # search_path rather than qualify every operator.
     return n.function("cover", body, returns="void", settings=(PINNED_SEARCH_PATH,))
 
 

@@ -13,7 +13,7 @@ from fencekit.sqlgen.common import Names, statement_token
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.text import TOKEN, lit
 
-__all__ = ["DIGITS_ONLY", "FENCE_DEFAULT", "row_objects"]
+__all__ = ["FENCE_DEFAULT", "row_objects"]
 
 #: True when ``{t}`` is nothing but 1 to 18 digits. Cheaper than a regular expression (which cost
 #: a bulk UPDATE a third more when every row ran one), and it cannot raise.

@@ -11,7 +11,13 @@ a key fence is judged after the statement (key.py).
 from __future__ import annotations
 
 from fencekit.spec import Scope
-from fencekit.sqlgen.common import Names, definer_function, judge_fences, statement_token
+from fencekit.sqlgen.common import (
+    Names,
+    attribute,
+    definer_function,
+    judge_fences,
+    statement_token,
+)
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.table import table_fence
 from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, lit
@@ -20,28 +26,29 @@ __all__ = ["statement_objects"]
 
 
 def _fast_path(n: Names) -> str:
-    """A row fence's common case as one condition: a well-formed token (or, under on_missing =
-    allow, none), no bypass, the right issuer. It is the statement trigger's WHEN clause,
-    evaluated in C: a statement it holds for calls no PL/pgSQL at all (every statement's cost;
-    the function behind it judges the rest)."""
-    token = f"{TOKEN}\n      OPERATOR(pg_catalog.~) {TOKEN_FAST}"
-    if n.spec.on_missing == "allow":
-        # Rollout mode: a statement without a token needs nothing here either; its row
-        # triggers judge and count each row it writes (unfenced_write).
-        token = f"({token}\n      OR COALESCE({TOKEN}, '') OPERATOR(pg_catalog.=) '')"
+    """A row fence's common case in one expression, without a call: a well-formed token (or,
+    under on_missing = allow, none), no bypass, the right issuer (written inline for speed: it
+    is every statement's cost)."""
+    token = f"{TOKEN} OPERATOR(pg_catalog.~) {TOKEN_FAST}"
+    # Rollout mode (on_missing = allow): a statement without a token goes on past this, to be
+    # attributed to its writer (fencekit.attribute); its row triggers judge and count each row
+    # it writes (unfenced_write).
     issuer = ""
     if n.spec.issuer is not None:
         issuer = (
-            "\n    AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') "
+            "\n     AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') "
             "OPERATOR(pg_catalog.=) ''\n"
-            "      OR pg_catalog.current_setting('fencekit.issuer', true) "
+            "          OR pg_catalog.current_setting('fencekit.issuer', true) "
             f"OPERATOR(pg_catalog.=) {lit(n.spec.issuer)})"
         )
-    # A token is a positive bigint in plain decimal: this settles the ones below 10^18;
-    # anything else goes to fencekit.statement_token, which judges the rest.
     return (
-        f"{token}\n    AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
-        f"OPERATOR(pg_catalog.=) ''{issuer}"
+        "  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;\n"
+        "  -- anything else goes to fencekit.statement_token, which judges the rest.\n"
+        f"  IF {token}\n"
+        "     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+        f"OPERATOR(pg_catalog.=) ''{issuer} THEN\n"
+        "    RETURN NULL;\n"
+        "  END IF;\n"
     )
 
 
@@ -72,30 +79,40 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     if scope is Scope.ROW:
         # Before INSERT, UPDATE and DELETE: runs as the writer, fast path first. TRUNCATE reads
         # every row's fence: its own function, as the table's owner (see _row_truncate).
-        # The common case never calls it (the trigger's WHEN clause, _fast_path). Its row
-        # triggers count each row an allowed or bypassed statement writes.
+        # Its row triggers count each row an allowed or bypassed statement writes.
+        if n.spec.on_missing == "allow":
+            no_bypass = (
+                "COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+                "OPERATOR(pg_catalog.=) ''"
+            )
+            rest = (
+                # Rollout mode: attribute a statement without a token, once, here.
+                f"  IF COALESCE({TOKEN}, '') OPERATOR(pg_catalog.=) ''\n     AND {no_bypass} THEN\n"
+                + attribute(n, otherwise=False)
+                + "    RETURN NULL;\n  END IF;\n"
+                f"  IF {statement_token(n, counted=False)} IS NULL THEN\n"
+                + attribute(n, otherwise=False)
+                + "  END IF;\n"
+            )
+        else:
+            rest = f"  PERFORM {statement_token(n, counted=False)};\n"
         stmt = n.function(
-            "stmt",
-            f"\n{title}BEGIN\n"
-            f"  PERFORM {statement_token(n, counted=False)};\n  RETURN NULL;\nEND\n",
+            "stmt", f"\n{title}BEGIN\n" + _fast_path(n) + rest + "  RETURN NULL;\nEND\n"
         )
         trunc = definer_function(
             n.function,
             "trunc",
             f"{title}DECLARE\n  tok pg_catalog.int8 := {statement_token(n)};\n"
             "  fence pg_catalog.int8;\nBEGIN\n"
-            "  IF tok IS NOT NULL THEN\n" + _row_truncate(n) + "  END IF;\n  RETURN NULL;\nEND\n",
+            "  IF tok IS NOT NULL THEN\n"
+            + _row_truncate(n)
+            + attribute(n)
+            + "  END IF;\n  RETURN NULL;\nEND\n",
             (("row_security", "off"),),
             table_owner=True,
         )
         return [stmt, trunc], [
-            Trigger(
-                n.trigger("stmt"),
-                "BEFORE INSERT OR UPDATE OR DELETE",
-                "STATEMENT",
-                stmt,
-                when=f"({_fast_path(n)}) IS NOT TRUE",
-            ),
+            Trigger(n.trigger("stmt"), "BEFORE INSERT OR UPDATE OR DELETE", "STATEMENT", stmt),
             Trigger(n.trigger("trunc"), "BEFORE TRUNCATE", "STATEMENT", trunc),
         ]
     # Key and table fences write fencekit.fences (through fencekit.judge_fences): the check runs
@@ -106,7 +123,7 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         n.function,
         "stmt",
         f"{title}DECLARE\n  tok pg_catalog.int8 := {statement_token(n)};\nBEGIN\n"
-        f"  IF tok IS NOT NULL THEN\n{judge}  END IF;\n  RETURN NULL;\nEND\n",
+        f"  IF tok IS NOT NULL THEN\n{judge}{attribute(n)}  END IF;\n  RETURN NULL;\nEND\n",
         (),
     )
     truncate = Trigger(n.trigger("trunc"), "BEFORE TRUNCATE", "STATEMENT", stmt)

@@ -32,7 +32,8 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from fencekit.leases.base import AsyncIssuer, Issuer, LeaseLostError, LossCallback
+from fencekit.errors import LeaseLostError
+from fencekit.leases.base import AsyncIssuer, Issuer, LossCallback
 from fencekit.leases.lease import AsyncLease, Lease
 
 __all__ = ["current_lease", "fenced_task"]

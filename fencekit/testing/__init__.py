@@ -1,14 +1,18 @@
 """Test your own workers: the pytest plugin that pauses a real worker past its lease and proves
 the stale write is rejected (docs/testing-your-workers.md).
 
-    pip install 'pg-fencekit[testing]'
+    pip install 'pg-fencekit[testing]'    # or: pip install pytest-fencekit
+
+The pytest plugin (the ``fenced_db`` fixture, the ``fencekit_*`` ini options and the
+``fenced_database`` factory) ships as its own distribution, pytest-fencekit (package
+``pytest_fencekit``); this package is the kit it and your tests call.
 
 In the worker (production code; a no-op outside the kit's tests)::
 
     from fencekit.testing import checkpoint
     checkpoint("computing")
 
-In the tests (the plugin loads itself through its ``pytest11`` entry point)::
+In the tests (pytest-fencekit's plugin loads itself through its ``pytest11`` entry point)::
 
     from fencekit.testing import takeover
 
@@ -42,7 +46,6 @@ __all__ = [
     "atakeover",
     "checkpoint",
     "describe",
-    "fenced_database",
     "paused",
     "run_many",
     "spawn",
@@ -54,18 +57,17 @@ __all__ = [
 _LAZY = {
     "DatabaseSetup": "database",
     "FencedDatabase": "database",
-    "FencingAssertionError": "assertions",
+    "FencingAssertionError": "fencekit.errors",
     "ManyResult": "many",
     "Outcome": "workers",
     "TakeoverResult": "scenario",
     "Worker": "workers",
-    "WorkerError": "workers",
+    "WorkerError": "fencekit.errors",
     "assert_fence": "assertions",
     "assert_no_rejections": "assertions",
     "assert_rejections": "assertions",
     "atakeover": "scenario",
     "describe": "assertions",
-    "fenced_database": "plugin",
     "paused": "scenario",
     "run_many": "many",
     "spawn": "workers",
@@ -79,6 +81,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fencekit.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"fencekit.testing.{module}"), name)
+    path = module if "." in module else f"fencekit.testing.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value

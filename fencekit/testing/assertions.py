@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from fencekit.errors import FencekitError
+from fencekit.errors import FencingAssertionError
 from fencekit.spec import TableName
 
 if TYPE_CHECKING:
     from fencekit.testing.database import FencedDatabase
 
 __all__ = [
-    "FencingAssertionError",
     "assert_fence",
     "assert_no_rejections",
     "assert_rejections",
@@ -30,10 +29,6 @@ __all__ = [
 ]
 
 _current: list[FencedDatabase] = []
-
-
-class FencingAssertionError(FencekitError, AssertionError):
-    """A fencing assertion failed; the message carries the report (:func:`describe`)."""
 
 
 def push_current_database(db: FencedDatabase) -> None:
@@ -51,7 +46,7 @@ def current_database() -> FencedDatabase:
     if not _current:
         raise RuntimeError(
             "no fenced database in this test: request the `fenced_db` fixture (or one made "
-            "with fencekit.testing.fenced_database), or pass db="
+            "with pytest_fencekit.fenced_database), or pass db="
         )
     return _current[-1]
 

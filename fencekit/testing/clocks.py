@@ -14,13 +14,9 @@ from typing import Any
 
 import psycopg
 
-from fencekit.errors import FencekitError
+from fencekit.errors import LeaseWaitError
 
-__all__ = ["LeaseWaitError", "wait_lease_expired"]
-
-
-class LeaseWaitError(FencekitError, AssertionError):
-    """The lease did not expire in time, or there was no lease to wait for."""
+__all__ = ["wait_lease_expired"]
 
 
 def wait_lease_expired(

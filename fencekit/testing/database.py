@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from fencekit.errors import FencekitError
+from fencekit.errors import SetupError
 from fencekit.spec import FenceSpec, TableName
 from fencekit.testing import history
 from fencekit.testing.servers import Server
@@ -47,13 +47,9 @@ DEFAULT_GRANTS = (
 )
 
 
-class SetupError(FencekitError, RuntimeError):
-    """The fenced database could not be built (the message says which step and why)."""
-
-
 @dataclass(frozen=True)
 class DatabaseSetup:
-    """What goes into the template; see :func:`fencekit.testing.fenced_database`."""
+    """What goes into the template; see :func:`pytest_fencekit.fenced_database`."""
 
     schema: SchemaSource = None
     fences: Any = ()  # FenceSpec objects, or a SQLAlchemy MetaData with declared fences
@@ -233,7 +229,7 @@ def build_template(server: Server, setup: DatabaseSetup, name: str) -> Template:
                     from fencekit.sqlgen import protect_statements
                     from fencekit.sqlgen.pin import pinned
 
-                    # search_path pinned for them (issue 23): this transaction, then restored
+                    # search_path pinned for them: this transaction, then restored
                     _run(conn, pinned(protect_statements(spec)))
             conn.commit()
             specs = list(_protected(conn).values())

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 from fencekit.chaos.checker import Report, check, format_report
 from fencekit.chaos.history import Event, HistoryWriter, read_events
 from fencekit.chaos.nemesis import Nemesis
+from fencekit.errors import FencingAssertionError
 from fencekit.testing._bootstrap import UNTIL_ENV
-from fencekit.testing.assertions import FencingAssertionError, current_database, describe
+from fencekit.testing.assertions import current_database, describe
 
 if TYPE_CHECKING:
     from fencekit.testing.database import FencedDatabase

@@ -8,9 +8,10 @@ once resumed), waits until the lease has expired by the issuer's clock, and resu
 ``takeover(fn, *args, resource=..., table=...)`` is the whole scenario: worker A runs to its
 checkpoint and is paused past its lease; worker B (the same code) takes the lease over and runs
 to the end, so its write (or its claim at grant) has moved the fence before A resumes; A
-resumes, and its write must be rejected as stale, and B's must survive. Nothing in it sleeps
-for a guessed time. When B's token has not reached the fence by the time A resumes, the failure
-names the grant-to-first-write gap.
+resumes, and its write must be rejected as stale, and B's must survive. ``during_pause=``
+changes the data while A is paused, before B starts (the late invoice A never saw). Nothing in
+it sleeps for a guessed time. When B's token has not reached the fence by the time A resumes,
+the failure names the grant-to-first-write gap.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fencekit.errors import FencingAssertionError
 from fencekit.spec import TableName
-from fencekit.testing.assertions import FencingAssertionError, current_database, describe
+from fencekit.testing.assertions import current_database, describe
 from fencekit.testing.clocks import wait_lease_expired
 from fencekit.testing.workers import Outcome, Worker
 
@@ -89,11 +91,14 @@ def takeover(
     db: FencedDatabase | None = None,
     issuer: Any = None,
     timeout: float = 60.0,
+    during_pause: Callable[[FencedDatabase], Any] | None = None,
     **kwargs: Any,
 ) -> TakeoverResult:
     """Run the takeover scenario with ``fn(*args, **kwargs)`` as both workers; see the module
     docstring. ``resource``: the lease the worker takes; ``table``: the table it writes;
-    ``at``: the checkpoint to pause A at (after the lease, before the write)."""
+    ``at``: the checkpoint to pause A at (after the lease, before the write).
+    ``during_pause(db)``: what happens to the data while A is paused (a late invoice arrives):
+    called once A's lease has expired, before B starts, with the test's database."""
     __tracebackhide__ = True  # pytest: the failure is the message, not the kit's frames
     d = db or current_database()
     name = TableName.parse(table).dotted
@@ -102,6 +107,8 @@ def takeover(
     a.wait_for(at, timeout)
     a_token = _token(d, resource, issuer)
     with paused(a, until_lease_expired=resource, issuer=issuer, db=d, timeout=timeout):
+        if during_pause is not None:
+            during_pause(d)
         b = d.spawn(fn, *args, name="B", **kwargs)
         b_outcome = b.join(timeout)
         if not b_outcome.ok:
@@ -158,7 +165,8 @@ def _judge(d: FencedDatabase, r: TakeoverResult, table: str, resource: str) -> l
         out.append(
             f"worker A's write was not rejected as stale ({tokens}; {r.stale_rejections} stale "
             f"rejections counted on {table}) although the rows did not change: did A write after "
-            f"its checkpoint at all? A {r.a_outcome.describe()}"
+            f"its checkpoint at all? (A lease.check() after the checkpoint makes A stop itself "
+            f"before writing: check before the checkpoint.) A {r.a_outcome.describe()}"
         )
     return out
 

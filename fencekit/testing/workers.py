@@ -33,17 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fencekit.errors import FencekitError
+from fencekit.errors import WorkerError
 from fencekit.testing import _bootstrap
 from fencekit.testing.channel import CHANNEL_ENV, WORKER_ENV
 
-__all__ = ["Outcome", "Worker", "WorkerError", "spawn", "spawn_command"]
+__all__ = ["Outcome", "Worker", "spawn", "spawn_command"]
 
 DEFAULT_TIMEOUT = 30.0
-
-
-class WorkerError(FencekitError, AssertionError):
-    """A worker did not do what the test waited for (the message carries its output)."""
 
 
 @dataclass

@@ -19,6 +19,9 @@ include_schemas = false
 # How long a migration waits for a table lock before failing (SET lock_timeout), so that
 # fencing a busy table never queues the application's traffic behind it. Empty: wait forever.
 lock_timeout = 5s
+# The application's roles that take leases from fencekit's issuer (space-separated):
+# autogenerate writes op.grant_fencekit_writer("role") for each one not yet a member.
+fencekit_writer_roles =
 
 # The database. The DATABASE_URL environment variable, when set, takes precedence.
 # Use the psycopg 3 driver: postgresql+psycopg://user:password@host/dbname

@@ -7,7 +7,9 @@ What fencekit adds to alembic's generic env.py:
 - ``autogenerate_plugins``: alembic's own comparators plus fencekit's (alembic >= 1.18);
 - ``include_name`` / ``include_object``: autogenerate never proposes dropping the ``fencekit``
   schema, the fence columns, or fencekit's indexes;
-- ``lock_timeout`` (alembic.ini): a migration waits at most that long for each lock.
+- ``lock_timeout`` (alembic.ini): a migration waits at most that long for each lock;
+- ``fencekit_writer_roles`` (alembic.ini): the roles autogenerate grants ``fencekit_writer``
+  (they take leases from fencekit's issuer).
 """
 
 import importlib
@@ -52,6 +54,7 @@ common: dict[str, Any] = {
     "include_name": fencekit_alembic.include_name,
     "include_object": fencekit_alembic.include_object,
     "autogenerate_plugins": fencekit_alembic.AUTOGENERATE_PLUGINS,
+    "fencekit_writer_roles": (config.get_main_option("fencekit_writer_roles") or "").split(),
 }
 
 

@@ -20,17 +20,25 @@ from fencekit.errors import StaleTokenError
 from tests.adapters.conftest import TOKEN_SQL
 
 
-@pytest.fixture(autouse=True)
-def begin_path_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The BEGIN path is opt-in (fencekit.psycopg.use_begin_path()): these tests opt in."""
-    monkeypatch.setattr(internals, "ENABLED", True)
+def test_the_begin_path_is_the_default_where_the_internals_are_there() -> None:
+    assert fkpg._begin_path() is internals.AVAILABLE
 
 
-def test_the_begin_path_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(internals, "ENABLED", False)
-    assert not fkpg._begin_path()
-    assert fkpg.use_begin_path() is internals.AVAILABLE
-    assert fkpg.use_begin_path(False) is False
+def test_without_the_internals_importing_the_adapter_warns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fallback is visible: importing fencekit.psycopg names what psycopg lacks."""
+    import importlib
+    import sys
+
+    monkeypatch.delattr(psycopg.Connection, "wait")
+    monkeypatch.setattr(internals, "AVAILABLE", internals.missing() == [])
+    import fencekit
+
+    monkeypatch.setattr(fencekit, "psycopg", fkpg)  # put back after the import below
+    monkeypatch.delitem(sys.modules, "fencekit.psycopg")
+    with pytest.warns(RuntimeWarning, match=r"lacks Connection\.wait: the token rides a pipeline"):
+        importlib.import_module("fencekit.psycopg")
 
 
 UPDATE = "UPDATE billing_summary SET summary = %s WHERE account_id = 42"
@@ -78,7 +86,7 @@ def one(conn: psycopg.Connection[Any], query: str) -> Any:
     return conn.execute(query).fetchone()[0]  # type: ignore[index]
 
 
-BEGIN_34 = "\"BEGIN; SET LOCAL fencekit.token = '34'; SET LOCAL fencekit.issuer = ''\""
+BEGIN_34 = "\"BEGIN; SET LOCAL fencekit.token = '34'\""  # untagged: no issuer statement
 
 
 # psycopg's own BEGIN: one simple query from psycopg 3.2 on; psycopg 3.1 sends it with the
@@ -166,8 +174,8 @@ def test_without_the_internals_the_token_rides_a_pipeline(
         assert not any("SET LOCAL" in text for trip in fenced for _, text in trip), name
         statement = next(t for t in fenced if any("UPDATE" in text for _, text in t))
         setter = next(i for i, (_, text) in enumerate(statement) if "set_config" in text)
+        assert "'34'" in statement[setter][1], name  # the token, checked digits
         assert statement[setter + 1][0] == "Bind", name
-        assert "'34'" in statement[setter + 1][1], name  # the token, bound
         assert fenced[-1] == base[-1], name
 
 

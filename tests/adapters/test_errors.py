@@ -155,6 +155,32 @@ def test_missing_token_message_is_actionable(billing: str) -> None:
     assert "fencing(token)" in MissingTokenError.advice
 
 
+def test_missing_token_hint_tells_no_scope_from_a_connection_that_sent_nothing(
+    billing: str,
+) -> None:
+    import fencekit.psycopg
+    from fencekit import fencing
+
+    # The adapter is installed, but the write runs outside any lease or fencing() scope.
+    with psycopg.connect(billing) as conn:
+        fencekit.psycopg.install(conn)
+        with pytest.raises(MissingTokenError) as outside:
+            conn.execute("DELETE FROM billing_summary")
+    assert "outside any lease or fencing() scope" in str(outside.value.hint)
+    assert "install" not in str(outside.value.hint).split(".")[0]
+    # A token is current, but this connection has no adapter to send it.
+    with (
+        psycopg.connect(billing) as conn,
+        fencing(77),
+        pytest.raises(MissingTokenError) as unsent,
+    ):
+        conn.execute("DELETE FROM billing_summary")
+    assert "token 77 was current here" in str(unsent.value.hint)
+    assert "install the driver's adapter" in str(unsent.value.hint)
+    # psql users still get the database's own hint.
+    assert "set_config('fencekit.token'" in unsent.value.orig.diag.message_hint  # type: ignore[union-attr]
+
+
 def test_other_errors_are_not_translated(db: psycopg.Connection) -> None:
     with pytest.raises(psycopg.Error) as info:
         db.execute("SELECT 1/0")

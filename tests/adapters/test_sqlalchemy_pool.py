@@ -1,5 +1,5 @@
 """SQLAlchemy plugin: no statement leaves a fenced scope without the token, whatever connection
-the pool hands out and whatever execution style runs it (issue 12, hole 9).
+the pool hands out and whatever execution style runs it.
 
 SQLAlchemy 2 creates a statement's cursor before it autobegins the transaction, so a plugin
 that fences connections only at ``begin`` sent the first statement of a freshly opened pooled

@@ -49,7 +49,7 @@ def test_psycopg_every_sync_function_has_its_async_twin() -> None:
     sync = {n for n in public if not n.startswith(("async_", "Async"))}
     twinned = {n for n in sync if f"async_{n}" in public or f"Async{n}" in public}
     # These take either kind of connection (or none): one function, no twin.
-    assert sync - twinned == {"install", "uninstall", "use_begin_path", "AnyConnection"}
+    assert sync - twinned == {"install", "uninstall", "is_installed", "AnyConnection"}
     assert set(_public_methods(fkpg.FencedCursor)) == set(_public_methods(fkpg.AsyncFencedCursor))
 
 
@@ -68,8 +68,13 @@ def test_every_driver_adapter_has_one_surface() -> None:
     import fencekit.psycopg2 as fkpg2
 
     for adapter in (fkpg, fkpg2, fkapg):
-        for name in ("install", "uninstall", "transaction", "set_token"):
+        for name in ("install", "uninstall", "is_installed", "transaction", "set_token"):
             assert callable(getattr(adapter, name)), (adapter.__name__, name)
+        # one install() signature: the target, and whether this adapter counts rejections
+        assert _shape(adapter.install)[1:] == [
+            ("translate_errors", inspect.Parameter.KEYWORD_ONLY, True)
+        ], adapter.__name__
+        assert adapter.is_installed(object()) is False, adapter.__name__
         # transaction(conn, token=None, *, issuer=None, ...) everywhere
         assert _shape(adapter.transaction)[:3] == [
             ("conn", inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty),
@@ -80,13 +85,31 @@ def test_every_driver_adapter_has_one_surface() -> None:
 
 
 def test_sql_spliced_tokens_and_issuers_are_checked_again() -> None:
-    """psycopg2 and asyncpg splice the token and issuer into SQL text: their builders refuse
-    anything fencing() would not have let through, whoever calls them."""
-    import fencekit.asyncpg as fkapg
-    import fencekit.psycopg2 as fkpg2
+    """The wire splices the token and issuer into SQL text: its builders refuse anything
+    fencing() would not have let through, whoever calls them."""
+    from fencekit import wire
 
-    for build in (fkapg.set_local_sql, fkapg.set_config_sql, fkpg2._prefix):
+    for build in (wire.set_local, wire.set_config):
         assert "'34'" in build(("34", "etcd"))
         for bad in (("34'; DROP TABLE t; --", ""), ("34", "x'; DROP TABLE t; --"), ("-1", "")):
             with pytest.raises(ValueError, match="not a validated"):
                 build(bad)
+
+
+def test_every_install_refuses_what_it_cannot_fence_and_says_what_it_got() -> None:
+    """A stand-in connection (a harness's fake, another driver's) gets a sentence, not a
+    TypeError from deep inside: what install() takes, and what it was given."""
+    import fencekit.asyncpg as fkapg
+    import fencekit.psycopg2 as fkpg2
+    import fencekit.sqlalchemy as fksa
+
+    class StandIn:
+        pass
+
+    for adapter in (fkpg, fkpg2, fkapg, fksa):
+        with pytest.raises(TypeError, match=r"install\(\) takes .* not .*StandIn"):
+            adapter.install(StandIn())  # type: ignore[arg-type]
+        assert adapter.is_installed(StandIn()) is False
+        assert _shape(adapter.install)[1:] == [
+            ("translate_errors", inspect.Parameter.KEYWORD_ONLY, True)
+        ], adapter.__name__

@@ -1,4 +1,4 @@
-"""Renaming a fenced table with alembic (issue 13, item 5): after ``op.rename_table``
+"""Renaming a fenced table with alembic: after ``op.rename_table``
 autogenerate proposes ``rename_fence`` (not a second ``create_fence``), applying it leaves one
 set of fencekit triggers, and a custom fence column (``column=...``) is never reported as a
 removed column."""

@@ -30,7 +30,7 @@ from tests.lab.chaos import LabEnvironment, LabOptions, find_bindir
 from tests.lab.clocks import find_libfaketime
 from tests.lab.pgbouncer import pgbouncer_binary
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc, pytest.mark.system]
 
 T = TypeVar("T")
 

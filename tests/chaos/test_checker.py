@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from fencekit.chaos.checker import KINDS, LogRow, check, final_state_events, format_report
-from fencekit.chaos.history import HistoryError, load_history
+from fencekit.chaos.history import load_history
 from fencekit.cli import main
+from fencekit.errors import HistoryError
 
 _n = 0
 

@@ -17,7 +17,7 @@ from tests.chaos.report_history import history
 from tests.lab import IN_CI
 
 # Debian's chromium, not a pip package: left out of the fast tier (tests/fast_tier.py).
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.system]
 
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -1,4 +1,4 @@
-"""``fencekit alembic init --metadata --url`` does not ask to set what it set (issue 13, item 8)."""
+"""``fencekit alembic init --metadata --url`` does not ask to set what it set."""
 
 from __future__ import annotations
 

@@ -192,9 +192,9 @@ def test_changing_a_spec_in_place_is_refused(cli: Cli, dsn: str) -> None:
     assert cli("protect", "billing_summary", "--dsn", dsn).code == 0
     r = cli("protect", "billing_summary", "--key", "account_id", "--dsn", dsn)
     assert r.code == 1
-    # The message names the fields that differ, with both values (issue 25, item 7).
+    # The message names the fields that differ, with both values.
     assert "protected with another scope (row -> key), key (none -> account_id) (row fence" in r.err
-    # A structural change is a move, fences carried; never unprotect (issue 13, item 1).
+    # A structural change is a move, fences carried; never unprotect.
     assert "fencekit move public.billing_summary --key account_id" in r.err
     assert "unprotect" not in r.err
 

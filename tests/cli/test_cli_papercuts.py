@@ -1,4 +1,4 @@
-"""Papercuts of issue 25: status and fences run without fencekit_admin say it is needed; a
+"""Papercuts: status and fences run without fencekit_admin say it is needed; a
 ``fences --key`` value the key column refuses is fencekit's error, not PostgreSQL's raw one."""
 
 from __future__ import annotations

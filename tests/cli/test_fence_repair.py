@@ -209,7 +209,7 @@ def test_table_fence_repair(cli: Cli, dsn: str) -> None:
 
 
 def test_row_repair_writes_as_the_owner_without_the_bypass(cli: Cli, dsn: str) -> None:
-    """Issue 23 item 2: no bypassed write (the owner's triggers never run with the bypass on);
+    """No bypassed write (the owner's triggers never run with the bypass on);
     the repair is audited in fencekit.repairs."""
     _sql(dsn, "CREATE TABLE accounts (id int PRIMARY KEY, v int)")
     assert cli("protect", "accounts", "--dsn", dsn).code == 0

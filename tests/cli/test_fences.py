@@ -86,7 +86,7 @@ def test_key_fence_per_key_with_times(cli: Cli, dsn: str) -> None:
     text = cli("fences", "payments", "--key", "42", "--dsn", dsn).out
     assert "key 42: no fence (accepts every token)" in text
     r = cli("fences", "payments", "--key", "x", "--dsn", dsn)
-    assert r.code == 2  # a usage error, named by fencekit (issue 25, item 7)
+    assert r.code == 2  # a usage error, named by fencekit
     assert "--key x does not fit the table's key columns" in r.err
     assert "invalid input syntax for type integer" in r.err
 

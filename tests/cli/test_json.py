@@ -1,5 +1,5 @@
 """``--json`` on install, protect, unprotect and rename; ``fencekit --version`` with ``--dsn``;
-``--dsn`` accepts SQLAlchemy URLs (issue 13, item 7). The keys are documented in
+``--dsn`` accepts SQLAlchemy URLs. The keys are documented in
 docs/reference.md."""
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def test_install_protect_unprotect_json(cli: Cli, raw_dsn: str) -> None:
     r = cli("protect", "t", "--key", "id", "--json", "--dsn", raw_dsn)
     assert r.code == 0, r.err
     doc = json.loads(r.out)
-    assert set(doc) == TABLE_KEYS | {"notes"}
+    assert set(doc) == TABLE_KEYS | {"notes", "owner_code", "allowed"}
     assert (doc["action"], doc["table"], doc["spec"]["key"]) == ("protect", "public.t", ["id"])
+    assert (doc["owner_code"], doc["allowed"]) == ([], {})
     _run(raw_dsn, "ALTER TABLE t RENAME TO u")
     r = cli("rename", "t", "u", "--json", "--dsn", raw_dsn)
     assert r.code == 0, r.err

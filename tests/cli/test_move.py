@@ -1,5 +1,5 @@
 """``fencekit move`` / ``fencekit sql move`` and policy changes through ``fencekit protect``
-(issue 13, item 1): a table is never unprotected in between, and its fences are kept."""
+: a table is never unprotected in between, and its fences are kept."""
 
 from __future__ import annotations
 

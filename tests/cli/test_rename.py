@@ -1,4 +1,4 @@
-"""Rename a protected table (issue 13, item 5): after ``ALTER TABLE ... RENAME`` the old
+"""Rename a protected table: after ``ALTER TABLE ... RENAME`` the old
 triggers keep rejecting stale writes, ``status`` names the one command that fixes it, and
 ``fencekit rename`` moves the protection to the new name in one transaction: exactly one set of
 fencekit triggers remains, named after the new name, and fences and counters follow."""

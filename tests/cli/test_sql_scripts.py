@@ -4,10 +4,8 @@ wheel."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -119,34 +117,3 @@ def test_wheel_config_ships_the_sql_directory() -> None:
     force = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
     assert force.get("sql") == "fencekit/_sql"
     assert (ROOT / "sql" / "README.md").is_file()
-
-
-@pytest.mark.slow
-def test_built_wheel_contains_the_dba_scripts(tmp_path: Path) -> None:
-    pytest.importorskip("hatchling", reason="hatchling builds the wheel (pip install hatchling)")
-    src = tmp_path / "src"
-    shutil.copytree(
-        ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.pyc", "__pycache__", "dist")
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path / "dist"),
-            str(src),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = (tmp_path / "dist").glob("*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "fencekit/_sql/fencekit-install.sql" in names
-    assert "fencekit/_sql/README.md" in names
-    shipped = zipfile.ZipFile(wheel).read("fencekit/_sql/fencekit-install.sql").decode()
-    assert shipped == (ROOT / "sql" / "fencekit-install.sql").read_text(encoding="utf-8")

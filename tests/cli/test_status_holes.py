@@ -131,11 +131,12 @@ def ledger(cli: Cli, dsn: str) -> FenceSpec:
 def test_clean_protected_database_is_ok(
     cli: Cli, dsn: str, accounts: FenceSpec, ledger: FenceSpec
 ) -> None:
-    # Triggers of the application's own that fire after fencekit's check: on the row-fenced
-    # table an AFTER trigger that sorts first and a BEFORE statement trigger that sorts after
-    # fencekit's; on the key-fenced table an AFTER STATEMENT trigger that sorts after fencekit's.
-    # Each can still set fencekit.token for what follows, so each is reported until a DBA
-    # allows its code; then the database is clean.
+    # Triggers of the application's own: on the row-fenced table an AFTER trigger that sorts
+    # first (after fencekit's checks) and a BEFORE statement trigger that sorts after
+    # fencekit's statement check, yet fires ahead of the row trigger that judges each row; on
+    # the key-fenced table an AFTER STATEMENT trigger that sorts after fencekit's. Each can set
+    # fencekit.token, so each is reported until a DBA allows its code; then the database is
+    # clean.
     _sql(
         dsn,
         "CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$",
@@ -152,7 +153,7 @@ def test_clean_protected_database_is_ok(
     found = _all_drift(doc)
     assert {(d["kind"], d["object"]) for d in found} == {
         ("foreign_trigger", "public.accounts: trigger aaa_audit"),
-        ("foreign_trigger", "public.accounts: trigger zz_audit"),
+        ("foreign_trigger_first", "public.accounts: trigger zz_audit"),
         ("foreign_trigger", "public.ledger: trigger zz_audit"),
     }
     # One function, no arguments, no WHEN: one hash, whatever the trigger's name or table.
@@ -285,8 +286,9 @@ def test_without_a_recorded_owner_an_unprivileged_schema_owner_is_reported(
     assert d["object"] == f"owner {app}"
     assert "neither a superuser nor a member of fencekit_admin" in d["message"]
     assert f"GRANT fencekit_admin TO {app}" in d["fix"]
-    # The DBA decides app is fencekit's administering role after all.
-    _sql(dsn, f"GRANT fencekit_admin TO {app}")
+    # The DBA decides app is fencekit's administering role after all. (A restore by app
+    # leaves it owning the tables too: the row fence's TRUNCATE check belongs to their owner.)
+    _sql(dsn, f"GRANT fencekit_admin TO {app}; ALTER TABLE {accounts.table.sql} OWNER TO {app}")
     assert _status(cli, dsn)[0] == 0
 
 
@@ -296,39 +298,65 @@ def test_without_a_recorded_owner_an_unprivileged_schema_owner_is_reported(
 def test_foreign_before_trigger_that_sorts_first_is_reported(
     cli: Cli, dsn: str, accounts: FenceSpec
 ) -> None:
-    # A trigger named to fire before fencekit's statement check, handing every statement a
-    # token: the check then accepts writes that carry none.
+    # A row trigger named to fire before fencekit's row trigger, handing every row a token:
+    # the row check then accepts a stale write.
     _sql(
         dsn,
         "CREATE FUNCTION default_token() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
-        "PERFORM set_config('fencekit.token', '999999', true); RETURN NULL; END$$",
-        "CREATE TRIGGER aaa_default_token BEFORE INSERT OR UPDATE ON accounts "
-        "FOR EACH STATEMENT EXECUTE FUNCTION default_token()",
-        "UPDATE accounts SET balance = balance",  # no token, yet accepted: that is the hole
+        "PERFORM set_config('fencekit.token', '999999', true); RETURN NEW; END$$",
+        "CREATE TRIGGER aaa_default_token BEFORE UPDATE ON accounts "
+        "FOR EACH ROW EXECUTE FUNCTION default_token()",
     )
+    with psycopg.connect(dsn) as conn:  # stale (the row's fence is 50), yet accepted: the hole
+        conn.execute("SELECT set_config('fencekit.token', '5', true)")
+        conn.execute("UPDATE accounts SET balance = balance")
+        conn.rollback()
     code, doc = _status(cli, dsn)
     assert code == 1
     (d,) = _table_drift(doc, "public.accounts")
     assert d["kind"] == "foreign_trigger_first"
     assert d["object"] == "public.accounts: trigger aaa_default_token"
-    assert (
-        "fires on INSERT UPDATE ahead of fencekit's " + _triggers(accounts)["stmt"]
-        in (d["message"])
-    )
+    assert "fires on UPDATE ahead of fencekit's " + _triggers(accounts)["upd"] in d["message"]
     assert "set fencekit.token (set_config)" in d["message"]
-    # Renamed as the fix says, fencekit's check reads the writer's own token first; the
-    # trigger is still reported (it can set the token for the next statement).
+    # Renamed as the fix says, fencekit's row trigger reads the writer's own token first; the
+    # trigger is still reported (it can overwrite the fence column fencekit set).
     assert "RENAME TO zz_aaa_default_token" in d["fix"]
     _sql(dsn, "ALTER TRIGGER aaa_default_token ON accounts RENAME TO zz_aaa_default_token")
     code, doc = _status(cli, dsn)
     (d2,) = _table_drift(doc, "public.accounts")
-    assert (code, d2["kind"], d2["sha256"]) == (1, "foreign_trigger", d["sha256"])
-    with psycopg.connect(dsn) as conn, pytest.raises(psycopg.DatabaseError) as err:
-        conn.execute("UPDATE accounts SET balance = balance")
-    assert err.value.sqlstate == "YF003"
+    assert (code, d2["kind"], d2["sha256"]) == (1, "foreign_trigger_fence_column", d["sha256"])
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT set_config('fencekit.token', '5', true)")
+        with pytest.raises(psycopg.DatabaseError) as err:
+            conn.execute("UPDATE accounts SET balance = balance")
+    assert err.value.sqlstate == "YF001"
     # Reviewed and accepted by the DBA: silenced.
     _allow(cli, dsn, d)
     assert _status(cli, dsn)[0] == 0
+
+
+def test_a_statement_trigger_fires_ahead_of_a_row_fences_row_check_whatever_its_name(
+    cli: Cli, dsn: str, accounts: FenceSpec
+) -> None:
+    # fencekit's statement check on a row fence refuses a missing token; each row is judged by
+    # the token its row trigger reads, after every BEFORE statement trigger.
+    _sql(
+        dsn,
+        "CREATE FUNCTION default_token() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+        "PERFORM set_config('fencekit.token', '999999', true); RETURN NULL; END$$",
+        "CREATE TRIGGER zz_default_token BEFORE UPDATE ON accounts "
+        "FOR EACH STATEMENT EXECUTE FUNCTION default_token()",
+    )
+    with psycopg.connect(dsn) as conn:  # stale, yet accepted
+        conn.execute("SELECT set_config('fencekit.token', '5', true)")
+        conn.execute("UPDATE accounts SET balance = balance")
+        conn.rollback()
+    code, doc = _status(cli, dsn)
+    (d,) = _table_drift(doc, "public.accounts")
+    assert (code, d["kind"]) == (1, "foreign_trigger_first")
+    assert "ahead of fencekit's " + _triggers(accounts)["upd"] in d["message"]
+    assert "whatever its name" in d["fix"]
+    assert "RENAME" not in d["fix"]
 
 
 def test_any_foreign_trigger_fires_ahead_of_a_key_fences_check(

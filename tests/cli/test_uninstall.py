@@ -1,4 +1,4 @@
-"""Remove fencekit (issue 13, item 6): ``fencekit uninstall`` / ``fencekit sql uninstall`` refuse
+"""Remove fencekit: ``fencekit uninstall`` / ``fencekit sql uninstall`` refuse
 while tables are protected, changing nothing, unless told to unprotect them."""
 
 from __future__ import annotations

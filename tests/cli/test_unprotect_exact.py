@@ -1,4 +1,4 @@
-"""Unprotect exactly what is there (issue 13, item 4): a generated unprotect script checks at run
+"""Unprotect exactly what is there: a generated unprotect script checks at run
 time that the registry holds the spec it was generated for, and otherwise refuses, changing
 nothing, with the command that generates the right script in its hint; the last table of a
 resource takes its fences along, a shared named resource keeps them; ``status`` reports

@@ -12,7 +12,7 @@ and CPU. Floors: the least a design can cost in PL/pgSQL, hand-written with no c
 
 - row floor: a BEFORE ROW PL/pgSQL trigger that returns NEW;
 - row floor + statement: the same plus a BEFORE STATEMENT PL/pgSQL trigger that does nothing
-  (the row fence's shape before its statement check moved into a WHEN clause);
+  (the row fence's shape: a statement check and a row check);
 - key design floor: an AFTER STATEMENT trigger with transition tables that reads the keys and
   share-locks their fence rows, SECURITY DEFINER with a pinned search_path.
 """

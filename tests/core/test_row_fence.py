@@ -364,7 +364,7 @@ def test_missing_token_policy(db: Conn) -> None:
     assert rejection_count(db, "strict", "missing") == 4
     # on_missing = allow: the write passes and keeps its fence (an UPDATE cannot touch the fence
     # column); a new row keeps what its writer wrote there (a row moved between partitions
-    # arrives as an INSERT carrying its fence, which must not be cleared; issue 23 item 6).
+    # arrives as an INSERT carrying its fence, which must not be cleared).
     write(db, None, "UPDATE lax SET v = 'unfenced', fencekit_fence = 1")
     write(db, None, "INSERT INTO lax VALUES (2, 'b')")
     write(db, "", "INSERT INTO lax (id, v, fencekit_fence) VALUES (3, 'c', 42)")

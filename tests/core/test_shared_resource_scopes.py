@@ -75,3 +75,18 @@ def test_the_spec_check_refuses_the_pairing() -> None:
         check_shared_resources([table, key])
     check_shared_resources([key, table.with_changes(resource="s")])
     check_shared_resources([key, key.with_changes(table=TableName("public", "c"))])
+
+
+def test_declared_fences_refuse_the_pairing() -> None:
+    """What alembic autogenerate reads: the declarations of one MetaData, checked together."""
+    from sqlalchemy import Column, Integer, MetaData, Table
+
+    from fencekit.declare import declare_fence, declared_fences
+
+    md = MetaData()
+    a = Table("a", md, Column("id", Integer, primary_key=True))
+    b = Table("b", md, Column("id", Integer, primary_key=True))
+    declare_fence(a, scope="key", key=["id"], resource="shared")
+    declare_fence(b, scope="table", resource="shared")
+    with pytest.raises(SpecError, match="cannot be shared"):
+        list(declared_fences(md))

@@ -1,5 +1,5 @@
 """A takeover under load: what a new holder's first write (the advance) meets from writers under
-the old token, on real concurrent sessions (issue 23, item 13; docs/performance.md, "Locks").
+the old token, on real concurrent sessions.
 
 Sessions are sequenced by what the server says (pg_blocking_pids), never by timing. Two facts
 are pinned here, because the docs state them:

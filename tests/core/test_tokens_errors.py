@@ -228,13 +228,28 @@ def test_rejections_are_counted_per_table_and_reason_and_survive_rollback(db: Co
         )
     )
     assert counts == {"a:stale": 2, "a:missing": 1, "a:malformed": 1}
-    (last_at, gap) = rows(
-        db,
-        "SELECT DISTINCT last_rejected_at, max_token_gap FROM fencekit.rejections "
-        "WHERE table_name = 'a'",
-    )[0]
-    assert gap == 7
-    assert started - dt.timedelta(seconds=1) <= last_at <= ended + dt.timedelta(seconds=1)
+    # Every row is about its own reason: a time only where that reason was rejected, the token
+    # gap only on the stale row (a missing token has no gap).
+    view = {
+        reason: (last_at, gap)
+        for reason, last_at, gap in rows(
+            db,
+            "SELECT reason, last_rejected_at, max_token_gap FROM fencekit.rejections "
+            "WHERE table_name = 'a'",
+        )
+    }
+    assert view["stale"][1] == 7
+    assert view["missing"][1] is None
+    assert view["malformed"][1] is None
+    for reason in ("stale", "missing", "malformed"):
+        last_at = view[reason][0]
+        assert started - dt.timedelta(seconds=1) <= last_at <= ended + dt.timedelta(seconds=1)
+    assert view["stale"][0] < view["missing"][0] < view["malformed"][0]
+    assert {r for r, (last_at, _) in view.items() if last_at is not None} == {
+        "stale",
+        "missing",
+        "malformed",
+    }
     assert rows(
         db,
         "SELECT DISTINCT max_token_gap FROM fencekit.rejections WHERE table_name = 'b'",

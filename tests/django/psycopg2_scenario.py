@@ -42,7 +42,7 @@ def main() -> None:
     settings.DATABASES["default"].update(json.loads(os.environ["FK_DJANGO_DB"]))
     out: dict[str, object] = {"driver": connection.Database.__name__}
     account = Account.objects.create(name="psycopg2")
-    out["installed"] = runtime.installed(connection)
+    out["installed"] = runtime.is_installed(connection)
     with fencing(34):
         BillingSummary.objects.create(account=account, total=1)  # autocommit
     with fencing(35), transaction.atomic():

@@ -1,8 +1,8 @@
 """The token on Django's connections: autocommit writes, transaction.atomic(), savepoints,
-scopes that end inside a transaction, async ORM calls and an ASGI view.
+scopes that end inside a transaction, callproc() and COPY, async ORM calls and an ASGI view.
 
-Rejections reach Django code as django.db.DatabaseError (Django wraps what the driver raises)
-with the driver's error as __cause__; translate() reads fencekit's typed error from it.
+Rejections reach Django code as fencekit's class that is also django.db.DatabaseError, with the
+driver's error as __cause__.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def rejection(info: pytest.ExceptionInfo[DatabaseError]) -> FenceError:
-    """fencekit's error behind Django's. Once psycopg raises fencekit's classes itself (issue
-    25 item 1), __cause__ IS that error: translate() returns it unchanged."""
+    """The error Django code caught: fencekit's class and Django's DatabaseError at once."""
     assert isinstance(info.value, DatabaseError)
-    error = translate(info.value.__cause__)
-    assert error is not None, f"not a fence rejection: {info.value!r}"
-    return error
+    assert isinstance(info.value, FenceError), f"not a fence rejection: {info.value!r}"
+    assert translate(info.value.__cause__) is not None  # the driver's error, chained
+    return info.value
 
 
 @pytest.fixture
@@ -39,7 +38,14 @@ def account() -> Account:
 
 def test_the_app_wires_every_connection() -> None:
     connection.ensure_connection()
-    assert runtime.installed(connection)
+    assert runtime.is_installed(connection)
+
+
+def test_install_refuses_what_it_cannot_fence() -> None:
+    with pytest.raises(
+        TypeError, match=r"takes a Django database connection .* not builtins.object"
+    ):
+        runtime.install(object())  # type: ignore[arg-type]
 
 
 def test_autocommit_writes_carry_the_token_and_a_stale_one_is_rejected(account: Account) -> None:
@@ -70,9 +76,9 @@ def test_inside_atomic_the_token_is_set_once_per_transaction(
     sent: list[tuple[str, str]] = []
     send = runtime._send
 
-    def counting(conn, value):  # type: ignore[no-untyped-def]
+    def counting(conn, value, status):  # type: ignore[no-untyped-def]
         sent.append(value)
-        send(conn, value)
+        send(conn, value, status)
 
     monkeypatch.setattr(runtime, "_send", counting)
     with fencing(34), transaction.atomic():
@@ -80,13 +86,17 @@ def test_inside_atomic_the_token_is_set_once_per_transaction(
         BillingSummary.objects.create(account=account)
         BillingSummary.objects.filter(account=account).update(total=5)
     assert sent == [("34", "")]
-    with fencing(35):  # autocommit: one transaction, one token, per statement
-        BillingSummary.objects.filter(account=account).update(total=6)
-        BillingSummary.objects.filter(account=account).update(total=7)
-    assert sent == [("34", ""), ("35", ""), ("35", "")]
-    with fencing(36):  # a read in autocommit needs no token, and gets none
-        assert BillingSummary.objects.filter(account=account).count() == 2
-    assert len(sent) == 3
+    with fencing(35):  # autocommit: the token rides each statement's own query
+        # What Django reads back is the statement's own result, not the SET's
+        assert BillingSummary.objects.filter(account=account).update(total=6) == 2
+        assert BillingSummary.objects.filter(account=account).update(total=7) == 2
+        created = BillingSummary.objects.create(account=account, total=7)
+        assert BillingSummary.objects.get(pk=created.pk).total == 7  # INSERT ... RETURNING id
+        created.delete()
+    assert sent == [("34", "")]  # no statement of its own
+    with fencing(34), pytest.raises(DatabaseError) as info:  # and it was 35: the fence says so
+        BillingSummary.objects.filter(account=account).update(total=8)
+    assert (rejection(info).token, rejection(info).fence) == (34, 35)
     assert list(BillingSummary.objects.values_list("total", flat=True)) == [7, 7]
 
 
@@ -215,6 +225,93 @@ def test_server_side_cursors_in_a_scope(account: Account) -> None:
     with fencing(22):  # autocommit: iterator() then runs in its own transaction
         assert len(list(Job.objects.iterator(chunk_size=2))) == 3
     assert set(Job.objects.values_list("state", flat=True)) == {"seen"}
+
+
+SET_TOTAL = """CREATE OR REPLACE FUNCTION shop_set_total(a bigint, t int) RETURNS int
+LANGUAGE sql AS $$ UPDATE shop_billingsummary SET total = t WHERE account_id = a RETURNING t $$"""
+
+
+@pytest.fixture
+def set_total(account: Account) -> None:
+    """A function that writes the fenced table, and account's summary under token 34."""
+    with connection.cursor() as cursor:
+        cursor.execute(SET_TOTAL)
+    with fencing(34):
+        BillingSummary.objects.create(account=account, total=1)
+
+
+def test_rejections_are_fencekits_class_and_djangos(set_total: None, account: Account) -> None:
+    with fencing(33), pytest.raises(StaleTokenError) as info:
+        BillingSummary.objects.filter(account=account).update(total=9)
+    assert isinstance(info.value, DatabaseError)  # except DatabaseError: still catches it
+    assert (info.value.token, info.value.fence) == (33, 34)
+    assert info.value.table == "public.shop_billingsummary"
+    assert info.value.__cause__ is not None
+    assert info.value.orig is not None
+
+
+def test_a_select_of_a_writing_function_in_autocommit_carries_the_token(
+    set_total: None, account: Account
+) -> None:
+    """A SELECT is not a read when the function it calls writes: it carries the token too."""
+    assert connection.get_autocommit()
+    with connection.cursor() as cursor:
+        with fencing(33), pytest.raises(StaleTokenError):
+            cursor.execute("SELECT shop_set_total(%s, 9)", [account.pk])
+        with pytest.raises(MissingTokenError):
+            cursor.execute("SELECT shop_set_total(%s, 9)", [account.pk])
+        with fencing(35):
+            cursor.execute("SELECT shop_set_total(%s, 7)", [account.pk])
+            assert cursor.fetchone() == (7,)  # the statement's own result, not the SET's
+    assert BillingSummary.objects.get().total == 7
+
+
+def test_callproc_inside_atomic_carries_exactly_the_scopes_token(
+    set_total: None, account: Account
+) -> None:
+    @transaction.atomic
+    def scope_then_callproc() -> None:
+        with fencing(35):
+            BillingSummary.objects.filter(account=account).update(total=2)
+        with connection.cursor() as cursor:  # the scope ended: its token must not go on
+            cursor.callproc("shop_set_total", [account.pk, 9])
+
+    with pytest.raises(MissingTokenError):
+        scope_then_callproc()
+    with transaction.atomic():
+        with fencing(35):
+            BillingSummary.objects.filter(account=account).update(total=2)
+        with fencing(36), connection.cursor() as cursor:  # a new scope: its own token
+            cursor.callproc("shop_set_total", [account.pk, 3])
+    with fencing(35), pytest.raises(StaleTokenError):  # 36 was the one sent
+        BillingSummary.objects.filter(account=account).update(total=4)
+    with fencing(37), connection.cursor() as cursor:  # autocommit: its own fenced transaction
+        cursor.callproc("shop_set_total", [account.pk, 5])
+    assert BillingSummary.objects.get().total == 5
+
+
+def test_copy_inside_atomic_carries_exactly_the_scopes_token(
+    set_total: None, account: Account
+) -> None:
+    copy_in = "COPY shop_billingsummary (account_id, total) FROM STDIN"
+
+    @transaction.atomic
+    def scope_then_copy() -> None:
+        with fencing(35):
+            BillingSummary.objects.filter(account=account).update(total=2)
+        with connection.cursor() as cursor, cursor.copy(copy_in) as copy:
+            copy.write_row((account.pk, 8))
+
+    with pytest.raises(MissingTokenError):
+        scope_then_copy()
+    with (
+        fencing(35),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+        cursor.copy(copy_in) as copy,
+    ):
+        copy.write_row((account.pk, 8))
+    assert sorted(BillingSummary.objects.values_list("total", flat=True)) == [1, 8]
 
 
 def test_executemany_in_autocommit(account: Account) -> None:

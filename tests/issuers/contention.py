@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fencekit.leases._external import IssuerUnavailableError
+from fencekit.errors import IssuerUnavailableError
 
 
 @dataclass

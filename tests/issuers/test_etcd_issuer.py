@@ -211,7 +211,7 @@ def test_leader_killed_during_contention(etcd_issuer, etcd, resource):
 
 
 def test_unreachable_cluster_raises_unavailable_quickly(etcd_issuer, resource):
-    from fencekit.leases._external import IssuerUnavailableError
+    from fencekit.errors import IssuerUnavailableError
     from fencekit.leases.etcd import EtcdIssuer
     from tests.lab.ports import free_ports
 

@@ -143,7 +143,7 @@ def test_kazoo_lock_users_and_fencekit_exclude_each_other(zk_issuer, resource):
 
 
 def test_unreachable_ensemble_raises_unavailable():
-    from fencekit.leases._external import IssuerUnavailableError
+    from fencekit.errors import IssuerUnavailableError
     from fencekit.leases.zookeeper import ZooKeeperIssuer
     from tests.lab.ports import free_ports
 

@@ -31,8 +31,9 @@ from typing import Any
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from fencekit.chaos.nemesis import Fault, Nemesis
-from fencekit.chaos.run import ChaosConfig, ChaosSetupError, Environment, Target, WorkerRole
+from fencekit.chaos.run import ChaosConfig, Environment, Target, WorkerRole
 from fencekit.embedded import EmbeddedServerError
+from fencekit.errors import ChaosSetupError
 from tests.lab.clocks import FakeClock, find_libfaketime
 from tests.lab.issuers import EtcdCluster, ServerBinaryMissing, ZooKeeperEnsemble
 from tests.lab.pgbouncer import PgBouncer, pgbouncer_binary

@@ -40,8 +40,8 @@ import psycopg
 from fencekit.chaos.checker import LogRow, Report, check, format_report
 from fencekit.chaos.history import Event, true_time
 from fencekit.chaos.run import final_state
-from fencekit.errors import CommitOutcomeUnknownError, FenceError
-from fencekit.leases.base import Grant, IssuerError
+from fencekit.errors import CommitOutcomeUnknownError, FenceError, IssuerError
+from fencekit.leases.base import Grant
 from fencekit.leases.postgres import PostgresIssuer
 from fencekit.psycopg import transaction
 from tests.lab.patroni import PatroniCluster

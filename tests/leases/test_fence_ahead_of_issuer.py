@@ -1,4 +1,4 @@
-"""A live holder refused because the fence is ahead of the issuer is told so (issue 25 item 7).
+"""A live holder refused because the fence is ahead of the issuer is told so.
 
 fencekit's own issuer never repeats a token, so a stale token that is a live lease of it is the
 current holder's: the fence got ahead of the issuer (it was restored or reset, or another

@@ -42,6 +42,9 @@ def test_stale_write_of_resumed_worker_is_rejected(pg_dsn: str) -> None:
     stale = [r for r in result.rejections if r["reason"] == "stale"]
     assert [r["count"] for r in stale] == [1]
     assert result.ok
+    # The first token is explained once: why it is large and why B's skips numbers.
+    assert text.count(f"token {result.a_token} = epoch {result.a_token >> 40} * 2^40 + ") == 1
+    assert "skip the numbers other resources took" in text
     # A's own renewal thread noticed the loss, too late to stop the write.
     assert any(e["who"] == "A" and e["event"] == "lost" for e in result.events)
     assert _demo_databases(pg_dsn) == []  # cleaned up

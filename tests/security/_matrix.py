@@ -1,4 +1,4 @@
-"""Shared pieces of the attack matrix (tests/security/test_matrix_*.py, issue 23).
+"""Shared pieces of the attack matrix (tests/security/test_matrix_*.py).
 
 One database per matrix module (module scope): fencekit's core, three roles and the tables each
 module builds. Every cell runs in its own transaction as one of the roles (``SET LOCAL ROLE``
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 
 from fencekit.embedded import EmbeddedServer
@@ -29,23 +28,6 @@ from fencekit.sqlgen import render_install
 Conn = psycopg.Connection[Any]
 
 ROLES = ("app", "owner", "admin")
-#: Holes still open, by issue 23 item: their cells are strict xfails, so that closing the hole
-#: fails the run until the item leaves this table (items 1, 2, 3, 8, 9 and 15 are closed).
-XFAIL_REASONS = {
-    4: "issue 23 item 4: TRUNCATE does not advance key/table fences; fixed on branch writepaths",
-    5: "issue 23 item 5: the row fence's TRUNCATE check reads through RLS; fixed on branch "
-    "writepaths",
-    6: "issue 23 item 6: a tokenless partition move erases a row fence; fixed on branch writepaths",
-    12: "issue 23 item 12: writes through an unprotected ancestor skip the statement checks; "
-    "fixed on branch writepaths",
-}
-
-
-def known_hole(item: int | None) -> list[Any]:
-    """The strict xfail of a cell that a still-open item breaks; nothing once it is closed."""
-    if item is None or item not in XFAIL_REASONS:
-        return []
-    return [pytest.mark.xfail(strict=True, reason=XFAIL_REASONS[item])]
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def unchanged(victim: Conn) -> Callable[[], None]:
     return check
 
 
-# ---------------------------------------------------------------- issue 12: attack helpers
+# ---------------------------------------------------------------- attack helpers
 #
 # The modules test_key_identity, test_token_mid_statement, test_borrowed_bypass, test_children,
 # test_definer_callers, test_grants and test_own_tables share what follows. Their attacks run
@@ -165,7 +165,7 @@ def unchanged(victim: Conn) -> Callable[[], None]:
 # went wrong in a ``Findings`` and fail once at the end with the whole list, each line naming
 # the scope, write path, role and token or setting that failed.
 
-APP = "sec_app"  # the application role of the issue-12 modules: DML only, no fencekit grant
+APP = "sec_app"  # the application role of the attack modules: DML only, no fencekit grant
 FRESH = 20  # a token newer than FENCE
 
 

@@ -1,4 +1,4 @@
-"""Issue 23, item 10: with auto-cover on, DDL that has nothing to do with a protected table
+"""With auto-cover on, DDL that has nothing to do with a protected table
 works for every role; only a new child or partition of a protected table that its creator
 cannot fence fails, with fencekit's error and its hint.
 

@@ -1,6 +1,6 @@
 """Bypass borrowed through someone else's privileges.
 
-Issue 12, decision 1: ``fencekit.bypass`` is judged by the roles of the SESSION (the SET ROLE
+``fencekit.bypass`` is judged by the roles of the SESSION (the SET ROLE
 role, else the login role), never by ``current_user``. Inside an FK cascade, a SECURITY DEFINER
 function or a trigger function owned by an admin, ``current_user`` is that admin; the session
 is still the application role's, and the bypass must be refused (YF005) with the protected

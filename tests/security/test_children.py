@@ -1,6 +1,6 @@
 """Inheritance children and partitions of a protected table are fenced.
 
-Issue 12, decision 6: protect covers every descendant that exists when it runs (pg_inherits,
+Protect covers every descendant that exists when it runs (pg_inherits,
 recursively): statement-level fencekit triggers on every descendant, row-level ones also on
 inheritance children (partitions get clones of row triggers from PostgreSQL). A write to a
 child's rows, through the parent or naming the child, is judged like a write to the parent.

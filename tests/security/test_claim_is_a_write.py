@@ -1,4 +1,4 @@
-"""Issue 23, items 3 and 15: a claim makes every check a write makes, and works with
+"""A claim makes every check a write makes, and works with
 ``on_equal=reject``.
 
 For each check, on a key fence and a table fence, as the application role (DML and

@@ -1,4 +1,4 @@
-"""Issue 23, item 7: a claim and the operations that read and rewrite fences exclude each other.
+"""A claim and the operations that read and rewrite fences exclude each other.
 
 Real concurrent sessions. ``race_t`` is key-fenced (key 1 at 40) and moved to a table fence,
 whose fence must be the highest token either spec accepted.

@@ -1,6 +1,6 @@
 """fencekit's SECURITY DEFINER functions must not trust whoever calls them.
 
-Issue 12, decisions 2 and 3. The attacker is an application role that may write ANOTHER
+The attacker is an application role that may write ANOTHER
 protected table (``other``) and only read the victim (``dv``); once as a plain DML role, once
 also holding ``fencekit_writer`` (the grant writers needed until now, and which now only means
 "may take leases"). Directly, it calls:

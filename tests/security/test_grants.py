@@ -1,6 +1,6 @@
 """A forgotten grant: an application role with DML rights only writes protected tables.
 
-Issue 12, decision 2: writing a protected table needs NO fencekit grant. A role that may write
+Writing a protected table needs NO fencekit grant. A role that may write
 the table is fenced like any other writer: a stale token is rejected with YF001 (not a bare
 42501 "permission denied for function ..."), a missing token with YF003, both counted in
 ``fencekit.rejections``; a fresh token writes. The same holds for the table's owner.

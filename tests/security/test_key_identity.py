@@ -1,6 +1,6 @@
 """Key identity is typed, not printed: session settings cannot split one key into two fences.
 
-Issue 12, decision 4. A key fence keeps one fence per key VALUE. Writer B (fresh token 20)
+A key fence keeps one fence per key VALUE. Writer B (fresh token 20)
 writes a key under one group of session settings; stale writer A (token 10) writes the same
 key value under other settings (TimeZone, DateStyle, IntervalStyle, bytea_output,
 extra_float_digits) and spelled another way ('1.0' / '1.00' / '1', the same instant at other

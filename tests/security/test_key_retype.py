@@ -1,4 +1,4 @@
-"""Issue 23 (findings F1, F2): a key column retyped after protect runs no code as fencekit.
+"""A key column retyped after protect runs no code as fencekit.
 
 The table's owner (``kr_own``: owns the table, not an admin, not a superuser) retypes the key
 column of a key-fenced table that a superuser protected, to a composite type of its own with a
@@ -143,7 +143,7 @@ def test_owner_truncate_and_claim_after_retype_run_no_cast(db: Conn, owner: str,
         conn.execute("TRUNCATE kr_t")
         conn.commit()
     _clean(db, f"claim and truncate after {how}")
-    # The accepted TRUNCATE advanced every fence of the resource it passed (issue 23 item 4),
+    # The accepted TRUNCATE advanced every fence of the resource it passed,
     # without computing any key's text.
     assert fences(db, "public.kr_t") == {"1": 20, "2": 20}
     db.rollback()

@@ -1,6 +1,6 @@
 """The attack matrix, privileged side: every definer entry point x role x hostile object x scope.
 
-Issue 23, item 1 and "Attack the matrix": a function that runs with more rights than its
+A function that runs with more rights than its
 caller (SECURITY DEFINER in schema fencekit, core or generated; and the admin's repair and
 inspection functions, which an admin runs on a user's table) never evaluates code the caller
 or the table's owner controls with those rights.
@@ -19,8 +19,7 @@ writer), when a role became superuser or an admin, or when a fence went down. A 
 shows the payload fires and reports when PostgreSQL runs it for the owner.
 
 Which definer functions exist is read from pg_proc: one that has no entry in ``CALLS`` fails
-``test_every_definer_function_is_in_the_matrix``. Cells that fail on main because another
-issue-23 branch is fixing them are ``xfail(strict=True)`` naming the item and branch.
+``test_every_definer_function_is_in_the_matrix``.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ import pytest
 from fencekit.embedded import EmbeddedServer
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements
-from tests.security._matrix import MatrixDB, grant_tables, known_hole, matrix_database
+from tests.security._matrix import MatrixDB, grant_tables, matrix_database
 
 SCOPES = ("row", "key", "table")
 KINDS = ("domain", "cast", "operator", "trigger", "policy", "default")
@@ -92,6 +91,9 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
         f"SELECT * FROM fencekit.lease_mismatch('{t.resource}', ARRAY['{t.key}'], 1)"
     ),
     "counter_value": lambda t: f"SELECT fencekit.counter_value('{t.tag}', 'stale')",
+    "record_unfenced_writer": lambda t: (
+        f"SELECT fencekit.record_unfenced_writer('{t.tag}', '{t.table}'::regclass, 1)"
+    ),
     "current_fence": lambda t: f"SELECT fencekit.current_fence('{t.resource}', '{t.key}')",
     "max_fence": lambda t: f"SELECT fencekit.max_fence('{t.resource}')",
     "judge_fences": lambda t: (
@@ -104,10 +106,12 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
     "write-update": lambda t: f"UPDATE {t.table} SET v = v + 1 WHERE id = '1'",
     "write-delete": lambda t: f"DELETE FROM {t.table} WHERE id = '1'",
     "write-truncate": lambda t: f"TRUNCATE {t.table}",
+    # Fires the sql_drop event trigger fencekit_forget_dropped (as the installer).
+    "drop-table": lambda t: f"DROP TABLE {t.table}",
 }
 # Which CALLS entry reaches each SECURITY DEFINER function (generated ones as <tag>_<suffix>).
-# count_event, counter_value and lease_mismatch run as their callers since core 5 (issue 23,
-# trusted surface): still attacked through CALLS, no longer definers.
+# count_event, counter_value and lease_mismatch run as their callers: still attacked through
+# CALLS, though they are not definers.
 DEFINERS = {
     "acquire": "acquire",
     "advance_fences": "advance_fences",
@@ -124,31 +128,11 @@ DEFINERS = {
     "<tag>_stmt": "write-update",
     "<tag>_trunc": "write-truncate",  # a row fence's TRUNCATE check (reads every row's fence)
     "judge_fences": "judge_fences",
+    "forget_dropped_tables": "drop-table",
+    "record_unfenced_writer": "record_unfenced_writer",
 }
 
-# (entry, kind, scope, role) -> issue-23 item; "*" matches any value.
-KNOWN: list[tuple[str, str, str, str, int]] = [
-    # claim casts the key text to the key column's type as the installer.
-    ("claim", "domain", "key", "*", 1),
-    # An admin's key_text (fences --key, fence set --key) runs the owner's domain as admin.
-    # (Enum keys, where a cast would run, are refused by protect: those cells skip.)
-    ("key_text", "domain", "key", "admin", 1),
-    ("set_fence", "domain", "key", "admin", 1),
-    # An admin's row repair casts the primary key and updates the user's table as admin.
-    ("set_fence", "domain", "row", "admin", 1),
-    ("set_fence", "cast", "row", "admin", 1),
-    ("set_fence", "trigger", "row", "admin", 2),
-    ("set_fence", "policy", "row", "admin", 2),
-]
-
 _PAYLOAD = re.compile(r"fk-payload (\w+) as (\S+)(?: (escalated: .*))?$")
-
-
-def _known(entry: str, kind: str, scope: str, role: str) -> int | None:
-    for e, k, s, r, item in KNOWN:
-        if (e, k, s) == (entry, kind, scope) and r in ("*", role):
-            return item
-    return None
 
 
 def _spec(scope: str, table: str) -> FenceSpec:
@@ -319,12 +303,8 @@ def _cells() -> list[Any]:
                 if CALLS[entry](Target(s, kind, "t", "tag", "r", "")) is None:
                     continue  # the entry point does not apply to this scope
                 for role in ("app", "owner", "admin"):
-                    item = _known(entry, kind, s, role)
-                    marks = known_hole(item)
                     cells.append(
-                        pytest.param(
-                            entry, s, kind, role, id=f"{entry}-{s}-{kind}-{role}", marks=marks
-                        )
+                        pytest.param(entry, s, kind, role, id=f"{entry}-{s}-{kind}-{role}")
                     )
     return cells
 

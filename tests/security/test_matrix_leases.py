@@ -1,13 +1,12 @@
 """The attack matrix, lease side: a claim makes every check a write makes; a lease is its
 holder's application's alone.
 
-Issue 23 items 3, 8 and 15. For each check a write makes (stale token, malformed token, token
+For each check a write makes (stale token, malformed token, token
 of another issuer, no write privilege, lease-bound fence without the live lease) and each role
 (app, owner, admin), the same token is presented once as a write and once as
 ``fencekit.claim``: both must end with the same SQLSTATE. Then, for a lease held by one
 application role, a second application role (and the owner, and an admin) cannot take, renew or
-release it by sending the first one's holder name. Cells that fail on main because another
-issue-23 branch is fixing them are ``xfail(strict=True)`` naming the item and branch.
+release it by sending the first one's holder name.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import pytest
 
 from fencekit.embedded import EmbeddedServer
 from fencekit.spec import FenceSpec, Scope, TableName
-from tests.security._matrix import MatrixDB, grant_tables, known_hole, matrix_database
+from tests.security._matrix import MatrixDB, grant_tables, matrix_database
 from tests.security.conftest import Outcome, outcome, protect
 
 FENCE = 10
@@ -51,7 +50,6 @@ CHECKS = [
     Check("lease-bound", "c_lease", BIGINT_MAX, "YF006"),
     Check("lease-bound-table", "c_lease_table", BIGINT_MAX, "YF006"),
 ]
-KNOWN = {"lease-bound": 3, "lease-bound-table": 3}
 
 
 def _build(m: MatrixDB) -> None:
@@ -102,17 +100,9 @@ def mx(pg_server: EmbeddedServer) -> Iterator[MatrixDB]:
             m.conn.commit()
 
 
-def _marks(item: int | None) -> list[Any]:
-    return known_hole(item)
-
-
 @pytest.mark.parametrize(
     ("check", "role"),
-    [
-        pytest.param(c, r, id=f"{c.name}-{r}", marks=_marks(KNOWN.get(c.name)))
-        for c in CHECKS
-        for r in ("app", "owner", "admin")
-    ],
+    [pytest.param(c, r, id=f"{c.name}-{r}") for c in CHECKS for r in ("app", "owner", "admin")],
 )
 def test_a_claim_makes_every_check_a_write_makes(mx: MatrixDB, check: Check, role: str) -> None:
     who = READER if check.reader else mx.role(role)
@@ -196,7 +186,7 @@ def held(mx: MatrixDB) -> int:
 @pytest.mark.parametrize(
     ("op", "role"),
     [
-        pytest.param(op, r, id=f"{op}-{r}", marks=_marks(8 if r == "app2" else None))
+        pytest.param(op, r, id=f"{op}-{r}")
         for op in LEASE_OPS
         # An admin may take over a lease (it repairs fences too): not another application.
         for r in ("app2", "owner")

@@ -1,6 +1,6 @@
 """The attack matrix, write side: every write path x scope x role with a stale token or none.
 
-Issue 23 ("Attack the matrix, not the author's list"). For each scope (row, key, table fence),
+For each scope (row, key, table fence),
 each write path (INSERT, upsert, UPDATE, DELETE, MERGE, COPY, TRUNCATE, a writable CTE, an
 updatable view, an ON DELETE CASCADE from an unprotected parent, a partition written directly,
 an inheritance child written through its protected parent and directly, and a protected table
@@ -14,8 +14,7 @@ written through an unprotected ancestor it was made a child of after protect) an
 
 Every cell runs in one transaction that is rolled back, in one database per module. A row
 fence starts at a row's first write, so INSERT and COPY of a new row are not stale there; those
-cells are left out. Cells that fail on main because another issue-23 branch is fixing them are
-``xfail(strict=True)`` naming the item and branch: they flip when it merges.
+cells are left out.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from psycopg import sql
 
 from fencekit.embedded import EmbeddedServer
 from fencekit.spec import FenceSpec, Scope, TableName
-from tests.security._matrix import MatrixDB, grant_tables, known_hole, matrix_database
+from tests.security._matrix import MatrixDB, grant_tables, matrix_database
 from tests.security._matrix import rejections as count_rejections
 from tests.security.conftest import Outcome, outcome, protect
 
@@ -84,13 +83,9 @@ PATHS = [
 
 # Cells that cannot exist: PostgreSQL refuses to make a table with transition-table row
 # triggers an inheritance child or a partition, and every protected plain table has one
-# (fencekit_<tag>_root, item 12), so no protected table gets an ancestor after protect (a table
+# (fencekit_<tag>_root), so no protected table gets an ancestor after protect (a table
 # protected while already a child is reported by status: tests/cli/test_status_code.py).
 IMPOSSIBLE = {("key", "ancestor"), ("row", "ancestor"), ("table", "ancestor")}
-# (scope, path) -> issue-23 item whose branch fixes the cell.
-KNOWN: dict[tuple[str, str], int] = {}
-# Fresh-token cells: (scope, path) -> item.
-KNOWN_ADVANCE: dict[tuple[str, str], int] = {}
 
 
 def _spec(scope: str, table: str) -> FenceSpec:
@@ -118,13 +113,13 @@ def _build(m: MatrixDB) -> None:
             f"CREATE TABLE {s}_inh_c () INHERITS ({s}_inh);"
             f"CREATE TABLE {s}_anc (id int, k int, v int);"
             f"CREATE TABLE {s}_sub (id int PRIMARY KEY, k int NOT NULL, v int NOT NULL);"
-            # on_missing=allow: a tokenless write is accepted and counted (items 6, 9)
+            # on_missing=allow: a tokenless write is accepted and counted
             f"CREATE TABLE {s}_allow (id int PRIMARY KEY, k int NOT NULL, v int NOT NULL)"
             "  PARTITION BY RANGE (id);"
             f"CREATE TABLE {s}_allow_1 PARTITION OF {s}_allow FOR VALUES FROM (0) TO (1000);"
             f"CREATE TABLE {s}_allow_2 PARTITION OF {s}_allow FOR VALUES FROM (1000) TO (2000);"
             # a policy that hides the row holding the highest fence from everyone but the
-            # owner (item 5)
+            # owner
             f"CREATE TABLE {s}_rls (id int PRIMARY KEY, k int NOT NULL, v int NOT NULL);"
             f"ALTER TABLE {s}_rls ENABLE ROW LEVEL SECURITY;"
             f"CREATE POLICY hide ON {s}_rls USING (id <> 2) WITH CHECK (true);"
@@ -134,7 +129,7 @@ def _build(m: MatrixDB) -> None:
         for table in (f"{s}_t", f"{s}_part", f"{s}_inh", f"{s}_sub", f"{s}_rls"):
             protect(conn, _spec(s, table))
         protect(conn, dataclasses.replace(_spec(s, f"{s}_allow"), on_missing="allow"))
-    # Made a child of an unprotected parent after protect (issue 23 item 12).
+    # Made a child of an unprotected parent after protect.
     conn.execute(f'SET ROLE "{m.role("owner")}"')
     for s in SCOPES:
         if (s, "ancestor") not in IMPOSSIBLE:
@@ -166,7 +161,7 @@ def mx(pg_server: EmbeddedServer) -> Iterator[MatrixDB]:
         yield m
 
 
-def _cells(known: dict[tuple[str, str], int], *, advancing: bool = False) -> list[Any]:
+def _cells(*, advancing: bool = False) -> list[Any]:
     cells = []
     for s in SCOPES:
         for p in PATHS:
@@ -175,8 +170,7 @@ def _cells(known: dict[tuple[str, str], int], *, advancing: bool = False) -> lis
             if advancing and s == "row" and not p.advances:
                 continue
             for role in ("app", "owner", "admin"):
-                marks = known_hole(known.get((s, p.name)))
-                cells.append(pytest.param(s, p, role, id=f"{s}-{p.name}-{role}", marks=marks))
+                cells.append(pytest.param(s, p, role, id=f"{s}-{p.name}-{role}"))
     return cells
 
 
@@ -195,7 +189,7 @@ def _skip_old(m: MatrixDB, p: Path) -> None:
         pytest.skip(f"{p.name} needs PostgreSQL {p.since}+")
 
 
-@pytest.mark.parametrize(("scope", "path", "role"), _cells(KNOWN))
+@pytest.mark.parametrize(("scope", "path", "role"), _cells())
 @pytest.mark.parametrize(
     ("token", "sqlstate", "reason"),
     [(STALE, "YF001", "stale"), (None, "YF003", "missing")],
@@ -213,7 +207,7 @@ def test_stale_or_missing_token_is_rejected_and_counted(
     assert after.get(reason, 0) > before.get(reason, 0), f"not counted as {reason}"
 
 
-@pytest.mark.parametrize(("scope", "path", "role"), _cells(KNOWN_ADVANCE, advancing=True))
+@pytest.mark.parametrize(("scope", "path", "role"), _cells(advancing=True))
 def test_a_fresh_token_advances_the_fence_it_passed(
     mx: MatrixDB, scope: str, path: Path, role: str
 ) -> None:
@@ -247,12 +241,8 @@ def test_a_fresh_token_advances_the_fence_it_passed(
     )
 
 
-def _xfail_if(item: int | None) -> list[Any]:
-    return known_hole(item)
-
-
 # Counting the unfenced writes of on_missing=allow: a plain tokenless write, and one whose
-# statement first sets fencekit.counted to the value fencekit expects for it (item 9).
+# statement first sets fencekit.counted to the value fencekit expects for it.
 _FORGE = (
     "SELECT set_config('fencekit.counted', concat_ws(' ', 'unfenced', "
     "(SELECT tag FROM fencekit.protected WHERE table_name = '{table}'), "
@@ -263,9 +253,7 @@ _FORGE = (
 @pytest.mark.parametrize(
     ("scope", "role", "forged"),
     [
-        pytest.param(
-            s, r, f, id=f"{s}-{r}-{'forged' if f else 'plain'}", marks=_xfail_if(9 if f else None)
-        )
+        pytest.param(s, r, f, id=f"{s}-{r}-{'forged' if f else 'plain'}")
         for s in SCOPES
         for r in ("app", "owner", "admin")
         for f in (False, True)
@@ -286,11 +274,7 @@ def test_every_unfenced_write_is_counted(mx: MatrixDB, scope: str, role: str, fo
 
 @pytest.mark.parametrize(
     ("scope", "role"),
-    [
-        pytest.param(s, r, id=f"{s}-{r}", marks=_xfail_if(None))
-        for s in SCOPES
-        for r in ("app", "owner", "admin")
-    ],
+    [pytest.param(s, r, id=f"{s}-{r}") for s in SCOPES for r in ("app", "owner", "admin")],
 )
 def test_a_tokenless_partition_move_keeps_the_fence(mx: MatrixDB, scope: str, role: str) -> None:
     """Under on_missing=allow, a tokenless UPDATE that moves the row to another partition
@@ -313,11 +297,7 @@ def test_a_tokenless_partition_move_keeps_the_fence(mx: MatrixDB, scope: str, ro
 
 @pytest.mark.parametrize(
     ("scope", "role"),
-    [
-        pytest.param(s, r, id=f"{s}-{r}", marks=_xfail_if(None))
-        for s in SCOPES
-        for r in ("app", "owner", "admin")
-    ],
+    [pytest.param(s, r, id=f"{s}-{r}") for s in SCOPES for r in ("app", "owner", "admin")],
 )
 def test_truncate_sees_rows_a_policy_hides(mx: MatrixDB, scope: str, role: str) -> None:
     """A row the writer's RLS policy hides still holds its fence: T(20) TRUNCATE is stale

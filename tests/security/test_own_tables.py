@@ -1,6 +1,6 @@
 """fencekit never protects its own tables.
 
-Issue 12, decision 7: ``fencekit protect fencekit.<anything>`` is refused. A spec naming a table
+``fencekit protect fencekit.<anything>`` is refused. A spec naming a table
 in schema ``fencekit`` is a SpecError, however the name is written or built. Belt and braces:
 the generated SQL refuses it too (YF000), for a spec whose validation was bypassed and for a
 script rendered for another table and edited by hand to name fencekit's. Protecting

@@ -1,4 +1,4 @@
-"""Issue 23, items 2 and 12: no fencekit operation run by an admin, a DBA or a superuser
+"""No fencekit operation run by an admin, a DBA or a superuser
 evaluates a table owner's code in that session (the independent review's F3, F4 and F5).
 
 ``oc_owner`` owns ``oc_t`` (row fence) and ``oc_k`` (key fence) and is neither an admin nor a

@@ -1,6 +1,6 @@
 """Lint every PL/pgSQL function fencekit installs: the core and what protect generates.
 
-Issue 23 ("Lint the generated PL/pgSQL"): every function in schema ``fencekit`` (the core, and
+Every function in schema ``fencekit`` (the core, and
 one protected table of each scope and option of tests/sqlgen/golden_specs.py) passes
 ``plpgsql_check`` (Debian's ``postgresql-15-plpgsql-check``, so on the ``debian15`` target):
 no error and no warning of any level, unused variables, parameters and unreachable code
@@ -12,9 +12,6 @@ Dynamic SQL states its reason. plpgsql_check cannot see into ``EXECUTE``, so eac
 a comment line ``-- dynamic SQL: <why>`` directly above it; a run of EXECUTE statements that
 follow each other with nothing else between them shares one. Read from ``prosrc``: what runs
 is what is checked.
-
-A finding that another issue-23 branch is fixing sits in ``PENDING`` with the branch that
-fixes it; the test fails when a pending finding is gone, so the entry is removed on merge.
 """
 
 from __future__ import annotations
@@ -32,9 +29,6 @@ from tests.security.conftest import protect
 from tests.sqlgen.golden_specs import SPECS
 
 Conn = psycopg.Connection[Any]
-
-# (function as regprocedure text, message) -> why it is still there.
-PENDING: dict[tuple[str, str], str] = {}
 
 # Every plpgsql function in schema fencekit, once per trigger that fires it (with that
 # trigger's table and transition tables), else once without a relation.
@@ -186,10 +180,8 @@ def test_every_function_passes_plpgsql_check(db: Conn) -> None:
     assert triggers is not None
     assert triggers[0] >= 2 * len(SPECS)
     assert checked > triggers[0]
-    unexpected = [label for fn, message, label in found if (fn, message) not in PENDING]
-    assert not unexpected, "plpgsql_check findings:\n  " + "\n  ".join(unexpected)
-    gone = sorted(set(PENDING) - {(fn, message) for fn, message, _ in found})
-    assert not gone, f"fixed: remove these from PENDING: {gone}"
+    labels = [label for _fn, _message, label in found]
+    assert not labels, "plpgsql_check findings:\n  " + "\n  ".join(labels)
 
     # The lint can fail: a function with an unused variable and unreachable code is caught.
     db.execute(

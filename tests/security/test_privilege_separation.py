@@ -176,7 +176,7 @@ def test_after_a_rename_truncate_judges_the_renamed_table_not_the_one_under_its_
 
 
 def test_a_table_given_to_another_owner_after_protect_fails_closed(
-    db: Conn, lab: dict[str, str], make_role: Callable[..., str]
+    db: Conn, lab: dict[str, str], make_role: Callable[..., str], capsys: Any
 ) -> None:
     """The TRUNCATE check runs as the role that owned the table at protect: after ALTER TABLE
     ... OWNER TO, reading the table would run the new owner's code as the old one. Refused
@@ -189,6 +189,11 @@ def test_a_table_given_to_another_owner_after_protect_fails_closed(
         with pytest.raises(psycopg.Error, match="protect the table again") as info:
             conn.execute("TRUNCATE public.ps_row")
         assert info.value.sqlstate == "YF000"
+    # status says so, with the fix.
+    code, out = _cli(capsys, "status", "--dsn", lab["dba"])
+    assert code == 1, out
+    assert "the TRUNCATE check that reads public.ps_row's fences" in out
+    assert "OWNER TO ps_heir" in out
 
 
 # ------------------------------------------------------------------ fences, move

@@ -1,4 +1,4 @@
-"""Issue 23, item 2: a repair lends the table owner's code neither an admin's rights nor the
+"""A repair lends the table owner's code neither an admin's rights nor the
 bypass.
 
 ``rr_acct`` (row fence) belongs to ``rr_owner`` (not an admin), who put an AFTER UPDATE trigger
@@ -14,7 +14,7 @@ tests/security/test_owner_code_in_admin_sessions.py), so the repair of a row run
 session logged in as the table's owner. The admin's and the DBA's are refused before the table
 is touched: the row keeps its fence, the victim's fences are untouched, the trigger never ran.
 In the owner's own session (the owner made a member of fencekit_admin for the repair) the
-trigger runs as the owner with the bypass off. Before issue 23 it ran as the admin (or the
+trigger runs as the owner with the bypass off. Before that rule it ran as the admin (or the
 superuser) with the bypass on and set the victim's fences to 1.
 """
 

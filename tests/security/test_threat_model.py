@@ -1,6 +1,6 @@
 """docs/dev/threat-model.md covers every surface, and every test it names exists.
 
-Issue 23 ("A new surface is not done until it has its rows"): every function, table and view in
+A new surface is not done until it has its rows: every function, table and view in
 schema fencekit (the core, and what protect generates for one table of each scope and option,
 named ``fencekit.<tag>_<suffix>``), every trigger protect makes, every CLI subcommand, every
 ``fencekit.*`` setting the SQL reads and every adapter module appears in the page's Surfaces

@@ -1,6 +1,6 @@
 """One statement, one token: a statement that changes fencekit.token while it runs.
 
-Issue 12, decision 5: every check reads ``fencekit.token`` once and validates it fully (missing:
+Every check reads ``fencekit.token`` once and validates it fully (missing:
 the on_missing policy, YF003 under 'reject'; malformed: YF004; lower than the fence: YF001). A
 statement that clears or changes the token mid-statement can never skip a check.
 

@@ -1,7 +1,7 @@
 """The testing kit's own tests: its fixtures on the suite's servers, and the billing example.
 
 The kit's plugin is loaded in this run through its entry point, like in any project that
-installs pg-fencekit. ``fencekit_server`` is overridden here to be the suite's main server (the
+installs pytest-fencekit. ``fencekit_server`` is overridden here to be the suite's main server (the
 embedded one, or FENCEKIT_TEST_DSN), so that the kit does not start a second one.
 """
 

@@ -38,7 +38,7 @@ def test_the_page_tests_pass(example: pytest.Pytester) -> None:
         m = TEST_FILE.match(code)
         if m:
             files[m.group(1)] = code
-    assert len(files) == 4, sorted(files)
+    assert len(files) == 5, sorted(files)
     for path, code in files.items():
         (example.path / path).write_text(code)
     result = example.runpytest_subprocess("-p", "no:randomly", *files, timeout=900)

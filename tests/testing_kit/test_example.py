@@ -20,7 +20,8 @@ from sqlalchemy import create_engine
 
 from billing.models import metadata
 from billing.worker import rebuild_summary
-from fencekit.testing import fenced_database, takeover
+from fencekit.testing import takeover
+from pytest_fencekit import fenced_database
 
 
 def tables_without_fences(dsn):
@@ -59,7 +60,8 @@ def test_the_lost_update_without_fencing_is_reported(example: pytest.Pytester) -
 
 UNFENCED_MANY = """
 from billing.worker import rebuild_summary
-from fencekit.testing import fenced_database, run_many
+from fencekit.testing import run_many
+from pytest_fencekit import fenced_database
 from test_unfenced import tables_without_fences
 
 unfenced_db = fenced_database(schema=tables_without_fences)

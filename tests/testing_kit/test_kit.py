@@ -24,10 +24,10 @@ from fencekit.testing import (
     assert_fence,
     assert_no_rejections,
     assert_rejections,
-    fenced_database,
     paused,
     takeover,
 )
+from pytest_fencekit import fenced_database
 from tests.testing_kit.workers import exit_early, write_job, write_job_etcd, write_job_zk
 
 pytestmark = pytest.mark.multiproc
@@ -164,6 +164,7 @@ def test_a_worker_that_cannot_be_spawned_is_explained(jobs_db: FencedDatabase) -
         jobs_db.spawn(lambda: None)
 
 
+@pytest.mark.system
 def test_takeover_waits_on_the_etcd_leaders_clock(jobs_db: FencedDatabase, tmp_path: Path) -> None:
     from fencekit.leases.etcd import EtcdIssuer
     from tests.lab.issuers import EtcdCluster, ServerBinaryMissing
@@ -184,6 +185,7 @@ def test_takeover_waits_on_the_etcd_leaders_clock(jobs_db: FencedDatabase, tmp_p
         cluster.stop()
 
 
+@pytest.mark.system
 def test_takeover_waits_on_the_zookeeper_leaders_clock(
     jobs_db: FencedDatabase, tmp_path: Path
 ) -> None:

@@ -23,7 +23,7 @@ import pytest
 from fencekit.embedded import EmbeddedServer
 from tests.lab.postgres import debian_bindir
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.system]
 ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMA = "CREATE TABLE jobs (id int PRIMARY KEY, state text NOT NULL);\n"
@@ -43,7 +43,8 @@ import pytest
 
 import fencekit.psycopg as fkp
 from fencekit.errors import StaleTokenError
-from fencekit.testing import assert_rejections, fenced_database
+from fencekit.testing import assert_rejections
+from pytest_fencekit import fenced_database
 
 once = fenced_database(scope="session")
 
@@ -170,7 +171,10 @@ def test_proc_starts_debian15() -> None:
             # As the postgres user, with the system's python (the venv's may sit under /root)
             # and this checkout's packages.
             site = next(Path(sys.prefix, "lib").glob("python3*/site-packages"))
-            env = {"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "HOME": str(project)}
+            # The editable installs' own path hooks are not read from PYTHONPATH: name both
+            # checkouts (pg-fencekit and pytest-fencekit, whose entry point is in site).
+            paths = [site, ROOT, ROOT / "pytest-fencekit"]
+            env = {"PYTHONPATH": os.pathsep.join(map(str, paths)), "HOME": str(project)}
             prefix = ["runuser", "-u", "postgres", "--", "env",
                       *(f"{k}={v}" for k, v in env.items())]  # fmt: skip
             python = shutil.which("python3", path="/usr/bin") or "python3"

@@ -7,11 +7,16 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
                'issuer_mismatch', 'usage', 'unfenced', 'bypassed']
 $fn$;
 
--- Every per-table sequence: a counter per reason and three gauges, the last rejection time
--- (epoch ms), the largest token gap and the worst lateness (ms, see fencekit.reject) seen.
+-- Every per-table sequence: a counter per reason, the last rejection time (epoch ms) per
+-- rejection reason ('last_at:<reason>': a row of fencekit.rejections means its reason only),
+-- and two gauges, the largest gap of a stale token and the worst lateness (ms, see
+-- fencekit.reject) seen. 'unfenced' and 'bypassed' count writes let through: no time is kept.
 CREATE OR REPLACE FUNCTION fencekit.counter_names() RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
-  SELECT fencekit.counter_reasons() || ARRAY['last_at', 'max_gap', 'max_late_ms']
+  SELECT fencekit.counter_reasons() || ARRAY['max_gap', 'max_late_ms']
+         || ARRAY(SELECT 'last_at:' || r
+                    FROM pg_catalog.unnest(fencekit.counter_reasons()) AS r
+                   WHERE r <> ALL (ARRAY['unfenced', 'bypassed']))
 $fn$;
 
 -- Per-table counters (fencekit.counter_names). Called by the generated protect script, and by
@@ -119,22 +124,27 @@ BEGIN
 END
 $fn$;
 
--- Count a rejection: its reason's counter, the last rejection time (epoch ms) and the largest
--- token gap. Called by fencekit.reject only (as its owner: writers hold no rights on these).
+-- Count a rejection: its reason's counter, the reason's last rejection time (epoch ms) and,
+-- for a stale token, the largest gap below the fence. Called by fencekit.reject only (as its
+-- owner: writers hold no rights on these).
 CREATE OR REPLACE FUNCTION fencekit.count_rejection(tag text, reason text, gap bigint)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   seq regclass := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':' || reason));
+  at_seq regclass := pg_catalog.to_regclass(
+    pg_catalog.format('fencekit.%I', tag || ':last_at:' || reason));
   cur bigint;
 BEGIN
   IF seq IS NULL THEN
     RETURN;  -- table protected by a template without this counter; never fail a write over it
   END IF;
   PERFORM pg_catalog.nextval(seq);
-  PERFORM pg_catalog.setval(pg_catalog.format('fencekit.%I', tag || ':last_at')::regclass,
-    (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint);
-  IF gap IS NOT NULL AND gap > 0 THEN
+  IF at_seq IS NOT NULL THEN
+    PERFORM pg_catalog.setval(at_seq,
+      (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint);
+  END IF;
+  IF reason = 'stale' AND gap IS NOT NULL AND gap > 0 THEN
     cur := fencekit.counter_value(tag, 'max_gap');
     IF cur IS NULL OR gap > cur THEN
       -- Not atomic with the read: two concurrent rejections may keep the smaller gap. A gauge.
@@ -260,9 +270,9 @@ BEGIN
   WHEN 'missing' THEN
     code := 'YF003';
     msg := pg_catalog.format('fencekit: write to %s without a fencing token', what);
-    hint := 'Set the token in the same transaction: SELECT set_config(''fencekit.token'', '
-            '''<token>'', true); in Python wrap the write in fencekit.fencing(token) or install '
-            'the session plugin.';
+    hint := 'Set the token in the same transaction as the write: SELECT '
+            'set_config(''fencekit.token'', ''<token>'', true). fencekit''s Python adapters '
+            'send it for a write inside a lease or a fencekit.fencing(token) scope.';
   WHEN 'malformed' THEN
     code := 'YF004';
     msg := pg_catalog.format('fencekit: malformed fencing token %L for %s', extra, what);
@@ -304,12 +314,17 @@ BEGIN
 END
 $fn$;
 
--- Rejected and allowed-unfenced writes per protected table and reason.
+-- Rejected and let-through writes per protected table and reason; every column of a row is
+-- about that row's reason (docs/errors-and-metrics.md): last_rejected_at is the reason's own
+-- (NULL for 'unfenced' and 'bypassed', which are not rejections), max_token_gap is on the
+-- 'stale' row only (the fence minus the lowest stale token seen).
 CREATE OR REPLACE VIEW fencekit.rejections AS
 SELECT p.schema_name, p.table_name, r.reason,
        COALESCE(fencekit.counter_value(p.tag, r.reason), 0) AS count,
-       pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at') / 1000.0) AS last_rejected_at,
-       fencekit.counter_value(p.tag, 'max_gap') AS max_token_gap
+       pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:' || r.reason) / 1000.0)
+         AS last_rejected_at,
+       CASE WHEN r.reason = 'stale' THEN fencekit.counter_value(p.tag, 'max_gap') END
+         AS max_token_gap
   FROM fencekit.protected p
  CROSS JOIN LATERAL pg_catalog.unnest(fencekit.counter_reasons()) AS r(reason);
 GRANT SELECT ON fencekit.rejections TO PUBLIC;

@@ -174,7 +174,8 @@ $fn$;
 -- current_user. Reading a table runs its owner's code (index, statistics and partition key
 -- expressions are folded while the read is planned): it runs with the rights of the role that
 -- defined it, or not at all. A table given to another owner after protect, or a child owned by
--- someone else, fails closed (YF000) until protect runs again. Reads the catalogs only.
+-- someone else, fails closed (YF000) until protect runs again; so does a table that forces
+-- row-level security on its owner (unless the owner has BYPASSRLS). Reads the catalogs only.
 CREATE OR REPLACE FUNCTION fencekit.check_fence_column(tag text, relid oid, trigger_name text,
                                                        rel regclass, col name)
 RETURNS void
@@ -196,6 +197,27 @@ BEGIN
     FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid
    WHERE c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
    LIMIT 1;
+  IF stranger IS NULL AND NOT (SELECT r.rolbypassrls FROM pg_catalog.pg_roles r
+                                 WHERE r.rolname = current_user) THEN
+    -- A policy forced on the owner could hide rows (and fences) from the check, and what it
+    -- hides can depend on the writer's own settings: refused rather than judged on a part.
+    WITH RECURSIVE tree(oid) AS (
+           SELECT rel::oid
+           UNION
+           SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+    SELECT c.oid::regclass INTO stranger
+      FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid
+     WHERE c.relrowsecurity AND c.relforcerowsecurity
+     LIMIT 1;
+    IF stranger IS NOT NULL THEN
+      PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
+        pg_catalog.format('%s forces row-level security on its owner %I, so the TRUNCATE check, '
+                          'which reads every row''s fence as the owner, cannot see every row; '
+                          'ALTER TABLE %s NO FORCE ROW LEVEL SECURITY, or give %I BYPASSRLS',
+                          stranger, current_user, stranger, current_user));
+    END IF;
+    RETURN;
+  END IF;
   IF stranger IS NOT NULL THEN
     PERFORM fencekit.reject('usage', tag, relid, trigger_name, col, NULL, NULL, NULL, NULL,
       pg_catalog.format('the TRUNCATE check reads the fences of %s as %I, the role that owned '

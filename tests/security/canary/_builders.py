@@ -7,8 +7,9 @@ a message that says to add one, so it gets its rows without anyone remembering t
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
-from typing import Any
 
 from tests.security.canary.conftest import (
     FRESH,
@@ -71,6 +72,11 @@ DEFINER_ARGS: dict[str, DefinerArgs | None] = {
     ],
     "current_fence": lambda t: [_lit(_resource(t)), "'1'" if t.scope == "key" else "''"],
     "max_fence": lambda t: [_lit(_resource(t))],
+    "record_unfenced_writer": lambda t: [
+        _lit(f"canary:{t.name}"),
+        f"{_lit('app.' + t.name)}::regclass::oid",
+        "1",
+    ],
 }
 
 #: The lease functions take a resource name, never a table.
@@ -161,6 +167,8 @@ CLI_ARGS: dict[str, CliArgs] = {
     ],
     "status": lambda dsn: [["status", "--dsn", dsn], ["status", "--json", "--dsn", dsn]],
     "allow": lambda dsn: [["allow", "--list", "--dsn", dsn, "0" * 64]],
+    "rollout": lambda dsn: [["rollout", "--dsn", dsn], ["rollout", "--json", "--dsn", dsn]],
+    "enforce": lambda dsn: _tables(dsn, ["enforce"]),
     "move": lambda dsn: _tables(dsn, ["move"], _move_args),
     "fences": lambda dsn: _tables(dsn, ["fences"]),
     "fence set": lambda dsn: _tables(
@@ -177,12 +185,42 @@ CLI_ARGS: dict[str, CliArgs] = {
     "sql rename": lambda dsn: [["sql", "rename", "app.t_row", "app.t_row2"]],
     "sql uninstall": lambda dsn: [["sql", "uninstall"]],
     "monitoring": lambda dsn: [["monitoring", "/dev/null"]],
-    "alembic init": lambda dsn: [],  # writes a directory of files; no database
-    "chaos check": lambda dsn: [],  # reads a history file; no database
-    # demo and bench make and write only their own tables (fencekit_demo_*, fencekit_bench_*)
-    "demo": lambda dsn: [],
-    "bench": lambda dsn: [],
+    "alembic init": lambda dsn: [_alembic_init()],
+    "chaos check": lambda dsn: [["chaos", "check", _empty_file()]],
+    # demo and bench make and write tables of their own; bench runs its shortest group
+    "demo": lambda dsn: [["demo", "--dsn", dsn]],
+    "bench": lambda dsn: [["bench", "--quick", "--only", "leases", "--dsn", dsn]],
 }
+
+
+#: Commands that change nothing in the database: they share one copy of it per role.
+READ_ONLY = frozenset(
+    {
+        "status",
+        "allow",
+        "fences",
+        "sql move",
+        "sql install",
+        "sql protect",
+        "sql unprotect",
+        "sql rename",
+        "sql uninstall",
+        "monitoring",
+        "alembic init",
+        "chaos check",
+    }
+)
+
+
+def _alembic_init() -> list[str]:
+    where = tempfile.mkdtemp()
+    return ["alembic", "init", f"{where}/migrations", "-c", f"{where}/alembic.ini"]
+
+
+def _empty_file() -> str:
+    fd, path = tempfile.mkstemp(suffix=".jsonl")
+    os.close(fd)
+    return path
 
 
 def cli_commands() -> list[str]:
@@ -204,7 +242,3 @@ def cli_commands() -> list[str]:
 
     walk(build_parser(), [])
     return out
-
-
-def unused(*_: Any) -> None:
-    return None

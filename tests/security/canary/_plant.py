@@ -10,15 +10,11 @@ superuser may do (set ``session_replication_role``). ``{t}`` is a table's name.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "dev" / "code-paths.md"
-
-#: Who a canary may run as: the owner, or the unprivileged writer whose statement caused it.
-GOOD = ("owner", "writer")
 
 
 def page_mechanisms() -> dict[str, str]:
@@ -313,29 +309,20 @@ CREATE VIEW app.{n} AS SELECT * FROM app.{n}_real WHERE canary_log.hit('view-swa
 """
 
 
-#: What each mechanism's planter is, by where the page says it is planted: the test that
-#: reads the page fails on a mechanism missing here. Every id maps to the SQL that plants it
-#: (a fragment of the SQL above, to check that it is really there).
-PLANTED: dict[str, Callable[[], str]] = {}
-
-
-def _register() -> None:
-    every = CANARY + HELPERS + shadow_sql() + table_sql(Table("x", "row"))
-    every += table_sql(Table("x", "row", partitioned=True)) + view_swap_sql(Table("x", "row"))
-    every += EXTENSION
-    calls = r"(?:hit|cint|imm|immb|imm_row|trg)\(''?([a-z0-9-]+)'"
-    for label in re.findall(calls, every):
-        PLANTED.setdefault(label, lambda: every)
-
-
+#: extension-member: the owner's function, which it adds to an extension it created. The
+#: embedded server ships no trusted extension, so the build has a superuser create one and
+#: hand it to the owner, as the owner's own CREATE EXTENSION would leave it.
 EXTENSION = """
 CREATE FUNCTION app.ext_member() RETURNS int LANGUAGE plpgsql VOLATILE AS $$
 BEGIN PERFORM canary_log.hit('extension-member'); RETURN 0; END $$;
 """
-#: extension-member needs an extension the owner created. The embedded server ships no
-#: trusted extension, so the superuser creates one and hands it to the owner (as CREATE
-#: EXTENSION by the owner would leave it); the owner then adds its function.
-EXTENSION_BY_SUPERUSER = """
-CREATE EXTENSION IF NOT EXISTS plpgsql;
-"""
-_register()
+
+
+def planted_labels() -> frozenset[str]:
+    """Every mechanism id a canary is planted for: the labels the planted SQL passes to the
+    canary (directly or through the owner's helper functions)."""
+    every = CANARY + HELPERS + shadow_sql() + EXTENSION
+    every += table_sql(Table("x", "row")) + table_sql(Table("x", "row", partitioned=True))
+    every += view_swap_sql(Table("x", "row"))
+    calls = r"(?:hit|cint|imm|immb|imm_row|trg)\(''?([a-z0-9-]+)'"
+    return frozenset(re.findall(calls, every))

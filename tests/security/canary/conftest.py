@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -62,6 +62,7 @@ class Planted:
     writer: str
     admin: str
     labels: list[str]
+    _observers: dict[str, Conn] = field(default_factory=dict)
 
     def dsn(self, dbname: str, user: str | None = None) -> str:
         return self.server.dsn_for(dbname, user)
@@ -79,23 +80,32 @@ class Planted:
         try:
             yield name
         finally:
+            observer = self._observers.pop(name, None)
+            if observer is not None:
+                observer.close()
             with psycopg.connect(self.server.dsn, autocommit=True) as su:
                 su.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
     def hits(self, dbname: str) -> dict[str, dict[str, Any]]:
-        """label -> {owner, writer, other: counts; role, session: who ran it as 'other'}."""
+        """label -> {owner, writer, other: counts; role, session: who ran it as 'other'}.
+
+        Read on one observer session per database (sequences are not transactional)."""
+        su = self._observers.get(dbname)
+        if su is None or su.closed:
+            su = self._observers[dbname] = psycopg.connect(self.dsn(dbname), autocommit=True)
+        rows = su.execute(
+            "SELECT s.sequencename, s.last_value FROM pg_catalog.pg_sequences s "
+            "WHERE s.schemaname = 'canary_log'"
+        ).fetchall()
         out: dict[str, dict[str, Any]] = {}
-        with psycopg.connect(self.dsn(dbname)) as su:
-            rows = su.execute(
-                "SELECT s.sequencename, s.last_value FROM pg_catalog.pg_sequences s "
-                "WHERE s.schemaname = 'canary_log'"
-            ).fetchall()
-            names = dict(su.execute("SELECT oid::bigint, rolname FROM pg_roles").fetchall())
+        names: dict[int, str] | None = None
         for seq, value in rows:
             label, part = seq.rsplit(":", 1)
             entry = out.setdefault(label, {})
             if part in ("role", "session"):
-                entry[part] = names.get(value, value) if value else None
+                if value and names is None:
+                    names = dict(su.execute("SELECT oid::bigint, rolname FROM pg_roles").fetchall())
+                entry[part] = (names or {}).get(value, value) if value else None
             else:
                 entry[part] = int(value or 0)
         return out
@@ -157,7 +167,7 @@ def _build(server: EmbeddedServer, template: str, sfx: str) -> Planted:
         oc.execute(_plant.EXTENSION.encode())
         oc.commit()
     with psycopg.connect(server.dsn_for(template)) as su:
-        # extension-member: an extension the owner created (see _plant.EXTENSION).
+        # extension-member (see _plant.EXTENSION)
         su.execute(f"CREATE EXTENSION {ext} SCHEMA public")
         su.execute(
             "UPDATE pg_extension SET extowner = %s::regrole WHERE extname = %s", (owner, ext)

@@ -14,7 +14,6 @@ import socket
 import psycopg
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.engine import make_url
 
 import fencekit.psycopg
 import fencekit.sqlalchemy
@@ -33,10 +32,9 @@ def rebuild_summary(url: str, account_id: int, *, ttl: float = TTL) -> int:
     """Rebuild the summary of ``account_id`` (SQLAlchemy URL ``url``); returns the total."""
     engine = create_engine(url)
     fencekit.sqlalchemy.install(engine)  # writes inside the lease's scope carry its token
-    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     try:
         with (
-            PostgresIssuer(dsn) as issuer,
+            PostgresIssuer(url) as issuer,  # takes the SQLAlchemy URL as it is
             Lease(issuer, f"billing:{account_id}", ttl=ttl, wait=30),
             engine.begin() as conn,
         ):

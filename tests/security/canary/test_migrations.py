@@ -1,51 +1,18 @@
-"""Canary matrix: every CLI command (from the CLI's own parser) run as a superuser and as a
-fencekit_admin member, and every alembic and Django operation (from alembic's registry and the
-Django operations module) run as a superuser, each in a fresh copy of the planted database.
-No planted canary may run as anyone but the owner or the writer."""
+"""Canary matrix: every alembic operation (from alembic's registry of fencekit's operations)
+and every Django operation (from fencekit.django.operations), run as a superuser, each in a
+fresh copy of the planted database. No planted canary may run as anyone but the owner or the
+writer."""
 
 from __future__ import annotations
 
 import contextlib
-import io
 from typing import Any
 
 import psycopg
-import pytest
 
-from fencekit.cli import main
-from tests.security.canary._builders import CLI_ARGS, TARGETS, UNPROTECTED, cli_commands
+from tests.security.canary._builders import TARGETS, UNPROTECTED
 from tests.security.canary._cells import Matrix
 from tests.security.canary.conftest import Planted, spec_of
-
-
-def _run_cli(argv: list[str]) -> None:
-    # a refusal is fine: what ran before it is the point
-    with (
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-        contextlib.suppress(Exception),
-    ):
-        main(argv)
-
-
-@pytest.mark.parametrize("role", ["superuser", "admin"])
-def test_cli_commands(planted: Planted, role: str) -> None:
-    matrix = Matrix()
-    commands = cli_commands()
-    missing = [c for c in commands if c not in CLI_ARGS]
-    assert not missing, (
-        f"CLI commands with no argument builder: {missing}; add one to CLI_ARGS in "
-        "tests/security/canary/_builders.py"
-    )
-    for command in commands:
-        with planted.fresh() as db:
-            dsn = planted.dsn(db, None if role == "superuser" else planted.admin)
-            for argv in CLI_ARGS[command](dsn):
-                before = planted.hits(db)
-                _run_cli(argv)
-                shown = " ".join(a if a != dsn else "--dsn" for a in argv if a != "--dsn")
-                matrix.judge(f"fencekit {shown} as {role}", before, planted.hits(db))
-    matrix.assert_clean()
 
 
 def _alembic_ops() -> dict[str, Any]:

@@ -1,12 +1,14 @@
 """The pytest plugin (entry point ``pytest11``: ``fencekit``): options and fixtures.
 
+It ships as its own distribution, pytest-fencekit: installing pg-fencekit loads no plugin.
+
 Fixtures:
 
 - ``fencekit_server`` (session): the server the databases live on (:mod:`.servers`).
 - ``fenced_db``: a fresh :class:`~fencekit.testing.FencedDatabase` per test, cloned from a
   template built once per session from the ini options below.
 
-Make others with :func:`fencekit.testing.fenced_database` (schema, fences, role, scope), as
+Make others with :func:`pytest_fencekit.fenced_database` (schema, fences, role, scope), as
 pytest-postgresql's factories make theirs.
 
 ini options (``[pytest]`` / ``[tool.pytest.ini_options]``):
@@ -22,6 +24,7 @@ ini options (``[pytest]`` / ``[tool.pytest.ini_options]``):
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -140,8 +143,18 @@ def _template(request: pytest.FixtureRequest, setup: DatabaseSetup) -> Template:
     key = setup.fingerprint()
     if key not in templates:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-        templates[key] = build_template(server, setup, f"fk_tmpl_{key}{worker}_{os.getpid()}")
+        with _django_db_unblocked(request):
+            templates[key] = build_template(server, setup, f"fk_tmpl_{key}{worker}_{os.getpid()}")
     return templates[key]
+
+
+def _django_db_unblocked(request: pytest.FixtureRequest) -> contextlib.AbstractContextManager[Any]:
+    """pytest-django blocks database access outside its own fixtures; the template's schema may
+    be a Django project's migrations (fencekit.django.testing:migrate)."""
+    if request.config.pluginmanager.hasplugin("django"):
+        blocker = request.getfixturevalue("django_db_blocker")
+        return blocker.unblock()  # type: ignore[no-any-return]
+    return contextlib.nullcontext()
 
 
 _counter = [0]

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Write the sync form of each asyncio module that has one, so a pair is written once.
+
+As psycopg does for its own sync classes (its ``tools/async_to_sync.py`` works on the AST;
+these modules are small enough for a line-wise rewrite that keeps comments): ``async def``,
+``async with`` and ``async for`` lose ``async``, ``await`` goes, and the names in each pair's
+table become their sync twins. The output is formatted with ruff. ``--check`` writes nothing
+and fails when a generated file differs from what its source gives
+(``tests/leases/test_generated.py`` runs it).
+
+    python scripts/async_to_sync.py           # rewrite every generated file
+    python scripts/async_to_sync.py --check   # exit 1 when one has drifted
+    python scripts/async_to_sync.py --check --root DIR   # a copy of the tree (the tests)
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (async source, sync output, [(async spelling, sync spelling), ...]): whole words, in order.
+PAIRS: list[tuple[str, str, list[tuple[str, str]]]] = [
+    (
+        "fencekit/leases/_postgres_async.py",
+        "fencekit/leases/_postgres_sync.py",
+        [
+            ("asyncio form", "sync form"),
+            ("AsyncPostgresIssuer", "PostgresIssuer"),
+            ("psycopg.AsyncConnection.connect", "psycopg.connect"),
+            ("psycopg.AsyncConnection", "psycopg.Connection"),
+            ("import asyncio", "import threading"),
+            ("asyncio.Lock", "threading.Lock"),
+            ("__aenter__", "__enter__"),
+            ("__aexit__", "__exit__"),
+        ],
+    ),
+]
+
+_ASYNC = re.compile(r"\basync (def|with|for)\b")
+_AWAIT = re.compile(r"\bawait ")
+
+
+def render(source: str, renames: list[tuple[str, str]], name: str, root: Path = ROOT) -> str:
+    text = _AWAIT.sub("", _ASYNC.sub(r"\1", source))
+    for old, new in renames:
+        text = re.sub(rf"(?<![\w.]){re.escape(old)}\b", new, text)
+    # The source's docstring says how to regenerate; the output's, that it is generated.
+    end = text.index('"""', 3) + 3
+    summary = text[3:end].split("\n", 1)[0].split(":", 1)[0].rstrip(".")
+    text = (
+        f'"""{summary}.\n\nGenerated from ``{name}``\nby ``scripts/async_to_sync.py``: '
+        f'edit that file, not this one.\n"""' + text[end:]
+    )
+    formatted = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--stdin-filename", "generated.py", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,  # its pyproject.toml: the project's ruff settings
+    )
+    return formatted.stdout
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    root = Path(argv[argv.index("--root") + 1]) if "--root" in argv else ROOT
+    drifted = []
+    for source, target, renames in PAIRS:
+        want = render((root / source).read_text(), renames, source, root)
+        path = root / target
+        if check:
+            if not path.exists() or path.read_text() != want:
+                drifted.append(target)
+        else:
+            path.write_text(want)
+    for target in drifted:
+        print(f"{target} is not what scripts/async_to_sync.py generates: run it", file=sys.stderr)
+    return 1 if drifted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
