@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fencekit.spec import FenceSpec, SpecError, TableName
+from fencekit.errors import SpecError
+from fencekit.spec import FenceSpec, TableName
 from fencekit.sqlgen.move import is_move, move_statements
 from fencekit.sqlgen.objects import TEMPLATE_VERSION
 from fencekit.sqlgen.protect import protect_statements, unprotect_statements
