@@ -108,7 +108,8 @@ CREATE TABLE IF NOT EXISTS fencekit.fences (
 );
 
 -- One row per protected table: the spec it was protected with and the template version that
--- generated its objects.
+-- generated its objects. key_families: a key fence's key column type families when the table
+-- was protected (see fencekit.key_families); NULL for other scopes.
 CREATE TABLE IF NOT EXISTS fencekit.protected (
   schema_name      text NOT NULL,
   table_name       text NOT NULL,
@@ -118,12 +119,9 @@ CREATE TABLE IF NOT EXISTS fencekit.protected (
   spec             jsonb NOT NULL,
   template_version integer NOT NULL,
   protected_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
+  key_families     text[],
   PRIMARY KEY (schema_name, table_name)
 );
-
--- Key fences: the families of the key columns' types when the table was protected (see
--- fencekit.key_families); NULL for other scopes.
-ALTER TABLE fencekit.protected ADD COLUMN IF NOT EXISTS key_families text[];
 
 -- Named resources and the issuer whose tokens they take: tokens of different issuers are never
 -- compared.
