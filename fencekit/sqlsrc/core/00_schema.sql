@@ -51,7 +51,8 @@ BEGIN
       FROM pg_catalog.pg_type t JOIN ns ON t.typnamespace OPERATOR(pg_catalog.=) ns.oid
      WHERE t.typowner NOT IN (SELECT oid FROM trusted)
     UNION ALL
-    SELECT pg_catalog.format('function %s (owner %s)', p.oid::pg_catalog.regprocedure, p.proowner::pg_catalog.regrole)
+    SELECT pg_catalog.format('function %s (owner %s)', p.oid::pg_catalog.regprocedure,
+                             p.proowner::pg_catalog.regrole)
       FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace OPERATOR(pg_catalog.=) ns.oid
      WHERE p.proowner NOT IN (SELECT oid FROM trusted)
        AND NOT (p.proname::pg_catalog.text OPERATOR(pg_catalog.~) '_trunc$'
