@@ -81,9 +81,10 @@ BEGIN
         'their code with your rights while the install runs, or replace what fencekit''s '
         'functions call; nothing was changed', current_user, found),
       HINT = 'Schema fencekit and everything in it must belong to the installing role, a '
-        'superuser or a member of fencekit_admin, with no trigger, rule or policy fencekit did not make. Drop what another '
-        'role made (a schema made by someone else: DROP SCHEMA fencekit CASCADE, after saving '
-        'any fences you need), or install as the role that owns it.';
+        'superuser or a member of fencekit_admin, with no trigger, rule or policy fencekit did '
+        'not make. Drop what another role made (a schema made by someone else: DROP SCHEMA '
+        'fencekit CASCADE, after saving any fences you need), or install as the role that '
+        'owns it.';
   END IF;
 END
 $do$;
