@@ -122,6 +122,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fencekit.catalog", "fencekit.embedded", "fencekit.declare"),
     (
         "fencekit.psycopg", "fencekit.psycopg2", "fencekit.asyncpg", "fencekit._psycopg_internals",
+        "fencekit._psycopg_core", "fencekit._psycopg_async", "fencekit._psycopg_sync",
         "fencekit.sqlalchemy", "fencekit.django", "fencekit.alembic_plugin",
         "fencekit._alembic_entry", "fencekit.leases", "fencekit.metrics", "fencekit.tasks",
         "fencekit.chaos", "fencekit.testing",
@@ -177,7 +178,14 @@ ALLOWED: dict[str, set[str]] = {
     "fencekit.catalog": {"errors", "ident", "spec", "sqlgen"},
     "fencekit.embedded": {"errors"},
     "fencekit.declare": {"errors", "spec"},
-    "fencekit.psycopg": {"_psycopg_internals", "context", "errors", "metrics", "wire"},
+    # psycopg 3's adapter: a public face over one core and its asyncio half, from which the
+    # sync half is generated (scripts/async_to_sync.py).
+    "fencekit.psycopg": {
+        "_psycopg_async", "_psycopg_core", "_psycopg_internals", "_psycopg_sync", "wire",
+    },
+    "fencekit._psycopg_core": {"_psycopg_internals", "context", "errors", "metrics", "wire"},
+    "fencekit._psycopg_async": {"_psycopg_core", "_psycopg_internals", "context", "wire"},
+    "fencekit._psycopg_sync": {"_psycopg_core", "_psycopg_internals", "context", "wire"},
     "fencekit.psycopg2": {"context", "errors", "metrics", "wire"},
     "fencekit.asyncpg": {"context", "errors", "metrics", "wire"},
     "fencekit._psycopg_internals": set(),
