@@ -123,6 +123,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "fencekit.psycopg", "fencekit.psycopg2", "fencekit.asyncpg", "fencekit._psycopg_internals",
         "fencekit._psycopg_core", "fencekit._psycopg_async", "fencekit._psycopg_sync",
+        "fencekit._sqlalchemy_errors",
         "fencekit.sqlalchemy", "fencekit.django", "fencekit.alembic_plugin",
         "fencekit._alembic_entry", "fencekit.leases", "fencekit.metrics", "fencekit.tasks",
         "fencekit.chaos", "fencekit.testing",
@@ -191,8 +192,11 @@ ALLOWED: dict[str, set[str]] = {
     "fencekit._psycopg_internals": set(),
     # SQLAlchemy runs on each driver: it installs that driver's adapter.
     "fencekit.sqlalchemy": {
-        "asyncpg", "context", "declare", "errors", "metrics", "psycopg", "psycopg2", "spec", "wire",
+        "_sqlalchemy_errors", "asyncpg", "context", "declare", "errors", "metrics", "psycopg",
+        "psycopg2", "spec", "wire",
     },
+    # The plugin's rejections as DBAPIErrors too, and a lost COMMIT as an outcome unknown.
+    "fencekit._sqlalchemy_errors": {"context", "errors"},
     # The app reads leases from DATABASES and quotes role names for its grant operations.
     "fencekit.django": {
         "context", "errors", "ident", "leases", "metrics", "spec", "sqlgen", "wire",

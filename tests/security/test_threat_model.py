@@ -39,6 +39,7 @@ INTERNAL = {
     "_psycopg_errors",
     "_psycopg_internals",
     "_psycopg_sync",
+    "_sqlalchemy_errors",
     "bench",
     "catalog",
     "chaos",
