@@ -29,6 +29,7 @@ fencekit's (``except fencekit.StaleTokenError``) and ``asyncpg.PostgresError``.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
@@ -134,7 +135,8 @@ def _state(conn: asyncpg.Connection) -> _State:
     return state
 
 
-def _head(query: object) -> str:
+@functools.lru_cache(maxsize=256)  # an application sends the same few texts: asyncpg's own
+def _head(query: object) -> str:  # BEGIN and COMMIT each transaction, its statements
     if not isinstance(query, str):
         return ""
     # The first characters, not a copy of a long statement (the whole of a short one, or of
