@@ -135,16 +135,9 @@ def _state(conn: asyncpg.Connection) -> _State:
     return state
 
 
-@functools.lru_cache(maxsize=256)  # an application sends the same few texts: asyncpg's own
-def _head(query: object) -> str:  # BEGIN and COMMIT each transaction, its statements
-    if not isinstance(query, str):
-        return ""
-    # The first characters, not a copy of a long statement (the whole of a short one, or of
-    # one that starts with a long run of whitespace).
-    head = query[:64].lstrip()
-    if len(head) < 20:
-        head = query.lstrip()
-    return head[:20].upper()
+@functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
+def _head(query: object) -> str:
+    return query.lstrip()[:20].upper() if isinstance(query, str) else ""
 
 
 _BEGIN = ("BEGIN", "START TRANSACTION")
