@@ -29,6 +29,7 @@ fencekit's (``except fencekit.StaleTokenError``) and ``asyncpg.PostgresError``.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
@@ -134,12 +135,12 @@ def _state(conn: asyncpg.Connection) -> _State:
     return state
 
 
+@functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
 def _head(query: object) -> str:
     return query.lstrip()[:20].upper() if isinstance(query, str) else ""
 
 
-def _is_begin(query: object) -> bool:
-    return _head(query).startswith(("BEGIN", "START TRANSACTION"))
+_BEGIN = ("BEGIN", "START TRANSACTION")
 
 
 # Transaction control needs no token, and must run in a failed transaction, where nothing else
@@ -163,15 +164,15 @@ async def _run(
     conn: asyncpg.Connection,
     call: Callable[[str], Awaitable[R]],
     query: str,
-    simple: bool,
+    head: str | None,
 ) -> R:
     """Run ``call(query)`` on ``conn`` with exactly the scope's token (or none) in force.
 
-    ``simple``: ``call`` sends ``query`` as a simple query (no arguments), so it may hold
-    several statements.
+    ``head``: :func:`_head` of ``query`` when ``call`` sends it as a simple query (no
+    arguments, so it may hold several statements; not transaction control, which the caller
+    runs as it is); None for the extended protocol.
     """
-    if simple and _head(query).startswith(_CONTROL):
-        return await call(query)
+    simple = head is not None
     try:
         if conn.is_in_transaction():
             await _sync(conn)
@@ -180,7 +181,7 @@ async def _run(
         value = state.next(wire.IDLE, wire.scope_value())
         if value is None:
             return await call(query)
-        if simple and _is_begin(query):  # asyncpg's own BEGIN, or the user's
+        if head is not None and head.startswith(_BEGIN):  # asyncpg's own BEGIN, or the user's
             begin = query.rstrip().rstrip(";")
             result = await call(begin + "; " + wire.set_local(value, fresh=True))
             state.sent(value, open_after=True)
@@ -237,8 +238,8 @@ def _fence_calls(owner: type[Any], names: tuple[str, ...], *, with_query: bool =
             conn = self if isinstance(self, asyncpg.Connection) else self._connection
             if with_query and args:  # the query first, as the driver reads it
                 query, *rest = args
-                return await _run(conn, lambda q: unfenced(q, *rest, **kwargs), query, False)
-            return await _run(conn, lambda _: unfenced(*args, **kwargs), "", False)
+                return await _run(conn, lambda q: unfenced(q, *rest, **kwargs), query, None)
+            return await _run(conn, lambda _: unfenced(*args, **kwargs), "", None)
 
         call.__name__ = call.__qualname__ = name
         return call
@@ -265,11 +266,12 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         parent: Any = super()
-        if not args and _head(query).startswith(_CONTROL):  # COMMIT, ROLLBACK: as they are
+        head = None if args else _head(query)
+        if head is not None and head.startswith(_CONTROL):  # COMMIT, ROLLBACK: as they are
             done: str = await parent.execute(query, timeout=timeout)
             return done
         result: str = await _run(
-            self, lambda q: parent.execute(q, *args, timeout=timeout), query, not args
+            self, lambda q: parent.execute(q, *args, timeout=timeout), query, head
         )
         return result
 

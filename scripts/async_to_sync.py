@@ -4,8 +4,8 @@
 As psycopg does for its own sync classes (its ``tools/async_to_sync.py`` works on the AST;
 these modules are small enough for a line-wise rewrite that keeps comments): ``async def``,
 ``async with`` and ``async for`` lose ``async``, ``await`` goes, and the names in each pair's
-table become their sync twins. The output is formatted with ruff. ``--check`` writes nothing
-and fails when a generated file differs from what its source gives
+table become their sync twins. The output's imports are sorted, and it is formatted with
+ruff. ``--check`` writes nothing and fails when a generated file differs from what its source gives
 (``tests/leases/test_generated.py`` runs it).
 
     python scripts/async_to_sync.py           # rewrite every generated file
@@ -38,6 +38,32 @@ PAIRS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("__aexit__", "__exit__"),
         ],
     ),
+    (
+        "fencekit/_psycopg_async.py",
+        "fencekit/_psycopg_sync.py",
+        [
+            ("asyncio form", "sync form"),
+            ("_async_fence_before", "_fence_before"),
+            ("AsyncFencedCursor", "FencedCursor"),
+            ("AsyncFencedServerCursor", "FencedServerCursor"),
+            ("_AsyncTokenTransaction", "_TokenTransaction"),
+            ("_async_nested_transaction", "_nested_transaction"),
+            ("async_transaction", "transaction"),
+            ("async_set_token", "set_token"),
+            ("_internals.async_begin", "_internals.begin"),
+            ("psycopg.AsyncConnection", "psycopg.Connection"),
+            ("psycopg.AsyncCursor", "psycopg.Cursor"),
+            ("psycopg.AsyncServerCursor", "psycopg.ServerCursor"),
+            ("psycopg.AsyncTransaction", "psycopg.Transaction"),
+            ("AbstractAsyncContextManager", "AbstractContextManager"),
+            ("asynccontextmanager", "contextmanager"),
+            ("AsyncIterator", "Iterator"),
+            ("super().__aenter__", "super().__enter__"),
+            ("super().__aexit__", "super().__exit__"),
+            ("__aenter__", "__enter__"),
+            ("__aexit__", "__exit__"),
+        ],
+    ),
 ]
 
 _ASYNC = re.compile(r"\basync (def|with|for)\b")
@@ -55,15 +81,20 @@ def render(source: str, renames: list[tuple[str, str]], name: str, root: Path = 
         f'"""{summary}.\n\nGenerated from ``{name}``\nby ``scripts/async_to_sync.py``: '
         f'edit that file, not this one.\n"""' + text[end:]
     )
-    formatted = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--stdin-filename", "generated.py", "-"],
-        input=text,
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=root,  # its pyproject.toml: the project's ruff settings
-    )
-    return formatted.stdout
+    # A rename can unsort an import line: ruff's isort fix puts it back in order.
+    for command in (
+        ["check", "--fix", "--exit-zero", "--quiet", "--select", "I"],
+        ["format"],
+    ):
+        text = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--stdin-filename", "generated.py", "-"],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=root,  # its pyproject.toml: the project's ruff settings
+        ).stdout
+    return text
 
 
 def main(argv: list[str]) -> int:

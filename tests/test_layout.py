@@ -122,6 +122,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fencekit.catalog", "fencekit.embedded", "fencekit.declare"),
     (
         "fencekit.psycopg", "fencekit.psycopg2", "fencekit.asyncpg", "fencekit._psycopg_internals",
+        "fencekit._psycopg_core", "fencekit._psycopg_async", "fencekit._psycopg_sync",
+        "fencekit._sqlalchemy_errors",
         "fencekit.sqlalchemy", "fencekit.django", "fencekit.alembic_plugin",
         "fencekit._alembic_entry", "fencekit.leases", "fencekit.metrics", "fencekit.tasks",
         "fencekit.chaos", "fencekit.testing",
@@ -177,14 +179,24 @@ ALLOWED: dict[str, set[str]] = {
     "fencekit.catalog": {"errors", "ident", "spec", "sqlgen"},
     "fencekit.embedded": {"errors"},
     "fencekit.declare": {"errors", "spec"},
-    "fencekit.psycopg": {"_psycopg_internals", "context", "errors", "metrics", "wire"},
+    # psycopg 3's adapter: a public face over one core and its asyncio half, from which the
+    # sync half is generated (scripts/async_to_sync.py).
+    "fencekit.psycopg": {
+        "_psycopg_async", "_psycopg_core", "_psycopg_internals", "_psycopg_sync", "wire",
+    },
+    "fencekit._psycopg_core": {"_psycopg_internals", "context", "errors", "metrics", "wire"},
+    "fencekit._psycopg_async": {"_psycopg_core", "_psycopg_internals", "context", "wire"},
+    "fencekit._psycopg_sync": {"_psycopg_core", "_psycopg_internals", "context", "wire"},
     "fencekit.psycopg2": {"context", "errors", "metrics", "wire"},
     "fencekit.asyncpg": {"context", "errors", "metrics", "wire"},
     "fencekit._psycopg_internals": set(),
     # SQLAlchemy runs on each driver: it installs that driver's adapter.
     "fencekit.sqlalchemy": {
-        "asyncpg", "context", "declare", "errors", "metrics", "psycopg", "psycopg2", "spec", "wire",
+        "_sqlalchemy_errors", "asyncpg", "context", "declare", "errors", "metrics", "psycopg",
+        "psycopg2", "spec", "wire",
     },
+    # The plugin's rejections as DBAPIErrors too, and a lost COMMIT as an outcome unknown.
+    "fencekit._sqlalchemy_errors": {"context", "errors"},
     # The app reads leases from DATABASES, quotes role names for its grant operations, and its
     # enforce operation reads the rollout report (catalog.rollout); alembic's does too.
     "fencekit.django": {

@@ -14,6 +14,8 @@ import pytest
 from packaging.version import Version
 
 import fencekit.psycopg as fkpg
+from fencekit import _psycopg_async
+from fencekit import _psycopg_core as core
 from fencekit import _psycopg_internals as internals
 from fencekit.context import fencing
 from fencekit.errors import StaleTokenError
@@ -21,7 +23,7 @@ from tests.adapters.conftest import TOKEN_SQL
 
 
 def test_the_begin_path_is_the_default_where_the_internals_are_there() -> None:
-    assert fkpg._begin_path() is internals.AVAILABLE
+    assert core._begin_path() is internals.AVAILABLE
 
 
 def test_without_the_internals_importing_the_adapter_warns(
@@ -209,7 +211,7 @@ def test_begin_keeps_the_connection_transaction_characteristics(billing: str) ->
             assert one(conn, "SHOW transaction_read_only") == "on"
             assert one(conn, "SHOW transaction_deferrable") == "off"
             assert (one(conn, TOKEN_SQL), one(conn, ISSUER_SQL)) == ("34", "etcd")
-        assert fkpg._begin_sql(conn) == conn._get_tx_start_command()
+        assert core._begin_sql(conn) == conn._get_tx_start_command()
 
 
 def test_statements_in_a_block_do_not_resend_the_token(billing: str) -> None:
@@ -269,7 +271,7 @@ def test_a_block_entered_after_its_connection_moved_on_is_refused(billing: str) 
         with pytest.raises(psycopg.ProgrammingError, match="right away"), block:
             conn.execute(UPDATE, ("never written",))
         assert one(conn, TOKEN_SQL) is None
-        assert fkpg._state(conn).pinned is None
+        assert core._state(conn).pinned is None
         conn.rollback()
         with fkpg.transaction(conn, 34):  # the connection is usable as ever
             conn.execute(UPDATE, ("written by B",))
@@ -296,7 +298,7 @@ async def test_async_shapes_send_the_token_with_begin(
     async with await psycopg.AsyncConnection.connect(billing) as conn:
         fkpg.install(conn)
         block = fkpg.async_transaction(conn, 34)
-        assert isinstance(block, fkpg._AsyncTokenTransaction) == begin_path
+        assert isinstance(block, _psycopg_async._AsyncTokenTransaction) == begin_path
         async with block:
             cur = await conn.execute(TOKEN_SQL)
             assert (await cur.fetchone())[0] == "34"  # type: ignore[index]

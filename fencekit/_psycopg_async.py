@@ -1,0 +1,263 @@
+"""psycopg 3 adapter, asyncio form: fenced cursors, transaction blocks and set_token.
+
+Its sync form, :mod:`fencekit._psycopg_sync`, is generated from this file by
+``scripts/async_to_sync.py`` (run it after an edit; ``tests/leases/test_generated.py`` fails on
+drift). What to send, and how, is :mod:`fencekit._psycopg_core`'s: this module only does it.
+:mod:`fencekit.psycopg` is the public face of both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import cache
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from psycopg.abc import Params, Query
+
+from fencekit import _psycopg_internals as _internals
+from fencekit import wire
+from fencekit._psycopg_core import (
+    _after,
+    _alone,
+    _begin_query,
+    _block,
+    _check_open,
+    _count,
+    _explicit,
+    _fenced_factory,
+    _how,
+    _next,
+    _opens_with_begin,
+    _outer_to_restore,
+    _raise_if_outcome_unknown,
+    _resolve,
+    _restored,
+    _setter,
+    _TokenBlock,
+)
+from fencekit.context import fencing
+
+
+async def _async_fence_before(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Before ``copy()`` or a named cursor's statement: what the wire says, on its own."""
+    value = _next(conn)
+    if value is None:
+        return
+    if _opens_with_begin(conn):
+        await _internals.async_begin(conn, _begin_query(conn, value))
+    else:
+        text = _alone(conn, value)
+        if text is None:
+            return
+        await _setter(conn).execute(text)
+    _after(conn, value)
+
+
+class AsyncFencedCursor(psycopg.AsyncCursor[Any]):
+    """A cursor whose statements carry :func:`fencekit.current_token` (see
+    :func:`fencekit.psycopg.install`)."""
+
+    count_rejections = True
+
+    async def _fenced(
+        self, run: Callable[[], Any], query: Query, params: object, shares: bool
+    ) -> None:
+        conn = self.connection
+        try:
+            value = _next(conn)
+            if value is None:
+                await run()
+                return
+            how = _how(conn, query, params, shares)
+            if how == "begin":
+                # psycopg's BEGIN round trip, with the token
+                await _internals.async_begin(conn, _begin_query(conn, value))
+                await run()
+            elif how == "pipeline":
+                async with conn.pipeline():
+                    await _setter(conn).execute(wire.set_config(value).encode("ascii"))
+                    await run()
+            else:
+                text = _alone(conn, value)
+                if text is not None:
+                    await _setter(conn).execute(text)
+                await run()
+            _after(conn, value)
+        except psycopg.Error as exc:
+            if self.count_rejections:
+                _count(exc)
+            raise
+
+    async def execute(
+        self,
+        query: Query,
+        params: Params | None = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool | None = None,
+    ) -> AsyncFencedCursor:
+        parent: Any = super()
+        await self._fenced(
+            lambda: parent.execute(query, params, prepare=prepare, binary=binary),
+            query,
+            params,
+            True,
+        )
+        return self
+
+    async def executemany(
+        self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
+    ) -> None:
+        parent: Any = super()
+        await self._fenced(
+            lambda: parent.executemany(query, params_seq, returning=returning), query, 1, True
+        )
+
+    @asynccontextmanager
+    async def copy(
+        self, statement: Query, params: Params | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        await _async_fence_before(self.connection)  # COPY cannot share a pipeline
+        async with super().copy(statement, params, **kwargs) as copy:
+            yield copy
+
+
+class AsyncFencedServerCursor(psycopg.AsyncServerCursor[Any]):
+    """A named (server-side) cursor whose DECLARE and FETCHes run under the scope's token."""
+
+    async def execute(self, query: Query, params: Params | None = None, **kwargs: Any) -> Any:
+        await _async_fence_before(self.connection)
+        return await super().execute(query, params, **kwargs)
+
+    async def fetchone(self) -> Any:
+        await _async_fence_before(self.connection)  # a FETCH runs the query further
+        return await super().fetchone()
+
+    async def fetchmany(self, size: int = 0) -> list[Any]:
+        await _async_fence_before(self.connection)
+        return await super().fetchmany(size)
+
+    async def fetchall(self) -> list[Any]:
+        await _async_fence_before(self.connection)
+        return await super().fetchall()
+
+
+@cache
+def fenced_class(base: type[Any], count_rejections: bool = True) -> type[Any]:
+    """The fenced variant of a cursor class of this form (``ClientCursor``, a subclass...)."""
+    if issubclass(base, psycopg.AsyncServerCursor):
+        if issubclass(base, AsyncFencedServerCursor):
+            return base
+        if base is psycopg.AsyncServerCursor:
+            return AsyncFencedServerCursor
+        return type(f"Fenced{base.__name__}", (AsyncFencedServerCursor, base), {})
+    if issubclass(base, AsyncFencedCursor):
+        return base  # already fenced: keep its error translation as it is
+    if base is psycopg.AsyncCursor:
+        if count_rejections:
+            return AsyncFencedCursor
+        bases: tuple[type[Any], ...] = (AsyncFencedCursor,)
+    else:
+        bases = (AsyncFencedCursor, base)
+    return type(f"Fenced{base.__name__}", bases, {"count_rejections": count_rejections})
+
+
+class _AsyncTokenTransaction(_TokenBlock, _internals.BeginHook, psycopg.AsyncTransaction):
+    _fk_fenced = staticmethod(fenced_class)
+
+    async def __aenter__(self) -> _AsyncTokenTransaction:
+        self._fk_enter()
+        try:
+            return await super().__aenter__()
+        except BaseException as exc:
+            self._fk_failed(exc)
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool:
+        try:
+            suppressed = bool(await super().__aexit__(exc_type, exc_val, exc_tb))
+        except BaseException as exc:
+            if exc_val is None:
+                self._fk_commit_failed(exc)
+            else:
+                self._fk_failed(exc)
+            raise
+        return self._fk_exited(suppressed, exc_val)
+
+
+def async_transaction(
+    conn: psycopg.AsyncConnection[Any],
+    token: int | None = None,
+    *,
+    issuer: str | None = None,
+    savepoint_name: str | None = None,
+    force_rollback: bool = False,
+) -> AbstractAsyncContextManager[psycopg.AsyncTransaction]:
+    """``conn.transaction()`` whose statements carry ``token`` (default: the current scope's).
+
+    The token is validated before anything is sent; the block is also a :func:`fencing` scope.
+    Statements must run on cursors made inside the block (or ``conn.execute``). The token rides
+    the block's BEGIN (or, without the BEGIN path, its first statement): no extra round trip.
+    Nested inside an open transaction (a savepoint), it rides the block's first statement, and
+    the outer transaction's token is restored on exit (one statement). ``issuer`` tags the
+    token with its issuer (default: the scope's, when ``token`` is None).
+    """
+    block: AbstractAsyncContextManager[psycopg.AsyncTransaction] = _block(
+        _AsyncTokenTransaction,
+        _async_nested_transaction,
+        conn,
+        token,
+        issuer,
+        savepoint_name,
+        force_rollback,
+    )
+    return block
+
+
+@asynccontextmanager
+async def _async_nested_transaction(
+    conn: psycopg.AsyncConnection[Any],
+    scope: fencing,
+    savepoint_name: str | None,
+    force_rollback: bool,
+) -> AsyncIterator[psycopg.AsyncTransaction]:
+    """:func:`transaction` inside an open transaction or a pipeline: psycopg's block."""
+    nested = conn.pgconn.transaction_status != wire.IDLE
+    committing = False
+    try:
+        with scope, _fenced_factory(conn, fenced_class):
+            block = conn.transaction(savepoint_name, force_rollback)
+            async with block as tx:
+                yield tx
+                committing = True  # the body is done: what fails from here on is the COMMIT
+    except psycopg.Error as exc:
+        _count(exc)
+        _raise_if_outcome_unknown(exc, scope, committing and not nested and not force_rollback)
+        raise
+    finally:
+        outer = _outer_to_restore(conn, nested)
+        if outer is not None:
+            await psycopg.AsyncCursor(conn).execute(wire.set_local(outer))
+            _restored(conn, outer)
+
+
+async def async_set_token(
+    conn: psycopg.AsyncConnection[Any], token: int | None = None, *, issuer: str | None = None
+) -> None:
+    """Fence the transaction open on ``conn`` (or the one psycopg opens implicitly).
+
+    One statement, so one round trip (two if it also opens the transaction); prefer
+    :func:`transaction` or :func:`install`, which ride the next statement instead.
+    """
+    value, issuer = _resolve(token, issuer)
+    _check_open(conn)
+    await psycopg.AsyncCursor(conn).execute(wire.set_local(wire.checked(value, issuer)))
+    _explicit(conn)
