@@ -60,7 +60,7 @@ def test_table_fence_is_checked_once_per_statement(db: Conn) -> None:
     calls = _calls_of_one_statement(db, 6, "UPDATE tf SET v = v + 1")
     stmt_fn = next(name for name in calls if name.startswith("tf_") and name.endswith("_stmt"))
     assert calls[stmt_fn] == 1
-    assert calls["advance_fences"] == 1
+    assert calls["judge_fences"] == 1
     assert not [name for name in calls if name.endswith(("_ins", "_upd", "_del"))]
     # The same measurement on a row fence counts one call per row: it can tell the two apart.
     calls = _calls_of_one_statement(db, 6, "UPDATE rf SET v = v + 1")

@@ -43,8 +43,11 @@ $fn$;
 -- every key of the resource: TRUNCATE under a key fence) under the statement's token, and
 -- advance their fences. The common case ends in one query: every key's fence already holds
 -- the token (the holder writing again) and is share-locked, in key order, so writers under one
--- token never wait for each other. Anything else goes to advance_fences (30_fences.sql),
--- which takes every lock in key order in one pass, raises what is lower and reports the worst
+-- token never wait for each other. The next most common, a new token that no key's fence has
+-- reached yet, is one upsert here (advance_fences' own, inline: a definer call and its settings
+-- saved per statement) that raises every key in key order; when it raises them all to the
+-- token, the write is accepted. Anything else goes to advance_fences (30_fences.sql), which
+-- takes every lock in key order in one pass, raises what is lower and reports the worst
 -- offender: rejected here, or counted when the session may bypass.
 -- SECURITY DEFINER (owner: the installer) because it writes fencekit.fences, which writers may
 -- not; EXECUTE only for fencekit_admin, whose members own the generated definer trigger
@@ -70,6 +73,8 @@ DECLARE
   eq text COLLATE "default" := on_equal;
   me xid8 := pg_catalog.pg_current_xact_id();
   locked bigint;
+  reached bigint;
+  raised bigint;
   bad record;
   lb record;
 BEGIN
@@ -106,15 +111,18 @@ BEGIN
     END IF;
     -- One query for the common case (OFFSET 0: one index lookup per key, however many fences
     -- the resource has): count the keys whose fence holds the token, and only when that is
-    -- every key, share-lock them in the order given (the generated triggers sort the keys).
+    -- every key, share-lock them in the order given (the generated triggers sort the keys);
+    -- and count the keys whose fence reached the token, for the next case.
     WITH j AS (
-           SELECT pg_catalog.count(*) FILTER (WHERE h.hit IS NULL) AS todo
+           SELECT pg_catalog.count(*) FILTER (
+                    WHERE (h.fence = token AND (on_equal <> 'reject' OR h.writer_xact = me))
+                          IS NOT TRUE) AS todo,
+                  pg_catalog.count(h.fence) AS reached
              FROM pg_catalog.unnest(ks) AS u(key)
              LEFT JOIN LATERAL (
-                    SELECT true AS hit FROM fencekit.fences f
+                    SELECT f.fence, f.writer_xact FROM fencekit.fences f
                      WHERE f.resource = res AND f.key = u.key
-                       AND f.fence = token
-                       AND (on_equal <> 'reject' OR f.writer_xact = me) OFFSET 0) AS h ON true),
+                       AND f.fence >= token OFFSET 0) AS h ON true),
          l AS (
            SELECT FROM pg_catalog.unnest(ks) AS u(key), LATERAL (
                     SELECT FROM fencekit.fences f
@@ -123,9 +131,36 @@ BEGIN
                        AND (on_equal <> 'reject' OR f.writer_xact = me)
                      FOR SHARE) AS h
             WHERE (SELECT j.todo FROM j) = 0)
-    SELECT pg_catalog.count(*) INTO locked FROM l;
+    SELECT (SELECT pg_catalog.count(*) FROM l), (SELECT j.reached FROM j) INTO locked, reached;
     IF locked = pg_catalog.cardinality(keys) THEN
       RETURN;  -- every key's fence holds the token, and is share-locked
+    END IF;
+    IF reached = 0 THEN
+      -- A new token (no key's fence reached it in this statement's snapshot): advance_fences'
+      -- upsert, inline. A key without a fence starts at the resource's floor (35_floors.sql);
+      -- the upsert takes every key's exclusive lock in key order, raising it or, when a
+      -- concurrent writer raised it first, leaving it (its fence then reached the token).
+      -- Only when every key was raised to the token itself is the write accepted here.
+      IF pg_catalog.cardinality(ks) > 1 THEN
+        ks := ARRAY(SELECT DISTINCT u.key FROM pg_catalog.unnest(ks) AS u(key) ORDER BY 1);
+      END IF;
+      WITH up AS (
+             INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+             SELECT res, u.key,
+                    GREATEST(token, (SELECT fl.floor FROM fencekit.floors fl
+                                      WHERE fl.resource = res)), me
+               FROM pg_catalog.unnest(ks) WITH ORDINALITY AS u(key, o)
+              ORDER BY u.o
+             ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+                SET fence = token, writer_xact = excluded.writer_xact,
+                    updated_at = pg_catalog.now()
+              WHERE f.fence < token
+             RETURNING f.fence)
+      SELECT pg_catalog.count(*) FILTER (WHERE up.fence = token) INTO raised FROM up;
+      IF raised = pg_catalog.cardinality(ks) THEN
+        RETURN;  -- every key raised to the token by this write, and exclusively locked
+      END IF;
+      -- Otherwise every key is locked now; advance_fences finds the worst offender.
     END IF;
   END IF;
   SELECT * INTO bad FROM fencekit.advance_fences(res, ks, token, eq);
