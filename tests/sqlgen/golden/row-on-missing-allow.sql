@@ -23,18 +23,23 @@ AS $fn$
 BEGIN
   -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
   -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      OR COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '')
+  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL, counted => false);
+  IF COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) '' AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+    RETURN NULL;
+  END IF;
+  IF fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL, counted => false) IS NULL THEN
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+  END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=d526424d36bff7e470a77fada5ad8b9114d4c21121d7e7312f43bdf40245f417; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=3276c26994ead4d3d861398ec3b343eb0dd5898a7b18ed413b89692191a9a31a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -55,12 +60,14 @@ BEGIN
                               'fencekit_fence', TG_RELID::pg_catalog.regclass)
       INTO fence;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
+  ELSE
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=15f783653f548f98ce5813ee997f6a27f303c7b20f7ee7260ce058aa5ce8ffdb; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=74432848949bff79d35552f9579bc69f564a395863d0853d157a894f513aee38; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure, 'app.invoices'::pg_catalog.regclass);
 
