@@ -6,6 +6,12 @@ its log file, connects the checkpoint channel, calls the user's function (runnin
 fencekit.testing._bootstrap module:function [JSON args]`` does the same from a command line (the
 many-workers run starts its copies that way, under the chaos nemesis), calling the function
 again and again until ``FENCEKIT_TESTING_UNTIL`` (epoch seconds) when that is set.
+
+Before the user's code is imported, the worker runs its framework's setup: a Django project's
+worker (``DJANGO_SETTINGS_MODULE`` in its environment) gets ``fencekit.django.testing:
+setup_worker``, which points ``DATABASES['default']`` at the test's database (the DSN in
+``FENCEKIT_TEST_APP_DSN``) and calls ``django.setup()``. ``FENCEKIT_TESTING_SETUP`` names
+another ``module:function`` to run instead.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import importlib
 import inspect
 import json
 import os
+import pickle
 import sys
 import time
 import traceback
@@ -25,6 +32,20 @@ from typing import Any
 from fencekit.testing import channel as _cp
 
 UNTIL_ENV = "FENCEKIT_TESTING_UNTIL"
+SETUP_ENV = "FENCEKIT_TESTING_SETUP"
+APP_DSN_ENV = "FENCEKIT_TEST_APP_DSN"
+# Named, not imported: the kit does not depend on the Django integration.
+_DJANGO_SETUP = "fencekit.django.testing:setup_worker"
+
+
+def setup_framework() -> None:
+    """Run the worker's framework setup (see the module docstring), before its code is
+    imported: a Django model cannot be imported before ``django.setup()``."""
+    target = os.environ.get(SETUP_ENV) or (
+        _DJANGO_SETUP if os.environ.get("DJANGO_SETTINGS_MODULE") else ""
+    )
+    if target:
+        resolve(target)()
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -78,14 +99,9 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return 0
 
 
-def run_callable(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    env: dict[str, str],
-    log: str,
-) -> None:
-    """Target of the worker's spawned process."""
+def run_callable(call: bytes, env: dict[str, str], log: str) -> None:
+    """Target of the worker's spawned process; ``call`` is the pickled ``(fn, args, kwargs)``,
+    loaded once the environment and the framework are set up."""
     os.environ.update(env)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
@@ -93,6 +109,14 @@ def run_callable(
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    try:
+        setup_framework()
+        fn, args, kwargs = pickle.loads(call)  # noqa: S301 - the test's own process pickled it
+    except BaseException as exc:
+        _cp._connect()
+        _cp.report("outcome", ok=False, error=describe_error(exc))
+        traceback.print_exc()
+        sys.exit(1)
     code = _run(fn, args, kwargs)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -126,6 +150,7 @@ def main(argv: list[str]) -> int:
         name, argv = argv[1], argv[2:]
         os.environ["PGAPPNAME"] = f"fencekit-worker:{name}"
         os.environ[_cp.WORKER_ENV] = name
+    setup_framework()
     fn = resolve(argv[0])
     spec = json.loads(argv[1]) if len(argv) > 1 else {}
     args, kwargs = tuple(spec.get("args", ())), dict(spec.get("kwargs", {}))

@@ -340,10 +340,15 @@ class FencedDatabase:
     ) -> Worker:  # fmt: skip
         """Start ``fn(*args, **kwargs)`` as a worker process (see :func:`fencekit.testing.spawn`);
         the database remembers it, prints its output when an assertion fails, and kills it
-        at teardown."""
+        at teardown. Its environment gets ``FENCEKIT_TEST_APP_DSN`` (a Django project's
+        worker connects there: its ``DATABASES['default']`` points at this database)."""
         from fencekit.testing.workers import spawn
 
-        worker = spawn(fn, *args, name=self._name(name), pause_at=pause_at, **kwargs)
+        worker = spawn(
+            fn, *args, name=self._name(name), pause_at=pause_at,
+            env={"FENCEKIT_TEST_APP_DSN": self.app_dsn, **(kwargs.pop("env", None) or {})},
+            **kwargs,
+        )  # fmt: skip
         worker.db = self
         self.workers.append(worker)
         return worker

@@ -131,7 +131,10 @@ def run_many(
     nemesis = _Nemesis(
         rng=rng, ttl=ttl, command=command, workdir=work, history=history, admin_dsn=d.dsn,
         progress=lambda _msg: None,
-        worker_env={UNTIL_ENV: str(time.time() + seconds), "PYTHONPATH": path},
+        worker_env={
+            UNTIL_ENV: str(time.time() + seconds), "PYTHONPATH": path,
+            "FENCEKIT_TEST_APP_DSN": d.app_dsn,
+        },
     )  # fmt: skip
     nemesis.kills = kills
     try:

@@ -373,7 +373,7 @@ def spawn(
     define the worker function at module level in an importable module.
     """
     try:
-        pickle.dumps((fn, args, kwargs))
+        call = pickle.dumps((fn, args, kwargs))
     except Exception as exc:
         raise TypeError(
             f"cannot start {fn!r} as a worker process: {exc}. A worker must be a module-level "
@@ -384,7 +384,7 @@ def spawn(
     ctx = multiprocessing.get_context("spawn")
     proc = ctx.Process(
         target=_bootstrap.run_callable,
-        args=(fn, args, kwargs, {**(env or {}), **worker.env()}, str(worker.log_path)),
+        args=(call, {**(env or {}), **worker.env()}, str(worker.log_path)),
         name=f"fencekit-worker:{name}",
         daemon=False,
     )

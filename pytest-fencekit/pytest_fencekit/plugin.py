@@ -153,7 +153,8 @@ def _django_db_unblocked(request: pytest.FixtureRequest) -> contextlib.AbstractC
     be a Django project's migrations (fencekit.django.testing:migrate)."""
     if request.config.pluginmanager.hasplugin("django"):
         blocker = request.getfixturevalue("django_db_blocker")
-        return blocker.unblock()  # type: ignore[no-any-return]
+        if blocker is not None:  # None: pytest-django installed in a project without Django
+            return blocker.unblock()  # type: ignore[no-any-return]
     return contextlib.nullcontext()
 
 

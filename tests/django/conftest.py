@@ -23,6 +23,7 @@ from django.conf import settings  # noqa: E402
 from django.db import connections  # noqa: E402
 
 from fencekit.embedded import EmbeddedServer  # noqa: E402
+from fencekit.testing.servers import Server, from_dsn  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +55,12 @@ def _flush_with_bypass() -> None:
     connection = connections["default"]
     if _bypass_flush not in connection.execute_wrappers:
         connection.execute_wrappers.append(_bypass_flush)
+
+
+@pytest.fixture(scope="session")
+def fencekit_server(pg_server: EmbeddedServer) -> Server:
+    """The testing kit's server is the suite's main one, as in tests/testing_kit: one server
+    holds every template the session's kit builds (a second one would be stopped first)."""
+    if os.environ.get("FENCEKIT_TEST_DSN"):
+        return from_dsn(os.environ["FENCEKIT_TEST_DSN"])
+    return Server("embedded", pg_server.host, pg_server.port, pg_server.user, pg_server.password)

@@ -47,3 +47,11 @@ def test_the_page_shows_the_test_project_models() -> None:
     for line in ('fence = Fence(scope="key", key=["account"])', "fence = Fence()"):
         assert line in page
         assert line in models
+
+
+def test_the_page_shows_the_django_examples_takeover_test() -> None:
+    # The example's own test (run by tests/testing_kit/test_example_django.py), as the page shows
+    # it: the whole file after its docstring.
+    example = PAGE.parents[0] / "examples" / "billing_django" / "tests" / "test_takeover.py"
+    body = example.read_text().split('"""', 2)[2].lstrip("\n")
+    assert f"# tests/test_takeover.py\n{body}```" in PAGE.read_text()

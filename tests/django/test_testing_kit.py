@@ -12,6 +12,9 @@ import pytest
 
 from fencekit.django.testing import migrate
 from fencekit.embedded import EmbeddedServer
+from fencekit.testing import FencedDatabase, spawn
+from pytest_fencekit import fenced_database
+from tests.django.kit_workers import where_am_i
 
 
 @pytest.fixture
@@ -44,3 +47,27 @@ def test_migrate_builds_the_projects_schema_with_its_fences(
     from django.db import connections
 
     assert "fencekit_testing_template" not in connections.settings
+
+
+fenced_shop = fenced_database(schema="fencekit.django.testing:migrate")
+
+
+def test_a_worker_the_kit_starts_uses_the_fenced_database(fenced_shop: FencedDatabase) -> None:
+    # The worker's module imports a model at its top: Django is set up before it is loaded,
+    # and DATABASES['default'] is the test's database, as the application role.
+    outcome = fenced_shop.spawn(where_am_i, "acme").join()
+    assert outcome.ok, outcome.describe()
+    assert outcome.value == [fenced_shop.name, fenced_shop.app_role]
+    with fenced_shop.connect() as conn:
+        names = conn.execute("SELECT name FROM shop_account").fetchall()
+    assert names == [("acme",)]
+
+
+def test_a_worker_started_outside_a_fenced_database_keeps_its_settings() -> None:
+    worker = spawn(where_am_i, "")
+    try:
+        outcome = worker.join()
+    finally:
+        worker.close()
+    assert outcome.ok, outcome.describe()
+    assert outcome.value == ["fk_django", "postgres"]  # tests/django/settings.py's, untouched

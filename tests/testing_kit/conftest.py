@@ -17,6 +17,7 @@ from fencekit.embedded import EmbeddedServer
 from fencekit.testing.servers import Server, from_dsn
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "billing"
+DJANGO_EXAMPLE = EXAMPLE.with_name("billing_django")
 pytest_plugins = ["pytester"]
 
 
@@ -30,7 +31,21 @@ def fencekit_server(pg_server: EmbeddedServer) -> Server:
 @pytest.fixture
 def example(pytester: pytest.Pytester, fencekit_server: Server) -> pytest.Pytester:
     """A copy of the billing example as pytester's project, using this run's server."""
-    for item in EXAMPLE.iterdir():
+    # Not a Django project: a settings module set by tests/django must not reach its workers.
+    pytester._monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)  # type: ignore[attr-defined]
+    return _copy(EXAMPLE, pytester, fencekit_server)
+
+
+@pytest.fixture
+def django_example(pytester: pytest.Pytester, fencekit_server: Server) -> pytest.Pytester:
+    """A copy of the Django billing example as pytester's project, using this run's server."""
+    # Its pytest.ini names the settings module; the one tests/django sets would win over it.
+    pytester._monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)  # type: ignore[attr-defined]
+    return _copy(DJANGO_EXAMPLE, pytester, fencekit_server)
+
+
+def _copy(source: Path, pytester: pytest.Pytester, fencekit_server: Server) -> pytest.Pytester:
+    for item in source.iterdir():
         if item.name in ("__pycache__", ".pytest_cache"):
             continue
         dest = pytester.path / item.name

@@ -28,7 +28,13 @@ from fencekit.testing import (
     takeover,
 )
 from pytest_fencekit import fenced_database
-from tests.testing_kit.workers import exit_early, write_job, write_job_etcd, write_job_zk
+from tests.testing_kit.workers import (
+    exit_early,
+    where_is_the_database,
+    write_job,
+    write_job_etcd,
+    write_job_zk,
+)
 
 pytestmark = pytest.mark.multiproc
 
@@ -145,6 +151,17 @@ def test_a_worker_that_ends_early_is_reported_with_its_output(jobs_db: FencedDat
         w.wait_for("computing")
     assert "ended (exited 3) before checkpoint 'computing'" in str(failed.value)
     assert "| giving up before any checkpoint" in str(failed.value)
+
+
+def test_a_worker_gets_its_databases_dsn_and_its_framework_setup(
+    jobs_db: FencedDatabase,
+) -> None:
+    assert jobs_db.spawn(where_is_the_database).join().value == jobs_db.app_dsn
+    setup = "tests.testing_kit.workers:broken_setup"
+    outcome = jobs_db.spawn(where_is_the_database, env={"FENCEKIT_TESTING_SETUP": setup}).join()
+    assert not outcome.ok
+    assert outcome.error is not None
+    assert outcome.error["message"] == "the framework setup failed"  # before the code loads
 
 
 def test_command_workers_and_held_checkpoints(jobs_db: FencedDatabase) -> None:

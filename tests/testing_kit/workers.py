@@ -34,6 +34,15 @@ def write_job(dsn: str, job: int, *, only: str | None = None, ttl: float = 1.0) 
         return lease.token
 
 
+def where_is_the_database() -> str | None:
+    return os.environ.get("FENCEKIT_TEST_APP_DSN")
+
+
+def broken_setup() -> None:
+    """A framework setup (``FENCEKIT_TESTING_SETUP``) that fails."""
+    raise RuntimeError("the framework setup failed")
+
+
 def exit_early() -> None:
     print("giving up before any checkpoint")
     raise SystemExit(3)
