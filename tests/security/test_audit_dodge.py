@@ -146,7 +146,7 @@ def test_writers_may_add_to_the_write_counters_but_never_lower_them(
     app = make_app_role(make_role, "dodge_seq")
     with psycopg.connect(app, autocommit=True) as conn:
         conn.execute("UPDATE r_key SET v = v + 1")
-        for counter in ("unfenced", "bypassed", "stale", "last_at"):
+        for counter in ("unfenced", "bypassed", "stale", "last_at:stale", "last_at:missing"):
             seq = f'fencekit."{tag}:{counter}"'
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(f"SELECT setval('{seq}', 1)")

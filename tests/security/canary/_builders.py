@@ -88,12 +88,24 @@ LEASE_CALLS = {
 }
 
 
+#: Event trigger functions run from the DDL that fires them: each statement drops a target and
+#: rolls the drop back (the canaries count in sequences, which the rollback keeps).
+EVENT_CALLS: dict[str, Callable[[Table], str]] = {
+    "forget_dropped_tables": lambda t: (
+        f"DO $$ BEGIN DROP TABLE app.{t.name} CASCADE; "
+        "RAISE EXCEPTION 'canary: roll the drop back'; END $$"
+    ),
+}
+
+
 def definer_calls(proname: str, returns_trigger: bool) -> list[str] | None:
-    """The SELECTs that call a definer function on every target; None: no builder."""
+    """The statements that call a definer function on every target; None: no builder."""
     if returns_trigger:
         return []  # a trigger function runs from its triggers: the trigger cells
     if proname in LEASE_CALLS:
         return [f"SELECT {LEASE_CALLS[proname]}"]
+    if proname in EVENT_CALLS:
+        return [EVENT_CALLS[proname](t) for t in TARGETS]
     if proname not in DEFINER_ARGS:
         return None
     build = DEFINER_ARGS[proname]
@@ -189,6 +201,9 @@ CLI_ARGS: dict[str, CliArgs] = {
     "chaos check": lambda dsn: [["chaos", "check", _empty_file()]],
     # demo and bench make and write tables of their own; bench runs its shortest group
     "demo": lambda dsn: [["demo", "--dsn", dsn]],
+    # dev-server starts a server of its own and reads no database it is given: stopping one
+    # that is not running is its whole path against an existing installation.
+    "dev-server": lambda dsn: [["dev-server", "--stop", "--data-dir", _empty_dir()]],
     "bench": lambda dsn: [["bench", "--quick", "--only", "leases", "--dsn", dsn]],
 }
 
@@ -208,6 +223,7 @@ READ_ONLY = frozenset(
         "monitoring",
         "alembic init",
         "chaos check",
+        "dev-server",
     }
 )
 
@@ -221,6 +237,10 @@ def _empty_file() -> str:
     fd, path = tempfile.mkstemp(suffix=".jsonl")
     os.close(fd)
     return path
+
+
+def _empty_dir() -> str:
+    return tempfile.mkdtemp(prefix="fk-canary-devserver-")
 
 
 def cli_commands() -> list[str]:
