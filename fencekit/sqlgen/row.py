@@ -59,9 +59,24 @@ def _checked(n: Names, accept: str) -> str:
         f"           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
         f"COALESCE(OLD.{n.col}, 1)\n"
         "           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw\n"
-        "           ELSE false END) THEN  -- a canonical positive bigint, not below the fence\n"
+        f"                AND raw OPERATOR(pg_catalog.=) {n.checked}\n"
+        "           ELSE false END) THEN  -- canonical, not below the fence, the one checked\n"
         + accept.replace("tok", "raw::pg_catalog.int8")
         + "  END IF;\n"
+    )
+
+
+def _same_as_checked(n: Names, indent: str = "    ") -> str:
+    """PL/pgSQL: refuse (YF004) a valid ``tok`` other than the token the statement check saw.
+    Something that ran after that check (a trigger of the table's firing before ours, a
+    function in the statement) changed fencekit.token: the row is not judged by it. A stale
+    token (lower than the fence) is refused as stale before this runs."""
+    i = indent
+    return (
+        f"{i}IF tok::pg_catalog.text IS DISTINCT FROM {n.checked} THEN\n"
+        f"{i}  PERFORM fencekit.reject('malformed', {n.lit_tag}, TG_RELID, TG_NAME, NULL, NULL,\n"
+        f"{i}    NULL, tok, NULL, COALESCE({n.checked}, ''));\n"
+        f"{i}END IF;\n"
     )
 
 
@@ -81,6 +96,7 @@ def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
         f"    RETURN {row};\n"
         "  END IF;\n"
         f"  IF tok OPERATOR(pg_catalog.{_accepts(n)}) COALESCE(OLD.{n.col}, 0) THEN\n"
+        f"{_same_as_checked(n)}"
         f"{accept}"
         "  END IF;\n"
         f"  PERFORM fencekit.rejected_row(reason => {reason}, tag => {n.lit_tag},\n"
@@ -121,9 +137,10 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     # fence is then only what its own writer wrote (nothing else's is lowered).
     ins = n.function(
         "ins",
-        f"\n{title}BEGIN\n"
-        f"  NEW.{col} := COALESCE({statement_token(n)},\n    NEW.{col});\n"
-        "  RETURN NEW;\nEND\n",
+        _declare(title, fast=False) + f"  tok := {statement_token(n)};\n"
+        "  IF tok IS NULL THEN\n    RETURN NEW;\n  END IF;\n"
+        + _same_as_checked(n, "  ")
+        + f"  NEW.{col} := tok;\n  RETURN NEW;\nEND\n",
     )
     # A row that already carries the token as its fence needs nothing: the WHEN clause,
     # evaluated in C, skips the trigger. An INSERT's row gets it from the column default; an
@@ -134,7 +151,7 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     # condition is wrapped in IS NOT TRUE: a NULL anywhere (no token, no fence) fires.
     carries_token = (
         f"NEW.{col} OPERATOR(pg_catalog.>) 0 "
-        f"AND NEW.{col}::pg_catalog.text OPERATOR(pg_catalog.=) {TOKEN}"
+        f"AND NEW.{col}::pg_catalog.text OPERATOR(pg_catalog.=) {n.checked}"
     )
     raises = (
         f"NEW.{col} OPERATOR(pg_catalog.{_accepts(n)}) "

@@ -23,11 +23,11 @@ def _fast_path(n: Names) -> str:
     """A row fence's common case in one expression, without a call: a well-formed token (or,
     under on_missing = allow, none), no bypass, the right issuer (written inline for speed: it
     is every statement's cost)."""
-    token = f"{TOKEN} OPERATOR(pg_catalog.~) {TOKEN_FAST}"
+    token = f"raw OPERATOR(pg_catalog.~) {TOKEN_FAST}"
     if n.spec.on_missing == "allow":
         # Rollout mode: a statement without a token needs nothing here either; its row
         # triggers judge and count each row it writes (unfenced_write).
-        token = f"({token}\n      OR COALESCE({TOKEN}, '') OPERATOR(pg_catalog.=) '')"
+        token = f"({token}\n      OR raw OPERATOR(pg_catalog.=) '')"
     issuer = ""
     if n.spec.issuer is not None:
         issuer = (
@@ -74,9 +74,13 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     if scope is Scope.ROW:
         # Before INSERT, UPDATE and DELETE: runs as the writer, fast path first. TRUNCATE reads
         # every row's fence: its own function, as the table's owner (see _row_truncate).
+        # The token read once, left where the row checks read it (n.checked): they judge
+        # each row by it and refuse a row that reads another (principle: one statement, one
+        # token). Nothing runs between this read and fencekit.statement_token's own.
         stmt = n.function(
             "stmt",
-            f"\n{title}BEGIN\n"
+            f"\n{title}DECLARE\n  raw pg_catalog.text := COALESCE({TOKEN}, '');\nBEGIN\n"
+            f"  PERFORM pg_catalog.set_config({n.checked_name}, raw, true);\n"
             + _fast_path(n)
             # Its row triggers count each row an allowed or bypassed statement writes.
             + f"  PERFORM {statement_token(n, counted=False)};\n  RETURN NULL;\nEND\n",
