@@ -185,11 +185,14 @@ ALLOWED: dict[str, set[str]] = {
     "fencekit.sqlalchemy": {
         "asyncpg", "context", "declare", "errors", "metrics", "psycopg", "psycopg2", "spec", "wire",
     },
-    # The app reads leases from DATABASES and quotes role names for its grant operations.
+    # The app reads leases from DATABASES, quotes role names for its grant operations, and its
+    # enforce operation reads the rollout report (catalog.rollout); alembic's does too.
     "fencekit.django": {
-        "context", "errors", "ident", "leases", "metrics", "spec", "sqlgen", "wire",
+        "catalog", "context", "errors", "ident", "leases", "metrics", "spec", "sqlgen", "wire",
     },
-    "fencekit.alembic_plugin": {"_alembic_entry", "declare", "errors", "ident", "spec", "sqlgen"},
+    "fencekit.alembic_plugin": {
+        "_alembic_entry", "catalog", "declare", "errors", "ident", "spec", "sqlgen",
+    },
     "fencekit._alembic_entry": {"alembic_plugin"},
     "fencekit.leases": {"context", "errors"},
     "fencekit.metrics": {"errors"},

@@ -15,6 +15,7 @@ them import it themselves. The comparator is wired by alembic version:
 from __future__ import annotations
 
 from fencekit._alembic_entry import setup
+from fencekit.alembic_plugin import enforce as enforce
 from fencekit.alembic_plugin import grants as grants
 from fencekit.alembic_plugin import ops as ops
 from fencekit.alembic_plugin import render as render

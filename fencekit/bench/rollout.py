@@ -1,11 +1,20 @@
 """Rollout mode's cost: a write without a token beside the same write with one.
 
 Under ``on_missing = allow`` (rolling fencing out: every existing writer still writes without a
-token) each tokenless write is judged and counted as ``unfenced``. This measures what that
-costs: one-row transactions of the same shape (set ``fencekit.token``, empty or a token; UPDATE
-one row; COMMIT) on the same table, tokenless against the same holder's token, interleaved in
-small batches, for each scope. Then the same while another session holds 1,000 locks: the cost
-of an unfenced write must not depend on what other sessions do.
+token) each tokenless write is judged, counted as ``unfenced`` and attributed to its writer
+(``fencekit rollout``). This measures what that costs, interleaved in small batches so both
+sides of a ratio see the same machine load:
+
+- one-row transactions of the same shape (set ``fencekit.token``, empty or a token; UPDATE one
+  row; COMMIT) on the same table, tokenless against the same holder's token, for each scope;
+  then the same while another session holds 1,000 locks (the cost of an unfenced write must
+  not depend on what other sessions do);
+- bulk: one UPDATE of every row, tokenless against the token, for each scope;
+- eight connections writing one table without a token at once, with attribution against the
+  same protection without it (its ``fencekit.attribute`` calls left out): recording must not
+  become a hot row that serializes writers;
+- a write with a token on a table in rollout mode against the same write on a table that
+  rejects tokenless writes: a write with a token pays nothing for attribution.
 
 The floor is what any counted tokenless write must add to the token's path in this design: the
 token path's row trigger plus one call of a PL/pgSQL function with a pinned search_path that
@@ -15,6 +24,7 @@ a count survives a rollback), hand-written on a plain table beside the same trig
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,13 +106,37 @@ def _schema(conn: psycopg.Connection[Any]) -> Iterator[None]:
         drop()
 
 
-def _table(conn: psycopg.Connection[Any], name: str, spec: FenceSpec | None) -> str:
+def _table(
+    conn: psycopg.Connection[Any], name: str, spec: FenceSpec | None, *, attributed: bool = True
+) -> str:
     t = f"{SCHEMA}.{name}"
     conn.execute(_TABLE.format(t=t, rows=ROWS))
     if spec is not None:
         for stmt in protect_statements(spec):
-            conn.execute(stmt)
+            conn.execute(stmt if attributed else _without_attribution(stmt))
     return t
+
+
+def _without_attribution(stmt: str) -> str:
+    """The same protection with its ``fencekit.attribute`` calls left out: the baseline of
+    what attribution costs (an empty ELSE branch is valid PL/pgSQL)."""
+    return "\n".join(line for line in stmt.split("\n") if "PERFORM fencekit.attribute(" not in line)
+
+
+def _specs() -> list[tuple[str, FenceSpec]]:
+    out = []
+    for scope in (Scope.ROW, Scope.KEY, Scope.TABLE):
+        key = ("account_id",) if scope is Scope.KEY else ()
+        spec = FenceSpec(TableName(SCHEMA, "x"), scope=scope, key=key, on_missing="allow")
+        out.append((scope.value, spec))
+    return out
+
+
+def _named(spec: FenceSpec, name: str, **changes: Any) -> FenceSpec:
+    d = spec.as_dict()
+    d.update(changes)
+    d["table"] = {"schema": SCHEMA, "name": name}
+    return FenceSpec.from_dict(d)
 
 
 def _tables(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
@@ -150,39 +184,174 @@ def _measure(
     both ways: set the setting (a token, or empty), UPDATE, COMMIT. Each table's two batches
     run back to back, so that the i-th figures of both sides saw the same machine load (these
     machines are shared and noisy); the tables rotate."""
-    seconds: dict[str, list[float]] = {
-        f"{label}|{tok}": [] for label, _ in tables for tok in (TOKEN, "")
-    }
+    sides = []
+    for label, t in tables:
+        sides += [(f"{label}|{TOKEN}", t, TOKEN), (f"{label}|", t, "")]
+    return _one_row(conn, sides, transactions, rounds, progress, what)
+
+
+def _one_row(
+    conn: psycopg.Connection[Any],
+    sides: list[tuple[str, str, str]],
+    transactions: int,
+    rounds: int,
+    progress: Callable[[str], None],
+    what: str,
+) -> dict[str, list[float]]:
+    """Seconds per one-row transaction of each (name, table, token) side, one figure per batch:
+    set the setting (a token, or empty), UPDATE, COMMIT. Pairs of sides run back to back, in
+    alternating order, so the i-th figures of both saw the same machine load; pairs rotate."""
+    seconds: dict[str, list[float]] = {name: [] for name, _, _ in sides}
+    pairs = [sides[i : i + 2] for i in range(0, len(sides), 2)]
     batch = 20
     for r in range(rounds):
         progress(f"{what}: round {r + 1}/{rounds}")
         for b in range(transactions // batch):
-            k = b % len(tables)
-            for label, t in tables[k:] + tables[:k]:
-                stmt = f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s"
-                for tok in (TOKEN, "") if b % 2 else ("", TOKEN):
+            k = b % len(pairs)
+            for pair in pairs[k:] + pairs[:k]:
+                for name, t, tok in pair if b % 2 else pair[::-1]:
+                    stmt = f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s"
                     start = time.perf_counter()
                     for i in range(batch):
                         with conn.transaction():
                             conn.execute("SELECT set_config('fencekit.token', %s, true)", [tok])
                             conn.execute(stmt, [(b * batch + i) % ROWS + 1])
-                    seconds[f"{label}|{tok}"].append((time.perf_counter() - start) / batch)
+                    seconds[name].append((time.perf_counter() - start) / batch)
     return seconds
+
+
+def _interleaved(
+    conn: psycopg.Connection[Any],
+    sides: list[tuple[str, str, str]],
+    rounds: int,
+    progress: Callable[[str], None],
+    what: str,
+) -> dict[str, list[float]]:
+    """Seconds per transaction of each (name, table, token) side running ``UPDATE every row``;
+    one figure per round, the sides' order alternating round by round."""
+    seconds: dict[str, list[float]] = {name: [] for name, _, _ in sides}
+    for r in range(rounds):
+        progress(f"{what}: round {r + 1}/{rounds}")
+        for name, t, tok in sides if r % 2 else sides[::-1]:
+            start = time.perf_counter()
+            with conn.transaction():
+                conn.execute("SELECT set_config('fencekit.token', %s, true)", [tok])
+                conn.execute(f"UPDATE {t} SET total = total + 1, updated_at = now()")
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def _open_writers(dsn: str, t: str, n: int) -> list[psycopg.Connection[Any]]:
+    """``n`` connections that write ``t`` without a token, each warmed by one write (a pooled
+    application's connections: PL/pgSQL compiled, the statement attributed once)."""
+    conns = []
+    for _ in range(n):
+        c = psycopg.connect(dsn, autocommit=True)
+        c.execute("SET application_name = 'fencekit-bench-writer'")
+        c.execute(f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s", [1])
+        conns.append(c)
+    return conns
+
+
+def _writers(conns: list[psycopg.Connection[Any]], t: str, seconds: float) -> float:
+    """Tokenless one-row transactions per second of ``conns`` writing ``t`` at once, each its
+    own rows (a writer's row is never another's: only fencekit could serialize them)."""
+    n = len(conns)
+    done = [0] * n
+    start_line = threading.Barrier(n + 1)
+    stop = threading.Event()
+
+    def writer(i: int) -> None:
+        c = conns[i]
+        stmt = f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s"
+        rows = [r for r in range(1, ROWS + 1) if r % n == i]
+        start_line.wait()
+        k = 0
+        while not stop.is_set():
+            with c.transaction():
+                c.execute(stmt, [rows[k % len(rows)]])
+            k += 1
+        done[i] = k
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    start_line.wait()
+    began = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for th in threads:
+        th.join()
+    return sum(done) / (time.perf_counter() - began)
+
+
+def _concurrent(
+    conn: psycopg.Connection[Any],
+    dsn: str,
+    rounds: int,
+    seconds: float,
+    progress: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Eight tokenless writers of one table, with attribution against without, per scope."""
+    results = []
+    for label, spec in _specs():
+        with_t = _table(conn, f"eight_{label}", _named(spec, f"eight_{label}"))
+        without_t = _table(
+            conn, f"eight_{label}_plain", _named(spec, f"eight_{label}_plain"), attributed=False
+        )
+        conn.execute(f"VACUUM ANALYZE {with_t}")
+        conn.execute(f"VACUUM ANALYZE {without_t}")
+        on: list[float] = []
+        off: list[float] = []
+        with_conns = _open_writers(dsn, with_t, 8)
+        without_conns = _open_writers(dsn, without_t, 8)
+        try:
+            for r in range(rounds):
+                progress(f"eight tokenless writers, {label} fence: round {r + 1}/{rounds}")
+                sides = [(with_t, with_conns, on), (without_t, without_conns, off)]
+                for t, conns, out in sides if r % 2 else sides[::-1]:
+                    out.append(_writers(conns, t, seconds))
+        finally:
+            for c in with_conns + without_conns:
+                c.close()
+        # Throughput: the ratio is attributed / not attributed (higher is better).
+        results.append(
+            ratio_result(
+                f"{label} fence, on_missing=allow: eight connections writing without a token, "
+                "transactions per second with attribution vs without",
+                off,
+                on,
+                "tx/s",
+                ">= 0.90x",
+            )
+        )
+    return results
 
 
 def run(
     dsn: str, *, quick: bool = False, progress: Callable[[str], None] = lambda _: None
 ) -> list[dict[str, Any]]:
-    """Tokenless against token one-row transactions per scope, idle and with 1,000 locks held
-    elsewhere; ratios of seconds per transaction (tokenless / token)."""
+    """Ratios per scope: tokenless against token one-row transactions (idle, and with 1,000
+    locks held elsewhere) and bulk UPDATEs (seconds, tokenless / token); a token's write on a
+    table in rollout mode against one that rejects tokenless writes; eight tokenless writers
+    with attribution against without (transactions per second)."""
     transactions = 200 if quick else 1000
     rounds = 3 if quick else 5
     results: list[dict[str, Any]] = []
     with psycopg.connect(dsn, autocommit=True) as conn, _schema(conn):
         tables = _tables(conn)
+        rejecting = [
+            (
+                f"{label}, on_missing=reject",
+                _table(
+                    conn, f"reject_{label}", _named(spec, f"reject_{label}", on_missing="reject")
+                ),
+            )
+            for label, spec in _specs()
+        ]
         with conn.transaction():  # the holder's first write on each table
             conn.execute("SELECT set_config('fencekit.token', %s, true)", [TOKEN])
-            for _, t in tables:
+            for _, t in tables + rejecting:
                 conn.execute(f"UPDATE {t} SET total = total")
         for held in (0, 1000):
             what = "idle server" if not held else f"another session holding {held:,} locks"
@@ -204,7 +373,53 @@ def run(
                         seconds[f"{label}|{TOKEN}"],
                         seconds[f"{label}|"],
                         "s",
-                        "-" if label == "floor" else "<= 1.05x",
+                        "-" if label == "floor" else "<= 1.10x",
                     )
                 )
+        # A write with a token pays nothing for attribution: rollout mode against reject.
+        for (label, t), (_, rt) in zip(tables, rejecting, strict=False):
+            sides = [(f"{label}|allow", t, TOKEN), (f"{label}|reject", rt, TOKEN)]
+            seconds = _one_row(conn, sides, transactions, rounds, progress, f"{label} with a token")
+            results.append(
+                ratio_result(
+                    f"{label}: one-row transaction with a token, on_missing=allow vs reject",
+                    seconds[f"{label}|reject"],
+                    seconds[f"{label}|allow"],
+                    "s",
+                    "<= 1.02x",
+                )
+            )
+        # Attribution's own cost: the same tokenless write with and without it.
+        for label, spec in _specs():
+            plain = _table(conn, f"plain_{label}", _named(spec, f"plain_{label}"), attributed=False)
+            t = f"{SCHEMA}.allow_{label}"
+            sides = [(f"{label}|plain", plain, ""), (f"{label}|attributed", t, "")]
+            seconds = _one_row(
+                conn, sides, transactions, rounds, progress, f"{label} fence, attribution"
+            )
+            results.append(
+                ratio_result(
+                    f"{label} fence, on_missing=allow: one-row transaction without a token, "
+                    "with attribution vs without",
+                    seconds[f"{label}|plain"],
+                    seconds[f"{label}|attributed"],
+                    "s",
+                    "-",
+                )
+            )
+        bulk_rounds = 6 if quick else 20
+        for label, t in tables[:3]:
+            sides = [(f"{label}|{TOKEN}", t, TOKEN), (f"{label}|", t, "")]
+            seconds = _interleaved(conn, sides, bulk_rounds, progress, f"bulk, {label}")
+            results.append(
+                ratio_result(
+                    f"{label}, on_missing=allow: UPDATE of {ROWS:,} rows without a token vs "
+                    "with one",
+                    seconds[f"{label}|{TOKEN}"],
+                    seconds[f"{label}|"],
+                    "s",
+                    "<= 1.10x",
+                )
+            )
+        results += _concurrent(conn, dsn, 2 if quick else 4, 1.0 if quick else 3.0, progress)
     return results

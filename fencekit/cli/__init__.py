@@ -32,6 +32,7 @@ GROUPS = (
     "rename",
     "auto_cover",
     "status",
+    "rollout",
     "allow",
     "move",
     "fences",

@@ -13,6 +13,7 @@ from fencekit.sqlgen.text import comment, lit
 __all__ = [
     "PINNED_SEARCH_PATH",
     "Names",
+    "attribute",
     "definer_function",
     "judge_fences",
     "names_for",
@@ -117,6 +118,18 @@ def statement_token(n: Names, *, counted: bool = True) -> str:
         f"fencekit.statement_token(tag => {n.lit_tag}, relid => TG_RELID, "
         f"trigger_name => TG_NAME,\n      allow => {n.allow}, issuer => {issuer}{count})"
     )
+
+
+def attribute(n: Names, indent: str = "    ", *, otherwise: bool = True) -> str:
+    """PL/pgSQL: in rollout mode (on_missing = allow), attribute the statement that goes on
+    without a token to its writer (``fencekit.attribute``, 22_attribution.sql): once per
+    statement, in the check that would refuse it under on_missing = reject. Empty otherwise:
+    a table that rejects tokenless writes pays nothing. ``otherwise`` puts it in the ELSE of
+    an ``IF tok IS NOT NULL`` block."""
+    if n.spec.on_missing != "allow":
+        return ""
+    head = f"{indent[2:]}ELSE\n" if otherwise else ""
+    return f"{head}{indent}PERFORM fencekit.attribute({n.lit_tag}, TG_RELID);\n"
 
 
 def judge_fences(n: Names, keys: str, key_label: str | None = None, indent: str = "    ") -> str:

@@ -20,7 +20,7 @@ refuses key types whose equal values can print differently (``fencekit.check_key
 from __future__ import annotations
 
 from fencekit.ident import quote_ident
-from fencekit.sqlgen.common import Names, definer_function, judge_fences, statement_token
+from fencekit.sqlgen.common import Names, attribute, definer_function, judge_fences, statement_token
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, comment, lit
 
@@ -97,6 +97,7 @@ def _body(n: Names, sources: list[str]) -> str:
         # reaches it): a key column retyped to a type of the owner's would run its cast as us.
         f"    PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID);\n"
         + judge_fences(n, _keys(n, sources), label)
+        + attribute(n)
         + "  END IF;\n  RETURN NULL;\nEND\n"
     )
 

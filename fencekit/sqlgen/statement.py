@@ -11,7 +11,13 @@ a key fence is judged after the statement (key.py).
 from __future__ import annotations
 
 from fencekit.spec import Scope
-from fencekit.sqlgen.common import Names, definer_function, judge_fences, statement_token
+from fencekit.sqlgen.common import (
+    Names,
+    attribute,
+    definer_function,
+    judge_fences,
+    statement_token,
+)
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.table import table_fence
 from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, lit
@@ -24,10 +30,9 @@ def _fast_path(n: Names) -> str:
     under on_missing = allow, none), no bypass, the right issuer (written inline for speed: it
     is every statement's cost)."""
     token = f"raw OPERATOR(pg_catalog.~) {TOKEN_FAST}"
-    if n.spec.on_missing == "allow":
-        # Rollout mode: a statement without a token needs nothing here either; its row
-        # triggers judge and count each row it writes (unfenced_write).
-        token = f"({token}\n      OR raw OPERATOR(pg_catalog.=) '')"
+    # Rollout mode (on_missing = allow): a statement without a token goes on past this, to be
+    # attributed to its writer (fencekit.attribute); its row triggers judge and count each row
+    # it writes (unfenced_write).
     issuer = ""
     if n.spec.issuer is not None:
         issuer = (
@@ -74,6 +79,23 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     if scope is Scope.ROW:
         # Before INSERT, UPDATE and DELETE: runs as the writer, fast path first. TRUNCATE reads
         # every row's fence: its own function, as the table's owner (see _row_truncate).
+        # Its row triggers count each row an allowed or bypassed statement writes.
+        if n.spec.on_missing == "allow":
+            no_bypass = (
+                "COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+                "OPERATOR(pg_catalog.=) ''"
+            )
+            rest = (
+                # Rollout mode: attribute a statement without a token, once, here.
+                f"  IF raw OPERATOR(pg_catalog.=) '' AND {no_bypass} THEN\n"
+                + attribute(n, otherwise=False)
+                + "    RETURN NULL;\n  END IF;\n"
+                f"  IF {statement_token(n, counted=False)} IS NULL THEN\n"
+                + attribute(n, otherwise=False)
+                + "  END IF;\n"
+            )
+        else:
+            rest = f"  PERFORM {statement_token(n, counted=False)};\n"
         # The token read once, left where the row checks read it (n.checked): they judge
         # each row by it and refuse a row that reads another (principle: one statement, one
         # token). Nothing runs between this read and fencekit.statement_token's own.
@@ -82,15 +104,18 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             f"\n{title}DECLARE\n  raw pg_catalog.text := COALESCE({TOKEN}, '');\nBEGIN\n"
             f"  PERFORM pg_catalog.set_config({n.checked_name}, raw, true);\n"
             + _fast_path(n)
-            # Its row triggers count each row an allowed or bypassed statement writes.
-            + f"  PERFORM {statement_token(n, counted=False)};\n  RETURN NULL;\nEND\n",
+            + rest
+            + "  RETURN NULL;\nEND\n",
         )
         trunc = definer_function(
             n.function,
             "trunc",
             f"{title}DECLARE\n  tok pg_catalog.int8 := {statement_token(n)};\n"
             "  fence pg_catalog.int8;\nBEGIN\n"
-            "  IF tok IS NOT NULL THEN\n" + _row_truncate(n) + "  END IF;\n  RETURN NULL;\nEND\n",
+            "  IF tok IS NOT NULL THEN\n"
+            + _row_truncate(n)
+            + attribute(n)
+            + "  END IF;\n  RETURN NULL;\nEND\n",
             (("row_security", "off"),),
             table_owner=True,
         )
@@ -106,7 +131,7 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         n.function,
         "stmt",
         f"{title}DECLARE\n  tok pg_catalog.int8 := {statement_token(n)};\nBEGIN\n"
-        f"  IF tok IS NOT NULL THEN\n{judge}  END IF;\n  RETURN NULL;\nEND\n",
+        f"  IF tok IS NOT NULL THEN\n{judge}{attribute(n)}  END IF;\n  RETURN NULL;\nEND\n",
         (),
     )
     truncate = Trigger(n.trigger("trunc"), "BEFORE TRUNCATE", "STATEMENT", stmt)

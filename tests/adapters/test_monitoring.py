@@ -144,6 +144,10 @@ def test_every_query_runs_as_a_role_without_grants(busy: str, make_role: Any) ->
     assert repairs["public.payments"]["repairs"] == 1
     assert repairs["public.payments"]["lowered"] == 0
     assert results["fencekit_core"][0]["version"] >= 1
+    unfenced = {r["table"]: r for r in results["fencekit_unfenced_writers"]}
+    assert unfenced["public.payments"]["on_missing"] == "reject"
+    assert unfenced["public.payments"]["writers"] == 0
+    assert unfenced["public.payments"]["last_seen_timestamp_seconds"] == 0
 
 
 def test_drift_view_sees_edited_functions_and_dropped_triggers(busy: str) -> None:

@@ -21,9 +21,12 @@ import psycopg
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ["docs/getting-started.md", "docs/dba-guide.md"]
+DOCS = ["docs/getting-started.md", "docs/dba-guide.md", "docs/rollout.md"]
 PSQL = "/usr/bin/psql"
-ROLES = ["app_migrator"]  # created by the DBA guide; roles are cluster-wide, so dropped after
+ROLES = [
+    "app_migrator",
+    "web_app",
+]  # created by the DBA guide and the rollout page; roles are cluster-wide, so dropped after
 
 _BLOCK = re.compile(
     r"(?:<!--\s*(?P<marker>no-test|test)(?::\s*(?P<arg>.*?))?\s*-->\n)?"

@@ -11,15 +11,20 @@ from fencekit.bench.rollout import run
 @pytest.mark.bench
 def test_rollout_benchmark_quick(dsn: str) -> None:
     results = run(dsn, quick=True)
-    assert len(results) == 8  # row, key, table fence and the floor; idle and with locks held
+    # One-row tokenless vs token for row, key, table fence and the floor, idle and with locks
+    # held; per scope: token on allow vs reject, attribution's own cost, bulk, eight writers.
+    assert len(results) == 8 + 4 * 3
     assert sum("1,000 locks" in r["name"] for r in results) == 4
     assert sum(r["name"].startswith("floor") for r in results) == 2
+    assert sum("eight connections" in r["name"] and r["unit"] == "tx/s" for r in results) == 3
+    assert sum("UPDATE of 1,000 rows" in r["name"] for r in results) == 3
+    assert sum("on_missing=allow vs reject" in r["name"] for r in results) == 3
     for r in results:
         assert set(r) == {"name", "baseline", "fenced", "ratio", "unit", "target"}
         assert r["baseline"] > 0
         assert r["fenced"] > 0
         assert 0 < r["ratio"] < 20
-        assert r["unit"] == "s"
+        assert r["unit"] in ("s", "tx/s")
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM fencekit.protected").fetchone() == (0,)
         gone = conn.execute("SELECT to_regnamespace('fencekit_bench_rollout')").fetchone()

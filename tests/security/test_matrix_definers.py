@@ -91,6 +91,9 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
         f"SELECT * FROM fencekit.lease_mismatch('{t.resource}', ARRAY['{t.key}'], 1)"
     ),
     "counter_value": lambda t: f"SELECT fencekit.counter_value('{t.tag}', 'stale')",
+    "record_unfenced_writer": lambda t: (
+        f"SELECT fencekit.record_unfenced_writer('{t.tag}', '{t.table}'::regclass, 1)"
+    ),
     "current_fence": lambda t: f"SELECT fencekit.current_fence('{t.resource}', '{t.key}')",
     "max_fence": lambda t: f"SELECT fencekit.max_fence('{t.resource}')",
     "judge_fences": lambda t: (
@@ -126,6 +129,7 @@ DEFINERS = {
     "<tag>_trunc": "write-truncate",  # a row fence's TRUNCATE check (reads every row's fence)
     "judge_fences": "judge_fences",
     "forget_dropped_tables": "drop-table",
+    "record_unfenced_writer": "record_unfenced_writer",
 }
 
 _PAYLOAD = re.compile(r"fk-payload (\w+) as (\S+)(?: (escalated: .*))?$")

@@ -72,6 +72,11 @@ DEFINER_ARGS: dict[str, DefinerArgs | None] = {
     ],
     "current_fence": lambda t: [_lit(_resource(t)), "'1'" if t.scope == "key" else "''"],
     "max_fence": lambda t: [_lit(_resource(t))],
+    "record_unfenced_writer": lambda t: [
+        _lit(f"canary:{t.name}"),
+        f"{_lit('app.' + t.name)}::regclass::oid",
+        "1",
+    ],
 }
 
 #: The lease functions take a resource name, never a table.
@@ -162,6 +167,8 @@ CLI_ARGS: dict[str, CliArgs] = {
     ],
     "status": lambda dsn: [["status", "--dsn", dsn], ["status", "--json", "--dsn", dsn]],
     "allow": lambda dsn: [["allow", "--list", "--dsn", dsn, "0" * 64]],
+    "rollout": lambda dsn: [["rollout", "--dsn", dsn], ["rollout", "--json", "--dsn", dsn]],
+    "enforce": lambda dsn: _tables(dsn, ["enforce"]),
     "move": lambda dsn: _tables(dsn, ["move"], _move_args),
     "fences": lambda dsn: _tables(dsn, ["fences"]),
     "fence set": lambda dsn: _tables(

@@ -26,18 +26,23 @@ BEGIN
   PERFORM pg_catalog.set_config('fencekit.checked_invoices_883e1d3584', raw, true);
   -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
   -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF (raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      OR raw OPERATOR(pg_catalog.=) '')
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      allow => true, issuer => NULL, counted => false);
+  IF raw OPERATOR(pg_catalog.=) '' AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+    RETURN NULL;
+  END IF;
+  IF fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
+      allow => true, issuer => NULL, counted => false) IS NULL THEN
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+  END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=bea0c85e076a888a7f55a2ebcdfbff10b5e4625cddfb2d90ec27b00813de7b5d; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS 'fencekit function template=8 sha256=b2f59f6d6dc207621c6e119aac545ce73243be392373956ce24cda2e6d3d4c3b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -58,12 +63,14 @@ BEGIN
                               'fencekit_fence', TG_RELID::pg_catalog.regclass)
       INTO fence;
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
+  ELSE
+    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
   END IF;
   RETURN NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=15f783653f548f98ce5813ee997f6a27f303c7b20f7ee7260ce058aa5ce8ffdb; generated, do not edit';
+COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS 'fencekit function template=8 sha256=74432848949bff79d35552f9579bc69f564a395863d0853d157a894f513aee38; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure, 'app.invoices'::pg_catalog.regclass);
 

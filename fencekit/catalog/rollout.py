@@ -1,0 +1,440 @@
+"""Who still writes protected tables without a token: the rollout report and its verdict.
+
+Tables protected with ``on_missing = allow`` attribute every statement that goes on without a
+token to its writer (``fencekit.unfenced_writers``, 22_attribution.sql). This module reads
+that back per table and decides whether the table is ready to enforce (``on_missing =
+reject``): no tokenless write within a window the DBA chooses, observed for at least that
+window. The CLI (``fencekit rollout``, ``fencekit enforce``), the alembic operation and the
+Django operation all ask :func:`enforce_refusal` before switching a table; none decides alone.
+
+It reads fencekit's own tables, the catalogs and, when installed, pg_stat_statements' view
+(by the schema its extension records, for the normalized text of a query id): nothing of a
+table owner's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from fencekit.errors import CatalogError, SpecError
+from fencekit.spec import FenceSpec, TableName
+
+if TYPE_CHECKING:
+    import psycopg
+
+    Conn = psycopg.Connection[Any]
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "DBAPIConnection",
+    "TableRollout",
+    "Writer",
+    "enforce_check",
+    "enforce_refusal",
+    "enforced_spec",
+    "parse_duration",
+    "registered_spec",
+    "rollout_report",
+]
+
+#: How long a table must have seen no tokenless write before it is ready to enforce, unless
+#: the DBA chooses another window.
+DEFAULT_WINDOW = timedelta(days=7)
+
+_DURATION = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*(s|sec|min|m|h|d|w)?\s*$")
+_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``30min``, ``12h``, ``7d``, ``2w`` (a bare number is seconds)."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration like 90s, 30min, 12h, 7d or 2w")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[(m.group(2) or "s").lower()])
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One writer without a token: who, from where, which statement, when, how often."""
+
+    session_user: str
+    current_user: str
+    application_name: str
+    client_addr: str | None
+    query_id: int | None
+    fingerprint: str
+    statement: str
+    statement_source: str  # "pg_stat_statements", "fencekit" (literals replaced) or "literal"
+    first_seen: datetime
+    last_seen: datetime
+    statements: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session_user": self.session_user,
+            "current_user": self.current_user,
+            "application_name": self.application_name,
+            "client_addr": self.client_addr,
+            "query_id": self.query_id,
+            "fingerprint": self.fingerprint,
+            "statement": self.statement,
+            "statement_source": self.statement_source,
+            "first_seen": self.first_seen.isoformat(),
+            "last_seen": self.last_seen.isoformat(),
+            "statements": self.statements,
+        }
+
+
+@dataclass(frozen=True)
+class TableRollout:
+    """One protected table's rollout state at ``now``."""
+
+    spec: FenceSpec
+    observed_since: datetime
+    attributed: bool  # its generated checks call fencekit.attribute
+    writers: list[Writer]
+    overflow_statements: int
+    overflow_last_seen: datetime | None
+    now: datetime
+    window: timedelta
+    lag: timedelta
+    since: datetime | None = None
+    shown: list[Writer] = field(default_factory=list)
+
+    @property
+    def enforced(self) -> bool:
+        return self.spec.on_missing == "reject"
+
+    @property
+    def blocking(self) -> list[Writer]:
+        """Writers that wrote without a token inside the window (last_seen lags by up to
+        ``lag``: a backend records a statement it recorded recently only by counting it)."""
+        start = self.now - self.window
+        return [w for w in self.writers if w.last_seen + self.lag > start]
+
+    @property
+    def overflow_blocking(self) -> bool:
+        start = self.now - self.window
+        return self.overflow_last_seen is not None and self.overflow_last_seen + self.lag > start
+
+    @property
+    def verdict(self) -> str:
+        """``enforced``, ``not_attributed`` (protected before attribution: protect again),
+        ``not_ready`` (writers to fix), ``too_early`` (observed for less than the window) or
+        ``ready``."""
+        if self.enforced:
+            return "enforced"
+        if not self.attributed:
+            return "not_attributed"
+        if self.blocking or self.overflow_blocking:
+            return "not_ready"
+        if self.observed_since > self.now - self.window:
+            return "too_early"
+        return "ready"
+
+    @property
+    def ready_at(self) -> datetime | None:
+        """When the table becomes ready if nobody writes without a token until then."""
+        if self.verdict not in ("too_early", "not_ready"):
+            return None
+        last = [w.last_seen + self.lag for w in self.writers]
+        if self.overflow_last_seen is not None:
+            last.append(self.overflow_last_seen + self.lag)
+        return max([self.observed_since, *last]) + self.window
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.spec.table.dotted,
+            "schema": self.spec.table.schema,
+            "name": self.spec.table.name,
+            "spec": self.spec.as_dict(),
+            "on_missing": self.spec.on_missing,
+            "observed_since": self.observed_since.isoformat(),
+            "verdict": self.verdict,
+            "ready_at": self.ready_at.isoformat() if self.ready_at else None,
+            "writers": [w.as_dict() for w in self.shown],
+            "writers_total": len(self.writers),
+            "blocking_writers": len(self.blocking),
+            "overflow": {
+                "statements": self.overflow_statements,
+                "last_seen": self.overflow_last_seen.isoformat()
+                if self.overflow_last_seen
+                else None,
+            },
+        }
+
+
+def enforced_spec(spec: FenceSpec) -> FenceSpec:
+    """``spec`` with ``on_missing = reject``: a policy, changed in place by protect."""
+    d = spec.as_dict()
+    d["on_missing"] = "reject"
+    return FenceSpec.from_dict(d)
+
+
+def _pgss_schema(conn: Conn) -> str | None:
+    """The schema of pg_stat_statements' view when the extension is installed and the view is
+    its member, owned by a superuser (so reading it runs nobody's code but PostgreSQL's)."""
+    row = conn.execute(
+        "SELECT n.nspname FROM pg_catalog.pg_extension e"
+        " JOIN pg_catalog.pg_depend d"
+        "  ON d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass"
+        "  AND d.refobjid = e.oid AND d.deptype = 'e'"
+        "  AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass"
+        " JOIN pg_catalog.pg_class c ON c.oid = d.objid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_catalog.pg_roles r ON r.oid = c.relowner"
+        " WHERE e.extname OPERATOR(pg_catalog.=) 'pg_stat_statements'"
+        "   AND c.relname OPERATOR(pg_catalog.=) 'pg_stat_statements' AND r.rolsuper"
+    ).fetchone()
+    return str(row[0]) if row else None
+
+
+def _pgss_texts(conn: Conn, ids: list[int]) -> dict[int, str]:
+    if not ids:
+        return {}
+    schema = _pgss_schema(conn)
+    if schema is None:
+        return {}
+    from fencekit.ident import quote_ident
+
+    try:
+        rows = conn.execute(
+            "SELECT DISTINCT ON (s.queryid) s.queryid, s.query"
+            f" FROM {quote_ident(schema)}.pg_stat_statements s"
+            " WHERE s.queryid OPERATOR(pg_catalog.=) ANY (%s)",
+            [ids],
+        ).fetchall()
+    except Exception:  # no rights to read it: fencekit's own text is shown
+        return {}
+    return {int(q): str(t) for q, t in rows if t}
+
+
+_NOT_ATTRIBUTED = (
+    "{table}'s checks do not record who writes without a token (protected before "
+    "attribution): protect it again in rollout mode and watch it for the window"
+)
+
+
+def _attributed_table(conn: Conn, table: TableName) -> bool:
+    row = conn.execute(
+        "SELECT p.tag, p.spec ->> 'on_missing' FROM fencekit.protected p"
+        " WHERE p.schema_name OPERATOR(pg_catalog.=) %s"
+        "   AND p.table_name OPERATOR(pg_catalog.=) %s",
+        [table.schema, table.name],
+    ).fetchone()
+    return row is None or row[1] != "allow" or _attributed(conn, str(row[0]))
+
+
+def _attributed(conn: Conn, tag: str) -> bool:
+    row = conn.execute(
+        "SELECT pg_catalog.bool_or(pg_catalog.strpos(p.prosrc, 'fencekit.attribute(')"
+        " OPERATOR(pg_catalog.>) 0)"
+        " FROM pg_catalog.pg_proc p"
+        " WHERE p.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace"
+        "   AND pg_catalog.starts_with(p.proname::pg_catalog.text, %s)",
+        [tag + "_"],
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def rollout_report(
+    conn: Conn,
+    tables: list[TableName] | None = None,
+    *,
+    window: timedelta = DEFAULT_WINDOW,
+    since: datetime | None = None,
+) -> list[TableRollout]:
+    """Per protected table (every one in rollout mode, or the ``tables`` named, whatever
+    their mode): its writers without a token and the verdict. ``since`` limits the writers
+    shown (not the verdict) to those seen since then. Needs to read
+    ``fencekit.unfenced_writers``: fencekit_admin."""
+    readable = conn.execute(
+        "SELECT pg_catalog.has_table_privilege('fencekit.unfenced_writers', 'SELECT')"
+    ).fetchone()
+    if not (readable and readable[0]):
+        raise CatalogError(
+            "reading who writes without a token needs fencekit_admin (the statements and "
+            "client addresses are the application's): GRANT fencekit_admin TO <you>"
+        )
+    now, lag = conn.execute(
+        "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"
+    ).fetchone() or (None, 0)
+    registry = conn.execute(
+        "SELECT p.schema_name, p.table_name, p.tag, p.spec::pg_catalog.text, p.protected_at"
+        " FROM fencekit.protected p ORDER BY p.schema_name, p.table_name"
+    ).fetchall()
+    rows = conn.execute(
+        "SELECT u.tag, u.session_user_name, u.current_user_name, u.application_name,"
+        " pg_catalog.host(u.client_addr), u.query_id, u.fingerprint, u.statement,"
+        " u.first_seen, u.last_seen, u.statements FROM fencekit.unfenced_writers u"
+        " ORDER BY u.last_seen DESC, u.writer"
+    ).fetchall()
+    overflow = {
+        r[0]: (int(r[1]), r[2])
+        for r in conn.execute(
+            "SELECT o.tag, o.statements, o.last_seen FROM fencekit.unfenced_overflow o"
+        ).fetchall()
+    }
+    literal = conn.execute(
+        "SELECT EXISTS (SELECT FROM fencekit.meta m WHERE m.key OPERATOR(pg_catalog.=)"
+        " 'attribution_literals' AND m.value OPERATOR(pg_catalog.=) 'on')"
+    ).fetchone()
+    assert now is not None
+    texts = _pgss_texts(conn, sorted({int(r[5]) for r in rows if r[5] is not None}))
+    wanted = {(t.schema, t.name) for t in tables} if tables is not None else None
+    out = []
+    for schema, name, tag, raw_spec, protected_at in registry:
+        try:
+            spec = FenceSpec.from_dict(json.loads(raw_spec))
+        except (SpecError, ValueError):
+            continue
+        if wanted is not None and (schema, name) not in wanted:
+            continue
+        if wanted is None and spec.on_missing != "allow":
+            continue
+        writers = []
+        for r in rows:
+            if r[0] != tag:
+                continue
+            qid = int(r[5]) if r[5] is not None else None
+            if qid is not None and qid in texts:
+                text, source = texts[qid], "pg_stat_statements"
+            else:
+                text, source = str(r[7]), "literal" if literal and literal[0] else "fencekit"
+            writers.append(
+                Writer(
+                    str(r[1]),
+                    str(r[2]),
+                    str(r[3]),
+                    r[4],
+                    qid,
+                    str(r[6]),
+                    text,
+                    source,
+                    r[8],
+                    r[9],
+                    int(r[10]),
+                )
+            )
+        o_count, o_last = overflow.get(tag, (0, None))
+        out.append(
+            TableRollout(
+                spec,
+                protected_at,
+                _attributed(conn, tag),
+                writers,
+                o_count,
+                o_last,
+                now,
+                window,
+                timedelta(seconds=int(lag)),
+                since,
+                [w for w in writers if since is None or w.last_seen >= since],
+            )
+        )
+    return out
+
+
+class DBAPIConnection:
+    """A DB-API connection (psycopg 3 or psycopg2, as alembic and Django hand them over) with
+    the ``execute(...).fetchone()`` face this module reads through."""
+
+    def __init__(self, dbapi: Any) -> None:
+        self._dbapi = dbapi
+
+    def execute(self, query: str, params: Any = None) -> Any:
+        cursor = self._dbapi.cursor()
+        cursor.execute(query, params)
+        return cursor
+
+
+def enforce_check(conn: Any, table: TableName, window: timedelta, *, force: bool) -> FenceSpec:
+    """The spec that switches ``table`` to ``on_missing = reject``, or a CatalogError saying
+    who still writes it without a token (unless ``force``). What the alembic and Django
+    operations and ``fencekit enforce`` run before re-protecting."""
+    spec = registered_spec(conn, table)
+    why = enforce_refusal(conn, table, window)
+    if why is not None and not force:
+        raise CatalogError(why + ". Nothing was changed; fix those writers, or force it")
+    return enforced_spec(spec)
+
+
+def registered_spec(conn: Any, table: TableName) -> FenceSpec:
+    """The spec ``table`` is protected with (read as text: psycopg2 hands jsonb over as a
+    string), or a CatalogError."""
+    row = conn.execute(
+        "SELECT p.spec::pg_catalog.text FROM fencekit.protected p"
+        " WHERE p.schema_name OPERATOR(pg_catalog.=) %s"
+        "   AND p.table_name OPERATOR(pg_catalog.=) %s",
+        [table.schema, table.name],
+    ).fetchone()
+    if row is None:
+        raise CatalogError(f"{table} is not protected: protect it first")
+    return FenceSpec.from_dict(json.loads(row[0]))
+
+
+def _totals_refusal(conn: Conn, table: TableName, window: timedelta) -> str | None:
+    """enforce_refusal for a role that may not read the writers themselves: the public totals
+    (how many writers, when the last was seen) decide alike."""
+    row = conn.execute(
+        "SELECT t.writers, t.last_seen, pg_catalog.statement_timestamp(),"
+        " fencekit.attribution_lag() FROM fencekit.unfenced_writer_totals t"
+        " WHERE t.schema_name OPERATOR(pg_catalog.=) %s"
+        "   AND t.table_name OPERATOR(pg_catalog.=) %s",
+        [table.schema, table.name],
+    ).fetchone()
+    if row is None or row[1] is None:
+        return None
+    writers, last, now, lag = row
+    if last + timedelta(seconds=int(lag)) > now - window:
+        return (
+            f"{table} was written without a token within the last {_human(window)} "
+            f"({writers} writer(s), last at {last:%Y-%m-%d %H:%M:%S%z}; fencekit rollout, as "
+            "a member of fencekit_admin, names them)"
+        )
+    return None
+
+
+def enforce_refusal(conn: Conn, table: TableName, window: timedelta) -> str | None:
+    """Why ``table`` must not switch to ``on_missing = reject`` yet (None: go ahead): a
+    writer without a token inside the window, overflowed writers inside it, or a table whose
+    checks do not attribute (protected before attribution, so nobody can tell)."""
+    try:
+        report = rollout_report(conn, [table], window=window)
+    except CatalogError:
+        if not _attributed_table(conn, table):
+            return _NOT_ATTRIBUTED.format(table=table)
+        return _totals_refusal(conn, table, window)
+    if not report:
+        raise CatalogError(f"{table} is not protected")
+    t = report[0]
+    if t.verdict in ("ready", "enforced", "too_early"):
+        return None
+    if t.verdict == "not_attributed":
+        return _NOT_ATTRIBUTED.format(table=table)
+    who = [
+        f"{w.current_user}"
+        + (f" (login {w.session_user})" if w.session_user != w.current_user else "")
+        + f", application_name {w.application_name!r}"
+        + (f", from {w.client_addr}" if w.client_addr else "")
+        + f", last {w.last_seen:%Y-%m-%d %H:%M:%S%z}: {w.statement}"
+        for w in t.blocking
+    ]
+    if t.overflow_blocking:
+        who.append(f"{t.overflow_statements} statements of writers beyond the cap")
+    return (
+        f"{table} was written without a token within the last {_human(window)} by "
+        f"{len(t.blocking)} writer(s), which enforcing would break: " + "; ".join(who)
+    )
+
+
+def _human(d: timedelta) -> str:
+    s = int(d.total_seconds())
+    for unit, n in (("w", 604800), ("d", 86400), ("h", 3600), ("min", 60)):
+        if s and s % n == 0:
+            return f"{s // n}{unit}"
+    return f"{s}s"

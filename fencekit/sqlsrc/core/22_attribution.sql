@@ -1,0 +1,287 @@
+-- Attribution of unfenced writes: who still writes a protected table without a token while it
+-- is in rollout mode (on_missing = allow), so that switching it to reject is not a leap of
+-- faith (`fencekit rollout`, docs/rollout.md).
+--
+-- A writer is a table, the session's login role (session_user), the role it acts as (SET
+-- ROLE, else the login role: current_user at the top level), application_name, the client
+-- address and the statement: its fingerprint (a hash of the top-level statement with literals
+-- replaced), its query id when the server computes one (compute_query_id), and its text with
+-- literals replaced (the text itself only when a member of fencekit_admin opts in).
+--
+-- Bounded by design:
+-- - at most `attribution_cap` writers per table (fencekit.meta, default 50); statements of
+--   writers beyond it are counted in fencekit.unfenced_overflow;
+-- - no hot row: a backend remembers what it recorded in session settings (fencekit.seen_*)
+--   and writes a writer's row at most once per 10 seconds per statement it runs, adding the
+--   statements it counted in between; a row another transaction is recording is skipped
+--   (pg_try_advisory_xact_lock), never waited for, and its count carried to the next time;
+-- - writers cannot erase or rewrite another writer's row: only fencekit.record_unfenced_writer
+--   writes these tables, and only the row of the identity it reads from the session itself.
+--
+-- The count of a writer is approximate (statements a backend ran after its last record are
+-- added when it next records that statement); the last time a writer was seen is at most 10
+-- seconds behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
+-- exact count of allowed writes.
+
+CREATE TABLE IF NOT EXISTS fencekit.unfenced_writers (
+  tag               text NOT NULL,
+  writer            text NOT NULL,  -- md5 of the identity below
+  session_user_name text NOT NULL,
+  current_user_name text NOT NULL,
+  application_name  text NOT NULL,
+  client_addr       inet,
+  query_id          bigint,
+  fingerprint       text NOT NULL,
+  statement         text NOT NULL,
+  first_seen        timestamptz NOT NULL,
+  last_seen         timestamptz NOT NULL,
+  statements        bigint NOT NULL,
+  PRIMARY KEY (tag, writer)
+);
+
+CREATE TABLE IF NOT EXISTS fencekit.unfenced_overflow (
+  tag        text PRIMARY KEY,
+  first_seen timestamptz NOT NULL,
+  last_seen  timestamptz NOT NULL,
+  statements bigint NOT NULL
+);
+
+-- Statements and client identities are the application's: only fencekit_admin reads them
+-- (the totals below are public, for metrics).
+REVOKE ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow FROM PUBLIC;
+GRANT ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow TO fencekit_admin;
+
+-- How far a writer's last_seen may lag its last statement: a backend records a statement it
+-- has recorded within this many seconds only by counting it in a session setting.
+CREATE OR REPLACE FUNCTION fencekit.attribution_lag() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT 10
+$fn$;
+
+-- A statement's text with every literal replaced by '?': quoted strings, numbers and comments
+-- go; an IN list of placeholders becomes one. Anything it cannot lex for sure (a backslash,
+-- which E'' strings and standard_conforming_strings = off use as an escape, a dollar quote, an
+-- unterminated quote) ends the text there with '...', so that no literal is ever kept.
+CREATE OR REPLACE FUNCTION fencekit.statement_shape(q text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  s text := q;
+  cut integer;
+BEGIN
+  IF s IS NULL THEN
+    RETURN '';
+  END IF;
+  -- A dollar sign not starting a parameter ($1) may open a dollar quote.
+  cut := pg_catalog.strpos(pg_catalog.regexp_replace(s, '\$[0-9]', '__', 'g'), '$');
+  IF pg_catalog.strpos(s, E'\\') > 0
+     AND (cut = 0 OR pg_catalog.strpos(s, E'\\') < cut) THEN
+    cut := pg_catalog.strpos(s, E'\\');
+  END IF;
+  IF cut > 0 THEN
+    s := pg_catalog.left(s, cut - 1) || ' ...';
+  END IF;
+  -- One left-to-right pass: a quote inside a comment is the comment's, a comment marker
+  -- inside a string the string's.
+  s := pg_catalog.regexp_replace(s,
+         '''([^'']|'''')*''|--[^\n]*|/\*([^*]|\*+[^*/])*\*+/|(?<!\$)\m[0-9][0-9A-Za-z_.]*', '?', 'g');
+  cut := pg_catalog.strpos(s, '''');
+  IF cut > 0 THEN
+    s := pg_catalog.left(s, cut - 1) || ' ...';
+  END IF;
+  s := pg_catalog.regexp_replace(s, '\?(\s*,\s*\?)+', '?, ...', 'g');
+  s := pg_catalog.btrim(pg_catalog.regexp_replace(s, '\s+', ' ', 'g'));
+  RETURN pg_catalog.left(s, 2000);
+END
+$fn$;
+
+-- Record the session's current statement as an unfenced writer of the table protected under
+-- `tag`, adding `statements` to its count. False when another transaction is recording the same
+-- writer (or the table's overflow) right now: the caller keeps its count for the next time.
+--
+-- Trusted surface (docs/security.md): SECURITY DEFINER because it writes
+-- fencekit.unfenced_writers and fencekit.unfenced_overflow, which writers may not write (they
+-- could erase or rewrite other writers' rows). It acts only for a role that may write the table
+-- it names, or a transaction writing it (fencekit.writing), and writes only the row of the
+-- identity it reads itself from
+-- the session (session_user, fencekit.session_role(), application_name, inet_client_addr(),
+-- current_query(), pg_stat_get_activity for the query id): a caller chooses none of it but
+-- the table. It reads fencekit.meta and the catalogs (pg_locks, pg_trigger, pg_proc through
+-- fencekit.writing), names no user relation, casts no user type, and every function and
+-- operator it calls is pg_catalog's or fencekit's under a pinned search_path: nothing of the
+-- table owner's runs in it.
+CREATE OR REPLACE FUNCTION fencekit.record_unfenced_writer(tag text, relid oid, statements bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+#variable_conflict use_variable
+DECLARE
+  q text := pg_catalog.current_query();
+  shape text := fencekit.statement_shape(q);
+  fp text := pg_catalog.md5(shape);
+  su text := session_user;
+  cu text := fencekit.session_role();
+  app text := COALESCE(pg_catalog.current_setting('application_name', true), '');
+  addr inet := pg_catalog.inet_client_addr();
+  w text;
+  qid bigint;
+  cap integer;
+  n integer;
+  seen timestamptz := pg_catalog.statement_timestamp();
+BEGIN
+  IF statements IS NULL OR statements < 1 THEN
+    RETURN true;
+  END IF;
+  -- A role that may write the table could as well write it without a token: its own rows
+  -- are all it can add. Anyone else must be writing it now (a cascade, a definer function):
+  -- only then is the server's lock table read, so a plain writer's cost never depends on the
+  -- locks other sessions hold.
+  IF NOT pg_catalog.has_table_privilege(cu, relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
+     AND NOT fencekit.writing(tag, relid) THEN
+    PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.record_unfenced_writer');
+  END IF;
+  w := pg_catalog.md5(pg_catalog.concat_ws(E'\x1f', su, cu, app,
+                                           pg_catalog.host(addr), fp));
+  -- One recorder per writer at a time; the others skip rather than wait behind its
+  -- transaction. The first key is fencekit's class of advisory locks ('fencekit.attribution').
+  IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
+                                              pg_catalog.hashtext(tag || ' ' || w)) THEN
+    RETURN false;
+  END IF;
+  SELECT a.query_id INTO qid
+    FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
+  UPDATE fencekit.unfenced_writers u
+     SET last_seen = GREATEST(u.last_seen, seen),
+         statements = u.statements + record_unfenced_writer.statements,
+         query_id = COALESCE(qid, u.query_id)
+   WHERE u.tag = record_unfenced_writer.tag AND u.writer = w;
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  SELECT pg_catalog.int4(m.value) INTO cap FROM fencekit.meta m
+   WHERE m.key = 'attribution_cap' AND m.value ~ '^[0-9]{1,9}$';
+  SELECT pg_catalog.count(*) INTO n FROM fencekit.unfenced_writers u
+   WHERE u.tag = record_unfenced_writer.tag;
+  IF n < COALESCE(cap, 50) THEN
+    INSERT INTO fencekit.unfenced_writers AS u
+           (tag, writer, session_user_name, current_user_name, application_name, client_addr,
+            query_id, fingerprint, statement, first_seen, last_seen, statements)
+    VALUES (tag, w, su, cu, app, addr, qid, fp,
+            CASE WHEN EXISTS (SELECT FROM fencekit.meta m
+                               WHERE m.key = 'attribution_literals' AND m.value = 'on')
+                 THEN pg_catalog.left(q, 2000) ELSE shape END,
+            seen, seen, statements)
+    ON CONFLICT ON CONSTRAINT unfenced_writers_pkey DO NOTHING;
+    RETURN true;
+  END IF;
+  IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
+                                              pg_catalog.hashtext(tag)) THEN
+    RETURN false;
+  END IF;
+  INSERT INTO fencekit.unfenced_overflow AS o (tag, first_seen, last_seen, statements)
+  VALUES (tag, seen, seen, statements)
+  ON CONFLICT ON CONSTRAINT unfenced_overflow_pkey DO UPDATE
+    SET last_seen = GREATEST(o.last_seen, excluded.last_seen),
+        statements = o.statements + excluded.statements;
+  RETURN true;
+END
+$fn$;
+
+-- Attribute an unfenced write: called by the generated checks of a table protected with
+-- on_missing = allow, once per statement that goes on without a token (a row fence's check
+-- before the statement, a key fence's after it, a table fence's before it; TRUNCATE's). Runs
+-- as its caller and writes nothing but session settings, except when the statement is new to
+-- this backend or was last recorded more than attribution_lag() seconds ago: then
+-- fencekit.record_unfenced_writer records it. A bypassed write is not attributed (it is
+-- audited as 'bypassed').
+--
+-- What a backend remembers: fencekit.seen_<hash> = '<epoch>:<count>', the time it last
+-- recorded a statement and the statements it counted since, under two keys, both with the
+-- session's identity: the exact text of the top-level statement (clients that send parameters,
+-- $1, repeat it), and on a miss a coarse one, the text before its first quote or digit (clients
+-- that write literals into the text). Statements that share a coarse key are recorded, one per
+-- attribution_lag(), in turn; one can wait behind another only while that other keeps writing
+-- without a token, so a table never looks ready early. A session that sets these settings
+-- itself hides only its own statements; the 'unfenced' counter still counts them.
+--
+-- Every statement runs this, so it is written like the generated hot path: no SET clause (a
+-- function's `SET search_path` costs more than the rest of it), every function, operator and
+-- type qualified, no regular expression; the hit path is a hash, two settings read and one
+-- written. The lag (10 s) is written in, for the same reason; attribution_lag() says it.
+CREATE OR REPLACE FUNCTION fencekit.attribute(tag pg_catalog.text, relid pg_catalog.oid)
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  q pg_catalog.text := pg_catalog.current_query();
+  who pg_catalog.text := pg_catalog.concat_ws(E'\x1f', tag, session_user,
+    pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name'));
+  exact pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+    pg_catalog.hashtext(pg_catalog.concat(who, E'\x1f', q)));
+  now_s pg_catalog.int8 :=
+    pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8;
+  coarse pg_catalog.text;
+  v pg_catalog.text;
+  at pg_catalog.int8;
+  pending pg_catalog.int8;
+BEGIN
+  IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) ''
+     AND fencekit.bypass_allowed(tag, relid, NULL) THEN
+    RETURN;
+  END IF;
+  v := pg_catalog.current_setting(exact, true);
+  IF v OPERATOR(pg_catalog.<>) '' THEN
+    at := pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
+    IF now_s OPERATOR(pg_catalog.-) at OPERATOR(pg_catalog.<) 10
+       AND at OPERATOR(pg_catalog.<=) now_s THEN
+      PERFORM pg_catalog.set_config(exact, pg_catalog.concat(at, ':',
+        pg_catalog.split_part(v, ':', 2)::pg_catalog.int8 OPERATOR(pg_catalog.+) 1), false);
+      RETURN;
+    END IF;
+  END IF;
+  -- The text before the first quote or digit.
+  coarse := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(
+    pg_catalog.concat(who, E'\x1f',
+    pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
+    pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
+    pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(q, '''', 1),
+    '0', 1), '1', 1), '2', 1), '3', 1), '4', 1), '5', 1), '6', 1), '7', 1), '8', 1), '9', 1))));
+  pending := 1 OPERATOR(pg_catalog.+) CASE WHEN v OPERATOR(pg_catalog.<>) ''
+    THEN pg_catalog.split_part(v, ':', 2)::pg_catalog.int8 ELSE 0 END;
+  v := pg_catalog.current_setting(coarse, true);
+  IF v OPERATOR(pg_catalog.<>) '' THEN
+    at := pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
+    pending := pending OPERATOR(pg_catalog.+) pg_catalog.split_part(v, ':', 2)::pg_catalog.int8;
+    IF now_s OPERATOR(pg_catalog.-) at OPERATOR(pg_catalog.<) 10
+       AND at OPERATOR(pg_catalog.<=) now_s THEN
+      PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(at, ':', pending), false);
+      PERFORM pg_catalog.set_config(exact, '', false);
+      RETURN;
+    END IF;
+  END IF;
+  IF fencekit.record_unfenced_writer(tag, relid, pending) THEN
+    pending := 0;
+  END IF;
+  PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(now_s, ':', pending), false);
+  PERFORM pg_catalog.set_config(exact, pg_catalog.concat(now_s, ':0'), false);
+END
+$fn$;
+
+-- Per protected table: how many writers wrote without a token, and when the last one did
+-- (last_seen + attribution_lag() bounds the last unfenced statement). Public, for metrics:
+-- counts and times only, no identities.
+CREATE OR REPLACE VIEW fencekit.unfenced_writer_totals AS
+SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
+       (SELECT pg_catalog.count(*) FROM fencekit.unfenced_writers u WHERE u.tag = p.tag)
+         AS writers,
+       COALESCE((SELECT o.statements FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag), 0)
+         AS overflow_statements,
+       GREATEST((SELECT pg_catalog.max(u.last_seen) FROM fencekit.unfenced_writers u
+                  WHERE u.tag = p.tag),
+                (SELECT o.last_seen FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag))
+         AS last_seen
+  FROM fencekit.protected p;
+GRANT SELECT ON fencekit.unfenced_writer_totals TO PUBLIC;
+
+-- Writers need no grant for the rest: the generated checks run as the writer (row fences) and
+-- call attribute, which calls record_unfenced_writer; that acts only for a transaction writing
+-- the table it names.
+GRANT EXECUTE ON FUNCTION fencekit.record_unfenced_writer(text, oid, bigint) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.attribute(pg_catalog.text, pg_catalog.oid) TO PUBLIC;

@@ -1,0 +1,309 @@
+"""Who writes without a token: attribution of unfenced writes in rollout mode.
+
+Every statement a table in rollout mode (``on_missing = allow``) lets through without a token
+is attributed to its writer in ``fencekit.unfenced_writers`` (22_attribution.sql): the login
+role and the role it acts as, application_name, client address, the statement with literals
+replaced, first and last seen, a count. Storage is capped per table (overflow counted), no
+literal is kept unless a DBA opts in, and writers cannot erase or rewrite the rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from tests.core.helpers import protect, write
+
+Conn = psycopg.Connection[Any]
+
+SCOPES = {
+    "a_row": {"scope": "row"},
+    "a_key": {"scope": "key", "key": ("k",)},
+    "a_table": {"scope": "table"},
+}
+
+
+@pytest.fixture
+def tables(db: Conn) -> None:
+    for name, kw in SCOPES.items():
+        db.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, k int NOT NULL, v text)")
+        db.commit()
+        protect(db, name, on_missing="allow", **kw)  # type: ignore[arg-type]
+        write(db, 10, f"INSERT INTO {name} VALUES (1, 1, 'a'), (2, 2, 'b')")
+
+
+def writers(db: Conn, table: str) -> list[dict[str, Any]]:
+    db.commit()
+    cur = db.execute(
+        "SELECT u.* FROM fencekit.unfenced_writers u JOIN fencekit.protected p USING (tag)"
+        " WHERE p.table_name = %s ORDER BY u.first_seen, u.statement",
+        [table],
+    )
+    assert cur.description is not None
+    names = [d.name for d in cur.description]
+    rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    db.commit()
+    return rows
+
+
+def tokenless(dsn: str, stmt: str, app: str = "test-app") -> None:
+    with psycopg.connect(make_conninfo(dsn, application_name=app), autocommit=True) as c:
+        c.execute(stmt)
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_a_second_role_and_a_second_application_name_are_separate_writers(
+    db: Conn, dsn: str, tables: None, make_role: Any, table: str
+) -> None:
+    grants = "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public"
+    web = make_role("attr_web", grants)
+    cron = make_role("attr_cron", grants)
+    tokenless(web, f"UPDATE {table} SET v = 'x' WHERE id = 1", "web")
+    tokenless(web, f"UPDATE {table} SET v = 'y' WHERE id = 2", "web")  # same statement shape
+    tokenless(cron, f"UPDATE {table} SET v = 'x' WHERE id = 1", "web")
+    tokenless(web, f"UPDATE {table} SET v = 'x' WHERE id = 1", "nightly")
+    got = {
+        (w["session_user_name"], w["current_user_name"], w["application_name"], w["statement"])
+        for w in writers(db, table)
+    }
+    shape = f"UPDATE {table} SET v = ? WHERE id = ?"
+    assert got == {
+        ("attr_web", "attr_web", "web", shape),
+        ("attr_cron", "attr_cron", "web", shape),
+        ("attr_web", "attr_web", "nightly", shape),
+    }
+    for w in writers(db, table):
+        assert str(w["client_addr"]) in ("127.0.0.1", "::1", "None")
+        assert w["first_seen"] <= w["last_seen"]
+        assert w["statements"] >= 1
+        assert len(w["fingerprint"]) == 32
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_a_role_set_with_set_role_is_the_writers_current_user(
+    db: Conn, dsn: str, tables: None, make_role: Any, table: str
+) -> None:
+    make_role("attr_batch", "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SET ROLE attr_batch")
+        c.execute(f"DELETE FROM {table} WHERE id = 2")
+    (w,) = writers(db, table)
+    assert (w["current_user_name"], w["statement"]) == (
+        "attr_batch",
+        f"DELETE FROM {table} WHERE id = ?",
+    )
+    assert w["session_user_name"] != "attr_batch"
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_writes_with_a_token_or_bypassed_are_not_attributed_and_zero_row_ones_are(
+    db: Conn, dsn: str, tables: None, table: str
+) -> None:
+    assert writers(db, table) == []  # the token's INSERT of the fixture
+    write(db, 11, f"UPDATE {table} SET v = 'z'")
+    write(db, None, f"UPDATE {table} SET v = 'z'", bypass=True)
+    assert writers(db, table) == []
+    # A statement that writes no row is still one the table would refuse under reject.
+    tokenless(dsn, f"UPDATE {table} SET v = 'z' WHERE id = 12345")
+    assert [w["statement"] for w in writers(db, table)] == [
+        f"UPDATE {table} SET v = ? WHERE id = ?"
+    ]
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_truncate_without_a_token_is_attributed(
+    db: Conn, dsn: str, tables: None, table: str
+) -> None:
+    tokenless(dsn, f"TRUNCATE {table}")
+    assert [w["statement"] for w in writers(db, table)] == [f"TRUNCATE {table}"]
+
+
+def test_a_backend_counts_what_it_recorded_recently_in_one_row(
+    db: Conn, dsn: str, tables: None
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for i in range(30):
+            c.execute("UPDATE a_row SET v = %s WHERE id = 1", [str(i)])
+        # Literals in the text (a client-side binding driver): one writer as well.
+        for i in range(30):
+            c.execute(f"UPDATE a_row SET v = '{i}' WHERE id = {i % 2 + 1}".encode())
+    rows = writers(db, "a_row")
+    assert sorted(w["statement"] for w in rows) == [
+        "UPDATE a_row SET v = $1 WHERE id = ?",
+        "UPDATE a_row SET v = ? WHERE id = ?",
+    ]
+    # Recorded once; what came after is counted in the session until its next record.
+    assert all(w["statements"] >= 1 for w in rows)
+
+
+def test_the_cap_bounds_writers_per_table_and_counts_the_overflow(
+    db: Conn, dsn: str, tables: None
+) -> None:
+    db.execute("INSERT INTO fencekit.meta VALUES ('attribution_cap', '2')")
+    db.commit()
+    for col in ("v", "k", "id"):
+        tokenless(dsn, f"UPDATE a_key SET {col} = {col} WHERE id = 1")
+    tokenless(dsn, "UPDATE a_key SET v = v || 'x'", "other")
+    assert len(writers(db, "a_key")) == 2
+    (over,) = db.execute(
+        "SELECT statements FROM fencekit.unfenced_overflow o JOIN fencekit.protected p"
+        " USING (tag) WHERE p.table_name = 'a_key'"
+    ).fetchone() or (0,)
+    assert over == 2
+    db.commit()
+    totals = db.execute(
+        "SELECT writers, overflow_statements, last_seen IS NOT NULL"
+        " FROM fencekit.unfenced_writer_totals WHERE table_name = 'a_key'"
+    ).fetchone()
+    assert totals == (2, 2, True)
+
+
+SECRET_TEXT, SECRET_NUMBER = "s3cr3t-card-4111", "987654321"
+
+
+@pytest.mark.parametrize(
+    "stmt",
+    [
+        f"UPDATE a_row SET v = '{SECRET_TEXT}' WHERE id = {SECRET_NUMBER}",
+        f"UPDATE a_row SET v = E'{SECRET_TEXT}\\\\n' WHERE id = 1",
+        f"UPDATE a_row SET v = $q${SECRET_TEXT}$q$ WHERE id = 1",
+        f"UPDATE a_row /* {SECRET_TEXT} ' */ SET v = 'it''s' WHERE id IN (1, {SECRET_NUMBER})",
+        f"UPDATE a_row SET v = 'x' -- {SECRET_TEXT}\nWHERE id = 1",
+        f"UPDATE a_row SET v = U&'{SECRET_TEXT}' WHERE id = {SECRET_NUMBER}.5e3",
+    ],
+)
+def test_no_literal_is_stored_unless_a_dba_opts_in(
+    db: Conn, dsn: str, tables: None, stmt: str
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(stmt.encode())
+    (w,) = writers(db, "a_row")
+    stored = " ".join(str(v) for v in w.values())
+    assert SECRET_TEXT not in stored
+    assert SECRET_NUMBER not in stored
+    assert w["statement"].startswith("UPDATE a_row")
+
+
+def test_literals_are_stored_when_a_dba_opts_in(db: Conn, dsn: str, tables: None) -> None:
+    db.execute("INSERT INTO fencekit.meta VALUES ('attribution_literals', 'on')")
+    db.commit()
+    tokenless(dsn, f"UPDATE a_table SET v = '{SECRET_TEXT}' WHERE id = 1")
+    (w,) = writers(db, "a_table")
+    assert SECRET_TEXT in w["statement"]
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_a_writer_cannot_erase_or_rewrite_attribution(
+    db: Conn, dsn: str, tables: None, make_role: Any, table: str
+) -> None:
+    app = make_role("attr_app", "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public")
+    reader = make_role("attr_reader", "SELECT ON ALL TABLES IN SCHEMA public")
+    tokenless(dsn, f"UPDATE {table} SET v = 'x' WHERE id = 1", "victim")
+    before = writers(db, table)
+    with psycopg.connect(app, autocommit=True) as c:
+        for stmt in (
+            "DELETE FROM fencekit.unfenced_writers",
+            "UPDATE fencekit.unfenced_writers SET last_seen = '2000-01-01'",
+            "TRUNCATE fencekit.unfenced_writers",
+            "INSERT INTO fencekit.unfenced_writers SELECT * FROM fencekit.unfenced_writers",
+            "DELETE FROM fencekit.unfenced_overflow",
+            "SELECT * FROM fencekit.unfenced_writers",
+            "UPDATE fencekit.meta SET value = '0' WHERE key = 'attribution_cap'",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute(stmt)
+    # Recording directly, by a role that may not write the table and is not writing it: refused.
+    with (
+        psycopg.connect(reader, autocommit=True) as c,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        c.execute(
+            "SELECT fencekit.record_unfenced_writer(p.tag, %s::regclass, 1000)"
+            " FROM fencekit.protected p WHERE p.table_name = %s",
+            [table, table],
+        )
+    # A role that may write it records, at most, its own identity: nobody else's row changes,
+    # whatever application_name it claims.
+    with psycopg.connect(app, autocommit=True) as c, c.transaction():
+        c.execute("SET LOCAL application_name = 'victim'")
+        c.execute(
+            "SELECT fencekit.record_unfenced_writer(p.tag, %s::regclass, 1000)"
+            " FROM fencekit.protected p WHERE p.table_name = %s",
+            [table, table],
+        )
+    after = writers(db, table)
+    assert [w for w in after if w["writer"] in {b["writer"] for b in before}] == before
+    new = [w for w in after if w["writer"] not in {b["writer"] for b in before}]
+    assert [(w["session_user_name"], w["current_user_name"]) for w in new] == [
+        ("attr_app", "attr_app")
+    ]
+    # The totals are public: counts and times, no identities.
+    with psycopg.connect(app, autocommit=True) as c:
+        row = c.execute(
+            "SELECT writers FROM fencekit.unfenced_writer_totals WHERE table_name = %s",
+            [table],
+        ).fetchone()
+        assert row == (2,)
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_recording_runs_no_code_of_the_table_owner(
+    db: Conn, dsn: str, make_role: Any, table: str
+) -> None:
+    """Canary: the table's owner (not an admin) plants code everywhere an unqualified name or
+    operator could resolve, and a writer puts that schema first on its search_path. Neither
+    fencekit.attribute (run as the writer, or inside a key or table fence's definer trigger)
+    nor fencekit.record_unfenced_writer (SECURITY DEFINER, the installer's) may run any of it:
+    the canary records whoever runs it."""
+    owner = make_role("attr_owner")
+    db.execute("GRANT CREATE ON SCHEMA public TO attr_owner")
+    db.execute("CREATE TABLE canary (fn text, cu text, su text)")
+    db.execute("GRANT INSERT ON canary TO PUBLIC")
+    db.commit()
+    app = make_role("attr_writer", "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public")
+    with psycopg.connect(owner, autocommit=True) as c:
+        c.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, k int NOT NULL, v text)")
+        c.execute(f"GRANT ALL ON {table} TO attr_writer")
+        sig = {
+            "hashtext": "(text)",
+            "md5": "(text)",
+            "concat_ws": "(text, text, text, text, text)",
+            "concat": "(text, text, text)",
+            "split_part": "(text, text, integer)",
+            "to_hex": "(integer)",
+            "current_setting": "(text, boolean)",
+            "set_config": "(text, text, boolean)",
+            "left": "(text, integer)",
+            "host": "(inet)",
+            "statement_timestamp": "()",
+            "current_query": "()",
+            "strpos": "(text, text)",
+            "regexp_replace": "(text, text, text, text)",
+            "btrim": "(text)",
+        }
+        for fn, args in sig.items():
+            c.execute(
+                f"CREATE FUNCTION public.{fn}{args} RETURNS text LANGUAGE plpgsql AS $$"
+                f" BEGIN INSERT INTO public.canary VALUES ('{fn}', current_user, session_user);"
+                " RETURN NULL; END $$"
+            )
+        c.execute(
+            "CREATE FUNCTION public.text_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS $$"
+            " BEGIN INSERT INTO public.canary VALUES ('=', current_user, session_user);"
+            " RETURN $1 OPERATOR(pg_catalog.=) $2; END $$"
+        )
+        c.execute("CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = text_eq)")
+    kw = SCOPES[table]
+    protect(db, f"public.{table}", on_missing="allow", **kw)  # type: ignore[arg-type]
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute("SET search_path = public, pg_catalog")
+        c.execute(f"INSERT INTO {table} VALUES (1, 1, 'a')")
+        c.execute(f"UPDATE {table} SET v = 'b' WHERE id = 1")
+    assert [w["statement"] for w in writers(db, table)] == [
+        f"INSERT INTO {table} VALUES (?, ...)",
+        f"UPDATE {table} SET v = ? WHERE id = ?",
+    ]
+    assert db.execute("SELECT * FROM canary").fetchall() == []
