@@ -5,6 +5,9 @@ the row's fence); INSERT takes the fence from the column default, evaluated in
 C, and runs PL/pgSQL only when the row does not already carry the token. Everything else (no
 token, a malformed or a 19-digit token, a rejection, a bypass) goes through a slow path that
 validates the token it read itself: a statement can change the token after the statement check.
+Every row is judged by the token the statement check validated (``Names.checked``, which that
+check sets): a row that reads another valid token is refused (YF004, changed during the
+statement), never judged by it; a lower one is refused as stale.
 """
 
 from __future__ import annotations
@@ -142,8 +145,10 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         + _same_as_checked(n, "  ")
         + f"  NEW.{col} := tok;\n  RETURN NEW;\nEND\n",
     )
-    # A row that already carries the token as its fence needs nothing: the WHEN clause,
-    # evaluated in C, skips the trigger. An INSERT's row gets it from the column default; an
+    # A row that already carries the checked token (the one its statement check validated) as
+    # its fence needs nothing: the WHEN clause, evaluated in C, skips the trigger. A fence
+    # taken from a token swapped after the check differs, and fires it. An INSERT's row gets
+    # it from the column default; an
     # UPDATE's from a cooperating statement (SET fence = token, as the adapters write it), or
     # because the row's fence already is the token. A row is skipped only when its new fence's
     # text equals the token's, which makes the token a canonical positive bigint, and (UPDATE)
