@@ -204,7 +204,7 @@ class FenceSpec:
 
     def cli_args(self) -> str:
         """The ``fencekit protect`` arguments that reproduce this spec, shell-quoted (the
-        generated scripts print the same through ``sqlgen.protect.shell_args_sql``)."""
+        generated scripts' hints print the same through the core's ``fencekit.spec_args``)."""
         args = [str(self.table)]
         if self.scope is Scope.TABLE:
             args += ["--scope", "table"]

@@ -3,8 +3,8 @@
 Runs after alembic's own table comparison (last priority), so that it can
 
 - append ``create_fence`` after the ``create_table`` / ``add_column`` it depends on, and
-  ``alter_fence`` for changed policies or for objects an older template made, and
-  ``move_fence`` for another scope, key, resource or fence column (fences carried),
+  ``alter_fence`` for a changed declaration (policies in place; another scope, key, resource
+  or fence column with the fences carried) or for objects an older template made,
 - put ``drop_fence`` first, before a ``drop_table`` of the same table,
 - put ``install_fencekit`` / ``upgrade_fencekit`` before everything,
 - remove any operation alembic proposed against objects fencekit owns (the fence column of a
@@ -28,10 +28,8 @@ from fencekit import sqlgen
 from fencekit.alembic_plugin.filters import CORE_SCHEMA
 from fencekit.alembic_plugin.ops import (
     AlterFenceOp,
-    CreateFenceOp,
-    DropFenceOp,
+    FenceOp,
     InstallCoreOp,
-    MoveFenceOp,
     RenameFenceOp,
     UpgradeCoreOp,
 )
@@ -109,15 +107,15 @@ def compare_fences(
             rename = RenameFenceOp.generate(old, spec.table)
             last.append(rename)
             if rename.renamed != spec:
-                last.append(_change(rename.renamed, spec))
+                last.append(FenceOp.generate(rename.renamed, spec))
             continue
         if where not in existing:
-            last.append(CreateFenceOp.generate(spec))
+            last.append(FenceOp.generate(None, spec))
             continue
         old, old_template = existing[where]
         if old != spec:
             # Its protect half renders the current template, so objects of an older one go too.
-            last.append(_change(old, spec))
+            last.append(FenceOp.generate(old, spec))
         elif old_template < sqlgen.TEMPLATE_VERSION:
             # Objects of an older template (fencekit was upgraded): re-protect them, so the
             # upgrade of fencekit arrives as a migration that a reviewer sees and runs. A newer
@@ -127,7 +125,7 @@ def compare_fences(
         # A protected table outside the metadata (filtered out, or protected by a DBA with the
         # CLI) keeps its fence unless alembic drops the table itself.
         if where not in declared and (where in known or where in dropped):
-            first.append(DropFenceOp.generate(old))
+            first.append(FenceOp.generate(old, None))
 
     if declared:
         if installed.core_version is None:
@@ -137,15 +135,6 @@ def compare_fences(
 
     upgrade_ops.ops[:0] = first
     upgrade_ops.ops.extend(last)
-
-
-def _change(old: FenceSpec, new: FenceSpec) -> MigrateOperation:
-    """A changed declaration: policies change in place (``alter_fence``: protect re-run);
-    another scope, key, resource or fence column is one ``move_fence`` that carries the
-    fences, never a drop and a create."""
-    if sqlgen.is_move(old, new):
-        return MoveFenceOp.generate(old, new)
-    return AlterFenceOp.generate(old, new)
 
 
 def _renamed(

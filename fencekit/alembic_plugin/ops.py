@@ -1,20 +1,20 @@
 """Alembic operations for fences: ``op.create_fence``, ``op.alter_fence``, ``op.drop_fence``,
-``op.install_fencekit`` and ``op.upgrade_fencekit``.
+``op.rename_fence``, and the core's ``op.install_fencekit`` and ``op.upgrade_fencekit``.
 
-A fence operation carries its spec (for autogenerate's comparison and for reversal) and the
-SQL it runs, frozen into the migration file when autogenerate writes it: the exact statements
-``fencekit.sqlgen`` produced then. Upgrade and downgrade run those statements, so an old
-migration does what it did when it was written although fencekit renders only its current
-template; nothing is re-derived at run time. No fence SQL is written here: it all comes from
-``sqlgen``, frozen or (for an operation written by hand without ``sql=``) rendered when it
-runs. Offline (``alembic upgrade --sql``) the same statements are printed for a DBA to review
-and run with psql.
+The fence operations are one model (:class:`fencekit.sqlgen.FenceChange`, the change from
+spec ``old`` to spec ``new`` that Django and ``fencekit move`` make too) and carry the SQL it
+runs each way, frozen into the migration file when autogenerate writes it. Upgrade and
+downgrade run those statements, so an old migration does what it did when it was written
+although fencekit renders only its current template. No fence SQL is decided here: an
+operation written by hand without ``sql=`` renders :func:`fencekit.sqlgen.change_statements`
+when it runs. Offline (``alembic upgrade --sql``) the same statements are printed for a DBA to
+review and run with psql.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from alembic.operations import MigrateOperation, Operations
 
@@ -22,6 +22,7 @@ from fencekit import sqlgen
 from fencekit.errors import SpecError
 from fencekit.ident import quote_ident
 from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, TableName
+from fencekit.sqlgen.change import FenceChange, frozen_statements
 from fencekit.sqlgen.pin import pinned
 
 __all__ = [
@@ -30,11 +31,9 @@ __all__ = [
     "DropFenceOp",
     "FenceOp",
     "InstallCoreOp",
-    "MoveFenceOp",
     "RenameFenceOp",
     "UninstallCoreOp",
     "UpgradeCoreOp",
-    "alter_statements",
     "run_sql",
     "spec_from_options",
     "spec_options",
@@ -168,60 +167,87 @@ class UpgradeCoreOp(MigrateOperation):
 # ---------------------------------------------------------------- fences
 
 
-def _frozen(sql: Iterable[str] | None, argument: str = "sql") -> tuple[str, ...] | None:
-    """A migration's frozen statements as a tuple; None means "render at run time"."""
-    if sql is None:
-        return None
-    if isinstance(sql, (str, bytes)):
-        # A string is an iterable of characters: refuse it rather than run one per character.
-        raise TypeError(
-            f"{argument}= takes a sequence of SQL statements (a tuple of strings), not one "
-            "string: fencekit runs each statement as written and never splits a script"
-        )
-    statements = tuple(sql)
-    for statement in statements:
-        if not isinstance(statement, str):
-            raise TypeError(f"{argument}= holds {statement!r}, not an SQL statement string")
-    return statements
-
-
 class FenceOp(MigrateOperation):
-    """A fence operation on one table: its spec and the SQL it runs.
+    """One change of a table's fence (:class:`fencekit.sqlgen.FenceChange`: ``old`` ->
+    ``new``, either side ``None`` for "not protected") and the SQL each way.
 
-    ``sql`` is frozen into the migration file when autogenerate writes it: upgrade runs those
-    statements, whatever fencekit's templates have become since. ``undo_sql`` is what the
-    reverse operation runs; it is kept on the object (autogenerate writes it into the reverse
-    operation in ``downgrade()``), not rendered twice. An operation written by hand without
-    ``sql`` renders the current template when it runs.
+    The three fence operations are this one model named three ways, as alembic_utils puts
+    every entity behind generic create, drop and replace operations: ``create_fence`` (no
+    ``old``), ``drop_fence`` (no ``new``) and ``alter_fence`` (both). Upgrade runs the SQL
+    frozen into the migration file when autogenerate wrote it, whatever fencekit's templates
+    have become since; the reverse runs the other way's frozen SQL. An operation written by
+    hand without ``sql`` renders :func:`fencekit.sqlgen.change_statements` when it runs.
+
+    ``note`` / ``undo_note``: a comment autogenerate writes above the operation and above its
+    reverse (why a same-spec alter is there, why its downgrade runs nothing).
     """
 
+    name: ClassVar[str]
+
     def __init__(
-        self,
-        spec: FenceSpec,
-        sql: Iterable[str] | None = None,
-        undo_sql: Iterable[str] | None = None,
+        self, change: FenceChange, *, note: str | None = None, undo_note: str | None = None
     ) -> None:
-        self.spec = spec
-        self.sql = _frozen(sql)
-        self.undo_sql = _frozen(undo_sql, "undo_sql")
+        self.change = change
+        self.note = note
+        self.undo_note = undo_note
+
+    @staticmethod
+    def of(
+        change: FenceChange, *, note: str | None = None, undo_note: str | None = None
+    ) -> FenceOp:
+        """The operation that makes ``change``: create, drop or alter."""
+        if change.old is None:
+            return CreateFenceOp(change, note=note, undo_note=undo_note)
+        if change.new is None:
+            return DropFenceOp(change, note=note, undo_note=undo_note)
+        return AlterFenceOp(change, note=note, undo_note=undo_note)
+
+    @staticmethod
+    def generate(old: FenceSpec | None, new: FenceSpec | None) -> FenceOp:
+        """The operation autogenerate writes: the change and its reverse, both frozen now."""
+        return FenceOp.of(FenceChange.generate(old, new))
+
+    @property
+    def spec(self) -> FenceSpec:
+        return self.change.spec
+
+    @property
+    def old(self) -> FenceSpec | None:
+        return self.change.old
+
+    @property
+    def new(self) -> FenceSpec | None:
+        return self.change.new
+
+    @property
+    def sql(self) -> tuple[str, ...] | None:
+        return self.change.sql
+
+    @property
+    def undo_sql(self) -> tuple[str, ...] | None:
+        return self.change.undo_sql
 
     def statements(self) -> list[str]:
         """What this operation runs: its frozen SQL, else the current template's."""
-        raise NotImplementedError
+        return self.change.statements()
+
+    def reverse(self) -> FenceOp:
+        return FenceOp.of(self.change.reverse(), note=self.undo_note, undo_note=self.note)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        table = self.change.table
+        return (self.name, table.schema, table.name, self.old, self.new)
 
     def __repr__(self) -> str:
         frozen = "current template" if self.sql is None else f"{len(self.sql)} frozen statements"
-        return f"{type(self).__name__}({self.spec!r}, {frozen})"
+        return f"{type(self).__name__}({self.old!r} -> {self.new!r}, {frozen})"
 
 
 @Operations.register_operation("create_fence")
 class CreateFenceOp(FenceOp):
     """Protect a table: fence column (row fences), check functions, then triggers."""
 
-    @classmethod
-    def generate(cls, spec: FenceSpec) -> CreateFenceOp:
-        """The operation autogenerate writes: protect and its undo, frozen now."""
-        return cls(spec, sqlgen.protect_statements(spec), sqlgen.unprotect_statements(spec))
+    name = "create_fence"
 
     @classmethod
     def create_fence(
@@ -238,26 +264,15 @@ class CreateFenceOp(FenceOp):
         ``sql``: the statements to run, frozen when the migration was generated. Without it
         the current template is rendered when the migration runs.
         """
-        operations.invoke(cls(spec_from_options(table_name, schema, options), sql))
-
-    def statements(self) -> list[str]:
-        return list(self.sql) if self.sql is not None else sqlgen.protect_statements(self.spec)
-
-    def reverse(self) -> DropFenceOp:
-        return DropFenceOp(self.spec, self.undo_sql, self.sql)
-
-    def to_diff_tuple(self) -> tuple[Any, ...]:
-        return ("create_fence", self.spec.table.schema, self.spec.table.name, self.spec)
+        spec = spec_from_options(table_name, schema, options)
+        operations.invoke(cls(FenceChange(None, spec, sql)))
 
 
 @Operations.register_operation("drop_fence")
 class DropFenceOp(FenceOp):
     """Unprotect a table: triggers, functions, fence column, counters, registry row."""
 
-    @classmethod
-    def generate(cls, spec: FenceSpec) -> DropFenceOp:
-        """The operation autogenerate writes: unprotect and its undo, frozen now."""
-        return cls(spec, sqlgen.unprotect_statements(spec), sqlgen.protect_statements(spec))
+    name = "drop_fence"
 
     @classmethod
     def drop_fence(
@@ -273,49 +288,19 @@ class DropFenceOp(FenceOp):
 
         ``sql`` as for :meth:`CreateFenceOp.create_fence`.
         """
-        operations.invoke(cls(spec_from_options(table_name, schema, options), sql))
-
-    def statements(self) -> list[str]:
-        return list(self.sql) if self.sql is not None else sqlgen.unprotect_statements(self.spec)
-
-    def reverse(self) -> CreateFenceOp:
-        return CreateFenceOp(self.spec, self.undo_sql, self.sql)
-
-    def to_diff_tuple(self) -> tuple[Any, ...]:
-        return ("drop_fence", self.spec.table.schema, self.spec.table.name, self.spec)
+        spec = spec_from_options(table_name, schema, options)
+        operations.invoke(cls(FenceChange(spec, None, sql)))
 
 
 @Operations.register_operation("alter_fence")
-class AlterFenceOp(MigrateOperation):
-    """Change a table's fence (key, scope, policies), or re-protect it with a newer template.
+class AlterFenceOp(FenceOp):
+    """Change a table's fence from ``old`` to ``new`` in one transaction, never unprotected in
+    between: new policies or issuer in place, another scope, key, resource or fence column
+    with the fences carried over conservatively (see :mod:`fencekit.sqlgen.move`); the same
+    spec both sides re-protects with a newer template. ``old`` must be what the registry
+    holds; the SQL refuses otherwise."""
 
-    ``note`` / ``undo_note``: a comment autogenerate writes above the operation and above its
-    reverse (why a same-spec alter is there, why its downgrade runs nothing).
-    """
-
-    def __init__(
-        self,
-        old: FenceSpec,
-        new: FenceSpec,
-        sql: Iterable[str] | None = None,
-        undo_sql: Iterable[str] | None = None,
-        *,
-        note: str | None = None,
-        undo_note: str | None = None,
-    ) -> None:
-        if old.table != new.table:
-            raise SpecError(f"alter_fence cannot move a fence from {old.table} to {new.table}")
-        self.old = old
-        self.new = new
-        self.sql = _frozen(sql)
-        self.undo_sql = _frozen(undo_sql, "undo_sql")
-        self.note = note
-        self.undo_note = undo_note
-
-    @classmethod
-    def generate(cls, old: FenceSpec, new: FenceSpec) -> AlterFenceOp:
-        """The operation autogenerate writes for a changed declaration, both ways frozen now."""
-        return cls(old, new, alter_statements(old, new), alter_statements(new, old))
+    name = "alter_fence"
 
     @classmethod
     def refresh(cls, spec: FenceSpec, from_template: int) -> AlterFenceOp:
@@ -327,10 +312,7 @@ class AlterFenceOp(MigrateOperation):
         """
         now = sqlgen.TEMPLATE_VERSION
         return cls(
-            spec,
-            spec,
-            sqlgen.protect_statements(spec),
-            (),
+            FenceChange(spec, spec, sqlgen.change_statements(spec, spec), ()),
             note=(
                 f"fencekit: {spec.table.sql} has objects of fence template {from_template}: "
                 f"re-protect it with template {now} (same spec)"
@@ -353,65 +335,13 @@ class AlterFenceOp(MigrateOperation):
         new: Mapping[str, Any],
         sql: Sequence[str] | None = None,
     ) -> None:
-        """Replace the fence ``old`` of ``schema.table_name`` with ``new``.
+        """Change the fence of ``schema.table_name`` from spec ``old`` to spec ``new``.
 
-        ``sql`` as for :meth:`CreateFenceOp.create_fence`; without it the statements of
-        :func:`alter_statements` are rendered when the migration runs.
+        ``sql`` as for :meth:`CreateFenceOp.create_fence`.
         """
-        operations.invoke(
-            cls(
-                spec_from_options(table_name, schema, old),
-                spec_from_options(table_name, schema, new),
-                sql,
-            )
-        )
-
-    def statements(self) -> list[str]:
-        return list(self.sql) if self.sql is not None else alter_statements(self.old, self.new)
-
-    def reverse(self) -> AlterFenceOp:
-        return AlterFenceOp(
-            self.new,
-            self.old,
-            self.undo_sql,
-            self.sql,
-            note=self.undo_note,
-            undo_note=self.note,
-        )
-
-    def to_diff_tuple(self) -> tuple[Any, ...]:
-        table = self.new.table
-        return ("alter_fence", table.schema, table.name, self.old, self.new)
-
-    def __repr__(self) -> str:
-        frozen = "current template" if self.sql is None else f"{len(self.sql)} frozen statements"
-        return f"AlterFenceOp({self.old!r} -> {self.new!r}, {frozen})"
-
-
-def _shape(spec: FenceSpec) -> tuple[object, ...]:
-    """What protect creates besides function bodies: functions, triggers, column, resource."""
-    objs = sqlgen.table_objects(spec)
-    triggers = tuple(
-        (t.name, t.timing, t.level, t.when, t.referencing, t.on_partitions, t.function.name)
-        for t in objs.triggers
-    )
-    functions = tuple(f.name for f in objs.functions)
-    return (spec.scope, spec.key, spec.column, spec.resource, spec.issuer, functions, triggers)
-
-
-def alter_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
-    """The current template's SQL that turns fence ``old`` into fence ``new``.
-
-    When only the policies change (same functions, triggers, column and resource), re-running
-    protect is the alter: it replaces the function bodies and the registry row in place and
-    keeps every fence. Otherwise the table moves to the new spec in one transaction, its
-    fences carried over (:func:`fencekit.sqlgen.move_statements`; autogenerate writes that as
-    ``op.move_fence``).
-    """
-    if _shape(old) == _shape(new):
-        return sqlgen.protect_statements(new)
-    # Another scope, key, resource or fence column: a move, fences carried (never unprotected).
-    return sqlgen.move_statements(old, new)
+        before = spec_from_options(table_name, schema, old)
+        after = spec_from_options(table_name, schema, new)
+        operations.invoke(cls(FenceChange(before, after, sql)))
 
 
 # ---------------------------------------------------------------- implementations
@@ -447,31 +377,11 @@ def _upgrade(operations: Operations, operation: UpgradeCoreOp) -> None:
     run_sql(operations, sqlgen.install_statements(), title)
 
 
-def _origin(sql: tuple[str, ...] | None) -> str:
-    if sql is None:
-        return f"rendered with the current template {sqlgen.TEMPLATE_VERSION}"
-    return "SQL frozen in the migration"
-
-
 @Operations.implementation_for(CreateFenceOp)
-def _create(operations: Operations, operation: CreateFenceOp) -> None:
-    spec = operation.spec
-    title = f"protect {spec.table.sql} ({spec.scope} fence, {_origin(operation.sql)})"
-    run_sql(operations, operation.statements(), title)
-
-
 @Operations.implementation_for(DropFenceOp)
-def _drop(operations: Operations, operation: DropFenceOp) -> None:
-    spec = operation.spec
-    title = f"unprotect {spec.table.sql} ({spec.scope} fence, {_origin(operation.sql)})"
-    run_sql(operations, operation.statements(), title)
-
-
 @Operations.implementation_for(AlterFenceOp)
-def _alter(operations: Operations, operation: AlterFenceOp) -> None:
-    new = operation.new
-    title = f"alter the fence of {new.table.sql} ({new.scope} fence, {_origin(operation.sql)})"
-    run_sql(operations, operation.statements(), title)
+def _change(operations: Operations, operation: FenceOp) -> None:
+    run_sql(operations, operation.statements(), operation.change.describe())
 
 
 # ---------------------------------------------------------------- rename
@@ -498,8 +408,8 @@ class RenameFenceOp(MigrateOperation):
     ) -> None:
         self.spec = spec
         self.new_table = new_table
-        self.sql = _frozen(sql)
-        self.undo_sql = _frozen(undo_sql, "undo_sql")
+        self.sql = frozen_statements(sql)
+        self.undo_sql = frozen_statements(undo_sql, "undo_sql")
 
     @property
     def renamed(self) -> FenceSpec:
@@ -559,85 +469,7 @@ class RenameFenceOp(MigrateOperation):
 def _rename(operations: Operations, operation: RenameFenceOp) -> None:
     title = (
         f"move the fence of {operation.spec.table.sql} to {operation.new_table.sql} "
-        f"({operation.spec.scope} fence, {_origin(operation.sql)})"
-    )
-    run_sql(operations, operation.statements(), title)
-
-
-# ---------------------------------------------------------------- move
-
-
-@Operations.register_operation("move_fence")
-class MoveFenceOp(MigrateOperation):
-    """Move a table to a fence of another scope, key, resource or fence column in one
-    transaction, its fences carried over conservatively (see :mod:`fencekit.sqlgen.move`):
-    never unprotected in between, and no row or key ends up below a token the old fence
-    accepted. ``old`` must be what the registry holds; the SQL refuses otherwise."""
-
-    def __init__(
-        self,
-        old: FenceSpec,
-        new: FenceSpec,
-        sql: Iterable[str] | None = None,
-        undo_sql: Iterable[str] | None = None,
-    ) -> None:
-        if old.table != new.table:
-            raise SpecError(f"move_fence keeps the table ({old.table} -> {new.table})")
-        self.old = old
-        self.new = new
-        self.sql = _frozen(sql)
-        self.undo_sql = _frozen(undo_sql, "undo_sql")
-
-    @classmethod
-    def generate(cls, old: FenceSpec, new: FenceSpec) -> MoveFenceOp:
-        """The operation autogenerate writes: the move and its way back, frozen now."""
-        return cls(old, new, sqlgen.move_statements(old, new), sqlgen.move_statements(new, old))
-
-    @classmethod
-    def move_fence(
-        cls,
-        operations: Operations,
-        table_name: str,
-        *,
-        schema: str | None = None,
-        old: Mapping[str, Any],
-        new: Mapping[str, Any],
-        sql: Sequence[str] | None = None,
-    ) -> None:
-        """Move the fence of ``schema.table_name`` from spec ``old`` to spec ``new``.
-
-        ``sql`` as for :meth:`CreateFenceOp.create_fence`.
-        """
-        operations.invoke(
-            cls(
-                spec_from_options(table_name, schema, old),
-                spec_from_options(table_name, schema, new),
-                sql,
-            )
-        )
-
-    def statements(self) -> list[str]:
-        if self.sql is not None:
-            return list(self.sql)
-        return sqlgen.move_statements(self.old, self.new)
-
-    def reverse(self) -> MoveFenceOp:
-        return MoveFenceOp(self.new, self.old, self.undo_sql, self.sql)
-
-    def to_diff_tuple(self) -> tuple[Any, ...]:
-        table = self.new.table
-        return ("move_fence", table.schema, table.name, self.old, self.new)
-
-    def __repr__(self) -> str:
-        frozen = "current template" if self.sql is None else f"{len(self.sql)} frozen statements"
-        return f"MoveFenceOp({self.old!r} -> {self.new!r}, {frozen})"
-
-
-@Operations.implementation_for(MoveFenceOp)
-def _move(operations: Operations, operation: MoveFenceOp) -> None:
-    old, new = operation.old, operation.new
-    title = (
-        f"move the fence of {new.table.sql} ({old.scope} -> {new.scope} fence, fences "
-        f"carried, {_origin(operation.sql)})"
+        f"({operation.spec.scope} fence, "
+        f"{'current template' if operation.sql is None else 'frozen SQL'})"
     )
     run_sql(operations, operation.statements(), title)

@@ -25,13 +25,12 @@ from fencekit.alembic_plugin.ops import (
     DropFenceOp,
     FenceOp,
     InstallCoreOp,
-    MoveFenceOp,
     RenameFenceOp,
     UninstallCoreOp,
     UpgradeCoreOp,
     spec_options,
 )
-from fencekit.spec import FenceSpec
+from fencekit.sqlgen.move import is_move
 from fencekit.sqlgen.text import comment
 
 __all__ = ["render_sql"]
@@ -91,36 +90,25 @@ def _call(
     return f"{head}{prefix}{name}(\n{body})"
 
 
-def _fence_kwargs(spec: FenceSpec) -> tuple[list[str], dict[str, Any]]:
-    return [repr(spec.table.name)], {"schema": spec.table.schema, **spec_options(spec)}
-
-
-def _fence_call(autogen_context: AutogenContext, name: str, op: FenceOp) -> str:
+@renderers.dispatch_for(CreateFenceOp)
+@renderers.dispatch_for(DropFenceOp)
+@renderers.dispatch_for(AlterFenceOp)
+def _render_fence(autogen_context: AutogenContext, op: FenceOp) -> str:
     # An operation made without SQL (by hand, or by a tool of the user's) is frozen here:
     # writing the migration file is the moment its SQL is fixed.
-    args, kwargs = _fence_kwargs(op.spec)
-    return _call(autogen_context, name, args, kwargs, op.statements())
-
-
-@renderers.dispatch_for(CreateFenceOp)
-def _render_create(autogen_context: AutogenContext, op: CreateFenceOp) -> str:
-    return _fence_call(autogen_context, "create_fence", op)
-
-
-@renderers.dispatch_for(DropFenceOp)
-def _render_drop(autogen_context: AutogenContext, op: DropFenceOp) -> str:
-    return _fence_call(autogen_context, "drop_fence", op)
-
-
-@renderers.dispatch_for(AlterFenceOp)
-def _render_alter(autogen_context: AutogenContext, op: AlterFenceOp) -> str:
-    kwargs: dict[str, Any] = {
-        "schema": op.new.table.schema,
-        "old": spec_options(op.old),
-        "new": spec_options(op.new),
-    }
-    args = [repr(op.new.table.name)]
-    return _call(autogen_context, "alter_fence", args, kwargs, op.statements(), op.note)
+    old, new, table = op.old, op.new, op.change.table
+    kwargs: dict[str, Any] = {"schema": table.schema}
+    note = op.note
+    if old is not None and new is not None:
+        kwargs.update(old=spec_options(old), new=spec_options(new))
+        if note is None and is_move(old, new):
+            note = (
+                f"{table}: {old.scope} fence -> {new.scope} fence in one transaction, "
+                "fences carried over (never unprotected in between)"
+            )
+    else:
+        kwargs.update(spec_options(op.spec))
+    return _call(autogen_context, op.name, [repr(table.name)], kwargs, op.statements(), note)
 
 
 @renderers.dispatch_for(InstallCoreOp)
@@ -148,19 +136,3 @@ def _render_rename(autogen_context: AutogenContext, op: RenameFenceOp) -> str:
         "triggers, counters, fences)"
     )
     return _call(autogen_context, "rename_fence", args, kwargs, op.statements(), note)
-
-
-@renderers.dispatch_for(MoveFenceOp)
-def _render_move(autogen_context: AutogenContext, op: MoveFenceOp) -> str:
-    kwargs: dict[str, Any] = {
-        "schema": op.new.table.schema,
-        "old": spec_options(op.old),
-        "new": spec_options(op.new),
-    }
-    note = (
-        f"{op.new.table}: {op.old.scope} fence -> {op.new.scope} fence in one transaction, "
-        "fences carried over (never unprotected in between)"
-    )
-    return _call(
-        autogen_context, "move_fence", [repr(op.new.table.name)], kwargs, op.statements(), note
-    )

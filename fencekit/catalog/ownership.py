@@ -155,7 +155,11 @@ def ownership_drift(conn: Conn) -> list[Drift]:
                     f"{len(objects)} object(s) in schema fencekit are owned by {role}, not "
                     f"{expected} ({source}): {shown}. Their owner can lower fences, edit the "
                     "registry and replace the checks (a pg_restore run by an application role "
-                    "leaves them so)" + (f"; {unprivileged}" if unprivileged else ""),
+                    "leaves them so). Handing them back is not enough on its own: a function "
+                    "keeps its body and a table its triggers; run fencekit install again after "
+                    "the fix, which rewrites every core function and refuses while a trigger, "
+                    "rule or policy fencekit did not make is on its tables"
+                    + (f"; {unprivileged}" if unprivileged else ""),
                     _owner_fix(role, expected, objects),
                     names,
                 )

@@ -82,10 +82,13 @@ def allow_fix(what: str, never: str = "fencekit.token") -> str:
 
 
 def _system(insp: Inspector, t: _Trig, spec: FenceSpec) -> bool:
-    """A trigger whose function is PostgreSQL's own or an installed extension's, and whose
-    arguments do not name a row fence's column (such a function may write the column its
-    arguments name, as ``autoinc`` does): it sets no setting, so it is not reported."""
-    if not insp.system_function(t.function_oid):
+    """A trigger whose function is PostgreSQL's own or an installed extension's, with no WHEN
+    clause, and whose arguments do not name a row fence's column (such a function may write the
+    column its arguments name, as ``autoinc`` does): it sets no setting, so it is not reported.
+    A WHEN clause is an expression of the owner's: it can call ``set_config`` or, through
+    ``query_to_xml``, any function without a catalog link to it, so such a trigger is reported
+    whatever its function."""
+    if t.when_tree is not None or not insp.system_function(t.function_oid):
         return False
     args = (t.args or b"").split(b"\0")
     return spec.scope is not Scope.ROW or spec.column.encode() not in args

@@ -4,9 +4,10 @@
 Each fence operation carries its spec (a :meth:`FenceSpec.as_dict` dict) and the SQL it runs,
 frozen into the migration file by ``makemigrations``: the statements ``fencekit.sqlgen``
 produced then, and the ones its reverse runs. An old migration does what it did when it was
-written, whatever fencekit's templates have become since. An operation written by hand without
-``sql=`` renders the current template when it runs (as the alembic operations do:
-:mod:`fencekit.alembic_plugin.ops`). ``sqlmigrate`` prints the statements.
+written, whatever fencekit's templates have become since. The three are one model,
+:class:`fencekit.sqlgen.FenceChange`, which the alembic operations and ``fencekit move`` share:
+an operation written by hand without ``sql=`` renders :func:`fencekit.sqlgen.change_statements`
+when it runs. ``sqlmigrate`` prints the statements.
 
 Frozen statements are written one source line per SQL line (:class:`Statements`), so the diff
 of a migration is reviewable SQL rather than one escaped string.
@@ -23,9 +24,10 @@ from django.db.migrations.writer import MigrationWriter
 
 from fencekit import sqlgen
 from fencekit.django.fences import META_OPTION, Fence
-from fencekit.errors import SpecError
 from fencekit.spec import FenceSpec
+from fencekit.sqlgen.change import FenceChange
 from fencekit.sqlgen.pin import pinned
+from fencekit.sqlgen.text import lit
 
 __all__ = [
     "InstallFencekit",
@@ -33,7 +35,6 @@ __all__ = [
     "ProtectTable",
     "Statements",
     "UnprotectTable",
-    "change_statements",
 ]
 
 
@@ -67,45 +68,23 @@ class _StatementsSerializer(BaseSerializer):
 MigrationWriter.register_serializer(Statements, _StatementsSerializer)
 
 
-def _frozen(sql: Iterable[str] | None, argument: str) -> tuple[str, ...] | None:
-    if sql is None:
-        return None
-    if isinstance(sql, (str, bytes)):
-        raise TypeError(
-            f"{argument}= takes a sequence of SQL statements (a tuple of strings), not one "
-            "string: fencekit runs each statement as written and never splits a script"
-        )
-    statements = tuple(sql.statements if isinstance(sql, Statements) else sql)
-    for statement in statements:
-        if not isinstance(statement, str):
-            raise TypeError(f"{argument}= holds {statement!r}, not an SQL statement string")
-    return statements
+def _spec(value: FenceSpec | Mapping[str, Any] | None) -> FenceSpec | None:
+    if value is None or isinstance(value, FenceSpec):
+        return value
+    return FenceSpec.from_dict(dict(value))
 
 
-def _or(frozen: tuple[str, ...] | None, current: list[str]) -> Iterable[str]:
-    """The frozen statements when the migration has them (even none), else the current ones."""
-    return frozen if frozen is not None else current
+def _sql(value: Iterable[str] | None) -> Iterable[str] | None:
+    return value.statements if isinstance(value, Statements) else value
 
 
-def _spec(value: FenceSpec | Mapping[str, Any]) -> FenceSpec:
-    return value if isinstance(value, FenceSpec) else FenceSpec.from_dict(dict(value))
+def _both_ways(old: FenceSpec | None, new: FenceSpec | None) -> tuple[Any, Any]:
+    """The change's SQL and its reverse's, rendered now (what makemigrations freezes)."""
+    change = FenceChange.generate(old, new)
+    return change.sql, change.undo_sql
 
 
-def change_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
-    """The current template's SQL from fence ``old`` to fence ``new`` on the same table: a
-    move when the structure changes (scope, key, resource, column; fences carried), else
-    protect again (new policies, same objects, fences kept)."""
-    if sqlgen.is_move(old, new):
-        return sqlgen.move_statements(old, new)
-    return sqlgen.protect_statements(new)
-
-
-def _lock_timeout() -> str:
-    return f"SET LOCAL lock_timeout = {quote_literal(sqlgen.DEFAULT_LOCK_TIMEOUT)}"
-
-
-def quote_literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+_LOCK_TIMEOUT = f"SET LOCAL lock_timeout = {lit(sqlgen.DEFAULT_LOCK_TIMEOUT)}"
 
 
 class _FencekitOperation(Operation):
@@ -117,7 +96,7 @@ class _FencekitOperation(Operation):
             return
         # No DDL here waits long for its lock (a protect must not queue every writer behind
         # it); the migration's later operations get the server's default back.
-        schema_editor.execute(_lock_timeout(), params=None)
+        schema_editor.execute(_LOCK_TIMEOUT, params=None)
         # Parsed under search_path = pg_catalog, pg_temp, the migration's own restored after:
         # no operator planted in public is bound (fencekit.sqlgen.pin).
         for statement in pinned(statements):
@@ -202,10 +181,88 @@ class _TableOperation(_FencekitOperation):
         return bool(self.allow_migrate_model(schema_editor.connection.alias, model))
 
 
-class ProtectTable(_TableOperation):
+class _FenceOperation(_TableOperation):
+    """A change of a model's fence: :class:`fencekit.sqlgen.FenceChange` (spec ``old`` ->
+    spec ``new``, ``None`` for "not protected"), the model alembic's operations share."""
+
+    change: FenceChange
+    #: The start of the migration name makemigrations derives from the operation.
+    fragment: str
+
+    def _init(
+        self,
+        model_name: str,
+        old: FenceSpec | Mapping[str, Any] | None,
+        new: FenceSpec | Mapping[str, Any] | None,
+        sql: Iterable[str] | None,
+        reverse_sql: Iterable[str] | None,
+    ) -> None:
+        self.model_name = model_name
+        self.change = FenceChange(
+            _spec(old), _spec(new), _sql(sql), _sql(reverse_sql), undo_argument="reverse_sql"
+        )
+
+    @property
+    def spec(self) -> FenceSpec:
+        """The spec naming the table: the new one, else the old one."""
+        return self.change.spec
+
+    @property
+    def sql(self) -> tuple[str, ...] | None:
+        return self.change.sql
+
+    @property
+    def reverse_sql(self) -> tuple[str, ...] | None:
+        return self.change.undo_sql
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        self._set_state(app_label, state, self.change.new)
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        # Ask the router about the model in the state where it is fenced.
+        state = from_state if self.change.new is None else to_state
+        if self._allowed(schema_editor, state, app_label):
+            self._run(schema_editor, self.change.statements())
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        state = from_state if self.change.old is None else to_state
+        if self._allowed(schema_editor, state, app_label):
+            self._run(schema_editor, self.change.reverse().statements())
+
+    def describe(self) -> str:
+        what = self.change.describe()
+        return f"{what[0].upper()}{what[1:]} (model {self.model_name})"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"{self.fragment}_{self.model_name_lower}"
+
+    def _kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"model_name": self.model_name}
+        old, new = self.change.old, self.change.new
+        if old is not None and new is not None:
+            kwargs.update(old=old.as_dict(), new=new.as_dict())
+        else:
+            kwargs["spec"] = self.change.spec.as_dict()
+        if self.sql is not None:
+            kwargs["sql"] = Statements(self.sql)
+        if self.reverse_sql is not None:
+            kwargs["reverse_sql"] = Statements(self.reverse_sql)
+        return kwargs
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        return type(self).__name__, [], self._kwargs()
+
+
+class ProtectTable(_FenceOperation):
     """Protect a model's table with a fence: column (row fences), functions, triggers."""
 
     category = OperationCategory.ADDITION
+    fragment = "protect"
 
     def __init__(
         self,
@@ -214,56 +271,22 @@ class ProtectTable(_TableOperation):
         sql: Iterable[str] | None = None,
         reverse_sql: Iterable[str] | None = None,
     ) -> None:
-        self.model_name = model_name
-        self.spec = _spec(spec)
-        self.sql = _frozen(sql, "sql")
-        self.reverse_sql = _frozen(reverse_sql, "reverse_sql")
+        self._init(model_name, None, spec, sql, reverse_sql)
 
     @classmethod
     def generate(cls, model_name: str, spec: FenceSpec) -> ProtectTable:
         """What makemigrations writes: protect and its undo, frozen now."""
-        return cls(
-            model_name, spec, sqlgen.protect_statements(spec), sqlgen.unprotect_statements(spec)
-        )
-
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        self._set_state(app_label, state, self.spec)
-
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        if self._allowed(schema_editor, to_state, app_label):
-            self._run(schema_editor, _or(self.sql, sqlgen.protect_statements(self.spec)))
-
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        if self._allowed(schema_editor, from_state, app_label):
-            self._run(schema_editor, _or(self.reverse_sql, sqlgen.unprotect_statements(self.spec)))
-
-    def describe(self) -> str:
-        return f"Protect {self.spec.table} with a {self.spec.scope} fence (model {self.model_name})"
-
-    @property
-    def migration_name_fragment(self) -> str:
-        return f"protect_{self.model_name_lower}"
-
-    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        kwargs: dict[str, Any] = {"model_name": self.model_name, "spec": self.spec.as_dict()}
-        if self.sql is not None:
-            kwargs["sql"] = Statements(self.sql)
-        if self.reverse_sql is not None:
-            kwargs["reverse_sql"] = Statements(self.reverse_sql)
-        return type(self).__name__, [], kwargs
+        return cls(model_name, spec, *_both_ways(None, spec))
 
 
-class UnprotectTable(_TableOperation):
+class UnprotectTable(_FenceOperation):
     """Remove a model's fence (triggers, functions, fence column, counters, registry row).
 
     The full spec makes it reversible; a row fence's fences are lost with its column.
     """
 
     category = OperationCategory.REMOVAL
+    fragment = "unprotect"
 
     def __init__(
         self,
@@ -272,53 +295,23 @@ class UnprotectTable(_TableOperation):
         sql: Iterable[str] | None = None,
         reverse_sql: Iterable[str] | None = None,
     ) -> None:
-        self.model_name = model_name
-        self.spec = _spec(spec)
-        self.sql = _frozen(sql, "sql")
-        self.reverse_sql = _frozen(reverse_sql, "reverse_sql")
+        self._init(model_name, spec, None, sql, reverse_sql)
 
     @classmethod
     def generate(cls, model_name: str, spec: FenceSpec) -> UnprotectTable:
         """What makemigrations writes: unprotect and its undo, frozen now."""
-        return cls(
-            model_name, spec, sqlgen.unprotect_statements(spec), sqlgen.protect_statements(spec)
-        )
-
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        self._set_state(app_label, state, None)
-
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        if self._allowed(schema_editor, from_state, app_label):
-            self._run(schema_editor, _or(self.sql, sqlgen.unprotect_statements(self.spec)))
-
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        if self._allowed(schema_editor, to_state, app_label):
-            self._run(schema_editor, _or(self.reverse_sql, sqlgen.protect_statements(self.spec)))
-
-    def describe(self) -> str:
-        return f"Unprotect {self.spec.table} (model {self.model_name})"
-
-    @property
-    def migration_name_fragment(self) -> str:
-        return f"unprotect_{self.model_name_lower}"
-
-    deconstruct = ProtectTable.deconstruct
+        return cls(model_name, spec, *_both_ways(spec, None))
 
 
-class MoveFence(_TableOperation):
-    """Change a model's fence from spec ``old`` to spec ``new``, fences carried over.
-
-    Another scope, key, resource or fence column is a move in one transaction
-    (:func:`fencekit.sqlgen.move_statements`: never unprotected in between); new policies
-    only re-protect in place. ``old`` must be what the registry holds; the SQL refuses
-    otherwise.
+class MoveFence(_FenceOperation):
+    """Change a model's fence from spec ``old`` to spec ``new`` in one transaction, never
+    unprotected in between (:func:`fencekit.sqlgen.change_statements`): new policies or
+    issuer in place, another scope, key, resource or fence column with the fences carried
+    over. ``old`` must be what the registry holds; the SQL refuses otherwise.
     """
 
     category = OperationCategory.ALTERATION
+    fragment = "move_fence"
 
     def __init__(
         self,
@@ -328,55 +321,19 @@ class MoveFence(_TableOperation):
         sql: Iterable[str] | None = None,
         reverse_sql: Iterable[str] | None = None,
     ) -> None:
-        self.model_name = model_name
-        self.old = _spec(old)
-        self.new = _spec(new)
-        if self.old.table != self.new.table:
-            raise SpecError(
-                f"MoveFence keeps the table ({self.old.table} -> {self.new.table}): move the "
-                "fence of a renamed table with `fencekit rename` (see docs/django.md)"
-            )
-        self.sql = _frozen(sql, "sql")
-        self.reverse_sql = _frozen(reverse_sql, "reverse_sql")
+        self._init(model_name, old, new, sql, reverse_sql)
+
+    @property
+    def old(self) -> FenceSpec:
+        assert self.change.old is not None
+        return self.change.old
+
+    @property
+    def new(self) -> FenceSpec:
+        assert self.change.new is not None
+        return self.change.new
 
     @classmethod
     def generate(cls, model_name: str, old: FenceSpec, new: FenceSpec) -> MoveFence:
         """What makemigrations writes: the change and its way back, frozen now."""
-        return cls(model_name, old, new, change_statements(old, new), change_statements(new, old))
-
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        self._set_state(app_label, state, self.new)
-
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        if self._allowed(schema_editor, to_state, app_label):
-            self._run(schema_editor, _or(self.sql, change_statements(self.old, self.new)))
-
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        if self._allowed(schema_editor, to_state, app_label):
-            self._run(schema_editor, _or(self.reverse_sql, change_statements(self.new, self.old)))
-
-    def describe(self) -> str:
-        return (
-            f"Move the fence of {self.new.table} ({self.old.scope} -> {self.new.scope} fence, "
-            "fences carried)"
-        )
-
-    @property
-    def migration_name_fragment(self) -> str:
-        return f"move_fence_{self.model_name_lower}"
-
-    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        kwargs: dict[str, Any] = {
-            "model_name": self.model_name,
-            "old": self.old.as_dict(),
-            "new": self.new.as_dict(),
-        }
-        if self.sql is not None:
-            kwargs["sql"] = Statements(self.sql)
-        if self.reverse_sql is not None:
-            kwargs["reverse_sql"] = Statements(self.reverse_sql)
-        return type(self).__name__, [], kwargs
+        return cls(model_name, old, new, *_both_ways(old, new))

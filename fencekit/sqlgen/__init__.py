@@ -7,7 +7,9 @@ all call it, so the SQL a DBA reviews is the SQL that runs. One module per scope
 - :mod:`.row`, :mod:`.key`, :mod:`.table`: what each scope adds;
 - :mod:`.protect`: the per-table objects assembled into idempotent protect / unprotect DDL;
 - :mod:`.rename`: moving a protection to a table's new name;
-- :mod:`.move`: moving a table to another spec (scope, key, resource, fence column);
+- :mod:`.change`: the one fence-change model (old spec -> new spec, either side may be
+  none), which alembic, Django and ``fencekit move`` all call; :mod:`.move`: its move, the
+  fences carried to another scope, key, resource or fence column;
 - :mod:`.core`: the core schema; :mod:`.script`: whole psql scripts;
 - :mod:`.objects`, :mod:`.common`, :mod:`.text`: the shared pieces (objects and their stamps,
   names, SQL text helpers).
@@ -15,8 +17,9 @@ all call it, so the SQL a DBA reviews is the SQL that runs. One module per scope
 See docs/dev/architecture.md for the data flow.
 """
 
+from fencekit.sqlgen.change import FenceChange, change_statements, render_move
 from fencekit.sqlgen.core import CORE_VERSION, install_statements, uninstall_statements
-from fencekit.sqlgen.move import is_move, move_statements, render_move
+from fencekit.sqlgen.move import is_move
 from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger
 from fencekit.sqlgen.protect import (
     protect_statements,
@@ -38,12 +41,13 @@ __all__ = [
     "CORE_VERSION",
     "DEFAULT_LOCK_TIMEOUT",
     "TEMPLATE_VERSION",
+    "FenceChange",
     "Function",
     "TableObjects",
     "Trigger",
+    "change_statements",
     "install_statements",
     "is_move",
-    "move_statements",
     "protect_statements",
     "rename_statements",
     "render_install",

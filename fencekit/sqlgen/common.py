@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,9 +17,51 @@ __all__ = [
     "attribute",
     "definer_function",
     "judge_fences",
+    "lit_lines",
     "names_for",
+    "spec_json_lines",
+    "spec_jsonb",
     "statement_token",
 ]
+
+
+def lit_lines(text: str, indent: str, width: int = 100) -> str:
+    """``text`` as an SQL string literal, split between words into adjacent literals on lines
+    of their own when it is longer than ``width`` (SQL joins literals separated by a line
+    break): a stamp or a message stays one value and the line a reviewer reads stays short."""
+    words = text.split(" ")
+    pieces = [words[0]]
+    for word in words[1:]:
+        if len(pieces[-1]) + 1 + len(word) > width:
+            pieces[-1] += " "
+            pieces.append(word)
+        else:
+            pieces[-1] += " " + word
+    return f"\n{indent}".join(lit(p) for p in pieces)
+
+
+def spec_json_lines(spec: FenceSpec, width: int = 88) -> list[str]:
+    """The spec as JSON (keys sorted, as the registry compares it), wrapped between options so
+    that no line is longer than ``width`` where one option fits: generated SQL stays readable."""
+    items = [
+        f"{json.dumps(k)}: {json.dumps(v, sort_keys=True, ensure_ascii=False)}"
+        for k, v in sorted(spec.as_dict().items())
+    ]
+    lines = ["{"]
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "}")
+        if len(lines[-1]) > 1 and len(lines[-1]) + 1 + len(piece) > width:
+            lines.append(" " + piece)
+        else:
+            lines[-1] += ("" if lines[-1] == "{" else " ") + piece
+    return lines
+
+
+def spec_jsonb(spec: FenceSpec, indent: str = "  ") -> str:
+    """SQL: the spec as a jsonb literal, wrapped (:func:`spec_json_lines`; jsonb ignores the
+    line breaks)."""
+    return lit(("\n" + indent).join(spec_json_lines(spec))) + "::pg_catalog.jsonb"
+
 
 #: What SECURITY DEFINER functions run under (docs/dev/design.md, principle 8).
 PINNED_SEARCH_PATH = ("search_path", "pg_catalog, pg_temp")
@@ -90,12 +133,8 @@ def definer_function(
     (see :attr:`fencekit.sqlgen.objects.Function.table_owner`)."""
     pinned = (PINNED_SEARCH_PATH, *settings)
     owner = "; owner: the table's owner" if table_owner else ""
-    header = (
-        "-- SECURITY DEFINER"
-        + owner
-        + "; pinned: "
-        + ", ".join(f"{k}={v}" for k, v in pinned)
-        + "\n"
+    header = f"-- SECURITY DEFINER{owner}; pinned:\n" + "".join(
+        f"--   {k}={v}\n" for k, v in pinned
     )
     return make(
         suffix,
@@ -115,8 +154,8 @@ def statement_token(n: Names, *, counted: bool = True) -> str:
     issuer = lit(n.spec.issuer) if n.spec.issuer is not None else "NULL"
     count = "" if counted else ", counted => false"
     return (
-        f"fencekit.statement_token(tag => {n.lit_tag}, relid => TG_RELID, "
-        f"trigger_name => TG_NAME,\n      allow => {n.allow}, issuer => {issuer}{count})"
+        f"fencekit.statement_token(tag => {n.lit_tag}, relid => TG_RELID,\n"
+        f"      trigger_name => TG_NAME, allow => {n.allow}, issuer => {issuer}{count})"
     )
 
 

@@ -13,7 +13,7 @@ from fencekit.sqlgen.text import do, lit
 __all__ = ["CORE_VERSION", "install_statements", "uninstall_statements"]
 
 #: Version of the core schema (``fencekit`` schema, tables, shared functions).
-CORE_VERSION = 10
+CORE_VERSION = 1
 
 
 def _core_files() -> list[tuple[str, str]]:

@@ -53,7 +53,9 @@ def _keys(n: Names, sources: list[str]) -> str:
     if len(sources) == 1:
         rows = f"{sources[0]} AS x"
     else:
-        union = " UNION ALL ".join(f"SELECT {cols} FROM {s} AS y" for s in sources)
+        union = "\n                            UNION ALL ".join(
+            f"SELECT {cols} FROM {s} AS y" for s in sources
+        )
         rows = f"({union}) AS x"
     return (
         f"ARRAY(SELECT DISTINCT {key_expression(n.spec.key, 'x')}\n"

@@ -30,24 +30,15 @@ The old resource's fences are removed when no other table uses it, as unprotect 
 
 from __future__ import annotations
 
-import json
-
 from fencekit.errors import SpecError
 from fencekit.ident import quote_ident
 from fencekit.spec import FenceSpec, Scope
-from fencekit.sqlgen.common import names_for
+from fencekit.sqlgen.common import lit_lines, names_for, spec_jsonb
 from fencekit.sqlgen.key import KEY_SETTINGS, key_expression
-from fencekit.sqlgen.objects import TEMPLATE_VERSION
-from fencekit.sqlgen.protect import (
-    add_column_quietly,
-    drop_objects,
-    protect_statements,
-    shell_args_sql,
-)
-from fencekit.sqlgen.script import DEFAULT_LOCK_TIMEOUT, _script
+from fencekit.sqlgen.protect import add_column_quietly, drop_objects, protect_statements
 from fencekit.sqlgen.text import do, lit
 
-__all__ = ["STRUCTURE", "is_move", "move_statements", "render_move"]
+__all__ = ["STRUCTURE", "is_move", "move_statements"]
 
 #: The parts of a spec that decide which objects, columns and fences a table has; a change of
 #: any of them is a move. Every other option is a policy and changes by re-running protect.
@@ -61,9 +52,11 @@ def is_move(old: FenceSpec, new: FenceSpec) -> bool:
     return any(a[k] != b[k] for k in STRUCTURE)
 
 
-def _registered(t_schema: str, t_name: str) -> str:
+def _registered(t_schema: str, t_name: str, indent: str = "") -> str:
+    """SQL: ``p`` (a fencekit.protected row) is the table's; ``indent``: break the line."""
+    sep = f"\n{' ' * 22}{indent}" if indent else " "
     return (
-        f"p.schema_name OPERATOR(pg_catalog.=) {lit(t_schema)} "
+        f"p.schema_name OPERATOR(pg_catalog.=) {lit(t_schema)}{sep}"
         f"AND p.table_name OPERATOR(pg_catalog.=) {lit(t_name)}"
     )
 
@@ -97,35 +90,16 @@ def _lock(old: FenceSpec, new: FenceSpec) -> list[str]:
 
 
 def _guard(old: FenceSpec, new: FenceSpec) -> str:
-    """Refuse (YF000) unless the registry holds exactly ``old`` for the table: a script
-    generated for another spec would carry the wrong fences."""
+    """Refuse (YF000) unless the registry holds exactly ``old`` for the table
+    (``fencekit.move_guard``, 48_guards.sql): a script generated for another spec would carry
+    the wrong fences."""
     t = old.table
-    wanted = json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)
-    base = json.dumps(FenceSpec(t).as_dict(), sort_keys=True, ensure_ascii=False)
-    target = shell_args_sql(lit(json.dumps(new.as_dict())) + "::pg_catalog.jsonb", "tbl")
     return do(
         "\nDECLARE\n"
-        "  have pg_catalog.jsonb;\n"
         f"  tbl pg_catalog.text := {lit(t.sql)};\n"
         "BEGIN\n"
-        f"  SELECT {lit(base)}::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have\n"
-        f"    FROM fencekit.protected p WHERE {_registered(t.schema, t.name)};\n"
-        "  IF NOT FOUND THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        "      MESSAGE = pg_catalog.format('fencekit: %s is not protected; nothing was moved', "
-        "tbl),\n"
-        "      HINT = 'Protect it: fencekit protect ' OPERATOR(pg_catalog.||) "
-        f"{target};\n"
-        f"  ELSIF have IS DISTINCT FROM {lit(wanted)}::pg_catalog.jsonb THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        "      MESSAGE = pg_catalog.format('fencekit: this script moves %s from spec %s, but '\n"
-        "        'fencekit.protected holds %s; nothing was changed', tbl,\n"
-        f"        {lit(wanted)}, have::pg_catalog.text),\n"
-        "      HINT = 'Generate the script from what is there: fencekit sql move '\n"
-        f"        OPERATOR(pg_catalog.||) {target}\n"
-        "        OPERATOR(pg_catalog.||) ' --dsn DSN (it reads the current spec from the "
-        "registry)';\n"
-        "  END IF;\n"
+        f"  PERFORM fencekit.move_guard(tbl,\n    {spec_jsonb(old, '    ')},\n"
+        f"    {spec_jsonb(new, '    ')});\n"
         # The name must still be the protected table, not a view (whose functions would run as
         # the mover) or another relation the owner put under it after renaming the table.
         "  PERFORM fencekit.registered_table(tbl::pg_catalog.regclass);\n"
@@ -184,8 +158,8 @@ def _unbind(spec: FenceSpec, resource: str) -> str:
     return (
         f"DELETE FROM fencekit.resources r WHERE r.resource = {lit(resource)}\n"
         "   AND NOT EXISTS (SELECT FROM fencekit.protected p\n"
-        f"                    WHERE p.resource = {lit(resource)}"
-        f" AND NOT ({_registered(t.schema, t.name)}))"
+        f"                    WHERE p.resource = {lit(resource)}\n"
+        f"                      AND NOT ({_registered(t.schema, t.name, '  ')}))"
     )
 
 
@@ -224,16 +198,17 @@ def _owner_only(new: FenceSpec) -> str:
     )
     owner = (
         "(SELECT c.relowner FROM pg_catalog.pg_class c\n"
-        f"                                  WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass)"
+        f"           WHERE c.oid = {lit(t.sql)}::pg_catalog.regclass)"
     )
     return (
         f"  IF NOT fencekit.session_is({owner}) THEN\n"
         "    RAISE EXCEPTION USING ERRCODE = '42501',\n"
-        f"      MESSAGE = pg_catalog.format({lit(message)}, {lit(t.sql)},\n"
-        "                                  fencekit.session_role(),\n"
-        f"                                  {owner}::pg_catalog.regrole),\n"
-        f"      HINT = pg_catalog.format({lit(hint)}, {owner}::pg_catalog.regrole,\n"
-        f"                               {owner}::pg_catalog.regrole);\n"
+        f"      MESSAGE = pg_catalog.format(\n        {lit_lines(message, ' ' * 8)},\n"
+        f"        {lit(t.sql)}, fencekit.session_role(),\n"
+        f"        {owner}::pg_catalog.regrole),\n"
+        f"      HINT = pg_catalog.format(\n        {lit_lines(hint, ' ' * 8)},\n"
+        f"        {owner}::pg_catalog.regrole,\n"
+        f"        {owner}::pg_catalog.regrole);\n"
         "  END IF;"
     )
 
@@ -293,7 +268,8 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
     elif ok:
         row_fence = (
             f"COALESCE((SELECT f.fence FROM {fences} f WHERE f.resource = {src}\n"
-            f"                     AND f.key = {old_key}), old_floor)"
+            f"                     AND f.key =\n                   {old_key}),\n"
+            "                 old_floor)"
         )
     else:
         row_fence = "top"
@@ -302,8 +278,8 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
         highest = f"(SELECT pg_catalog.max(r.{quote_ident(old.column)}) FROM {t.sql} r)"
     else:
         highest = (
-            f"GREATEST((SELECT pg_catalog.max(f.fence) FROM {fences} f WHERE f.resource = {src}),"
-            " old_floor)"
+            f"GREATEST((SELECT pg_catalog.max(f.fence) FROM {fences} f\n"
+            f"                      WHERE f.resource = {src}), old_floor)"
         )
     if old.scope is Scope.TABLE:
         body.append(
@@ -321,7 +297,8 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
             f"    {add};\n"
             "  ELSE\n"
             "    -- dynamic SQL: the carried table fence, a bigint, is known only at run time\n"
-            f"    EXECUTE {lit(add + ' DEFAULT ')} OPERATOR(pg_catalog.||) top::pg_catalog.text;\n"
+            f"    EXECUTE {lit(add + ' DEFAULT ')}\n"
+            "      OPERATOR(pg_catalog.||) top::pg_catalog.text;\n"
             f"    ALTER TABLE {t.sql} ALTER COLUMN {col} DROP DEFAULT;\n"
             "  END IF;"
         )
@@ -337,7 +314,7 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
             f" OR old_floor IS NOT NULL)\n     AND EXISTS (SELECT FROM {t.sql}) THEN\n"
             "    PERFORM pg_catalog.set_config('fencekit.bypass', '', true);\n"
             f"    UPDATE {t.sql} AS r SET {col} = f.fence FROM {fences} f\n"
-            f"     WHERE f.resource = {src} AND f.key = {old_key};\n"
+            f"     WHERE f.resource = {src}\n       AND f.key = {old_key};\n"
             "    IF old_floor IS NOT NULL THEN\n"
             f"      UPDATE {t.sql} AS r SET {col} = old_floor WHERE r.{col} IS NULL;\n"
             "    END IF;\n"
@@ -351,13 +328,13 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
     elif old.scope is Scope.ROW:
         body.append(
             f"  INSERT INTO {carry}\n"
-            f"  SELECT {new_key}, pg_catalog.max({row_fence}) FROM {t.sql} r\n"
+            f"  SELECT {new_key},\n         pg_catalog.max({row_fence})\n    FROM {t.sql} r\n"
             f"   WHERE {row_fence} IS NOT NULL GROUP BY 1;"
         )
     elif old.scope is Scope.TABLE:
         body.append(
             "  new_floor := top;\n"
-            f"  INSERT INTO {carry} SELECT DISTINCT {new_key}, top FROM {t.sql} r"
+            f"  INSERT INTO {carry}\n  SELECT DISTINCT {new_key}, top\n    FROM {t.sql} r"
             " WHERE top IS NOT NULL;"
         )
     elif old.key == new.key:
@@ -372,9 +349,10 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
             # new key takes the highest of them.
             f"  SELECT pg_catalog.max(f.fence) INTO orphan FROM {fences} f\n"
             f"   WHERE f.resource = {src}\n"
-            f"     AND NOT EXISTS (SELECT FROM {t.sql} r WHERE {old_key} = f.key);\n"
+            f"     AND NOT EXISTS (SELECT FROM {t.sql} r\n"
+            f"                      WHERE {old_key} = f.key);\n"
             f"  INSERT INTO {carry}\n"
-            f"  SELECT {new_key}, GREATEST(pg_catalog.max({row_fence}), orphan)\n"
+            f"  SELECT {new_key},\n         GREATEST(pg_catalog.max({row_fence}), orphan)\n"
             f"    FROM {t.sql} r GROUP BY 1\n"
             f"  HAVING GREATEST(pg_catalog.max({row_fence}), orphan) IS NOT NULL;\n"
             f"  new_floor := {highest};"
@@ -415,6 +393,7 @@ def _carry(old: FenceSpec, new: FenceSpec) -> str:
 def move_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
     """Statements that move ``old.table`` from spec ``old`` to spec ``new``, without
     transaction control (the caller's transaction holds the locks until it commits).
+    Callers go through :func:`fencekit.sqlgen.change_statements`, the one fence-change model.
 
     With only policies changed this is protect's in-place re-run behind the same lock and
     guard. The script refuses to run (YF000) unless the registry holds exactly ``old``.
@@ -430,7 +409,7 @@ def move_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
     if not is_move(old, new):
         return out + protect_statements(new)
     out.append(drop_objects(names_for(old).tag, f"{lit(t.sql)}::pg_catalog.regclass"))
-    out.append(f"DELETE FROM fencekit.protected p WHERE {_registered(t.schema, t.name)}")
+    out.append(f"DELETE FROM fencekit.protected p\n WHERE {_registered(t.schema, t.name)}")
     row_to_row = old.scope is Scope.ROW and new.scope is Scope.ROW
     if row_to_row:
         out.append(
@@ -446,16 +425,3 @@ def move_statements(old: FenceSpec, new: FenceSpec) -> list[str]:
         # Only now: the carry read it.
         out.append(f"ALTER TABLE {t.sql} DROP COLUMN {quote_ident(old.column)}")
     return out
-
-
-def render_move(old: FenceSpec, new: FenceSpec, *, lock_timeout: str = DEFAULT_LOCK_TIMEOUT) -> str:
-    """:func:`move_statements` as a reviewable psql script, in one transaction."""
-    what = "move" if is_move(old, new) else "change the policies of"
-    title = [
-        f"fencekit: {what} {old.table.sql} ({old.scope} -> {new.scope} fence, "
-        f"template {TEMPLATE_VERSION})",
-        f"from: {json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)}",
-        f"to:   {json.dumps(new.as_dict(), sort_keys=True, ensure_ascii=False)}",
-        "Writers of the table (and of tables sharing its resource) wait until it commits.",
-    ]
-    return _script(title, move_statements(old, new), lock_timeout)

@@ -18,7 +18,7 @@ __all__ = ["TEMPLATE_VERSION", "Function", "TableObjects", "Trigger", "stamp"]
 #: The generation of the per-table objects. Bump it whenever what ``table_objects`` renders
 #: changes for an existing spec: re-protect then replaces the objects and status reports tables
 #: still carrying another generation.
-TEMPLATE_VERSION = 8
+TEMPLATE_VERSION = 1
 
 
 @dataclass(frozen=True)

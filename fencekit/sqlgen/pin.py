@@ -40,8 +40,8 @@ _SAVED = "'fencekit.caller_search_path'::pg_catalog.text"
 #: too: an error that aborts the transaction restores the caller's path by itself). Every
 #: literal is cast, so even under the caller's path each call is an exact match in pg_catalog.
 SAVE_AND_PIN = (
-    f"SELECT pg_catalog.set_config({_SAVED}, "
-    "pg_catalog.current_setting('search_path'::pg_catalog.text), true),\n"
+    f"SELECT pg_catalog.set_config({_SAVED},\n"
+    "         pg_catalog.current_setting('search_path'::pg_catalog.text), true),\n"
     f"       pg_catalog.set_config('search_path'::pg_catalog.text, "
     f"'{PINNED_PATH}'::pg_catalog.text, true)"
 )

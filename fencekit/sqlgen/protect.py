@@ -12,8 +12,8 @@ import hashlib
 import json
 
 from fencekit.ident import quote_ident
-from fencekit.spec import DEFAULT_COLUMN, FenceSpec, Scope
-from fencekit.sqlgen.common import PINNED_SEARCH_PATH, Names, names_for
+from fencekit.spec import FenceSpec, Scope
+from fencekit.sqlgen.common import PINNED_SEARCH_PATH, Names, lit_lines, names_for, spec_jsonb
 from fencekit.sqlgen.key import key_objects
 from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger, stamp
 from fencekit.sqlgen.row import FENCE_DEFAULT, row_objects
@@ -24,7 +24,6 @@ __all__ = [
     "add_column_quietly",
     "drop_objects",
     "protect_statements",
-    "shell_args_sql",
     "table_objects",
     "trigger_stamp",
     "unprotect_statements",
@@ -98,8 +97,8 @@ def _create_function_sql(f: Function) -> list[str]:
         f"CREATE OR REPLACE FUNCTION {f.sql_name}() RETURNS {f.returns}\n"
         f"LANGUAGE plpgsql{' SECURITY DEFINER' if f.definer else ''}{attrs}\n"
         f"AS {dollar(f.body, 'fn')}",
-        f"COMMENT ON FUNCTION {f.sql_name}() IS "
-        + lit(stamp("function", f" sha256={f.body_hash}")),
+        f"COMMENT ON FUNCTION {f.sql_name}() IS\n  "
+        + lit_lines(stamp("function", f" sha256={f.body_hash}"), "  "),
     ]
     return out
 
@@ -110,10 +109,10 @@ def _grants_sql(functions: tuple[Function, ...]) -> list[str]:
     # can attach a definer function (and its rights) to another table, and a trigger calling a
     # fencekit.<tag>_* function marks a table as the one protected under <tag>
     # (fencekit.writing relies on that).
-    names = ", ".join(f"{f.sql_name}()" for f in functions)
+    names = ",\n  ".join(f"{f.sql_name}()" for f in functions)
     return [
-        f"REVOKE ALL ON FUNCTION {names} FROM PUBLIC",
-        f"GRANT EXECUTE ON FUNCTION {names} TO fencekit_admin",
+        f"REVOKE ALL ON FUNCTION\n  {names}\n  FROM PUBLIC",
+        f"GRANT EXECUTE ON FUNCTION\n  {names}\n  TO fencekit_admin",
     ]
 
 
@@ -127,9 +126,11 @@ def _guard(spec: FenceSpec) -> str:
     """
     d = spec.as_dict()
     structure = {k: d[k] for k in ("scope", "key", "resource", "column")}
+    # One option a line past the first: a long key list keeps the line short.
+    text = json.dumps(structure, sort_keys=True).replace(', "key"', ',\n   "key"')
     return (
         f"SELECT fencekit.protect_guard({lit(spec.table.sql)}::pg_catalog.regclass,\n"
-        f"  {lit(json.dumps(structure, sort_keys=True))}::pg_catalog.jsonb)"
+        f"  {lit(text)}::pg_catalog.jsonb)"
     )
 
 
@@ -138,7 +139,7 @@ def _ensure(tr: Trigger, on: str) -> str:
     regclass): replaced when its stamp differs, created when missing (47_protect.sql)."""
     return (
         f"fencekit.ensure_trigger({on}, {lit(tr.name)},\n"
-        f"      {lit(trigger_stamp(tr))},\n"
+        f"      {lit_lines(trigger_stamp(tr), '      ')},\n"
         f"      {lit(_format_template(tr))})"
     )
 
@@ -146,8 +147,11 @@ def _ensure(tr: Trigger, on: str) -> str:
 def _drop_foreign_generations(n: Names, keep: set[str], on: str) -> str:
     """SQL: drop the ``fencekit_<tag>_*`` triggers on ``on`` that this template does not make
     (another release made them): re-protect must not leave an old trigger firing."""
-    keep_sql = ", ".join(lit(k) for k in sorted(keep))
-    return f"fencekit.drop_other_triggers({on}, {lit(f'fencekit_{n.tag}_')}, ARRAY[{keep_sql}])"
+    keep_sql = ",\n         ".join(lit(k) for k in sorted(keep))
+    return (
+        f"fencekit.drop_other_triggers({on}, {lit(f'fencekit_{n.tag}_')},\n"
+        f"         ARRAY[{keep_sql}])"
+    )
 
 
 _DESCENDANTS = (
@@ -183,7 +187,7 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
     t = objs.spec.table
     root = f"{lit(t.sql)}::pg_catalog.regclass"
     keep = {tr.name for tr in objs.triggers}
-    keep_functions = ", ".join(lit(f.name) for f in objs.functions)
+    keep_functions = ",\n         ".join(lit(f.name) for f in objs.functions)
     cover = next(f for f in objs.functions if f.returns == "void")
     out = []
     for tr in objs.triggers:
@@ -193,7 +197,8 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
             create_trigger_sql(tr, t.sql).replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1)
         )
         out.append(
-            f"COMMENT ON TRIGGER {quote_ident(tr.name)} ON {t.sql} IS {lit(trigger_stamp(tr))}"
+            f"COMMENT ON TRIGGER {quote_ident(tr.name)} ON {t.sql} IS\n  "
+            + lit_lines(trigger_stamp(tr), "  ")
         )
     for tr in objs.triggers:
         if tr.root_only:
@@ -208,7 +213,8 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
     # What an older template made and this one does not: dropped, so none keeps firing.
     out.append(
         f"SELECT {_drop_foreign_generations(n, keep, root)},\n"
-        f"       fencekit.drop_other_functions({lit(f'{n.tag}_')}, ARRAY[{keep_functions}])"
+        f"       fencekit.drop_other_functions({lit(f'{n.tag}_')},\n"
+        f"         ARRAY[{keep_functions}])"
     )
     return out
 
@@ -222,16 +228,16 @@ def protect_statements(spec: FenceSpec) -> list[str]:
     if spec.scope is Scope.ROW:
         # Nullable, and a default only new rows use: catalog-only changes, no table rewrite.
         out.append(add_column_quietly(spec))
-        out.append(f"ALTER TABLE {t.sql} ALTER COLUMN {n.col} SET DEFAULT {FENCE_DEFAULT}")
+        out.append(f"ALTER TABLE {t.sql} ALTER COLUMN {n.col} SET DEFAULT\n  {FENCE_DEFAULT}")
         out.append(
-            f"COMMENT ON COLUMN {t.sql}.{n.col} IS "
+            f"COMMENT ON COLUMN {t.sql}.{n.col} IS\n  "
             + lit("fencekit: the fence of this row (highest token accepted); managed by fencekit")
         )
     if spec.scope is Scope.KEY:
         keys = ", ".join(lit(k) for k in spec.key)
         out.append(
-            f"SELECT fencekit.check_key_columns({lit(t.sql)}::pg_catalog.regclass, "
-            f"ARRAY[{keys}], {n.resource})"
+            f"SELECT fencekit.check_key_columns({lit(t.sql)}::pg_catalog.regclass,\n"
+            f"  ARRAY[{keys}], {n.resource})"
         )
     if spec.resource is not None or spec.issuer is not None:
         issuer = lit(spec.issuer) if spec.issuer else "NULL"
@@ -243,12 +249,11 @@ def protect_statements(spec: FenceSpec) -> list[str]:
             # Reads the table: runs as its owner, whose code that read runs (objects.Function).
             out.append(
                 "SELECT fencekit.give_to_table_owner("
-                f"{lit(f.sql_name + '()')}::pg_catalog.regprocedure, "
-                f"{lit(t.sql)}::pg_catalog.regclass)"
+                f"{lit(f.sql_name + '()')}::pg_catalog.regprocedure,\n"
+                f"  {lit(t.sql)}::pg_catalog.regclass)"
             )
     out += _grants_sql(objs.functions)
     out += _triggers_sql(objs, n)
-    spec_json = json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)
     resource = n.resource if spec.scope is not Scope.ROW else "NULL"
     families = "NULL"
     if spec.scope is Scope.KEY:
@@ -256,7 +261,7 @@ def protect_statements(spec: FenceSpec) -> list[str]:
         families = f"fencekit.key_families({lit(t.sql)}::pg_catalog.regclass, ARRAY[{keys}])"
     out.append(
         f"SELECT fencekit.register_table({lit(t.schema)}, {lit(t.name)}, {n.lit_tag}, "
-        f"{resource},\n  {lit(spec_json)},\n  {TEMPLATE_VERSION}, {families})"
+        f"{resource},\n  {spec_jsonb(spec)},\n  {TEMPLATE_VERSION}, {families})"
     )
     return out
 
@@ -284,12 +289,12 @@ def unprotect_statements(spec: FenceSpec) -> list[str]:
     if spec.scope is not Scope.ROW:
         # A named resource shared with other tables keeps its fences.
         unused = f"NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
-        out.append(f"DELETE FROM fencekit.fences WHERE resource = {n.resource} AND {unused}")
-        out.append(f"DELETE FROM fencekit.floors WHERE resource = {n.resource} AND {unused}")
+        out.append(f"DELETE FROM fencekit.fences WHERE resource = {n.resource}\n  AND {unused}")
+        out.append(f"DELETE FROM fencekit.floors WHERE resource = {n.resource}\n  AND {unused}")
     if spec.resource is not None or spec.issuer is not None:
         out.append(
-            f"DELETE FROM fencekit.resources WHERE resource = {n.resource} "
-            f"AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
+            f"DELETE FROM fencekit.resources WHERE resource = {n.resource}\n"
+            f"  AND NOT EXISTS (SELECT FROM fencekit.protected WHERE resource = {n.resource})"
         )
     return out
 
@@ -340,80 +345,10 @@ def create_counters_quietly(tag: str) -> str:
     return f"SELECT fencekit.ensure_counters({lit(tag)})"
 
 
-_SHELL_SAFE = "'^[A-Za-z0-9_@%+=:,./-]+$'"
-
-
-def _sh(expr: str) -> str:
-    """SQL: the text ``expr`` quoted for a POSIX shell, as :func:`shlex.quote` quotes it."""
-    return (
-        f"CASE WHEN {expr} OPERATOR(pg_catalog.~) {_SHELL_SAFE} THEN {expr}\n"
-        f"        ELSE '''' OPERATOR(pg_catalog.||) pg_catalog.replace({expr}, '''', "
-        "'''\"''\"''') OPERATOR(pg_catalog.||) '''' END"
-    )
-
-
-def shell_args_sql(spec_expr: str, table_expr: str) -> str:
-    """SQL: the command-line arguments that reproduce the spec ``spec_expr`` (jsonb) for the
-    table ``table_expr`` (text, as SQL writes it), shell-quoted: what ``FenceSpec.cli_args``
-    prints for the same spec (a test compares them)."""
-    s = spec_expr
-    cat = "OPERATOR(pg_catalog.||)"
-    eq = "OPERATOR(pg_catalog.=)"
-    ne = "OPERATOR(pg_catalog.<>)"
-    resource = f"({s} ->> 'resource')"
-    column = f"({s} ->> 'column')"
-    issuer = f"({s} ->> 'issuer')"
-    return (
-        f"pg_catalog.concat_ws(' ', {_sh(table_expr)},\n"
-        f"      CASE WHEN {s} ->> 'scope' {eq} 'table' THEN '--scope table' END,\n"
-        f"      (SELECT pg_catalog.string_agg('--key ' {cat} {_sh('k')}, ' ' ORDER BY o)\n"
-        f"         FROM pg_catalog.jsonb_array_elements_text({s} -> 'key')"
-        " WITH ORDINALITY AS e(k, o)),\n"
-        f"      '--resource ' {cat} {_sh(resource)},\n"
-        f"      CASE WHEN {s} ->> 'on_missing' {ne} 'reject'\n"
-        f"           THEN '--on-missing ' {cat} ({s} ->> 'on_missing') END,\n"
-        f"      CASE WHEN {s} ->> 'on_equal' {ne} 'accept'\n"
-        f"           THEN '--on-equal ' {cat} ({s} ->> 'on_equal') END,\n"
-        f"      CASE WHEN {s} ->> 'scope' {eq} 'row' AND {column} {ne} {lit(DEFAULT_COLUMN)}\n"
-        f"           THEN '--column ' {cat} {_sh(column)} END,\n"
-        f"      '--issuer ' {cat} {_sh(issuer)})"
-    )
-
-
 def unprotect_guard(spec: FenceSpec) -> str:
-    """A DO block refusing (YF000) unless the registry holds exactly ``spec`` for the table,
-    with a hint naming the command that generates the right script. For a table the registry
-    does not know it says so (a NOTICE): the script then only cleans leftovers."""
-    t = spec.table
-    wanted = json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)
-    # Registry rows written before an option existed take its default.
-    base = json.dumps(FenceSpec(t).as_dict(), sort_keys=True, ensure_ascii=False)
-    cli = shell_args_sql("have", "tbl")
-    return do(
-        "\nDECLARE\n"
-        "  have pg_catalog.jsonb;\n"
-        f"  tbl pg_catalog.text := {lit(t.sql)};\n"
-        "BEGIN\n"
-        # DROP COLUMN on a partitioned table loads its partition key: not in an admin's session
-        # when that key runs the owner's code (47_protect.sql).
-        "  IF pg_catalog.to_regclass(tbl) IS NOT NULL THEN\n"
-        "    PERFORM fencekit.check_ddl_runs_no_owner_code(pg_catalog.to_regclass(tbl));\n"
-        "  END IF;\n"
-        f"  SELECT {lit(base)}::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have\n"
-        "    FROM fencekit.protected p\n"
-        f"   WHERE p.schema_name OPERATOR(pg_catalog.=) {lit(t.schema)}\n"
-        f"     AND p.table_name OPERATOR(pg_catalog.=) {lit(t.name)};\n"
-        "  IF NOT FOUND THEN\n"
-        "    RAISE NOTICE 'fencekit: % is not in fencekit.protected; removing leftover fencekit '\n"
-        "                 'objects only', tbl;\n"
-        f"  ELSIF have IS DISTINCT FROM {lit(wanted)}::pg_catalog.jsonb THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        "      MESSAGE = pg_catalog.format('fencekit: this script unprotects %s with spec %s, '\n"
-        "        'but fencekit.protected holds %s; nothing was changed', tbl,\n"
-        f"        {lit(wanted)}, have::pg_catalog.text),\n"
-        "      HINT = 'Generate the script for what is there: fencekit sql unprotect '\n"
-        f"        OPERATOR(pg_catalog.||) {cli}\n"
-        "        OPERATOR(pg_catalog.||) ' (or run fencekit unprotect TABLE --dsn DSN, which '\n"
-        "        'reads the spec from the registry)';\n"
-        "  END IF;\nEND\n"
-    )
+    """Refuse (YF000) unless the registry holds exactly ``spec`` for the table, with a hint
+    naming the command that generates the right script; a table the registry does not know
+    gets a NOTICE, and the script then only cleans leftovers (``fencekit.unprotect_guard``,
+    48_guards.sql). It first refuses a partitioned table whose partition key runs the owner's
+    code when the session is not the owner's (DROP COLUMN loads the key; 47_protect.sql)."""
+    return f"SELECT fencekit.unprotect_guard({lit(spec.table.sql)},\n  {spec_jsonb(spec)})"

@@ -12,11 +12,9 @@ higher fence where both exist.
 
 from __future__ import annotations
 
-import json
-
 from fencekit.spec import FenceSpec, Scope, TableName
-from fencekit.sqlgen.common import names_for
-from fencekit.sqlgen.protect import drop_objects, protect_statements, shell_args_sql
+from fencekit.sqlgen.common import names_for, spec_jsonb
+from fencekit.sqlgen.protect import drop_objects, protect_statements
 from fencekit.sqlgen.text import do, lit
 
 __all__ = ["rename_statements"]
@@ -27,34 +25,12 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
     the new name and carries the old tag's triggers, and nothing is registered under it."""
     o, t = old.table, new.table
     on = names_for(old)
-    wanted = json.dumps(old.as_dict(), sort_keys=True, ensure_ascii=False)
-    base = json.dumps(FenceSpec(o).as_dict(), sort_keys=True, ensure_ascii=False)
     # Every scope has a TRUNCATE trigger (key fences have no other statement trigger).
     stmt_trigger = lit(on.trigger("trunc"))
-    unknown = lit(f"fencekit: {o.sql} is not in fencekit.protected; nothing to rename")
     return do(
-        "\nDECLARE\n"
-        "  have pg_catalog.jsonb;\n"
-        f"  tbl pg_catalog.text := {lit(o.sql)};\n"
-        "BEGIN\n"
-        f"  SELECT {lit(base)}::pg_catalog.jsonb OPERATOR(pg_catalog.||) p.spec INTO have\n"
-        "    FROM fencekit.protected p\n"
-        f"   WHERE p.schema_name OPERATOR(pg_catalog.=) {lit(o.schema)}\n"
-        f"     AND p.table_name OPERATOR(pg_catalog.=) {lit(o.name)};\n"
-        "  IF NOT FOUND THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        f"      MESSAGE = {unknown},\n"
-        "      HINT = 'fencekit status lists the protected tables.';\n"
-        f"  ELSIF have IS DISTINCT FROM {lit(wanted)}::pg_catalog.jsonb THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        "      MESSAGE = pg_catalog.format('fencekit: this script renames %s with spec %s, but '\n"
-        "        'fencekit.protected holds %s; nothing was changed', tbl,\n"
-        f"        {lit(wanted)}, have::pg_catalog.text),\n"
-        "      HINT = 'Generate the script for what is there: fencekit sql rename '\n"
-        f"        OPERATOR(pg_catalog.||) {shell_args_sql('have', 'tbl')}\n"
-        f"        OPERATOR(pg_catalog.||) {lit(' ' + t.sql)}\n"
-        "        OPERATOR(pg_catalog.||) ' (or run fencekit rename OLD NEW --dsn DSN)';\n"
-        "  END IF;\n"
+        "\nBEGIN\n"
+        f"  PERFORM fencekit.rename_guard({lit(o.sql)},\n    {spec_jsonb(old, '    ')},\n"
+        f"    {lit(t.sql)});\n"
         f"  IF pg_catalog.to_regclass({lit(t.sql)}) IS NULL THEN\n"
         "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
         f"      MESSAGE = {lit(f'fencekit: table {t.sql} does not exist; nothing was changed')},\n"

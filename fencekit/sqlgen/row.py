@@ -24,9 +24,9 @@ __all__ = ["FENCE_DEFAULT", "row_objects"]
 #: parsed when protect runs, under the DBA's search_path, and the row triggers run under the
 #: writer's.
 DIGITS_ONLY = (
-    "pg_catalog.btrim({t}, '0123456789') OPERATOR(pg_catalog.=) '' "
-    "AND pg_catalog.length({t}) OPERATOR(pg_catalog.>) 0 "
-    "AND pg_catalog.length({t}) OPERATOR(pg_catalog.<) 19"
+    "pg_catalog.btrim({t}, '0123456789') OPERATOR(pg_catalog.=) ''\n"
+    "      AND pg_catalog.length({t}) OPERATOR(pg_catalog.>) 0\n"
+    "      AND pg_catalog.length({t}) OPERATOR(pg_catalog.<) 19"
 )
 
 #: The fence column's default: the token as a bigint when it is all digits, else NULL (the
@@ -37,7 +37,7 @@ DIGITS_ONLY = (
 #: after the statement check and before this default, and the cast would then fail with 22P02,
 #: uncounted, where the trigger rejects with YF004 (tests/security/test_token_mid_statement.py,
 #: "the table's column DEFAULT").
-FENCE_DEFAULT = f"CASE WHEN {DIGITS_ONLY.format(t=TOKEN)} THEN {TOKEN}::pg_catalog.int8 END"
+FENCE_DEFAULT = f"CASE WHEN {DIGITS_ONLY.format(t=TOKEN)}\n    THEN {TOKEN}::pg_catalog.int8 END"
 
 
 def _declare(title: str, fast: bool) -> str:
@@ -102,7 +102,7 @@ def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
         f"{_same_as_checked(n)}"
         f"{accept}"
         "  END IF;\n"
-        f"  PERFORM fencekit.rejected_row(reason => {reason}, tag => {n.lit_tag},\n"
+        f"  PERFORM fencekit.rejected_row(\n    reason => {reason},\n    tag => {n.lit_tag},\n"
         f"    relid => TG_RELID, trigger_name => TG_NAME, column_name => {lit(n.spec.column)},\n"
         f"    row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.{n.col});\n"
         f"  RETURN {row};  -- bypassed: the row passes as written\n"
@@ -155,12 +155,12 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     # the token is not lower than the row's old fence (higher, under on_equal=reject). The
     # condition is wrapped in IS NOT TRUE: a NULL anywhere (no token, no fence) fires.
     carries_token = (
-        f"NEW.{col} OPERATOR(pg_catalog.>) 0 "
-        f"AND NEW.{col}::pg_catalog.text OPERATOR(pg_catalog.=) {n.checked}"
+        f"NEW.{col} OPERATOR(pg_catalog.>) 0\n"
+        f"    AND NEW.{col}::pg_catalog.text\n      OPERATOR(pg_catalog.=) {n.checked}"
     )
     raises = (
         f"NEW.{col} OPERATOR(pg_catalog.{_accepts(n)}) "
-        f"COALESCE(OLD.{col}, {'0' if n.spec.on_equal == 'reject' else '1'})"
+        f"COALESCE(OLD.{col}, {'0' if n.spec.on_equal == 'reject' else '1'})\n   "
     )
     return [ins, upd, dele], [
         Trigger(

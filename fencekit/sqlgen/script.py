@@ -11,9 +11,8 @@ its own, ``set_config(..., true)`` before the statements and the caller's path r
 
 from __future__ import annotations
 
-import json
-
 from fencekit.spec import FenceSpec, TableName
+from fencekit.sqlgen.common import spec_json_lines
 from fencekit.sqlgen.core import CORE_VERSION, install_statements, uninstall_statements
 from fencekit.sqlgen.objects import TEMPLATE_VERSION
 from fencekit.sqlgen.pin import SCRIPT_PIN, pinned
@@ -40,6 +39,13 @@ _NO_TRANSACTION = (
     "-- with set_config(..., true) and its last restores yours (and refuses if the pin did not\n"
     "-- hold, as in autocommit), so no operator or function from another schema is run.\n"
 )
+
+
+def spec_comment(label: str, spec: FenceSpec) -> list[str]:
+    """Title lines showing ``spec`` after ``label``, wrapped between options."""
+    lines = spec_json_lines(spec)
+    pad = " " * len(label)
+    return [label + lines[0], *(pad + line for line in lines[1:])]
 
 
 def _script(
@@ -94,7 +100,7 @@ def render_protect(
     """A reviewable psql script that protects one table, in one transaction."""
     title = [
         f"fencekit: protect {spec.table.sql} ({spec.scope} fence, template {TEMPLATE_VERSION})",
-        f"spec: {json.dumps(spec.as_dict(), sort_keys=True, ensure_ascii=False)}",
+        *spec_comment("spec: ", spec),
     ]
     return _script(title, protect_statements(spec), lock_timeout, transaction)
 

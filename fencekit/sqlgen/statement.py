@@ -63,8 +63,8 @@ def _row_truncate(n: Names) -> str:
     that is no longer a bigint. The rows are gone afterwards: nothing to advance.
     """
     return (
-        f"    PERFORM fencekit.check_fence_column({n.lit_tag}, TG_RELID, TG_NAME, "
-        f"TG_RELID::pg_catalog.regclass, {lit(n.spec.column)});\n"
+        f"    PERFORM fencekit.check_fence_column({n.lit_tag}, TG_RELID, TG_NAME,\n"
+        f"      TG_RELID::pg_catalog.regclass, {lit(n.spec.column)});\n"
         "    -- dynamic SQL: the table is the one the trigger fired on, known only at run time\n"
         "    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',\n"
         f"                              {lit(n.spec.column)}, TG_RELID::pg_catalog.regclass)\n"
@@ -87,7 +87,7 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             )
             rest = (
                 # Rollout mode: attribute a statement without a token, once, here.
-                f"  IF raw OPERATOR(pg_catalog.=) '' AND {no_bypass} THEN\n"
+                f"  IF raw OPERATOR(pg_catalog.=) ''\n     AND {no_bypass} THEN\n"
                 + attribute(n, otherwise=False)
                 + "    RETURN NULL;\n  END IF;\n"
                 f"  IF {statement_token(n, counted=False)} IS NULL THEN\n"

@@ -39,9 +39,10 @@ def test_changed_fence_autogenerates_alter_and_downgrade_restores(project: Proje
     text = project.autogenerate("alter fence").read_text()
     upgrade, downgrade = text.split("def upgrade", 1)[1].split("def downgrade", 1)
     # Another key is a move: one operation each way, fences carried.
-    assert "op.move_fence(" in upgrade
+    assert "op.alter_fence(" in upgrade
     assert "'key': ['account_id', 'region']" in upgrade.split("new=", 1)[1]
-    assert "op.move_fence(" in downgrade
+    assert "op.alter_fence(" in downgrade
+    assert "fences carried over" in upgrade
     for direction in (upgrade, downgrade):
         sql = direction.split("sql=", 1)[1]
         assert sql.index("LOCK TABLE") < sql.index("fencekit.register_table(")
@@ -97,3 +98,41 @@ def test_policy_change_keeps_the_fences(project: Project) -> None:
         with pytest.raises(psycopg.Error) as err:
             write(conn, 9, "UPDATE billing_summary SET summary = 'stale'")
         assert err.value.sqlstate == "YF001"
+
+
+ETCD = BEFORE.replace(
+    'declare_fence(billing, scope="key", key=["account_id"])',
+    'declare_fence(billing, scope="key", key=["account_id"], issuer="etcd")',
+)
+ZOOKEEPER = ETCD.replace('issuer="etcd"', 'issuer="zookeeper"')
+
+
+def _issuer(project: Project) -> list[tuple[str | None]]:
+    with project.connect() as conn:
+        return conn.execute(
+            "SELECT issuer FROM fencekit.resources WHERE resource = 'public.billing_summary'"
+        ).fetchall()
+
+
+def test_a_new_issuer_rebinds_the_resource_both_ways(project: Project) -> None:
+    """The same change model as Django's MoveFence: etcd -> zookeeper is one alter_fence that
+    forgets the old binding before protect binds the new issuer, and its downgrade goes back."""
+    project.write_models(ETCD)
+    project.autogenerate("etcd fence")
+    project.alembic("upgrade", "head")
+    assert _issuer(project) == [("etcd",)]
+    with project.connect() as conn:
+        write(conn, 10, "INSERT INTO billing_summary VALUES (1, 'eu', 'x')")
+
+    project.write_models(ZOOKEEPER)
+    assert "op.alter_fence(" in project.autogenerate("zookeeper").read_text()
+    project.alembic("upgrade", "head")
+    assert _issuer(project) == [("zookeeper",)]
+    assert registry(project)["public.billing_summary"][0]["issuer"] == "zookeeper"
+    with project.connect() as conn:  # the fences are kept
+        with pytest.raises(psycopg.Error) as err:
+            write(conn, 9, "UPDATE billing_summary SET summary = 'stale'")
+        assert err.value.sqlstate == "YF001"
+
+    project.alembic("downgrade", "-1")
+    assert _issuer(project) == [("etcd",)]

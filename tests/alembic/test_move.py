@@ -1,5 +1,5 @@
 """A declared fence whose scope, key, resource or fence column changes autogenerates one
-``op.move_fence`` (frozen SQL, fences carried), never a drop and a create; its downgrade moves
+``op.alter_fence`` (frozen SQL, fences carried), never a drop and a create; its downgrade moves
 the table back, fences carried again."""
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def test_structural_change_autogenerates_one_move(project: Project) -> None:
     text = project.autogenerate("row fence to key fence").read_text()
     upgrade, downgrade = text.split("def upgrade", 1)[1].split("def downgrade", 1)
     for direction in (upgrade, downgrade):
-        assert direction.count("op.move_fence(") == 1
+        assert direction.count("op.alter_fence(") == 1
         assert "sql=(" in direction  # frozen
         assert "DELETE FROM fencekit.fences" not in direction.split("IF NOT EXISTS", 1)[0]
-    for absent in ("op.create_fence", "op.drop_fence", "op.alter_fence", "drop_column"):
+    for absent in ("op.create_fence", "op.drop_fence", "drop_column"):
         assert absent not in text
     assert "'scope': 'key'" in upgrade.split("new=", 1)[1]
 

@@ -22,9 +22,9 @@ from fencekit.alembic_plugin.ops import (
     AlterFenceOp,
     CreateFenceOp,
     DropFenceOp,
+    FenceOp,
     InstallCoreOp,
     UninstallCoreOp,
-    alter_statements,
     spec_from_options,
     spec_options,
 )
@@ -32,6 +32,7 @@ from fencekit.alembic_plugin.render import render_sql
 from fencekit.cli.alembic import register
 from fencekit.declare import INFO_KEY, declare_fence, declared_fence, declared_fences, fenced
 from fencekit.spec import FenceSpec, Scope, SpecError, TableName
+from fencekit.sqlgen import FenceChange
 
 SPEC = FenceSpec(TableName("My Schema", "billing"), Scope.KEY, key=("account_id",))
 
@@ -47,7 +48,7 @@ def render(*ops: alembic_ops.MigrateOperation) -> str:
 
 
 def test_reverse_pairs_swap_the_frozen_sql() -> None:
-    create = CreateFenceOp(SPEC, ["SELECT 'protect'"], ["SELECT 'unprotect'"])
+    create = CreateFenceOp(FenceChange(None, SPEC, ["SELECT 'protect'"], ["SELECT 'unprotect'"]))
     drop = create.reverse()
     assert isinstance(drop, DropFenceOp)
     assert (drop.spec, drop.sql, drop.undo_sql) == (SPEC, ("SELECT 'unprotect'",), create.sql)
@@ -55,8 +56,11 @@ def test_reverse_pairs_swap_the_frozen_sql() -> None:
     assert drop.reverse().sql == create.sql
     assert isinstance(InstallCoreOp(2).reverse(), UninstallCoreOp)
     new = SPEC.with_changes(on_equal="reject")
-    alter = AlterFenceOp(SPEC, new, ["SELECT 1"], ["SELECT 2"], note="up", undo_note="down")
+    alter = AlterFenceOp(
+        FenceChange(SPEC, new, ["SELECT 1"], ["SELECT 2"]), note="up", undo_note="down"
+    )
     back = alter.reverse()
+    assert isinstance(back, AlterFenceOp)
     assert (back.old, back.new, back.sql, back.undo_sql) == (
         new,
         SPEC,
@@ -67,36 +71,40 @@ def test_reverse_pairs_swap_the_frozen_sql() -> None:
     assert create.to_diff_tuple()[:3] == ("create_fence", "My Schema", "billing")
 
 
-def test_generated_ops_freeze_the_generator_output_both_ways() -> None:
-    create = CreateFenceOp.generate(SPEC)
+def test_generated_ops_freeze_the_one_change_model_both_ways() -> None:
+    create = FenceOp.generate(None, SPEC)
+    assert isinstance(create, CreateFenceOp)
     assert create.sql == tuple(sqlgen.protect_statements(SPEC))
     assert create.undo_sql == tuple(sqlgen.unprotect_statements(SPEC))
-    assert DropFenceOp.generate(SPEC).sql == create.undo_sql
+    drop = FenceOp.generate(SPEC, None)
+    assert isinstance(drop, DropFenceOp)
+    assert drop.sql == create.undo_sql
     new = SPEC.with_changes(key=("account_id", "region"))
-    alter = AlterFenceOp.generate(SPEC, new)
-    assert alter.sql == tuple(alter_statements(SPEC, new))
-    assert alter.undo_sql == tuple(alter_statements(new, SPEC))
+    alter = FenceOp.generate(SPEC, new)
+    assert isinstance(alter, AlterFenceOp)
+    assert alter.sql == tuple(sqlgen.change_statements(SPEC, new))
+    assert alter.undo_sql == tuple(sqlgen.change_statements(new, SPEC))
 
 
 def test_ops_without_sql_render_the_current_template_when_run() -> None:
-    assert CreateFenceOp(SPEC).statements() == sqlgen.protect_statements(SPEC)
-    assert DropFenceOp(SPEC).statements() == sqlgen.unprotect_statements(SPEC)
+    assert CreateFenceOp(FenceChange(None, SPEC)).statements() == sqlgen.protect_statements(SPEC)
+    assert DropFenceOp(FenceChange(SPEC, None)).statements() == sqlgen.unprotect_statements(SPEC)
     new = SPEC.with_changes(on_missing="allow")
-    assert AlterFenceOp(SPEC, new).statements() == alter_statements(SPEC, new)
-    assert CreateFenceOp(SPEC, ["SELECT 1"]).statements() == ["SELECT 1"]
-    assert CreateFenceOp(SPEC, ()).statements() == []
+    assert AlterFenceOp(FenceChange(SPEC, new)).statements() == sqlgen.change_statements(SPEC, new)
+    assert CreateFenceOp(FenceChange(None, SPEC, ["SELECT 1"])).statements() == ["SELECT 1"]
+    assert CreateFenceOp(FenceChange(None, SPEC, ())).statements() == []
 
 
 def test_sql_must_be_a_sequence_of_statements() -> None:
     with pytest.raises(TypeError, match="sequence of SQL statements"):
-        CreateFenceOp(SPEC, "SELECT 1; SELECT 2")
+        FenceChange(None, SPEC, "SELECT 1; SELECT 2")
     with pytest.raises(TypeError, match="not an SQL statement"):
-        AlterFenceOp(SPEC, SPEC, [b"SELECT 1"])  # type: ignore[list-item]
+        FenceChange(SPEC, SPEC, [b"SELECT 1"])  # type: ignore[list-item]
 
 
-def test_alter_cannot_move_a_fence() -> None:
-    with pytest.raises(SpecError, match="cannot move"):
-        AlterFenceOp(SPEC, SPEC.with_changes(table=TableName("public", "other")))
+def test_a_change_keeps_the_table() -> None:
+    with pytest.raises(SpecError, match="keeps the table"):
+        FenceChange(SPEC, SPEC.with_changes(table=TableName("public", "other")))
 
 
 def test_spec_options_round_trip_and_reject_unknown() -> None:
@@ -106,18 +114,33 @@ def test_spec_options_round_trip_and_reject_unknown() -> None:
     assert spec_from_options("t", None, {}).table == TableName("public", "t")
 
 
-def test_policy_alter_is_protect_and_key_alter_moves() -> None:
+def test_a_policy_change_re_protects_behind_the_guard_and_a_new_key_moves() -> None:
     policy = SPEC.with_changes(on_missing="allow")
-    assert alter_statements(SPEC, policy) == sqlgen.protect_statements(policy)
+    statements = sqlgen.change_statements(SPEC, policy)
+    assert statements[-len(sqlgen.protect_statements(policy)) :] == sqlgen.protect_statements(
+        policy
+    )
+    assert any("fencekit.move_guard(" in s for s in statements)  # refuses another old spec
     rekey = SPEC.with_changes(key=("account_id", "region"))
     # Another key is a move, fences carried, never unprotect + protect.
-    assert alter_statements(SPEC, rekey) == sqlgen.move_statements(SPEC, rekey)
+    moved = "\n".join(sqlgen.change_statements(SPEC, rekey))
+    assert "fencekit_move_" in moved
+
+
+def test_a_new_issuer_rebinds_the_resource_whichever_operation_runs_it() -> None:
+    """One model: alembic, Django and the CLI all run change_statements, which forgets the
+    resource's issuer binding before protect binds it to the new issuer."""
+    etcd = SPEC.with_changes(issuer="etcd")
+    zookeeper = SPEC.with_changes(issuer="zookeeper")
+    statements = sqlgen.change_statements(etcd, zookeeper)
+    assert any(s.startswith("DELETE FROM fencekit.resources") for s in statements)
+    assert AlterFenceOp(FenceChange(etcd, zookeeper)).statements() == statements
 
 
 def test_refresh_reprotects_and_its_downgrade_runs_nothing() -> None:
     refresh = AlterFenceOp.refresh(SPEC, sqlgen.TEMPLATE_VERSION - 1)
     assert (refresh.old, refresh.new) == (SPEC, SPEC)
-    assert refresh.sql == tuple(sqlgen.protect_statements(SPEC))
+    assert refresh.sql == tuple(sqlgen.change_statements(SPEC, SPEC))
     assert refresh.reverse().sql == ()
     code = render(refresh, refresh.reverse())
     assert '# fencekit: "My Schema".billing has objects of fence template ' in code
@@ -142,7 +165,7 @@ def frozen_calls(code: str) -> list[tuple[str, dict[str, object]]]:
 
 
 def test_rendered_create_is_explicit_and_valid_python() -> None:
-    op = CreateFenceOp.generate(SPEC)
+    op = FenceOp.generate(None, SPEC)
     code = render(op)
     for part in (
         "op.create_fence(",
@@ -181,7 +204,7 @@ def test_render_sql_round_trips_any_statement() -> None:
     assert eval(render_sql(HOSTILE)) == tuple(HOSTILE)
     assert render_sql(()) == "()"
     # Through alembic's renderer (which re-indents every line) and into a migration body.
-    op = CreateFenceOp(SPEC, HOSTILE)
+    op = CreateFenceOp(FenceChange(None, SPEC, HOSTILE))
     ((_, kwargs), (drop, undo)) = frozen_calls(render(op, op.reverse()))
     assert kwargs["sql"] == tuple(HOSTILE)
     # A reverse without frozen SQL is frozen when written: the current unprotect.
@@ -189,7 +212,9 @@ def test_render_sql_round_trips_any_statement() -> None:
 
 
 def test_rendered_sql_is_one_line_per_sql_line() -> None:
-    code = render(CreateFenceOp(SPEC, ["SELECT 1\nFROM t\nWHERE x = 'y'", "SELECT 2"]))
+    code = render(
+        CreateFenceOp(FenceChange(None, SPEC, ["SELECT 1\nFROM t\nWHERE x = 'y'", "SELECT 2"]))
+    )
     assert '            "SELECT 1\\n"\n            "FROM t\\n"\n' in code
     assert """            "WHERE x = 'y'",\n""" in code
     assert '            "SELECT 2",\n' in code
@@ -197,12 +222,12 @@ def test_rendered_sql_is_one_line_per_sql_line() -> None:
 
 def test_rendered_alter_and_core_ops() -> None:
     new = SPEC.with_changes(on_equal="reject")
-    code = render(InstallCoreOp(2), AlterFenceOp.generate(SPEC, new))
+    code = render(InstallCoreOp(2), FenceOp.generate(SPEC, new))
     assert "op.install_fencekit(\n        core_version=2,\n    )" in code
     assert "'on_equal': 'reject'" in code.split("new=", 1)[1]
     assert "old_template_version" not in code
     calls = frozen_calls(code)
-    assert calls[1][1]["sql"] == tuple(sqlgen.protect_statements(new))
+    assert calls[1][1]["sql"] == tuple(sqlgen.change_statements(SPEC, new))
 
 
 # ---------------------------------------------------------------- declarations

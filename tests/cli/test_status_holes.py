@@ -588,3 +588,29 @@ def test_a_trigger_that_rewrites_the_token_on_a_key_fenced_table_is_reported(
         assert err.value.sqlstate == "YF001"
     finally:
         _sql(dsn, "DROP OWNED BY ledger_writer", "DROP ROLE ledger_writer")
+
+
+def test_a_built_in_trigger_function_with_a_when_clause_is_reported(
+    cli: Cli, dsn: str, accounts: FenceSpec
+) -> None:
+    """A trigger that runs PostgreSQL's own function is harmless only without a WHEN clause:
+    the clause is the owner's expression, and it can swap the token (set_config), directly or
+    through query_to_xml, which leaves no catalog link to what it runs. status reports it."""
+    _sql(
+        dsn,
+        "CREATE TRIGGER a_swap BEFORE UPDATE ON accounts FOR EACH ROW "
+        "WHEN (pg_catalog.set_config('fencekit.token', '999999', true) IS NOT NULL) "
+        "EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger()",
+    )
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    kinds = {(d["kind"], d["object"]) for d in _table_drift(doc, "public.accounts")}
+    assert ("foreign_trigger_first", "public.accounts: trigger a_swap") in kinds, kinds
+    # Without the clause the same built-in trigger sets nothing and is not reported.
+    _sql(
+        dsn,
+        "DROP TRIGGER a_swap ON accounts",
+        "CREATE TRIGGER a_plain BEFORE UPDATE ON accounts FOR EACH ROW "
+        "EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger()",
+    )
+    assert _status(cli, dsn)[0] == 0

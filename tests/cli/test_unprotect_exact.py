@@ -15,7 +15,6 @@ import pytest
 
 from fencekit import sqlgen
 from fencekit.spec import FenceSpec, Scope, TableName
-from fencekit.sqlgen.protect import shell_args_sql
 
 from .conftest import Cli
 
@@ -162,13 +161,12 @@ SPECS = [
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.table.dotted)
 def test_the_hint_command_is_what_status_prints(db: Conn, spec: FenceSpec) -> None:
-    """The SQL that writes the hint's options agrees with FenceSpec.cli_args."""
+    """The core function that writes the hint's options agrees with FenceSpec.cli_args."""
     import json
 
-    expr = shell_args_sql("SPEC", "TBL").replace("%", "%%")
-    expr = expr.replace("SPEC", "%(spec)s::jsonb").replace("TBL", "%(table)s::text")
     row = db.execute(
-        f"SELECT {expr}", {"spec": json.dumps(spec.as_dict()), "table": spec.table.sql}
+        "SELECT fencekit.spec_args(%(table)s, %(spec)s::jsonb)",
+        {"spec": json.dumps(spec.as_dict()), "table": spec.table.sql},
     ).fetchone()
     assert row is not None
     assert row[0] == spec.cli_args()

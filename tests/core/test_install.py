@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 
-from fencekit import sqlgen
+from fencekit import catalog, sqlgen
+from fencekit.cli import main
 from fencekit.spec import FenceSpec, Scope, TableName
 from tests.core.helpers import (
     MALFORMED,
@@ -29,7 +31,6 @@ from tests.core.helpers import (
     write,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures"
 PG_DUMP_15 = "/usr/lib/postgresql/15/bin/pg_dump"
 
 
@@ -44,7 +45,7 @@ def test_core_install_records_its_version(db: Conn) -> None:
 
 
 def _state(conn: Conn) -> dict[str, Any]:
-    """Everything an upgrade must leave alone: data, storage, fences, registry."""
+    """Everything an upgrade must leave alone: data, storage, fences."""
     return {
         "up_row": rows(conn, "SELECT * FROM up_row ORDER BY id"),
         "up_key": rows(conn, "SELECT * FROM up_key ORDER BY k, v"),
@@ -55,11 +56,6 @@ def _state(conn: Conn) -> dict[str, Any]:
             "WHERE relname IN ('up_row', 'up_key', 'up_tab') ORDER BY 1",
         ),
         "fences": rows(conn, "SELECT resource, key, fence FROM fencekit.fences ORDER BY 1, 2"),
-        "protected": rows(
-            conn,
-            "SELECT schema_name, table_name, tag, spec, template_version "
-            "FROM fencekit.protected ORDER BY 2",
-        ),
     }
 
 
@@ -71,66 +67,118 @@ def _still_fenced(conn: Conn, fence: int) -> None:
     reject(conn, MALFORMED, "1e3", "DELETE FROM up_key")
 
 
-@pytest.mark.all_servers
-def test_upgrade_from_the_prerelease_objects(raw_db: Conn) -> None:
-    """core-prerelease.sql and protect-prerelease.sql are the objects fencekit generated before
-    its first release. Installing the current core and re-protecting (what `fencekit install`
-    does) keeps data, storage and fences, and leaves only the current objects."""
-    run_script(raw_db, (FIXTURES / "core-prerelease.sql").read_text(encoding="utf-8"))
-    assert one(raw_db, "SELECT value FROM fencekit.meta WHERE key = 'core_version'") == "2"
-    raw_db.execute("CREATE TABLE up_row (id int PRIMARY KEY, v text)")
-    raw_db.execute("CREATE TABLE up_key (k int NOT NULL, v text)")
-    raw_db.execute("CREATE TABLE up_tab (v text)")
-    raw_db.commit()
-    run_script(raw_db, (FIXTURES / "protect-prerelease.sql").read_text(encoding="utf-8"))
-    write(raw_db, 10, "INSERT INTO up_row VALUES (1, 'a'), (2, 'b')")
-    write(raw_db, 10, "INSERT INTO up_key VALUES (1, 'a'), (2, 'b')")
-    write(raw_db, 10, "INSERT INTO up_tab VALUES ('a')")
-    _still_fenced(raw_db, 10)
-    before = _state(raw_db)
-    stale_before = rejection_count(raw_db, "up_row", "stale")
+#: What release "2" adds to the core in the synthetic upgrade below.
+SYNTHETIC_CORE = (
+    "CREATE OR REPLACE FUNCTION fencekit.synthetic_release() RETURNS integer\n"
+    "LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS 'SELECT 2'"
+)
+#: The first line of every trigger function that template "2" renders.
+SYNTHETIC_MARK = "-- rendered by the synthetic template 2"
 
-    run_script(raw_db, sqlgen.render_install())
-    version = one(raw_db, "SELECT value FROM fencekit.meta WHERE key = 'core_version'")
-    assert version == str(sqlgen.CORE_VERSION)
-    assert _state(raw_db) == before
-    protect(raw_db, "up_row")
-    protect(raw_db, "up_key", "key", key=("k",))
-    protect(raw_db, "up_tab", "table")
-    after = _state(raw_db)
-    assert {k: v for k, v in after.items() if k != "protected"} == {
-        k: v for k, v in before.items() if k != "protected"
+
+def _release_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's fencekit as if its next release were installed: core and template version
+    2, a core with one more function, trigger functions with one more line. The versions are
+    patched wherever a fencekit module holds them, so nothing keeps a copy of 1."""
+    from fencekit.sqlgen import core
+    from fencekit.sqlgen import protect as protect_module
+
+    files = core._core_files()
+    synthetic = [*files, ("99_synthetic.sql", SYNTHETIC_CORE)]
+    monkeypatch.setattr(core, "_core_files", lambda: synthetic)
+    for scope in ("statement_objects", "row_objects", "key_objects"):
+        render = getattr(protect_module, scope)
+
+        def marked(*args: Any, _render: Any = render, **kwargs: Any) -> Any:
+            functions, triggers = _render(*args, **kwargs)
+            return [replace(f, body=SYNTHETIC_MARK + "\n" + f.body) for f in functions], triggers
+
+        monkeypatch.setattr(protect_module, scope, marked)
+    for name, module in list(sys.modules.items()):
+        if name == "fencekit" or name.startswith("fencekit."):
+            for constant in ("CORE_VERSION", "TEMPLATE_VERSION"):
+                if getattr(module, constant, None) == 1:
+                    monkeypatch.setattr(module, constant, 2)
+
+
+def _drift(conn: Conn) -> set[tuple[str, str]]:
+    conn.rollback()
+    found = {(d.kind.value, d.object) for d in catalog.status(conn).all_drift()}
+    conn.rollback()
+    return found
+
+
+@pytest.mark.all_servers
+def test_an_upgrade_to_a_synthetic_version_2_reports_drift_and_brings_everything_current(
+    db: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The upgrade mechanism, generic: versions and stamps say what is older, status reports
+    it, and `fencekit install` upgrades the core in place and re-protects the tables in the
+    same transaction, keeping data, storage, fences and counters."""
+    db.execute("CREATE TABLE up_row (id int PRIMARY KEY, v text)")
+    db.execute("CREATE TABLE up_key (k int NOT NULL, v text)")
+    db.execute("CREATE TABLE up_tab (v text)")
+    db.commit()
+    specs = [
+        protect(db, "up_row"),
+        protect(db, "up_key", "key", key=("k",)),
+        protect(db, "up_tab", "table"),
+    ]
+    write(db, 10, "INSERT INTO up_row VALUES (1, 'a'), (2, 'b')")
+    write(db, 10, "INSERT INTO up_key VALUES (1, 'a'), (2, 'b')")
+    write(db, 10, "INSERT INTO up_tab VALUES ('a')")
+    _still_fenced(db, 10)
+    assert _drift(db) == set()
+    before = _state(db)
+    stale_before = rejection_count(db, "up_row", "stale")
+
+    _release_2(monkeypatch)
+    assert sqlgen.CORE_VERSION == sqlgen.TEMPLATE_VERSION == 2
+    drift = _drift(db)
+    assert ("core_outdated", "fencekit") in drift
+    assert {kind for kind, subject in drift if subject.startswith("public.up_")} == {
+        "template_outdated"
     }
-    assert {r[4] for r in after["protected"]} == {sqlgen.TEMPLATE_VERSION}
-    # Nothing of the old generation is left to fire beside the new one.
-    for name in ("up_row", "up_key", "up_tab"):
-        spec = FenceSpec(
-            TableName("public", name),
-            scope={"up_row": Scope.ROW, "up_key": Scope.KEY, "up_tab": Scope.TABLE}[name],
-            key=("k",) if name == "up_key" else (),
-        )
+    assert {subject for kind, subject in drift if kind == "template_outdated"} == {
+        spec.table.dotted for spec in specs
+    }
+    _still_fenced(db, 10)  # the old objects keep fencing until the upgrade
+
+    capsys.readouterr()
+    assert main(["install", "--dsn", dsn]) == 0
+    out = capsys.readouterr().out
+    assert "upgraded fencekit core from version 1 to 2" in out
+    assert out.count("re-protected public.up_") == 3
+    assert one(db, "SELECT value FROM fencekit.meta WHERE key = 'core_version'") == "2"
+    assert one(db, "SELECT fencekit.synthetic_release()") == 2
+    assert rows(db, "SELECT DISTINCT template_version FROM fencekit.protected") == [(2,)]
+    assert _drift(db) == set()
+    assert _state(db) == before
+    for spec in specs:
         objs = sqlgen.table_objects(spec)
         triggers = rows(
-            raw_db,
+            db,
             "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal "
             "ORDER BY 1",
-            [name],
+            [spec.table.sql],
         )
         assert [t for (t,) in triggers] == sorted(tr.name for tr in objs.triggers)
-        functions = rows(
-            raw_db,
-            "SELECT proname FROM pg_proc WHERE pronamespace = 'fencekit'::regnamespace "
-            "AND left(proname, %s) = %s ORDER BY 1",
+        bodies = rows(
+            db,
+            "SELECT prosrc FROM pg_proc WHERE pronamespace = 'fencekit'::regnamespace "
+            "AND left(proname, %s) = %s AND prorettype = 'trigger'::regtype",
             [len(objs.tag) + 1, objs.tag + "_"],
         )
-        assert [f for (f,) in functions] == sorted(f.name for f in objs.functions)
-    _still_fenced(raw_db, 10)
-    assert rejection_count(raw_db, "up_row", "stale") == stale_before + 1  # counters survive
-    write(raw_db, 11, "UPDATE up_row SET v = 'new core' WHERE id = 1")
-    write(raw_db, 11, "INSERT INTO up_key VALUES (1, 'new core')")
-    write(raw_db, 11, "INSERT INTO up_tab VALUES ('new core')")
-    run_script(raw_db, sqlgen.render_install())  # re-installing changes nothing
-    _still_fenced(raw_db, 11)
+        assert bodies
+        assert all(src.startswith(SYNTHETIC_MARK) for (src,) in bodies)
+    _still_fenced(db, 10)
+    assert rejection_count(db, "up_row", "stale") == stale_before + 2  # counters survive
+    write(db, 11, "UPDATE up_row SET v = 'release 2' WHERE id = 1")
+    write(db, 11, "INSERT INTO up_key VALUES (1, 'release 2')")
+    write(db, 11, "INSERT INTO up_tab VALUES ('release 2')")
+    assert main(["install", "--dsn", dsn]) == 0  # again: nothing left to do
+    assert "re-protected" not in capsys.readouterr().out
+    _still_fenced(db, 11)
 
 
 # ---------------------------------------------------------------- idempotent protect

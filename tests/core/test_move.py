@@ -283,7 +283,7 @@ def test_a_script_for_another_spec_refuses_and_changes_nothing(acct: Conn) -> No
     assert registered(acct)["scope"] == "key"
     assert key_fence(acct, "public.acct", "eu") == 10
     with pytest.raises(SpecError):  # a move keeps the table; a rename is another script
-        sqlgen.move_statements(spec().with_changes(table=TableName("public", "b")), spec())
+        sqlgen.change_statements(spec().with_changes(table=TableName("public", "b")), spec())
     acct.execute("CREATE TABLE other (id int)")
     acct.commit()
     o = FenceSpec(TableName("public", "other"))
@@ -305,7 +305,7 @@ def test_writers_during_a_move_wait_and_meet_the_new_fence(acct: Conn, dsn: str)
     old = protect(acct, "acct")
     seed_rows(acct)
     new = spec("key", key=("region",))
-    script = sqlgen.move_statements(old, new)
+    script = sqlgen.change_statements(old, new)
     results: dict[str, object] = {}
     with psycopg.connect(dsn, autocommit=False) as mover:
         for statement in script:

@@ -87,8 +87,10 @@ def test_a_changed_policy_re_protects_in_place() -> None:
     assert isinstance(op, MoveFence)
     new = SUMMARY.with_changes(on_equal="reject")
     assert (op.old, op.new) == (SUMMARY, new)
-    assert list(op.sql) == sqlgen.protect_statements(new)
-    assert list(op.reverse_sql) == sqlgen.protect_statements(SUMMARY)
+    # The one change model: protect again behind the move's lock and guard, fences kept.
+    assert list(op.sql) == sqlgen.change_statements(SUMMARY, new)
+    assert list(op.sql)[-len(sqlgen.protect_statements(new)) :] == sqlgen.protect_statements(new)
+    assert list(op.reverse_sql) == sqlgen.change_statements(new, SUMMARY)
 
 
 def test_a_changed_scope_moves_the_fence_and_round_trips_through_the_writer() -> None:
@@ -98,7 +100,7 @@ def test_a_changed_scope_moves_the_fence_and_round_trips_through_the_writer() ->
     (op,) = _changes(edit)
     new = FenceSpec(SUMMARY.table, Scope.TABLE)
     assert isinstance(op, MoveFence)
-    assert list(op.sql) == sqlgen.move_statements(SUMMARY, new)
+    assert list(op.sql) == sqlgen.change_statements(SUMMARY, new)
     migration = migrations.Migration("0002_test", "shop")
     migration.operations = [op]
     (loaded,) = _reload(migration).operations
@@ -186,6 +188,32 @@ def test_move_fence_carries_the_fences_both_ways() -> None:
     assert _registry()["shop_billingsummary"]["scope"] == "key"
     with fencing(33), pytest.raises(DatabaseError):
         BillingSummary.objects.update(total=1)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("fresh_fences")
+def test_a_changed_issuer_binds_the_resource_to_the_new_issuer() -> None:
+    """A key fence fed by etcd, then by ZooKeeper: the frozen change rebinds the resource (a
+    table alone on its resource may change issuer; only a shared resource keeps its binding)."""
+    etcd = SUMMARY.with_changes(issuer="etcd")
+    zookeeper = SUMMARY.with_changes(issuer="zookeeper")
+    state = MigrationLoader(connection).project_state()
+    ops = [
+        MoveFence.generate("BillingSummary", a, b) for a, b in ((SUMMARY, etcd), (etcd, zookeeper))
+    ]
+    for op in ops:
+        with connection.schema_editor() as editor:
+            op.database_forwards("shop", editor, state, state)
+        assert _registry()["shop_billingsummary"]["issuer"] == op.new.issuer
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT issuer FROM fencekit.resources WHERE resource = %s", [SUMMARY.resource_name]
+        )
+        assert cursor.fetchall() == [("zookeeper",)]
+    for op in reversed(ops):
+        with connection.schema_editor() as editor:
+            op.database_backwards("shop", editor, state, state)
+        assert _registry()["shop_billingsummary"]["issuer"] == op.old.issuer
 
 
 @pytest.mark.django_db(transaction=True)

@@ -179,28 +179,3 @@ def test_async_lease_claim(dsn: str) -> None:
     with pytest.raises(StaleTokenError):
         _write(dsn, 42, 1, token - 1)
     _write(dsn, 42, 1, token)
-
-
-def test_upgrade_over_a_prerelease_core_keeps_the_current_holder(raw_db) -> None:
-    """A lease granted by the prerelease core (tests/core/fixtures: small sequence tokens) is
-    still held after the install upgrades the core in place: it renews, and the next grant is
-    an epoch token above it."""
-    from pathlib import Path
-
-    from fencekit.sqlgen import render_install
-    from tests.core.helpers import run_script
-
-    fixtures = Path(__file__).parent.parent / "core" / "fixtures"
-    run_script(raw_db, (fixtures / "core-prerelease.sql").read_text(encoding="utf-8"))
-    old = raw_db.execute("SELECT fencekit.acquire('r', 'H', interval '60 s')").fetchone()[0]
-    raw_db.commit()
-    assert old < EPOCH
-    run_script(raw_db, render_install())
-    assert raw_db.execute(
-        "SELECT fencekit.renew('r', 'H', %s, interval '60 s')", (old,)
-    ).fetchone()[0]
-    assert raw_db.execute("SELECT fencekit.release('r', 'H', %s)", (old,)).fetchone()[0]
-    new = raw_db.execute("SELECT fencekit.acquire('r', 'H2', interval '60 s')").fetchone()[0]
-    raw_db.commit()
-    assert new > old
-    assert new >= EPOCH

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from fencekit.spec import FenceSpec, Scope, TableName
-from fencekit.sqlgen import move_statements
+from fencekit.sqlgen import change_statements
 from tests.security.conftest import Conn, protect
 
 OLD = FenceSpec(TableName("public", "race_t"), scope=Scope.KEY, key=("k",))
@@ -63,7 +63,7 @@ def _move(dsn: str, errors: list[BaseException], pid: list[int], go: threading.E
         with psycopg.connect(dsn) as conn:
             pid.append(conn.info.backend_pid)
             go.wait(20)
-            for stmt in move_statements(OLD, NEW):
+            for stmt in change_statements(OLD, NEW):
                 conn.execute(stmt.encode())
             conn.commit()
     except BaseException as exc:  # handed to the test
@@ -109,7 +109,7 @@ def test_a_claim_in_flight_is_carried_by_the_move(race: Conn, dsn: str) -> None:
 def test_a_claim_waits_for_a_move_in_flight(race: Conn, dsn: str) -> None:
     outcome: dict[str, Any] = {}
     with psycopg.connect(dsn) as mover:
-        for stmt in move_statements(OLD, NEW):
+        for stmt in change_statements(OLD, NEW):
             mover.execute(stmt.encode())
 
         def claim() -> None:

@@ -248,7 +248,7 @@ def test_alembic_statement_lists(dsn: str, evil: str) -> None:
         for what, statements in [
             ("install", sqlgen.install_statements()),
             ("protect", sqlgen.protect_statements(row)),
-            ("move", sqlgen.move_statements(row, key)),
+            ("move", sqlgen.change_statements(row, key)),
             ("unprotect", sqlgen.unprotect_statements(key)),
         ]:
             with engine.begin() as connection:

@@ -30,7 +30,7 @@ import pytest
 
 from fencekit.cli import main
 from fencekit.spec import FenceSpec, Scope, TableName
-from fencekit.sqlgen import move_statements
+from fencekit.sqlgen import change_statements
 from tests.security.conftest import Conn, fences, protect
 
 ESCAPE = """
@@ -260,7 +260,7 @@ def test_a_move_of_a_view_under_the_protected_tables_name_is_refused(
     old = FenceSpec(TableName("public", "oc_t"))
     new = FenceSpec(TableName("public", "oc_t"), scope=Scope.KEY, key=("k",))
     with pytest.raises(psycopg.DatabaseError, match="not the table protected under that name"):
-        db.execute("".join(s + ";\n" for s in move_statements(old, new)).encode())
+        db.execute("".join(s + ";\n" for s in change_statements(old, new)).encode())
     db.rollback()
     _unchanged(db, "oc_t_real")
 

@@ -190,11 +190,11 @@ def test_a_move_from_a_key_fence_to_a_row_fence_is_refused_outside_the_owners_se
     whole, the trigger never ran, the key fence still in force."""
     import psycopg
 
-    from fencekit.sqlgen import move_statements
+    from fencekit.sqlgen import change_statements
 
     old = _moved(db, Scope.KEY)
     db.execute("SELECT set_config('fencekit.bypass', 'on', true)")  # the DBA's own session
-    script = "".join(s + ";\n" for s in move_statements(old, FenceSpec(old.table)))
+    script = "".join(s + ";\n" for s in change_statements(old, FenceSpec(old.table)))
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="logged in as the owner"):
         db.execute(script.encode())
     db.rollback()
@@ -209,11 +209,11 @@ def test_a_move_from_a_table_fence_to_a_row_fence_runs_no_owner_code(
     """Table -> row gives every row the table fence without writing the table (the column is
     added with it as a constant default): the DBA may move it, and the owner's trigger does
     not run at all."""
-    from fencekit.sqlgen import move_statements
+    from fencekit.sqlgen import change_statements
 
     old = _moved(db, Scope.TABLE)
     db.execute("SELECT set_config('fencekit.bypass', 'on', true)")  # the DBA's own session
-    for stmt in move_statements(old, FenceSpec(TableName("public", "rr_moved"))):
+    for stmt in change_statements(old, FenceSpec(TableName("public", "rr_moved"))):
         db.execute(stmt.encode())
     db.commit()
     assert _rows(db, "rr_moved") == {1: 30, 2: 30}
@@ -236,7 +236,7 @@ def test_a_move_to_a_row_fence_runs_in_the_owners_own_session_without_bypass(
     objects), key -> row fills the column: the owner's trigger runs as the owner, bypass off."""
     import psycopg
 
-    from fencekit.sqlgen import move_statements
+    from fencekit.sqlgen import change_statements
 
     old = _moved(db, Scope.KEY)
     owner = repair["rr_owner"]
@@ -254,7 +254,7 @@ def test_a_move_to_a_row_fence_runs_in_the_owners_own_session_without_bypass(
     db.commit()
     with psycopg.connect(owner) as conn:
         conn.execute("SELECT set_config('fencekit.bypass', 'on', true)")
-        for stmt in move_statements(old, FenceSpec(TableName("public", "rr_moved"))):
+        for stmt in change_statements(old, FenceSpec(TableName("public", "rr_moved"))):
             conn.execute(stmt.encode())
         conn.commit()
     assert _rows(db, "rr_moved") == {1: 30, 2: 30}

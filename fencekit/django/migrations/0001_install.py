@@ -10,4 +10,4 @@ from fencekit.django.operations import InstallFencekit
 class Migration(migrations.Migration):
     initial = True
     dependencies: ClassVar[list[tuple[str, str]]] = []
-    operations: ClassVar[list[InstallFencekit]] = [InstallFencekit(core_version=10)]
+    operations: ClassVar[list[InstallFencekit]] = [InstallFencekit(core_version=1)]

@@ -1,10 +1,6 @@
 -- Validating the token and judging the bypass switch. Generated triggers test the common case
 -- inline (one regular expression); these run on the slow paths only.
 
--- Removed in core version 3: per-table functions now read the token once themselves.
-DROP FUNCTION IF EXISTS fencekit.statement_token(text, oid, text);
-DROP FUNCTION IF EXISTS fencekit.token_text();
-
 CREATE OR REPLACE FUNCTION fencekit.is_valid_token(raw text) RETURNS boolean
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
   -- Canonical positive decimal within bigint: no sign, spaces, leading zeros or exponent.

@@ -109,7 +109,6 @@ $fn$;
 -- other (create_counters): a sequence, so that the count costs the same whatever other sessions
 -- do, and survives a rollback like the rejection counts. A table protected by a template without
 -- the counter is not counted rather than failed.
-DROP FUNCTION IF EXISTS fencekit.count_event(text, oid, text, bigint);  -- before core 5
 CREATE OR REPLACE FUNCTION fencekit.count_event(tag text, relid oid, reason text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -165,7 +164,7 @@ DECLARE
   cur bigint;
 BEGIN
   IF seq IS NULL OR late_ms IS NULL OR late_ms < 1 THEN
-    RETURN;  -- a sequence cannot hold 0; a table protected before core 4 has no gauge yet
+    RETURN;  -- a sequence cannot hold 0
   END IF;
   cur := fencekit.counter_value(tag, 'max_late_ms');
   IF cur IS NULL OR late_ms > cur THEN
@@ -241,7 +240,8 @@ BEGIN
     code := 'YF001';
     msg := pg_catalog.format('fencekit: stale write to %s: token %s is lower than the fence %s',
                              what, token, fence);
-    hint := 'A newer holder took over this resource. Stop this work; acquire the lease again and re-read before writing.';
+    hint := 'A newer holder took over this resource. Stop this work; acquire the lease again '
+            'and re-read before writing.';
     -- A token that is a live lease of fencekit's own issuer is the current holder's (its tokens
     -- never repeat): a fence above it is ahead of the issuer (the issuer was restored or reset,
     -- or another issuer fed this resource), not a newer holder. Only this slow path reads it.
@@ -270,7 +270,9 @@ BEGIN
   WHEN 'missing' THEN
     code := 'YF003';
     msg := pg_catalog.format('fencekit: write to %s without a fencing token', what);
-    hint := 'Set the token in the same transaction as the write: SELECT set_config(''fencekit.token'', ''<token>'', true). fencekit''s Python adapters send it for a write inside a lease or a fencekit.fencing(token) scope.';
+    hint := 'Set the token in the same transaction as the write: SELECT '
+            'set_config(''fencekit.token'', ''<token>'', true). fencekit''s Python adapters '
+            'send it for a write inside a lease or a fencekit.fencing(token) scope.';
   WHEN 'malformed' THEN
     code := 'YF004';
     IF token IS NULL THEN
@@ -303,7 +305,8 @@ BEGIN
     code := 'YF000';
     msg := pg_catalog.format('fencekit: %s (on %s)', COALESCE(extra, reason), what);
     -- Every rejection says what to do (contracts.md), usage errors too.
-    hint := 'Not a stale write: a fencekit setting or the protected table is used wrongly; fix what the message names and retry.';
+    hint := 'Not a stale write: a fencekit setting or the protected table is used wrongly; fix '
+            'what the message names and retry.';
   END CASE;
   RAISE EXCEPTION USING
     ERRCODE = code,
@@ -348,16 +351,3 @@ REVOKE ALL ON FUNCTION fencekit.writing(text, oid), fencekit.refuse_caller(text,
 GRANT EXECUTE ON FUNCTION fencekit.count_event(text, oid, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jsonb, bigint, bigint, text)
   TO PUBLIC;
-
--- Counters of tables protected before core 5 lack the grants above (and before core 4 the
--- lateness gauge): give them. A counter owned by a role the installer cannot act for is left
--- with a warning from GRANT; re-run the install as a superuser.
-DO $do$
-DECLARE
-  p record;
-BEGIN
-  FOR p IN SELECT pr.tag FROM fencekit.protected pr LOOP
-    PERFORM fencekit.create_counters(p.tag);
-  END LOOP;
-END
-$do$;

@@ -166,8 +166,6 @@ $fn$;
 -- fence's row trigger once per row (the row fence's statement check asks without counting,
 -- bar a TRUNCATE, which has no row triggers; under on_missing=allow it does not ask at all).
 -- The bypass test reads the setting first: a plain tokenless write pays no call for it.
-DROP FUNCTION IF EXISTS fencekit.unfenced_row(text, oid, text, boolean);  -- before core 3
-DROP FUNCTION IF EXISTS fencekit.unfenced_write(text, oid, text, boolean);  -- before core 5
 CREATE OR REPLACE FUNCTION fencekit.unfenced_write(tag text, relid oid, trigger_name text,
                                                    allow boolean, counted boolean DEFAULT true)
 RETURNS boolean
@@ -358,5 +356,4 @@ $fn$;
 -- Only the definer trigger functions of key and table fences (owned by whoever ran protect)
 -- advance fences; writers never call it. Members of fencekit_admin may run protect.
 REVOKE ALL ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) FROM fencekit_writer;  -- granted before core 3
 GRANT EXECUTE ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) TO fencekit_admin;

@@ -22,19 +22,19 @@ CREATE TABLE IF NOT EXISTS fencekit.leases (
     renewed_at  timestamptz,
     expires_at  timestamptz,                  -- NULL once released
     released_at timestamptz,
+    -- The role that acquired the current grant: the session's role (fencekit.session_role():
+    -- the SET ROLE role, else the login role), never current_user, which inside these SECURITY
+    -- DEFINER functions is their owner. A live grant belongs to it: another role cannot take
+    -- it over by sending its holder name to acquire, nor renew or release it (members of
+    -- fencekit_admin may renew and release, never take), so one application cannot take
+    -- another's leases.
+    acquired_by name,
     CONSTRAINT leases_resource_not_empty CHECK (resource <> ''),
     CONSTRAINT leases_token_positive CHECK (token > 0),
     CONSTRAINT leases_holder_has_expiry CHECK (holder IS NULL OR expires_at IS NOT NULL)
 );
 -- A rejection looks a token up here (fencekit.reject: is the stale token a live lease?).
 CREATE INDEX IF NOT EXISTS leases_token ON fencekit.leases (token);
-
--- The role that acquired the current grant: the session's role (fencekit.session_role(): the
--- SET ROLE role, else the login role), never current_user, which inside these SECURITY DEFINER
--- functions is their owner. A live grant belongs to it: another role cannot take it over by
--- sending its holder name to acquire, nor renew or release it (members of fencekit_admin may
--- renew and release, never take), so one application cannot take another's leases.
-ALTER TABLE fencekit.leases ADD COLUMN IF NOT EXISTS acquired_by name;
 
 -- Tokens are also unique across resources on this server: a grant takes the larger of the
 -- resource's last token + 1 and the epoch's base plus the next value of this sequence. The
@@ -59,10 +59,6 @@ REVOKE ALL ON SEQUENCE fencekit.lease_token_seq FROM PUBLIC;
 -- The timeline is read from the name of the WAL file being written now: it is live at once,
 -- unlike pg_control_checkpoint().timeline_id, which lags a promotion until the end-of-recovery
 -- checkpoint. Both functions are executable by PUBLIC on PostgreSQL 13 to 18.
---
--- Tokens granted before this scheme (small numbers) stay valid and below every new one, so an
--- upgrade of the core rejects no current holder: renew compares the row's token, and fences
--- only ever rise.
 CREATE OR REPLACE FUNCTION fencekit.lease_epoch() RETURNS bigint
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp

@@ -16,7 +16,7 @@ $fn$;
 -- The first key (in key order, the order leases are locked in) whose lease is not live under
 -- exactly this token, with that lease's live token (NULL when nobody holds it); NULLs when all
 -- match. fencekit.lease_token() locks each lease row FOR SHARE until the writer commits.
--- SECURITY INVOKER (a definer before core 5): its callers, the trigger functions of lease-bound
+-- SECURITY INVOKER: its callers, the trigger functions of lease-bound
 -- fences and fencekit.claim, are SECURITY DEFINER functions owned by a superuser or a member of
 -- fencekit_admin, who may call lease_token; nobody else may call it (grants below).
 CREATE OR REPLACE FUNCTION fencekit.lease_mismatch(
@@ -40,5 +40,4 @@ $fn$;
 -- It locks lease rows (through lease_token): only for the definer trigger functions of
 -- lease-bound fences (owned by whoever ran protect: a superuser or a member of fencekit_admin).
 REVOKE ALL ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) FROM fencekit_writer;  -- granted before core 3
 GRANT EXECUTE ON FUNCTION fencekit.lease_mismatch(text, text[], bigint) TO fencekit_admin;

@@ -1,21 +1,5 @@
 -- Inspecting and repairing fences, and the views monitoring reads (postgres_exporter).
 
--- Tables protected before core 4 have no lateness gauge yet: create it (create_counters makes
--- it for tables protected from now on). Quiet when every table has it.
-DO $do$
-DECLARE
-  p record;
-BEGIN
-  FOR p IN SELECT pr.tag FROM fencekit.protected pr
-            WHERE pg_catalog.to_regclass(pg_catalog.format('fencekit.%I',
-                                                           pr.tag || ':max_late_ms')) IS NULL LOOP
-    EXECUTE pg_catalog.format('CREATE SEQUENCE fencekit.%I', p.tag || ':max_late_ms');
-    EXECUTE pg_catalog.format('GRANT ALL ON SEQUENCE fencekit.%I TO fencekit_admin',
-                              p.tag || ':max_late_ms');
-  END LOOP;
-END
-$do$;
-
 -- ------------------------------------------------------------------ the protected table
 
 -- The tag (fencekit.protected) of the protected table that tbl is, NULL when no protected table

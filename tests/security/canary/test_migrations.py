@@ -35,6 +35,7 @@ def _alembic_ops() -> dict[str, Any]:
 def _alembic_instances(name: str, cls: Any, table: Any) -> list[Any] | None:
     from fencekit import sqlgen
     from fencekit.spec import TableName
+    from fencekit.sqlgen import FenceChange
 
     spec = spec_of(table)
     moved = spec.with_changes(
@@ -44,11 +45,13 @@ def _alembic_instances(name: str, cls: Any, table: Any) -> list[Any] | None:
         "InstallCoreOp": lambda: [cls(sqlgen.CORE_VERSION)],
         "UpgradeCoreOp": lambda: [cls(sqlgen.CORE_VERSION, sqlgen.CORE_VERSION)],
         "UninstallCoreOp": lambda: [cls(sqlgen.CORE_VERSION)],
-        "CreateFenceOp": lambda: [cls(spec_of(u)) for u in UNPROTECTED] + [cls(spec)],
-        "DropFenceOp": lambda: [cls(spec)],
-        "AlterFenceOp": lambda: [cls(spec, moved)],
+        "CreateFenceOp": lambda: (
+            [cls(FenceChange(None, spec_of(u))) for u in UNPROTECTED]
+            + [cls(FenceChange(None, spec))]
+        ),
+        "DropFenceOp": lambda: [cls(FenceChange(spec, None))],
+        "AlterFenceOp": lambda: [cls(FenceChange(spec, moved))],
         "RenameFenceOp": lambda: [cls(spec, TableName("app", table.name + "_renamed"))],
-        "MoveFenceOp": lambda: [cls(spec, moved)],
     }
     return builders[name]() if name in builders else None
 

@@ -16,7 +16,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.install_fencekit(core_version=4)
+    op.install_fencekit(core_version=1)
     op.create_table(
         "invoices",
         sa.Column("id", sa.Integer(), primary_key=True),

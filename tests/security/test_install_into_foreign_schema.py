@@ -1,0 +1,134 @@
+"""The core install runs only into a schema ``fencekit`` that fencekit's side owns.
+
+A table owner with CREATE on the database can make schema ``fencekit`` (and ``fencekit.meta``,
+with a trigger on it) before a superuser first installs, or again after ``fencekit uninstall``
+drops the schema. The install then wrote ``fencekit.meta`` as the superuser and fired the
+owner's trigger with the superuser's rights; and as the schema's owner it could later replace
+a helper that the core's definer functions call. The install now refuses, naming every object
+another role made, and changes nothing; a clean install and a re-install still work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from fencekit.sqlgen import render_install
+from tests.core.helpers import USAGE
+
+Conn = psycopg.Connection[Any]
+
+CANARY = """
+CREATE SCHEMA own;
+CREATE FUNCTION own.canary() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  EXECUTE pg_catalog.format('ALTER ROLE %I SUPERUSER', session_user);
+  RETURN NEW;
+END $$;
+"""
+
+
+def _install(conn: Conn) -> None:
+    """The install script as a DBA runs it (its own BEGIN ... COMMIT)."""
+    conn.autocommit = True
+    try:
+        conn.execute(render_install().encode())  # type: ignore[call-overload]
+    except psycopg.Error:
+        conn.execute("ROLLBACK")  # the script's own transaction, left failed
+        raise
+    finally:
+        conn.autocommit = False
+
+
+def _superuser(conn: Conn, role: str) -> bool:
+    row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+@pytest.fixture
+def owner(raw_db: Conn, make_role: Callable[..., str]) -> tuple[str, str]:
+    """A table owner that may create schemas in the database, and its DSN."""
+    dsn = make_role("fk_schema_squatter")
+    raw_db.execute(f"GRANT CREATE ON DATABASE {raw_db.info.dbname} TO fk_schema_squatter")
+    raw_db.commit()
+    return "fk_schema_squatter", dsn
+
+
+def test_install_refuses_a_schema_another_role_made(raw_db: Conn, owner: tuple[str, str]) -> None:
+    role, dsn = owner
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(CANARY)
+        conn.execute("CREATE SCHEMA fencekit")
+        conn.execute("CREATE TABLE fencekit.meta (key text PRIMARY KEY, value text NOT NULL)")
+        conn.execute(
+            "CREATE TRIGGER c BEFORE INSERT OR UPDATE ON fencekit.meta "
+            "FOR EACH ROW EXECUTE FUNCTION own.canary()"
+        )
+    with pytest.raises(psycopg.Error) as info:
+        _install(raw_db)
+    raw_db.rollback()
+    assert info.value.sqlstate == USAGE
+    message = str(info.value)
+    assert "refusing to install into schema fencekit" in message
+    assert f"schema fencekit (owner {role})" in message
+    assert "trigger c on fencekit.meta" in message
+    assert not _superuser(raw_db, role)
+    # Nothing was installed: the squatter's table is all there is.
+    assert raw_db.execute(
+        "SELECT count(*) FROM pg_proc WHERE pronamespace = 'fencekit'::regnamespace"
+    ).fetchone() == (0,)
+
+
+def test_handing_the_objects_over_is_not_enough_while_a_trigger_stays(
+    raw_db: Conn, owner: tuple[str, str]
+) -> None:
+    """ALTER ... OWNER TO gives the schema and table to the installer, but the owner's trigger
+    stays on fencekit.meta: the install still refuses, naming it."""
+    role, dsn = owner
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(CANARY)
+        conn.execute("CREATE SCHEMA fencekit")
+        conn.execute("CREATE TABLE fencekit.meta (key text PRIMARY KEY, value text NOT NULL)")
+        conn.execute(
+            "CREATE TRIGGER c BEFORE INSERT OR UPDATE ON fencekit.meta "
+            "FOR EACH ROW EXECUTE FUNCTION own.canary()"
+        )
+    raw_db.execute("ALTER SCHEMA fencekit OWNER TO CURRENT_USER")
+    raw_db.execute("ALTER TABLE fencekit.meta OWNER TO CURRENT_USER")
+    raw_db.commit()
+    with pytest.raises(psycopg.Error) as info:
+        _install(raw_db)
+    raw_db.rollback()
+    assert info.value.sqlstate == USAGE
+    assert "trigger c on fencekit.meta" in str(info.value)
+    assert not _superuser(raw_db, role)
+
+
+def test_a_function_planted_in_an_installed_schema_is_refused(
+    raw_db: Conn, owner: tuple[str, str]
+) -> None:
+    """After a clean install, a role given CREATE on schema fencekit plants a function there:
+    the next install (an upgrade) refuses rather than run beside it."""
+    role, dsn = owner
+    _install(raw_db)
+    raw_db.execute(f"GRANT CREATE ON SCHEMA fencekit TO {role}")
+    raw_db.commit()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION fencekit.helper() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+    with pytest.raises(psycopg.Error) as info:
+        _install(raw_db)
+    raw_db.rollback()
+    assert info.value.sqlstate == USAGE
+    assert f"function fencekit.helper() (owner {role})" in str(info.value)
+
+
+def test_a_clean_install_and_a_reinstall_still_work(raw_db: Conn) -> None:
+    _install(raw_db)
+    _install(raw_db)
+    assert raw_db.execute("SELECT value FROM fencekit.meta WHERE key = 'owner'").fetchone() == (
+        raw_db.info.user,
+    )
