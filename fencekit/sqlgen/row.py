@@ -62,7 +62,8 @@ def _checked(n: Names, accept: str) -> str:
         f"           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
         f"COALESCE(OLD.{n.col}, 1)\n"
         "           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw\n"
-        f"                AND raw OPERATOR(pg_catalog.=) {n.checked}\n"
+        "                AND raw OPERATOR(pg_catalog.=)\n"
+        f"                    {n.checked}\n"
         "           ELSE false END) THEN  -- canonical, not below the fence, the one checked\n"
         + accept.replace("tok", "raw::pg_catalog.int8")
         + "  END IF;\n"
@@ -76,9 +77,9 @@ def _same_as_checked(n: Names, indent: str = "    ") -> str:
     token (lower than the fence) is refused as stale before this runs."""
     i = indent
     return (
-        f"{i}IF tok::pg_catalog.text IS DISTINCT FROM {n.checked} THEN\n"
+        f"{i}IF tok::pg_catalog.text\n{i}     IS DISTINCT FROM {n.checked} THEN\n"
         f"{i}  PERFORM fencekit.reject('malformed', {n.lit_tag}, TG_RELID, TG_NAME, NULL, NULL,\n"
-        f"{i}    NULL, tok, NULL, COALESCE({n.checked}, ''));\n"
+        f"{i}    NULL, tok, NULL,\n{i}    COALESCE({n.checked}, ''));\n"
         f"{i}END IF;\n"
     )
 

@@ -282,9 +282,12 @@ BEGIN
       -- A row check read a valid token other than the one its statement was checked under
       -- (extra; '' for none): code that ran during the statement changed fencekit.token.
       msg := pg_catalog.format(
-        'fencekit: fencekit.token changed during the statement on %s: checked as %L, then read as %s',
+        'fencekit: fencekit.token changed during the statement on %s: '
+        'checked as %L, then read as %s',
         what, extra, token);
-      hint := 'Set fencekit.token before the statement and leave it alone while the statement runs: a trigger or function that sets it (fencekit status reports the table''s) must not run inside a fenced write.';
+      hint := 'Set fencekit.token before the statement and leave it alone while the statement '
+              'runs: a trigger or function that sets it (fencekit status reports the table''s) '
+              'must not run inside a fenced write.';
     END IF;
   WHEN 'bypass_refused' THEN
     code := 'YF005';

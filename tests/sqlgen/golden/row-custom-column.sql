@@ -94,9 +94,11 @@ BEGIN
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
-  IF tok::pg_catalog.text IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+  IF tok::pg_catalog.text
+       IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
     PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-      NULL, tok, NULL, COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+      NULL, tok, NULL,
+      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
   END IF;
   NEW."Fence Column" := tok;
   RETURN NEW;
@@ -105,7 +107,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=35b5d6798b699180ea72b6805816eff754c24f5c855e023c621d9cc9e56c0f4d; generated, do not edit';
+  'sha256=0f1812f57f28e436aae4861068ec109ddcafd2d24ac36da2f53972acb9aee7a6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -120,7 +122,8 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
            ELSE false END) THEN  -- canonical, not below the fence, the one checked
     NEW."Fence Column" := raw::pg_catalog.int8;
     RETURN NEW;
@@ -134,9 +137,11 @@ BEGIN
     RETURN NEW;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0) THEN
-    IF tok::pg_catalog.text IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-        NULL, tok, NULL, COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
     END IF;
     NEW."Fence Column" := tok;
     RETURN NEW;
@@ -152,7 +157,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=7a0b2d452cd9a4522a9efda07ac2c0145935645599b6fa779d676064d098eb40; generated, do not edit';
+  'sha256=125df7be04d0e165ff8db75b58fbb8be6e4f8efd49094f7af3bfc6d8b1d48667; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -167,7 +172,8 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
            ELSE false END) THEN  -- canonical, not below the fence, the one checked
     RETURN OLD;
   END IF;
@@ -177,9 +183,11 @@ BEGIN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0) THEN
-    IF tok::pg_catalog.text IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-        NULL, tok, NULL, COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
     END IF;
     RETURN OLD;
   END IF;
@@ -194,7 +202,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=d7362a1e63a87ea2279666163dc0afac2d8c1671d7c357365262b0815713c462; generated, do not edit';
+  'sha256=d826321e2e0f97d433a4174b0bdad3e539ba42787d7cb951dae51c9494ca7d66; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
