@@ -92,6 +92,18 @@ class Names:
     def resource(self) -> str:
         return lit(self.spec.resource_name)
 
+    @property
+    def checked_name(self) -> str:
+        """SQL literal: the transaction-local setting where a row fence's statement check
+        leaves the token it checked, for the table's row checks to judge by (one per table, so
+        a statement on another table that a trigger runs meanwhile leaves it alone)."""
+        return lit(f"fencekit.checked_{self.tag}")
+
+    @property
+    def checked(self) -> str:
+        """SQL: the token the statement check saw ('' for none; NULL when none ran)."""
+        return f"pg_catalog.current_setting({self.checked_name}, true)"
+
     def function(self, suffix: str, body: str, **kw: object) -> Function:
         return Function(f"{self.tag}_{suffix}", body, **kw)  # type: ignore[arg-type]
 

@@ -5,6 +5,9 @@ the row's fence); INSERT takes the fence from the column default, evaluated in
 C, and runs PL/pgSQL only when the row does not already carry the token. Everything else (no
 token, a malformed or a 19-digit token, a rejection, a bypass) goes through a slow path that
 validates the token it read itself: a statement can change the token after the statement check.
+Every row is judged by the token the statement check validated (``Names.checked``, which that
+check sets): a row that reads another valid token is refused (YF004, changed during the
+statement), never judged by it; a lower one is refused as stale.
 """
 
 from __future__ import annotations
@@ -59,9 +62,25 @@ def _checked(n: Names, accept: str) -> str:
         f"           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
         f"COALESCE(OLD.{n.col}, 1)\n"
         "           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw\n"
-        "           ELSE false END) THEN  -- a canonical positive bigint, not below the fence\n"
+        "                AND raw OPERATOR(pg_catalog.=)\n"
+        f"                    {n.checked}\n"
+        "           ELSE false END) THEN  -- canonical, not below the fence, the one checked\n"
         + accept.replace("tok", "raw::pg_catalog.int8")
         + "  END IF;\n"
+    )
+
+
+def _same_as_checked(n: Names, indent: str = "    ") -> str:
+    """PL/pgSQL: refuse (YF004) a valid ``tok`` other than the token the statement check saw.
+    Something that ran after that check (a trigger of the table's firing before ours, a
+    function in the statement) changed fencekit.token: the row is not judged by it. A stale
+    token (lower than the fence) is refused as stale before this runs."""
+    i = indent
+    return (
+        f"{i}IF tok::pg_catalog.text\n{i}     IS DISTINCT FROM {n.checked} THEN\n"
+        f"{i}  PERFORM fencekit.reject('malformed', {n.lit_tag}, TG_RELID, TG_NAME, NULL, NULL,\n"
+        f"{i}    NULL, tok, NULL,\n{i}    COALESCE({n.checked}, ''));\n"
+        f"{i}END IF;\n"
     )
 
 
@@ -81,6 +100,7 @@ def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
         f"    RETURN {row};\n"
         "  END IF;\n"
         f"  IF tok OPERATOR(pg_catalog.{_accepts(n)}) COALESCE(OLD.{n.col}, 0) THEN\n"
+        f"{_same_as_checked(n)}"
         f"{accept}"
         "  END IF;\n"
         f"  PERFORM fencekit.rejected_row(\n    reason => {reason},\n    tag => {n.lit_tag},\n"
@@ -121,12 +141,15 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     # fence is then only what its own writer wrote (nothing else's is lowered).
     ins = n.function(
         "ins",
-        f"\n{title}BEGIN\n"
-        f"  NEW.{col} := COALESCE({statement_token(n)},\n    NEW.{col});\n"
-        "  RETURN NEW;\nEND\n",
+        _declare(title, fast=False) + f"  tok := {statement_token(n)};\n"
+        "  IF tok IS NULL THEN\n    RETURN NEW;\n  END IF;\n"
+        + _same_as_checked(n, "  ")
+        + f"  NEW.{col} := tok;\n  RETURN NEW;\nEND\n",
     )
-    # A row that already carries the token as its fence needs nothing: the WHEN clause,
-    # evaluated in C, skips the trigger. An INSERT's row gets it from the column default; an
+    # A row that already carries the checked token (the one its statement check validated) as
+    # its fence needs nothing: the WHEN clause, evaluated in C, skips the trigger. A fence
+    # taken from a token swapped after the check differs, and fires it. An INSERT's row gets
+    # it from the column default; an
     # UPDATE's from a cooperating statement (SET fence = token, as the adapters write it), or
     # because the row's fence already is the token. A row is skipped only when its new fence's
     # text equals the token's, which makes the token a canonical positive bigint, and (UPDATE)
@@ -134,7 +157,7 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     # condition is wrapped in IS NOT TRUE: a NULL anywhere (no token, no fence) fires.
     carries_token = (
         f"NEW.{col} OPERATOR(pg_catalog.>) 0\n"
-        f"    AND NEW.{col}::pg_catalog.text\n      OPERATOR(pg_catalog.=) {TOKEN}"
+        f"    AND NEW.{col}::pg_catalog.text\n      OPERATOR(pg_catalog.=) {n.checked}"
     )
     raises = (
         f"NEW.{col} OPERATOR(pg_catalog.{_accepts(n)}) "

@@ -29,7 +29,7 @@ def _fast_path(n: Names) -> str:
     """A row fence's common case in one expression, without a call: a well-formed token (or,
     under on_missing = allow, none), no bypass, the right issuer (written inline for speed: it
     is every statement's cost)."""
-    token = f"{TOKEN} OPERATOR(pg_catalog.~) {TOKEN_FAST}"
+    token = f"raw OPERATOR(pg_catalog.~) {TOKEN_FAST}"
     # Rollout mode (on_missing = allow): a statement without a token goes on past this, to be
     # attributed to its writer (fencekit.attribute); its row triggers judge and count each row
     # it writes (unfenced_write).
@@ -87,7 +87,7 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             )
             rest = (
                 # Rollout mode: attribute a statement without a token, once, here.
-                f"  IF COALESCE({TOKEN}, '') OPERATOR(pg_catalog.=) ''\n     AND {no_bypass} THEN\n"
+                f"  IF raw OPERATOR(pg_catalog.=) ''\n     AND {no_bypass} THEN\n"
                 + attribute(n, otherwise=False)
                 + "    RETURN NULL;\n  END IF;\n"
                 f"  IF {statement_token(n, counted=False)} IS NULL THEN\n"
@@ -96,8 +96,16 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             )
         else:
             rest = f"  PERFORM {statement_token(n, counted=False)};\n"
+        # The token read once, left where the row checks read it (n.checked): they judge
+        # each row by it and refuse a row that reads another (principle: one statement, one
+        # token). Nothing runs between this read and fencekit.statement_token's own.
         stmt = n.function(
-            "stmt", f"\n{title}BEGIN\n" + _fast_path(n) + rest + "  RETURN NULL;\nEND\n"
+            "stmt",
+            f"\n{title}DECLARE\n  raw pg_catalog.text := COALESCE({TOKEN}, '');\nBEGIN\n"
+            f"  PERFORM pg_catalog.set_config({n.checked_name}, raw, true);\n"
+            + _fast_path(n)
+            + rest
+            + "  RETURN NULL;\nEND\n",
         )
         trunc = definer_function(
             n.function,

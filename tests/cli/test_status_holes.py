@@ -299,7 +299,8 @@ def test_foreign_before_trigger_that_sorts_first_is_reported(
     cli: Cli, dsn: str, accounts: FenceSpec
 ) -> None:
     # A row trigger named to fire before fencekit's row trigger, handing every row a token:
-    # the row check then accepts a stale write.
+    # the row check refuses a row that reads another token than the statement check saw
+    # (YF004), and status still reports the trigger (it can change the row first).
     _sql(
         dsn,
         "CREATE FUNCTION default_token() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
@@ -307,10 +308,11 @@ def test_foreign_before_trigger_that_sorts_first_is_reported(
         "CREATE TRIGGER aaa_default_token BEFORE UPDATE ON accounts "
         "FOR EACH ROW EXECUTE FUNCTION default_token()",
     )
-    with psycopg.connect(dsn) as conn:  # stale (the row's fence is 50), yet accepted: the hole
+    with psycopg.connect(dsn) as conn:  # stale (the row's fence is 50), swapped: refused
         conn.execute("SELECT set_config('fencekit.token', '5', true)")
-        conn.execute("UPDATE accounts SET balance = balance")
-        conn.rollback()
+        with pytest.raises(psycopg.DatabaseError) as swapped:
+            conn.execute("UPDATE accounts SET balance = balance")
+    assert swapped.value.sqlstate == "YF004"
     code, doc = _status(cli, dsn)
     assert code == 1
     (d,) = _table_drift(doc, "public.accounts")
@@ -338,8 +340,9 @@ def test_foreign_before_trigger_that_sorts_first_is_reported(
 def test_a_statement_trigger_fires_ahead_of_a_row_fences_row_check_whatever_its_name(
     cli: Cli, dsn: str, accounts: FenceSpec
 ) -> None:
-    # fencekit's statement check on a row fence refuses a missing token; each row is judged by
-    # the token its row trigger reads, after every BEFORE statement trigger.
+    # A BEFORE STATEMENT trigger fires ahead of a row fence's row check whatever its name; one
+    # sorting after the statement check that swaps the token gets each row refused (YF004, the
+    # row read another token than the statement check saw), and status reports it.
     _sql(
         dsn,
         "CREATE FUNCTION default_token() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
@@ -347,10 +350,11 @@ def test_a_statement_trigger_fires_ahead_of_a_row_fences_row_check_whatever_its_
         "CREATE TRIGGER zz_default_token BEFORE UPDATE ON accounts "
         "FOR EACH STATEMENT EXECUTE FUNCTION default_token()",
     )
-    with psycopg.connect(dsn) as conn:  # stale, yet accepted
+    with psycopg.connect(dsn) as conn:  # stale, swapped after the statement check: refused
         conn.execute("SELECT set_config('fencekit.token', '5', true)")
-        conn.execute("UPDATE accounts SET balance = balance")
-        conn.rollback()
+        with pytest.raises(psycopg.DatabaseError) as swapped:
+            conn.execute("UPDATE accounts SET balance = balance")
+    assert swapped.value.sqlstate == "YF004"
     code, doc = _status(cli, dsn)
     (d,) = _table_drift(doc, "public.accounts")
     assert (code, d["kind"]) == (1, "foreign_trigger_first")

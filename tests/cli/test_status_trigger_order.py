@@ -63,7 +63,9 @@ def _let_through(dsn: str, token: int | None) -> set[str]:
                 refused = exc.sqlstate
             else:
                 refused = None
-            assert refused in (None, "YF001", "YF003"), refused
+            # YF004: a row fence's row read a token other than the one its statement check
+            # validated (the swap), and refused it.
+            assert refused in (None, "YF001", "YF003", "YF004"), refused
             if refused is None:
                 fence = _new_row_fence(conn) if event == "INSERT" else None
                 if token is None or fence is None or fence != token:
@@ -121,7 +123,12 @@ def test_status_reports_a_token_setting_trigger_where_it_really_fires(
         )
     tokenless, stale = _let_through(dsn, None), _let_through(dsn, 5)
     kind, ahead = _reported(cli, dsn, name)
-    assert ahead == tokenless | stale, (kind, ahead, tokenless, stale)
+    if scope == "row":
+        # Status judges a row fence by its row trigger: a trigger ahead of it can still change
+        # the row first, though a token it swaps after the statement check is refused.
+        assert tokenless | stale <= ahead, (kind, ahead, tokenless, stale)
+    else:
+        assert ahead == tokenless | stale, (kind, ahead, tokenless, stale)
     if ahead:
         assert kind == "foreign_trigger_first"
     elif scope == "row" and timing.startswith("BEFORE {e} ON acct FOR EACH ROW"):

@@ -275,8 +275,20 @@ BEGIN
             'send it for a write inside a lease or a fencekit.fencing(token) scope.';
   WHEN 'malformed' THEN
     code := 'YF004';
-    msg := pg_catalog.format('fencekit: malformed fencing token %L for %s', extra, what);
-    hint := 'A token is a positive integer within bigint, written in plain decimal (e.g. ''34'').';
+    IF token IS NULL THEN
+      msg := pg_catalog.format('fencekit: malformed fencing token %L for %s', extra, what);
+      hint := 'A token is a positive integer within bigint, written in plain decimal (e.g. ''34'').';
+    ELSE
+      -- A row check read a valid token other than the one its statement was checked under
+      -- (extra; '' for none): code that ran during the statement changed fencekit.token.
+      msg := pg_catalog.format(
+        'fencekit: fencekit.token changed during the statement on %s: '
+        'checked as %L, then read as %s',
+        what, extra, token);
+      hint := 'Set fencekit.token before the statement and leave it alone while the statement '
+              'runs: a trigger or function that sets it (fencekit status reports the table''s) '
+              'must not run inside a fenced write.';
+    END IF;
   WHEN 'bypass_refused' THEN
     code := 'YF005';
     msg := pg_catalog.format('fencekit: role %I may not bypass fencing on %s',

@@ -28,10 +28,13 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
+DECLARE
+  raw pg_catalog.text := COALESCE(pg_catalog.current_setting('fencekit.token', true), '');
 BEGIN
+  PERFORM pg_catalog.set_config('fencekit.checked_invoices_883e1d3584', raw, true);
   -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
   -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
@@ -43,7 +46,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=838771138b000c8bace8fee6ee89649c61e0fd74728654a5b0a9e03f7453dffd; generated, do not edit';
+  'sha256=672c38cb847f3459371b3b6308c69a9c88b50c76d8148ab2d479d36fa4c48ad2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -83,17 +86,28 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: row fence (Fence Column) on app.invoices. Generated; do not edit.
+DECLARE
+  tok pg_catalog.int8;
 BEGIN
-  NEW."Fence Column" := COALESCE(fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL),
-    NEW."Fence Column");
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  IF tok IS NULL THEN
+    RETURN NEW;
+  END IF;
+  IF tok::pg_catalog.text
+       IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+      NULL, tok, NULL,
+      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+  END IF;
+  NEW."Fence Column" := tok;
   RETURN NEW;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=e75d5cb977993795d1426e0195c2bdb172703f7a9ab1f030d285c2c8de556357; generated, do not edit';
+  'sha256=0f1812f57f28e436aae4861068ec109ddcafd2d24ac36da2f53972acb9aee7a6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -108,7 +122,9 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+           ELSE false END) THEN  -- canonical, not below the fence, the one checked
     NEW."Fence Column" := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
@@ -121,6 +137,12 @@ BEGIN
     RETURN NEW;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    END IF;
     NEW."Fence Column" := tok;
     RETURN NEW;
   END IF;
@@ -135,7 +157,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=2a71047c5db5f6287050fc2f6c6f58eb75f11f423981f52baa741f2e6a3e46a7; generated, do not edit';
+  'sha256=125df7be04d0e165ff8db75b58fbb8be6e4f8efd49094f7af3bfc6d8b1d48667; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -150,7 +172,9 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+           ELSE false END) THEN  -- canonical, not below the fence, the one checked
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
@@ -159,6 +183,12 @@ BEGIN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    END IF;
     RETURN OLD;
   END IF;
   PERFORM fencekit.rejected_row(
@@ -172,7 +202,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=7d7384dfaea8c85a198a7ab698b2df03f2c5c8b224ac6f9c46f00c7b7b97ded9; generated, do not edit';
+  'sha256=d826321e2e0f97d433a4174b0bdad3e539ba42787d7cb951dae51c9494ca7d66; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -225,22 +255,22 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
   FOR EACH ROW WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>) 0
     AND NEW."Fence Column"::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=3d32ee739b9a44ec437897061785a740a6ca58fa50d6e68f422d829d4ffaa8a0; '
+  'fencekit trigger template=1 sha256=21de08c3e7960b83172b6e0abbbbbb45da4eda50b848c5a86565b9a28725eb7d; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
   FOR EACH ROW WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
     AND NEW."Fence Column" OPERATOR(pg_catalog.>) 0
     AND NEW."Fence Column"::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=be0368a8e80ee2cada228aa98307d9f1734881ce389ea3cd92cacd58af011ea1; '
+  'fencekit trigger template=1 sha256=753eb92b7f55fe65c03385afba3e40e3a33bb2fbd35dc492e0cb330e19cc042a; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices

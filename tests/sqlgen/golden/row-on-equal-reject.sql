@@ -28,10 +28,13 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
+DECLARE
+  raw pg_catalog.text := COALESCE(pg_catalog.current_setting('fencekit.token', true), '');
 BEGIN
+  PERFORM pg_catalog.set_config('fencekit.checked_invoices_883e1d3584', raw, true);
   -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
   -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
@@ -43,7 +46,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=838771138b000c8bace8fee6ee89649c61e0fd74728654a5b0a9e03f7453dffd; generated, do not edit';
+  'sha256=672c38cb847f3459371b3b6308c69a9c88b50c76d8148ab2d479d36fa4c48ad2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -83,17 +86,28 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: row fence (fencekit_fence) on app.invoices. Generated; do not edit.
+DECLARE
+  tok pg_catalog.int8;
 BEGIN
-  NEW.fencekit_fence := COALESCE(fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL),
-    NEW.fencekit_fence);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  IF tok IS NULL THEN
+    RETURN NEW;
+  END IF;
+  IF tok::pg_catalog.text
+       IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+      NULL, tok, NULL,
+      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+  END IF;
+  NEW.fencekit_fence := tok;
   RETURN NEW;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=94c334b772ffb307e96d53e07ff52907849df089b432836daf1476a84501097c; generated, do not edit';
+  'sha256=1e883bfca05102b838cee53fc7415e85260f7e315abd768b8ee68fbafa475674; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -108,7 +122,9 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+           ELSE false END) THEN  -- canonical, not below the fence, the one checked
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
@@ -121,6 +137,12 @@ BEGIN
     RETURN NEW;
   END IF;
   IF tok OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    END IF;
     NEW.fencekit_fence := tok;
     RETURN NEW;
   END IF;
@@ -135,7 +157,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=060975c27c37b7a5f37cc97cd25592d1cb4c4ab13aa1fa1216f2eb19701be9ff; generated, do not edit';
+  'sha256=67e24732caaffd71e75e4e0d23d755f3734ec8800449c0be13fc109de6136de8; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -150,7 +172,9 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+           ELSE false END) THEN  -- canonical, not below the fence, the one checked
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
@@ -159,6 +183,12 @@ BEGIN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    END IF;
     RETURN OLD;
   END IF;
   PERFORM fencekit.rejected_row(
@@ -172,7 +202,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=62cfd35a65c112d680f774260600104e9b78ae4fa86d9c6d1c7820184819cd73; generated, do not edit';
+  'sha256=043b652352f91b9e4c07e90c9b087014a746551a9482ac75da5d39a0839cc7e2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -225,22 +255,22 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=f515ca763ceb90bfa50ec903bd934f87aa9a463403c4efe51118b9ca403f84f6; '
+  'fencekit trigger template=1 sha256=e01314f71ecfdc6eddf37af625a9aaa2bd9a2ee6d5fbfd214a7fea291ec4844f; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0)
     AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=17be048d0c12d7c90a10acc0e1df1c77d28f18037a28ace5abdf757815d78972; '
+  'fencekit trigger template=1 sha256=c93d0744f1e632cc9ee9fa5f2e7d9be26a509ace8d9e66aeab3ee432f9e8aa89; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices

@@ -28,14 +28,17 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
+DECLARE
+  raw pg_catalog.text := COALESCE(pg_catalog.current_setting('fencekit.token', true), '');
 BEGIN
+  PERFORM pg_catalog.set_config('fencekit.checked_invoices_883e1d3584', raw, true);
   -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
   -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  IF COALESCE(pg_catalog.current_setting('fencekit.token', true), '') OPERATOR(pg_catalog.=) ''
+  IF raw OPERATOR(pg_catalog.=) ''
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
     RETURN NULL;
@@ -50,7 +53,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=554dce8dd05f8c11c0f83ea5fbe14c83a2654f9fdc45478ee644cf12c6844f82; generated, do not edit';
+  'sha256=09008d54b5358679f7d3d1d5dbca6cb90f6d295f38a6ef15e78e4f30e522a277; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -92,17 +95,28 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: row fence (fencekit_fence) on app.invoices. Generated; do not edit.
+DECLARE
+  tok pg_catalog.int8;
 BEGIN
-  NEW.fencekit_fence := COALESCE(fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL),
-    NEW.fencekit_fence);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => true, issuer => NULL);
+  IF tok IS NULL THEN
+    RETURN NEW;
+  END IF;
+  IF tok::pg_catalog.text
+       IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+      NULL, tok, NULL,
+      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+  END IF;
+  NEW.fencekit_fence := tok;
   RETURN NEW;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=6c6a469ddd844d6b8502a603b92bd6b9728d34d56a10505d606e5e5260bcda78; generated, do not edit';
+  'sha256=9ff2b5f7249dce985e2f02ccbd5ea3a10071c9186687046fe14ea39196924ece; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -117,7 +131,9 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+           ELSE false END) THEN  -- canonical, not below the fence, the one checked
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
@@ -130,6 +146,12 @@ BEGIN
     RETURN NEW;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    END IF;
     NEW.fencekit_fence := tok;
     RETURN NEW;
   END IF;
@@ -144,7 +166,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=23e6eb36e1501f4141d2d0c41348ab5fa7656f083f97cfdd67ae0c782e3d6d15; generated, do not edit';
+  'sha256=0609e2798b7462fa294dd3f48ee94e97dea4413dc211ffdc4f0c90ffa3ae7374; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -159,7 +181,9 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+           ELSE false END) THEN  -- canonical, not below the fence, the one checked
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
@@ -168,6 +192,12 @@ BEGIN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    END IF;
     RETURN OLD;
   END IF;
   PERFORM fencekit.rejected_row(
@@ -181,7 +211,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=37881cbde853da6036d26c7e691408bb56265e50638f2c973defbad0390b80b8; generated, do not edit';
+  'sha256=27549169ae63aa522befa82e2bf3788ff8027db97409498be52c241e24788e92; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -234,22 +264,22 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=f515ca763ceb90bfa50ec903bd934f87aa9a463403c4efe51118b9ca403f84f6; '
+  'fencekit trigger template=1 sha256=e01314f71ecfdc6eddf37af625a9aaa2bd9a2ee6d5fbfd214a7fea291ec4844f; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
     AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=07999ff616dd6b54e376c729d1628e97ae18ad0bc00dedc338613011477f7717; '
+  'fencekit trigger template=1 sha256=dd1607975cc94985b3dd67098e7b68b0cfb3ae6c245d635dc444f58bfa4e9182; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices

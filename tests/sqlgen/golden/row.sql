@@ -28,10 +28,13 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
+DECLARE
+  raw pg_catalog.text := COALESCE(pg_catalog.current_setting('fencekit.token', true), '');
 BEGIN
+  PERFORM pg_catalog.set_config('fencekit.checked_invoices_883e1d3584', raw, true);
   -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
   -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
@@ -43,7 +46,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=838771138b000c8bace8fee6ee89649c61e0fd74728654a5b0a9e03f7453dffd; generated, do not edit';
+  'sha256=672c38cb847f3459371b3b6308c69a9c88b50c76d8148ab2d479d36fa4c48ad2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -83,17 +86,28 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: row fence (fencekit_fence) on app.invoices. Generated; do not edit.
+DECLARE
+  tok pg_catalog.int8;
 BEGIN
-  NEW.fencekit_fence := COALESCE(fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL),
-    NEW.fencekit_fence);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  IF tok IS NULL THEN
+    RETURN NEW;
+  END IF;
+  IF tok::pg_catalog.text
+       IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+      NULL, tok, NULL,
+      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+  END IF;
+  NEW.fencekit_fence := tok;
   RETURN NEW;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=94c334b772ffb307e96d53e07ff52907849df089b432836daf1476a84501097c; generated, do not edit';
+  'sha256=1e883bfca05102b838cee53fc7415e85260f7e315abd768b8ee68fbafa475674; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -108,7 +122,9 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+           ELSE false END) THEN  -- canonical, not below the fence, the one checked
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
@@ -121,6 +137,12 @@ BEGIN
     RETURN NEW;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    END IF;
     NEW.fencekit_fence := tok;
     RETURN NEW;
   END IF;
@@ -135,7 +157,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=290778b031bffd99109102bbff1b533ef0cf65b6288c603a85089e25dc897fe8; generated, do not edit';
+  'sha256=8c75fd24c7ca79d0d54c18a8fbe574a41193991eb5d76993ebe07c1bef76995d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -150,7 +172,9 @@ BEGIN
       AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
            WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
            THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-           ELSE false END) THEN  -- a canonical positive bigint, not below the fence
+                AND raw OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+           ELSE false END) THEN  -- canonical, not below the fence, the one checked
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
@@ -159,6 +183,12 @@ BEGIN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
+    IF tok::pg_catalog.text
+         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
+        NULL, tok, NULL,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    END IF;
     RETURN OLD;
   END IF;
   PERFORM fencekit.rejected_row(
@@ -172,7 +202,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=f61bfb226de088af683693e36834c2150e1d33df77dacfa7b78002f31503351a; generated, do not edit';
+  'sha256=f87253bddd14b5d7db24c298fe955d4cd8700e4a5615464df4a490abfe511598; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -225,22 +255,22 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=f515ca763ceb90bfa50ec903bd934f87aa9a463403c4efe51118b9ca403f84f6; '
+  'fencekit trigger template=1 sha256=e01314f71ecfdc6eddf37af625a9aaa2bd9a2ee6d5fbfd214a7fea291ec4844f; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
     AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.token', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=07999ff616dd6b54e376c729d1628e97ae18ad0bc00dedc338613011477f7717; '
+  'fencekit trigger template=1 sha256=dd1607975cc94985b3dd67098e7b68b0cfb3ae6c245d635dc444f58bfa4e9182; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices
