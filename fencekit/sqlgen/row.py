@@ -77,7 +77,10 @@ def _same_as_checked(n: Names, indent: str = "    ") -> str:
     token (lower than the fence) is refused as stale before this runs."""
     i = indent
     return (
-        f"{i}IF tok::pg_catalog.text\n{i}     IS DISTINCT FROM {n.checked} THEN\n"
+        # tok is a valid token here (not NULL): "differs" is "not equal, or nothing checked".
+        # OPERATOR(pg_catalog.=), not IS DISTINCT FROM: that resolves = through search_path.
+        f"{i}IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)\n"
+        f"{i}                {n.checked}, false) THEN\n"
         f"{i}  PERFORM fencekit.reject('malformed', {n.lit_tag}, TG_RELID, TG_NAME, NULL, NULL,\n"
         f"{i}    NULL, tok, NULL,\n{i}    COALESCE({n.checked}, ''));\n"
         f"{i}END IF;\n"

@@ -94,8 +94,8 @@ BEGIN
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
-  IF tok::pg_catalog.text
-       IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+  IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
     PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
       NULL, tok, NULL,
       COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -107,7 +107,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=0f1812f57f28e436aae4861068ec109ddcafd2d24ac36da2f53972acb9aee7a6; generated, do not edit';
+  'sha256=4cf09e045e3eaa0fe4fd236118150ae771c861840f6cedc4ba509de61d68568a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -137,8 +137,8 @@ BEGIN
     RETURN NEW;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0) THEN
-    IF tok::pg_catalog.text
-         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
         NULL, tok, NULL,
         COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -157,7 +157,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=125df7be04d0e165ff8db75b58fbb8be6e4f8efd49094f7af3bfc6d8b1d48667; generated, do not edit';
+  'sha256=0ae3b2a58121bf73bdf319301bcfaff70d760d5a77b23da5fa6f77bbf236a005; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -183,8 +183,8 @@ BEGIN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0) THEN
-    IF tok::pg_catalog.text
-         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
         NULL, tok, NULL,
         COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -202,7 +202,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=d826321e2e0f97d433a4174b0bdad3e539ba42787d7cb951dae51c9494ca7d66; generated, do not edit';
+  'sha256=f241610f10487d5a2d4ea25e20202aa9039cf301c20ae7e89019ec19bc1c5a60; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -94,8 +94,8 @@ BEGIN
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
-  IF tok::pg_catalog.text
-       IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+  IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
     PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
       NULL, tok, NULL,
       COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -107,7 +107,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=1e883bfca05102b838cee53fc7415e85260f7e315abd768b8ee68fbafa475674; generated, do not edit';
+  'sha256=1557dc2c3241090643d7bf756a1496a1469239b5ba91f0da9fddfc098c88fb4b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -137,8 +137,8 @@ BEGIN
     RETURN NEW;
   END IF;
   IF tok OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0) THEN
-    IF tok::pg_catalog.text
-         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
         NULL, tok, NULL,
         COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -157,7 +157,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=67e24732caaffd71e75e4e0d23d755f3734ec8800449c0be13fc109de6136de8; generated, do not edit';
+  'sha256=09632d0aac19cecdf3a6fb9a605d6784799e2d04edaf052fb679009dac3a1b10; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -183,8 +183,8 @@ BEGIN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0) THEN
-    IF tok::pg_catalog.text
-         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
         NULL, tok, NULL,
         COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -202,7 +202,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=043b652352f91b9e4c07e90c9b087014a746551a9482ac75da5d39a0839cc7e2; generated, do not edit';
+  'sha256=a00425708c2c0c62bbb993161b45f3c2ba72426b876b08d58f55883078a699fd; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -103,8 +103,8 @@ BEGIN
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
-  IF tok::pg_catalog.text
-       IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+  IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
     PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
       NULL, tok, NULL,
       COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -116,7 +116,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=9ff2b5f7249dce985e2f02ccbd5ea3a10071c9186687046fe14ea39196924ece; generated, do not edit';
+  'sha256=569a4b3a098a358cca2b8444de5d7e97cce61a79bc23cec91f840313ff82ea49; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -146,8 +146,8 @@ BEGIN
     RETURN NEW;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
-    IF tok::pg_catalog.text
-         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
         NULL, tok, NULL,
         COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -166,7 +166,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=0609e2798b7462fa294dd3f48ee94e97dea4413dc211ffdc4f0c90ffa3ae7374; generated, do not edit';
+  'sha256=06af14ab080f2c3df868c217a4c458facec6f0472a9976744934fa31e209322a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -192,8 +192,8 @@ BEGIN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
-    IF tok::pg_catalog.text
-         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
         NULL, tok, NULL,
         COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -211,7 +211,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=27549169ae63aa522befa82e2bf3788ff8027db97409498be52c241e24788e92; generated, do not edit';
+  'sha256=b9aed7fac4b998631517ba4097dfce840f056d58e1d3fe3d81de2136dd5aa3d4; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

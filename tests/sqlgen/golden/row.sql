@@ -94,8 +94,8 @@ BEGIN
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
-  IF tok::pg_catalog.text
-       IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+  IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
     PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
       NULL, tok, NULL,
       COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -107,7 +107,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=1e883bfca05102b838cee53fc7415e85260f7e315abd768b8ee68fbafa475674; generated, do not edit';
+  'sha256=1557dc2c3241090643d7bf756a1496a1469239b5ba91f0da9fddfc098c88fb4b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -137,8 +137,8 @@ BEGIN
     RETURN NEW;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
-    IF tok::pg_catalog.text
-         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
         NULL, tok, NULL,
         COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -157,7 +157,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=8c75fd24c7ca79d0d54c18a8fbe574a41193991eb5d76993ebe07c1bef76995d; generated, do not edit';
+  'sha256=2bc02717933190ee2bb3e50be0de68def68fe36f6c9f9117dc56e4d6337dd118; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -183,8 +183,8 @@ BEGIN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
-    IF tok::pg_catalog.text
-         IS DISTINCT FROM pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true) THEN
+    IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
+                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
       PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
         NULL, tok, NULL,
         COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
@@ -202,7 +202,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=f87253bddd14b5d7db24c298fe955d4cd8700e4a5615464df4a490abfe511598; generated, do not edit';
+  'sha256=0387204ca281465c5d8c4a1ac288cacd434fd3f710a1a1e01abed2e5c7b27083; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
