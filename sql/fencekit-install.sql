@@ -731,8 +731,17 @@ BEGIN
   -- are all it can add. Anyone else must be writing it now (a cascade, a definer function):
   -- only then is the server's lock table read, so a plain writer's cost never depends on the
   -- locks other sessions hold.
-  IF NOT pg_catalog.has_table_privilege(cu, relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
-     AND NOT fencekit.writing(tag, relid) THEN
+  -- Either way relid must be the table protected as tag (it carries tag's generated triggers,
+  -- which only their owner or fencekit_admin can attach): a right to write some other table
+  -- (a TEMP table of one's own) records nothing for tag.
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
+                   JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) t.tgfoid
+                  WHERE t.tgrelid OPERATOR(pg_catalog.=) relid
+                    AND p.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace::pg_catalog.oid
+                    AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY[tag || '_ins', tag || '_upd',
+                                                tag || '_del', tag || '_stmt', tag || '_trunc']))
+     OR (NOT pg_catalog.has_table_privilege(cu, relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
+         AND NOT fencekit.writing(tag, relid)) THEN
     PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.record_unfenced_writer');
   END IF;
   w := pg_catalog.md5(pg_catalog.concat_ws(E'\x1f', su, cu, app,

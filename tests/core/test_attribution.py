@@ -307,3 +307,41 @@ def test_recording_runs_no_code_of_the_table_owner(
         f"UPDATE {table} SET v = ? WHERE id = ?",
     ]
     assert db.execute("SELECT * FROM canary").fetchall() == []
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_nobody_records_attribution_for_a_table_it_does_not_write(
+    db: Conn, dsn: str, tables: None, make_role: Any, table: str
+) -> None:
+    """Attribution is bound to the table protected as the tag: a role with no grant at all
+    (passing its own TEMP table) and a writer of another protected table (passing the table
+    it writes) are both refused, and nothing about ``table`` changes. Either could otherwise
+    fill the cap with forged identities, hiding the real writers and blocking enforce."""
+    db.execute("CREATE TABLE a_other (id int PRIMARY KEY, k int NOT NULL, v text)")
+    db.commit()
+    protect(db, "a_other", on_missing="allow")
+    nobody = make_role("attr_nobody")
+    other_writer = make_role("attr_other", "SELECT, INSERT, UPDATE, DELETE ON a_other")
+    tokenless(dsn, f"UPDATE {table} SET v = 'x' WHERE id = 1", "real-app")
+    before = writers(db, table)
+    tag = db.execute("SELECT tag FROM fencekit.protected WHERE table_name = %s", [table]).fetchone()
+    db.commit()
+    assert tag is not None
+    attempts = {nobody: "pg_temp.mine", other_writer: "a_other"}
+    for role_dsn, relation in attempts.items():
+        with psycopg.connect(role_dsn, autocommit=True) as c:
+            c.execute("SET application_name = 'forged'")
+            c.execute("CREATE TEMP TABLE mine (x int)")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute(
+                    "SELECT fencekit.record_unfenced_writer(%s, %s::regclass, 1000000)",
+                    [tag[0], relation],
+                )
+    assert writers(db, table) == before
+    overflow = db.execute(
+        "SELECT count(*) FROM fencekit.unfenced_overflow o JOIN fencekit.protected p"
+        " USING (tag) WHERE p.table_name = %s",
+        [table],
+    ).fetchone()
+    db.commit()
+    assert overflow == (0,)
