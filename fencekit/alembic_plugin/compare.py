@@ -33,7 +33,7 @@ from fencekit.alembic_plugin.ops import (
     RenameFenceOp,
     UpgradeCoreOp,
 )
-from fencekit.alembic_plugin.registry import Installed, read_installed
+from fencekit.alembic_plugin.registry import Installed, pinned_connection, read_installed
 from fencekit.declare import INFO_KEY, declared_fences
 from fencekit.ident import object_tag
 from fencekit.spec import FenceSpec, Scope, TableName
@@ -83,7 +83,8 @@ def compare_fences(
         if isinstance(op, alembic_ops.DropTableOp)
     }
 
-    installed = read_installed(connection)
+    with pinned_connection(connection):
+        installed = read_installed(connection)
     existing = {
         where: fence
         for where, fence in installed.fences.items()
@@ -98,7 +99,8 @@ def compare_fences(
 
     first: list[MigrateOperation] = []
     last: list[MigrateOperation] = []
-    renamed = _renamed(connection, existing, set(declared) - set(existing))
+    with pinned_connection(connection):
+        renamed = _renamed(connection, existing, set(declared) - set(existing))
     for where, spec in sorted(declared.items()):
         if where in renamed:
             # The table was renamed (op.rename_table): move its fence rather than protect it

@@ -26,6 +26,7 @@ from fencekit.catalog.rollout import (
     parse_duration,
     registered_spec,
 )
+from fencekit.catalog.session import pinned_path
 from fencekit.errors import CatalogError
 from fencekit.spec import DEFAULT_SCHEMA, FenceSpec, TableName
 
@@ -105,12 +106,14 @@ def _enforce(operations: Operations, operation: EnforceFenceOp) -> None:
             "both specs for an offline script"
         )
     conn: Any = DBAPIConnection(operations.get_bind().connection)
-    if operation.enforce:
-        spec = enforce_check(
-            conn, operation.table, parse_duration(operation.window), force=operation.force
-        )
-        title = f"enforce {operation.table.sql}"
-    else:
-        spec = _rollout_spec(conn, operation.table)
-        title = f"rollout mode for {operation.table.sql}"
+    # The migration's own connection, under the migrating role's search_path until pinned
+    with pinned_path(conn):
+        if operation.enforce:
+            spec = enforce_check(
+                conn, operation.table, parse_duration(operation.window), force=operation.force
+            )
+            title = f"enforce {operation.table.sql}"
+        else:
+            spec = _rollout_spec(conn, operation.table)
+            title = f"rollout mode for {operation.table.sql}"
     run_sql(operations, sqlgen.protect_statements(spec), title)

@@ -23,6 +23,7 @@ from alembic.autogenerate.api import AutogenContext
 from alembic.operations import MigrateOperation, Operations
 from alembic.operations.ops import UpgradeOps
 
+from fencekit.alembic_plugin.registry import pinned_connection
 from fencekit.ident import quote_ident
 
 __all__ = ["GrantWriterOp", "RevokeWriterOp", "compare_grants", "log_detected"]
@@ -122,16 +123,17 @@ def compare_grants(
     connection = autogen_context.connection
     assert connection is not None, "autogenerate always has a connection"
     for role in roles:
-        member, exists = connection.execute(
-            text(
-                "SELECT EXISTS (SELECT FROM pg_catalog.pg_auth_members m "
-                "JOIN pg_catalog.pg_roles r ON r.oid = m.member "
-                "JOIN pg_catalog.pg_roles g ON g.oid = m.roleid "
-                "WHERE r.rolname = :role AND g.rolname = :writer), "
-                "EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = :role)"
-            ),
-            {"role": role, "writer": WRITER},
-        ).one()
+        with pinned_connection(connection):
+            member, exists = connection.execute(
+                text(
+                    "SELECT EXISTS (SELECT FROM pg_catalog.pg_auth_members m "
+                    "JOIN pg_catalog.pg_roles r ON r.oid = m.member "
+                    "JOIN pg_catalog.pg_roles g ON g.oid = m.roleid "
+                    "WHERE r.rolname = :role AND g.rolname = :writer), "
+                    "EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = :role)"
+                ),
+                {"role": role, "writer": WRITER},
+            ).one()
         if member:
             continue
         if not exists:

@@ -1,21 +1,35 @@
 """Read fencekit's registry through the migration's own SQLAlchemy connection.
 
 Autogenerate must read the database through the connection alembic gives it (any driver, inside
-alembic's transaction), so this does not use psycopg-specific helpers.
+alembic's transaction), so this does not use psycopg-specific helpers. Every read runs with that
+connection's search_path pinned (:func:`pinned_connection`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fencekit.catalog.rollout import DBAPIConnection
+from fencekit.catalog.session import pinned_path
 from fencekit.spec import FenceSpec
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-__all__ = ["Installed", "read_installed"]
+__all__ = ["Installed", "pinned_connection", "read_installed"]
+
+
+@contextlib.contextmanager
+def pinned_connection(connection: Connection) -> Iterator[None]:
+    """The migration's connection with ``search_path = pg_catalog, pg_temp`` while the block
+    runs (transaction-local), its own path restored after: an operator planted in a schema on
+    the migrating role's path never runs in fencekit's reads."""
+    with pinned_path(DBAPIConnection(connection.connection)):
+        yield
 
 
 @dataclass(frozen=True)

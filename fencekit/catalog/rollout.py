@@ -181,12 +181,15 @@ def _pgss_schema(conn: Conn) -> str | None:
     row = conn.execute(
         "SELECT n.nspname FROM pg_catalog.pg_extension e"
         " JOIN pg_catalog.pg_depend d"
-        "  ON d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass"
-        "  AND d.refobjid = e.oid AND d.deptype = 'e'"
-        "  AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass"
-        " JOIN pg_catalog.pg_class c ON c.oid = d.objid"
-        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-        " JOIN pg_catalog.pg_roles r ON r.oid = c.relowner"
+        "  ON d.refclassid OPERATOR(pg_catalog.=)"
+        "     'pg_catalog.pg_extension'::pg_catalog.regclass::pg_catalog.oid"
+        "  AND d.refobjid OPERATOR(pg_catalog.=) e.oid"
+        "  AND d.deptype OPERATOR(pg_catalog.=) 'e'::pg_catalog.\"char\""
+        "  AND d.classid OPERATOR(pg_catalog.=)"
+        "     'pg_catalog.pg_class'::pg_catalog.regclass::pg_catalog.oid"
+        " JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.objid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace"
+        " JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) c.relowner"
         " WHERE e.extname OPERATOR(pg_catalog.=) 'pg_stat_statements'"
         "   AND c.relname OPERATOR(pg_catalog.=) 'pg_stat_statements' AND r.rolsuper"
     ).fetchone()
@@ -221,7 +224,8 @@ _NOT_ATTRIBUTED = (
 
 def _attributed_table(conn: Conn, table: TableName) -> bool:
     row = conn.execute(
-        "SELECT p.tag, p.spec ->> 'on_missing' FROM fencekit.protected p"
+        "SELECT p.tag, p.spec OPERATOR(pg_catalog.->>) 'on_missing'::pg_catalog.text"
+        " FROM fencekit.protected p"
         " WHERE p.schema_name OPERATOR(pg_catalog.=) %s"
         "   AND p.table_name OPERATOR(pg_catalog.=) %s",
         [table.schema, table.name],

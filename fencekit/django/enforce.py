@@ -29,6 +29,7 @@ from fencekit.catalog.rollout import (
     parse_duration,
     registered_spec,
 )
+from fencekit.catalog.session import pinned_path
 from fencekit.django.fences import META_OPTION, Fence
 from fencekit.spec import FenceSpec, TableName
 from fencekit.sqlgen.pin import pinned
@@ -92,10 +93,12 @@ class EnforceFence(Operation):
         table = TableName(schema, model._meta.db_table)
         connection.ensure_connection()
         conn: Any = DBAPIConnection(connection.connection)
-        if enforce:
-            spec = enforce_check(conn, table, parse_duration(self.window), force=self.force)
-        else:
-            spec = _with_on_missing(registered_spec(conn, table), "allow")
+        # The migration's own connection, under the migrating role's search_path until pinned
+        with pinned_path(conn):
+            if enforce:
+                spec = enforce_check(conn, table, parse_duration(self.window), force=self.force)
+            else:
+                spec = _with_on_missing(registered_spec(conn, table), "allow")
         for statement in pinned(sqlgen.protect_statements(spec)):
             schema_editor.execute(statement, params=None)
 
