@@ -77,7 +77,8 @@ class Names:
 
     @property
     def lit_tag(self) -> str:
-        return lit(self.tag)
+        # Cast: every call into fencekit passes exactly the parameter types (no overload wins)
+        return lit(self.tag) + "::pg_catalog.text"
 
     @property
     def col(self) -> str:
@@ -155,7 +156,8 @@ def statement_token(n: Names, *, counted: bool = True) -> str:
     count = "" if counted else ", counted => false"
     return (
         f"fencekit.statement_token(tag => {n.lit_tag}, relid => TG_RELID,\n"
-        f"      trigger_name => TG_NAME, allow => {n.allow}, issuer => {issuer}{count})"
+        f"      trigger_name => TG_NAME::pg_catalog.text, allow => {n.allow},\n"
+        f"      issuer => {issuer}::pg_catalog.text{count})"
     )
 
 
@@ -179,10 +181,11 @@ def judge_fences(n: Names, keys: str, key_label: str | None = None, indent: str 
     column = lit(spec.key[0]) if spec.key else "NULL"
     label = lit(key_label) if key_label is not None else "NULL"
     return (
-        f"{i}PERFORM fencekit.judge_fences(tag => {n.lit_tag}, relid => TG_RELID, "
-        "trigger_name => TG_NAME,\n"
-        f"{i}  resource => {n.resource}, token => tok, on_equal => {lit(spec.on_equal)}, "
+        f"{i}PERFORM fencekit.judge_fences(tag => {n.lit_tag}, relid => TG_RELID,\n"
+        f"{i}  trigger_name => TG_NAME::pg_catalog.text,\n"
+        f"{i}  resource => {n.resource}::pg_catalog.text, token => tok,\n"
+        f"{i}  on_equal => {lit(spec.on_equal)}::pg_catalog.text, "
         f"lease_bound => {'true' if spec.lease_bound else 'false'},\n"
-        f"{i}  key_column => {column}, key_label => {label},\n"
+        f"{i}  key_column => {column}::pg_catalog.text, key_label => {label}::pg_catalog.text,\n"
         f"{i}  keys => {keys});\n"
     )

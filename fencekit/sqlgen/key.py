@@ -97,7 +97,7 @@ def _body(n: Names, sources: list[str]) -> str:
         "  tok pg_catalog.int8;\nBEGIN\n" + _token(n) + "  IF tok IS NOT NULL THEN\n"
         # Before any key's text is computed (plpgsql plans the statement below only when it
         # reaches it): a key column retyped to a type of the owner's would run its cast as us.
-        f"    PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID);\n"
+        f"    PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID::pg_catalog.regclass);\n"
         + judge_fences(n, _keys(n, sources), label)
         + attribute(n)
         + "  END IF;\n  RETURN NULL;\nEND\n"

@@ -81,8 +81,10 @@ def _same_as_checked(n: Names, indent: str = "    ") -> str:
         # OPERATOR(pg_catalog.=), not IS DISTINCT FROM: that resolves = through search_path.
         f"{i}IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)\n"
         f"{i}                {n.checked}, false) THEN\n"
-        f"{i}  PERFORM fencekit.reject('malformed', {n.lit_tag}, TG_RELID, TG_NAME, NULL, NULL,\n"
-        f"{i}    NULL, tok, NULL,\n{i}    COALESCE({n.checked}, ''));\n"
+        f"{i}  PERFORM fencekit.reject('malformed'::pg_catalog.text, {n.lit_tag}, TG_RELID,\n"
+        f"{i}    TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,\n"
+        f"{i}    NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,\n"
+        f"{i}    COALESCE({n.checked}, ''::pg_catalog.text));\n"
         f"{i}END IF;\n"
     )
 
@@ -106,8 +108,10 @@ def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
         f"{_same_as_checked(n)}"
         f"{accept}"
         "  END IF;\n"
-        f"  PERFORM fencekit.rejected_row(\n    reason => {reason},\n    tag => {n.lit_tag},\n"
-        f"    relid => TG_RELID, trigger_name => TG_NAME, column_name => {lit(n.spec.column)},\n"
+        "  PERFORM fencekit.rejected_row(\n"
+        f"    reason => ({reason})::pg_catalog.text,\n    tag => {n.lit_tag},\n"
+        f"    relid => TG_RELID, trigger_name => TG_NAME::pg_catalog.text,\n"
+        f"    column_name => {lit(n.spec.column)}::pg_catalog.text,\n"
         f"    row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.{n.col});\n"
         f"  RETURN {row};  -- bypassed: the row passes as written\n"
         "END\n"
@@ -128,7 +132,8 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             advance,
             # Without a token the fence column cannot be written (NEW keeps OLD's fence),
             # unless the session may bypass: then the row passes as written.
-            f"    IF NOT fencekit.bypass_allowed({n.lit_tag}, TG_RELID, TG_NAME) THEN\n"
+            f"    IF NOT fencekit.bypass_allowed({n.lit_tag}, TG_RELID,\n"
+            "                                   TG_NAME::pg_catalog.text) THEN\n"
             f"      NEW.{col} := OLD.{col};\n"
             "    END IF;\n",
         ),

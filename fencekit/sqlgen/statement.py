@@ -63,13 +63,15 @@ def _row_truncate(n: Names) -> str:
     that is no longer a bigint. The rows are gone afterwards: nothing to advance.
     """
     return (
-        f"    PERFORM fencekit.check_fence_column({n.lit_tag}, TG_RELID, TG_NAME,\n"
-        f"      TG_RELID::pg_catalog.regclass, {lit(n.spec.column)});\n"
+        f"    PERFORM fencekit.check_fence_column({n.lit_tag}, TG_RELID,\n"
+        "      TG_NAME::pg_catalog.text, TG_RELID::pg_catalog.regclass,\n"
+        f"      {lit(n.spec.column)}::pg_catalog.name);\n"
         "    -- dynamic SQL: the table is the one the trigger fired on, known only at run time\n"
         "    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',\n"
         f"                              {lit(n.spec.column)}, TG_RELID::pg_catalog.regclass)\n"
         "      INTO fence;\n"
-        f"    PERFORM fencekit.judge_row_truncate({n.lit_tag}, TG_RELID, TG_NAME, tok, fence);\n"
+        f"    PERFORM fencekit.judge_row_truncate({n.lit_tag}, TG_RELID,\n"
+        "      TG_NAME::pg_catalog.text, tok, fence);\n"
     )
 
 

@@ -26,13 +26,16 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 -- fencekit: statement check (key fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => 'etcd');
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => 'etcd'::pg_catalog.text);
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'billing', token => tok, on_equal => 'accept', lease_bound => false,
-      key_column => 'tenant_id', key_label => NULL,
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'billing'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'tenant_id'::pg_catalog.text, key_label => NULL::pg_catalog.text,
       keys => NULL);
   END IF;
   RETURN NULL;
@@ -41,7 +44,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=28b05a8e44abf1f5ac08d77a5229590850e5f96167518c870688368973f1f5d4; generated, do not edit';
+  'sha256=f396b524b9dc199fe1fa5b141eb71c10ef0a1ce218cad62d25baffd6e70b294d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -70,14 +73,17 @@ BEGIN
            OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
     tok := raw::pg_catalog.int8;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => 'etcd');
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'billing', token => tok, on_equal => 'accept', lease_bound => false,
-      key_column => 'tenant_id', key_label => '(tenant_id, account_id)',
+    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'billing'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
       keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
                       FROM fencekit_new AS x ORDER BY 1));
   END IF;
@@ -87,7 +93,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=fe16f64ca850d8f9c0dffe61a106d01837b4c5fb89e0b5a12327b87d7cda8122; generated, do not edit';
+  'sha256=68325b1dff4e2827d5c6c808be526e5909e313dfc1b9390f5f7870f42620578b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -116,14 +122,17 @@ BEGIN
            OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
     tok := raw::pg_catalog.int8;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => 'etcd');
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'billing', token => tok, on_equal => 'accept', lease_bound => false,
-      key_column => 'tenant_id', key_label => '(tenant_id, account_id)',
+    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'billing'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
       keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
                       FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
                             UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
@@ -134,7 +143,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=fcbd4ab8c8d99ee7a141b8d751e2666871aba81fda666ecedffefbcf329ef472; generated, do not edit';
+  'sha256=7bf7bc17284dc1fe949fab63c1afa3bbb78b1f3bc396ca164ebfd168230f7f34; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -163,14 +172,17 @@ BEGIN
            OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
     tok := raw::pg_catalog.int8;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => 'etcd');
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'billing', token => tok, on_equal => 'accept', lease_bound => false,
-      key_column => 'tenant_id', key_label => '(tenant_id, account_id)',
+    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'billing'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
       keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
                       FROM fencekit_old AS x ORDER BY 1));
   END IF;
@@ -180,7 +192,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=85a2b0e4ead0bd660e15abe637141592359d45706a01f6fc3d01cb082719db05; generated, do not edit';
+  'sha256=78f7c0f96915b47ce40e1ebef22dc699952127607fac442abb8b506fc2bfee48; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -269,7 +281,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          'invoices_883e1d3584_del',
          'invoices_883e1d3584_cover']);
 
-SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'billing',
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584'::pg_catalog.text, 'billing',
   '{"column": "fencekit_fence", "issuer": "etcd", "key": ["tenant_id", "account_id"],
    "lease_bound": false, "on_equal": "accept", "on_missing": "reject",
    "resource": "billing", "scope": "key", "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb,
@@ -321,7 +333,7 @@ BEGIN
 END
 $do$;
 
-SELECT fencekit.drop_counters('invoices_883e1d3584');
+SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

@@ -24,13 +24,16 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 -- fencekit: statement check (key fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => true,
-      key_column => 'account_id', key_label => NULL,
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => true,
+      key_column => 'account_id'::pg_catalog.text, key_label => NULL::pg_catalog.text,
       keys => NULL);
   END IF;
   RETURN NULL;
@@ -39,7 +42,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=0b4b5b34905804c1253b00936adc5f1a50fc133f66d4e3680e82cf7a7c4e25dc; generated, do not edit';
+  'sha256=eee2d8ca8c6d3367bc12ccac2e6b09fccfeb07fd80d1f6ae1b87bde52a44e372; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -66,14 +69,17 @@ BEGIN
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     tok := raw::pg_catalog.int8;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => true,
-      key_column => 'account_id', key_label => 'account_id',
+    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => true,
+      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_new AS x ORDER BY 1));
   END IF;
@@ -83,7 +89,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=6cfa44f929f2adaba25c9b7006a8d40c371ec82c0c63b1777484c9193aa32f7e; generated, do not edit';
+  'sha256=9b542b352d5ddc26dff107ce3a8ceddd6c8e4adc46e9bcbbd382bdb9a5da73b4; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -110,14 +116,17 @@ BEGIN
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     tok := raw::pg_catalog.int8;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => true,
-      key_column => 'account_id', key_label => 'account_id',
+    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => true,
+      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM (SELECT y.account_id FROM fencekit_new AS y
                             UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
@@ -128,7 +137,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=08f5ad51603558bdf63894ef660962e8c3cb0429036fdc4dbc79cf29ece54c01; generated, do not edit';
+  'sha256=8b93e05969fc9d116267c7d20beb1f9ee7994047723284b8107d839ab46522fb; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -155,14 +164,17 @@ BEGIN
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     tok := raw::pg_catalog.int8;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => true,
-      key_column => 'account_id', key_label => 'account_id',
+    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => true,
+      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_old AS x ORDER BY 1));
   END IF;
@@ -172,7 +184,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=f34ac11b0cbb6d8f50c5cfe3bc719766b0fd13c28b061b2b9d35b6c495c3d143; generated, do not edit';
+  'sha256=755a3379a0deef58eec159aa6a9d14b2e5592fbc2fe34e93357e111c21a36c61; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -261,7 +273,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          'invoices_883e1d3584_del',
          'invoices_883e1d3584_cover']);
 
-SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'app.invoices',
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584'::pg_catalog.text, 'app.invoices',
   '{"column": "fencekit_fence", "issuer": null, "key": ["account_id"], "lease_bound": true,
    "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "key",
    "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb,
@@ -313,7 +325,7 @@ BEGIN
 END
 $do$;
 
-SELECT fencekit.drop_counters('invoices_883e1d3584');
+SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

@@ -24,16 +24,19 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 -- fencekit: statement check (key fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text);
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
-      key_column => 'account_id', key_label => NULL,
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'account_id'::pg_catalog.text, key_label => NULL::pg_catalog.text,
       keys => NULL);
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
   END IF;
   RETURN NULL;
 END
@@ -41,7 +44,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=d06a55e71096c333ecf714e2253d9d6f2d238f77e0b5c05fcfd3851043b129b2; generated, do not edit';
+  'sha256=a4a719e599719812f7a033c7d4f66955d7e60af93d87151964b68b7d81971d78; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -68,18 +71,21 @@ BEGIN
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     tok := raw::pg_catalog.int8;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
-      key_column => 'account_id', key_label => 'account_id',
+    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_new AS x ORDER BY 1));
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
   END IF;
   RETURN NULL;
 END
@@ -87,7 +93,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=8dd5b340bf91000f980d5ec29aca397b279f400fb9f987d50afce8f07dc0e5a0; generated, do not edit';
+  'sha256=e3fa8c96f6b9fc4540d39cb8665d6820425945ef7405f5b5351321ddb5881dc7; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -114,19 +120,22 @@ BEGIN
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     tok := raw::pg_catalog.int8;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
-      key_column => 'account_id', key_label => 'account_id',
+    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM (SELECT y.account_id FROM fencekit_new AS y
                             UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
   END IF;
   RETURN NULL;
 END
@@ -134,7 +143,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=0c27d4b87c5b04e4ec96d819174eafc33a58a3d151758eac681b953d5d39550d; generated, do not edit';
+  'sha256=2e75befb06deb11a56d06c0ec007d520f182ddadb712d931877952701b48d13a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -161,18 +170,21 @@ BEGIN
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     tok := raw::pg_catalog.int8;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
-      key_column => 'account_id', key_label => 'account_id',
+    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_old AS x ORDER BY 1));
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
   END IF;
   RETURN NULL;
 END
@@ -180,7 +192,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=1a273b6fe57f0a2c45a6d1ba77b9677a7d03cc0f68199179e743b4824edcf8d0; generated, do not edit';
+  'sha256=d66e3e50a85be0cf7d74ee2571d3e71e9859150beff1eff0fac097ef0fb14a99; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -269,7 +281,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          'invoices_883e1d3584_del',
          'invoices_883e1d3584_cover']);
 
-SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'app.invoices',
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584'::pg_catalog.text, 'app.invoices',
   '{"column": "fencekit_fence", "issuer": null, "key": ["account_id"],
    "lease_bound": false, "on_equal": "accept", "on_missing": "allow", "resource": null,
    "scope": "key", "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb,
@@ -321,7 +333,7 @@ BEGIN
 END
 $do$;
 
-SELECT fencekit.drop_counters('invoices_883e1d3584');
+SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

@@ -38,15 +38,16 @@ BEGIN
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL, counted => false);
+  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text, counted => false);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=672c38cb847f3459371b3b6308c69a9c88b50c76d8148ab2d479d36fa4c48ad2; generated, do not edit';
+  'sha256=694f2e827f4266d8ead53e7a0950a2f47aa2166463537b23053892fca2552a55; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -58,18 +59,21 @@ AS $fn$
 --   row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   fence pg_catalog.int8;
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME,
-      TG_RELID::pg_catalog.regclass, 'Fence Column');
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+      TG_NAME::pg_catalog.text, TG_RELID::pg_catalog.regclass,
+      'Fence Column'::pg_catalog.name);
     -- dynamic SQL: the table is the one the trigger fired on, known only at run time
     EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',
                               'Fence Column', TG_RELID::pg_catalog.regclass)
       INTO fence;
-    PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
+    PERFORM fencekit.judge_row_truncate('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+      TG_NAME::pg_catalog.text, tok, fence);
   END IF;
   RETURN NULL;
 END
@@ -77,7 +81,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
   'fencekit function template=1 '
-  'sha256=0df3f06459132e5a7797377f7bf60ac44ef8973085d020b4ac7c298ba4918546; generated, do not edit';
+  'sha256=5e67578d5970d4a850922c1d41b0c46c664a6da51dac4d205610fc986772afb3; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure,
   'app.invoices'::pg_catalog.regclass);
@@ -89,16 +93,18 @@ AS $fn$
 DECLARE
   tok pg_catalog.int8;
 BEGIN
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
   IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
                   pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
-    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-      NULL, tok, NULL,
-      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    PERFORM fencekit.reject('malformed'::pg_catalog.text, 'invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+      TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,
+      NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,
+      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''::pg_catalog.text));
   END IF;
   NEW."Fence Column" := tok;
   RETURN NEW;
@@ -107,7 +113,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=4cf09e045e3eaa0fe4fd236118150ae771c861840f6cedc4ba509de61d68568a; generated, do not edit';
+  'sha256=4cfc4bfddd17cbf407dc67b308a539d3c1f3513cea54f814a493c4944b88c268; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -128,10 +134,12 @@ BEGIN
     NEW."Fence Column" := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   IF tok IS NULL THEN
-    IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
+    IF NOT fencekit.bypass_allowed('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+                                   TG_NAME::pg_catalog.text) THEN
       NEW."Fence Column" := OLD."Fence Column";
     END IF;
     RETURN NEW;
@@ -139,17 +147,19 @@ BEGIN
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0) THEN
     IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
                     pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
-      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-        NULL, tok, NULL,
-        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+      PERFORM fencekit.reject('malformed'::pg_catalog.text, 'invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+        TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,
+        NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''::pg_catalog.text));
     END IF;
     NEW."Fence Column" := tok;
     RETURN NEW;
   END IF;
   PERFORM fencekit.rejected_row(
-    reason => 'stale',
-    tag => 'invoices_883e1d3584',
-    relid => TG_RELID, trigger_name => TG_NAME, column_name => 'Fence Column',
+    reason => ('stale')::pg_catalog.text,
+    tag => 'invoices_883e1d3584'::pg_catalog.text,
+    relid => TG_RELID, trigger_name => TG_NAME::pg_catalog.text,
+    column_name => 'Fence Column'::pg_catalog.text,
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD."Fence Column");
   RETURN NEW;  -- bypassed: the row passes as written
 END
@@ -157,7 +167,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=0ae3b2a58121bf73bdf319301bcfaff70d760d5a77b23da5fa6f77bbf236a005; generated, do not edit';
+  'sha256=fb150da3b08844d1ee6942dee429d31acb3155743e72f28d73292a675a0354c3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -177,24 +187,27 @@ BEGIN
            ELSE false END) THEN  -- canonical, not below the fence, the one checked
     RETURN OLD;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 0) THEN
     IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
                     pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
-      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-        NULL, tok, NULL,
-        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+      PERFORM fencekit.reject('malformed'::pg_catalog.text, 'invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+        TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,
+        NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''::pg_catalog.text));
     END IF;
     RETURN OLD;
   END IF;
   PERFORM fencekit.rejected_row(
-    reason => 'stale',
-    tag => 'invoices_883e1d3584',
-    relid => TG_RELID, trigger_name => TG_NAME, column_name => 'Fence Column',
+    reason => ('stale')::pg_catalog.text,
+    tag => 'invoices_883e1d3584'::pg_catalog.text,
+    relid => TG_RELID, trigger_name => TG_NAME::pg_catalog.text,
+    column_name => 'Fence Column'::pg_catalog.text,
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD."Fence Column");
   RETURN OLD;  -- bypassed: the row passes as written
 END
@@ -202,7 +215,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=f241610f10487d5a2d4ea25e20202aa9039cf301c20ae7e89019ec19bc1c5a60; generated, do not edit';
+  'sha256=b643dad27c5dc50a2f3badc73bdff0f61b9aa6f1e8dd22e0bfa5db7e2270cdc1; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -308,7 +321,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          'invoices_883e1d3584_del',
          'invoices_883e1d3584_cover']);
 
-SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', NULL,
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584'::pg_catalog.text, NULL,
   '{"column": "Fence Column", "issuer": null, "key": [], "lease_bound": false,
    "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row",
    "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb,
@@ -362,7 +375,7 @@ $do$;
 
 ALTER TABLE IF EXISTS app.invoices DROP COLUMN IF EXISTS "Fence Column";
 
-SELECT fencekit.drop_counters('invoices_883e1d3584');
+SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

@@ -40,12 +40,13 @@ BEGIN
   END IF;
   IF raw OPERATOR(pg_catalog.=) ''
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     RETURN NULL;
   END IF;
-  IF fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL, counted => false) IS NULL THEN
-    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+  IF fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text, counted => false) IS NULL THEN
+    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
   END IF;
   RETURN NULL;
 END
@@ -53,7 +54,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=09008d54b5358679f7d3d1d5dbca6cb90f6d295f38a6ef15e78e4f30e522a277; generated, do not edit';
+  'sha256=6a295410c40033bf98dd12615eb8c70d332ef1fc911baa8ac380d775252ba6b0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -65,20 +66,23 @@ AS $fn$
 --   row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text);
   fence pg_catalog.int8;
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME,
-      TG_RELID::pg_catalog.regclass, 'fencekit_fence');
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+      TG_NAME::pg_catalog.text, TG_RELID::pg_catalog.regclass,
+      'fencekit_fence'::pg_catalog.name);
     -- dynamic SQL: the table is the one the trigger fired on, known only at run time
     EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',
                               'fencekit_fence', TG_RELID::pg_catalog.regclass)
       INTO fence;
-    PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
+    PERFORM fencekit.judge_row_truncate('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+      TG_NAME::pg_catalog.text, tok, fence);
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
+    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
   END IF;
   RETURN NULL;
 END
@@ -86,7 +90,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
   'fencekit function template=1 '
-  'sha256=60c9410ac899d36511201e4200cce05ece2635e61b11b5899ce8adf25d317525; generated, do not edit';
+  'sha256=aa2a4517b429608ea4f7cc15d9da69f9e7e277e71055436207e6e3d78a421aa3; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure,
   'app.invoices'::pg_catalog.regclass);
@@ -98,16 +102,18 @@ AS $fn$
 DECLARE
   tok pg_catalog.int8;
 BEGIN
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text);
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
   IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
                   pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
-    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-      NULL, tok, NULL,
-      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    PERFORM fencekit.reject('malformed'::pg_catalog.text, 'invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+      TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,
+      NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,
+      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''::pg_catalog.text));
   END IF;
   NEW.fencekit_fence := tok;
   RETURN NEW;
@@ -116,7 +122,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=569a4b3a098a358cca2b8444de5d7e97cce61a79bc23cec91f840313ff82ea49; generated, do not edit';
+  'sha256=84bb1830679c067100de8cba9ef21645f33fcae5f2f82439538379002a2b47c3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -137,10 +143,12 @@ BEGIN
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text);
   IF tok IS NULL THEN
-    IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
+    IF NOT fencekit.bypass_allowed('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+                                   TG_NAME::pg_catalog.text) THEN
       NEW.fencekit_fence := OLD.fencekit_fence;
     END IF;
     RETURN NEW;
@@ -148,17 +156,19 @@ BEGIN
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
     IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
                     pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
-      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-        NULL, tok, NULL,
-        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+      PERFORM fencekit.reject('malformed'::pg_catalog.text, 'invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+        TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,
+        NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''::pg_catalog.text));
     END IF;
     NEW.fencekit_fence := tok;
     RETURN NEW;
   END IF;
   PERFORM fencekit.rejected_row(
-    reason => 'stale',
-    tag => 'invoices_883e1d3584',
-    relid => TG_RELID, trigger_name => TG_NAME, column_name => 'fencekit_fence',
+    reason => ('stale')::pg_catalog.text,
+    tag => 'invoices_883e1d3584'::pg_catalog.text,
+    relid => TG_RELID, trigger_name => TG_NAME::pg_catalog.text,
+    column_name => 'fencekit_fence'::pg_catalog.text,
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.fencekit_fence);
   RETURN NEW;  -- bypassed: the row passes as written
 END
@@ -166,7 +176,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=06af14ab080f2c3df868c217a4c458facec6f0472a9976744934fa31e209322a; generated, do not edit';
+  'sha256=d51339fb95febd9e9587b78d11dbaaeed9d39a931cdb13242448ae5c045c2feb; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -186,24 +196,27 @@ BEGIN
            ELSE false END) THEN  -- canonical, not below the fence, the one checked
     RETURN OLD;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text);
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
     IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
                     pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
-      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-        NULL, tok, NULL,
-        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+      PERFORM fencekit.reject('malformed'::pg_catalog.text, 'invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+        TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,
+        NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''::pg_catalog.text));
     END IF;
     RETURN OLD;
   END IF;
   PERFORM fencekit.rejected_row(
-    reason => 'stale',
-    tag => 'invoices_883e1d3584',
-    relid => TG_RELID, trigger_name => TG_NAME, column_name => 'fencekit_fence',
+    reason => ('stale')::pg_catalog.text,
+    tag => 'invoices_883e1d3584'::pg_catalog.text,
+    relid => TG_RELID, trigger_name => TG_NAME::pg_catalog.text,
+    column_name => 'fencekit_fence'::pg_catalog.text,
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.fencekit_fence);
   RETURN OLD;  -- bypassed: the row passes as written
 END
@@ -211,7 +224,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=b9aed7fac4b998631517ba4097dfce840f056d58e1d3fe3d81de2136dd5aa3d4; generated, do not edit';
+  'sha256=da2d58afc5a202b8c43116ead482a437095899f669fa70936d1193895e609634; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -317,7 +330,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          'invoices_883e1d3584_del',
          'invoices_883e1d3584_cover']);
 
-SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', NULL,
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584'::pg_catalog.text, NULL,
   '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false,
    "on_equal": "accept", "on_missing": "allow", "resource": null, "scope": "row",
    "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb,
@@ -371,7 +384,7 @@ $do$;
 
 ALTER TABLE IF EXISTS app.invoices DROP COLUMN IF EXISTS fencekit_fence;
 
-SELECT fencekit.drop_counters('invoices_883e1d3584');
+SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

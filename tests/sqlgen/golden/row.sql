@@ -38,15 +38,16 @@ BEGIN
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL, counted => false);
+  PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text, counted => false);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=672c38cb847f3459371b3b6308c69a9c88b50c76d8148ab2d479d36fa4c48ad2; generated, do not edit';
+  'sha256=694f2e827f4266d8ead53e7a0950a2f47aa2166463537b23053892fca2552a55; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -58,18 +59,21 @@ AS $fn$
 --   row_security=off
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   fence pg_catalog.int8;
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_fence_column('invoices_883e1d3584', TG_RELID, TG_NAME,
-      TG_RELID::pg_catalog.regclass, 'fencekit_fence');
+    PERFORM fencekit.check_fence_column('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+      TG_NAME::pg_catalog.text, TG_RELID::pg_catalog.regclass,
+      'fencekit_fence'::pg_catalog.name);
     -- dynamic SQL: the table is the one the trigger fired on, known only at run time
     EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I) FROM %s',
                               'fencekit_fence', TG_RELID::pg_catalog.regclass)
       INTO fence;
-    PERFORM fencekit.judge_row_truncate('invoices_883e1d3584', TG_RELID, TG_NAME, tok, fence);
+    PERFORM fencekit.judge_row_truncate('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+      TG_NAME::pg_catalog.text, tok, fence);
   END IF;
   RETURN NULL;
 END
@@ -77,7 +81,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
   'fencekit function template=1 '
-  'sha256=911c6ef40651dbc86b57e8c8355de4da70c26c4a2ae36bd25e977fe4fc3d4145; generated, do not edit';
+  'sha256=a22ac0cbd4ec6975601738daf91fc4eabdf793514843b0c7125b48951bd678c0; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure,
   'app.invoices'::pg_catalog.regclass);
@@ -89,16 +93,18 @@ AS $fn$
 DECLARE
   tok pg_catalog.int8;
 BEGIN
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
   IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
                   pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
-    PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-      NULL, tok, NULL,
-      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+    PERFORM fencekit.reject('malformed'::pg_catalog.text, 'invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+      TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,
+      NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,
+      COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''::pg_catalog.text));
   END IF;
   NEW.fencekit_fence := tok;
   RETURN NEW;
@@ -107,7 +113,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=1557dc2c3241090643d7bf756a1496a1469239b5ba91f0da9fddfc098c88fb4b; generated, do not edit';
+  'sha256=76db75ba259145f7eebc382ff471328b17455f0a0253f53d5f913a92fc16eb1e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -128,10 +134,12 @@ BEGIN
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   IF tok IS NULL THEN
-    IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
+    IF NOT fencekit.bypass_allowed('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+                                   TG_NAME::pg_catalog.text) THEN
       NEW.fencekit_fence := OLD.fencekit_fence;
     END IF;
     RETURN NEW;
@@ -139,17 +147,19 @@ BEGIN
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
     IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
                     pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
-      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-        NULL, tok, NULL,
-        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+      PERFORM fencekit.reject('malformed'::pg_catalog.text, 'invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+        TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,
+        NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''::pg_catalog.text));
     END IF;
     NEW.fencekit_fence := tok;
     RETURN NEW;
   END IF;
   PERFORM fencekit.rejected_row(
-    reason => 'stale',
-    tag => 'invoices_883e1d3584',
-    relid => TG_RELID, trigger_name => TG_NAME, column_name => 'fencekit_fence',
+    reason => ('stale')::pg_catalog.text,
+    tag => 'invoices_883e1d3584'::pg_catalog.text,
+    relid => TG_RELID, trigger_name => TG_NAME::pg_catalog.text,
+    column_name => 'fencekit_fence'::pg_catalog.text,
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.fencekit_fence);
   RETURN NEW;  -- bypassed: the row passes as written
 END
@@ -157,7 +167,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=2bc02717933190ee2bb3e50be0de68def68fe36f6c9f9117dc56e4d6337dd118; generated, do not edit';
+  'sha256=9c82338ea30f5e5513082839d1a6b58867e8c8e380f6ec6c3c1c6b9a166825a5; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -177,24 +187,27 @@ BEGIN
            ELSE false END) THEN  -- canonical, not below the fence, the one checked
     RETURN OLD;
   END IF;
-  tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
     IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
                     pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), false) THEN
-      PERFORM fencekit.reject('malformed', 'invoices_883e1d3584', TG_RELID, TG_NAME, NULL, NULL,
-        NULL, tok, NULL,
-        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''));
+      PERFORM fencekit.reject('malformed'::pg_catalog.text, 'invoices_883e1d3584'::pg_catalog.text, TG_RELID,
+        TG_NAME::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text,
+        NULL::pg_catalog.jsonb, tok, NULL::pg_catalog.int8,
+        COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true), ''::pg_catalog.text));
     END IF;
     RETURN OLD;
   END IF;
   PERFORM fencekit.rejected_row(
-    reason => 'stale',
-    tag => 'invoices_883e1d3584',
-    relid => TG_RELID, trigger_name => TG_NAME, column_name => 'fencekit_fence',
+    reason => ('stale')::pg_catalog.text,
+    tag => 'invoices_883e1d3584'::pg_catalog.text,
+    relid => TG_RELID, trigger_name => TG_NAME::pg_catalog.text,
+    column_name => 'fencekit_fence'::pg_catalog.text,
     row_data => pg_catalog.to_jsonb(OLD), token => tok, fence => OLD.fencekit_fence);
   RETURN OLD;  -- bypassed: the row passes as written
 END
@@ -202,7 +215,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=0387204ca281465c5d8c4a1ac288cacd434fd3f710a1a1e01abed2e5c7b27083; generated, do not edit';
+  'sha256=ff103247e26d4e4ec2971cfb3eeeaccca585c5f9757a3b0972aff14645f6ce0e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -308,7 +321,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          'invoices_883e1d3584_del',
          'invoices_883e1d3584_cover']);
 
-SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', NULL,
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584'::pg_catalog.text, NULL,
   '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false,
    "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "row",
    "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb,
@@ -362,7 +375,7 @@ $do$;
 
 ALTER TABLE IF EXISTS app.invoices DROP COLUMN IF EXISTS fencekit_fence;
 
-SELECT fencekit.drop_counters('invoices_883e1d3584');
+SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

@@ -21,13 +21,16 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 -- fencekit: statement check (table fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'reject', lease_bound => true,
-      key_column => NULL, key_label => NULL,
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'reject'::pg_catalog.text, lease_bound => true,
+      key_column => NULL::pg_catalog.text, key_label => NULL::pg_catalog.text,
       keys => ARRAY['']);
   END IF;
   RETURN NULL;
@@ -36,7 +39,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=8002f79c74fb3318eb6f5af4369303086eec9fc8b9d5b48364a5a093f1520244; generated, do not edit';
+  'sha256=5d9b98f559e20d8c0fc6a44c43c2be35882a6a0cd78922a768b68ff92fc1d025; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -98,7 +101,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          ARRAY['invoices_883e1d3584_stmt',
          'invoices_883e1d3584_cover']);
 
-SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'app.invoices',
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584'::pg_catalog.text, 'app.invoices',
   '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": true,
    "on_equal": "reject", "on_missing": "reject", "resource": null, "scope": "table",
    "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb,
@@ -150,7 +153,7 @@ BEGIN
 END
 $do$;
 
-SELECT fencekit.drop_counters('invoices_883e1d3584');
+SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

@@ -21,13 +21,16 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 -- fencekit: statement check (table fence) on app.invoices. Generated; do not edit.
 DECLARE
-  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+  tok pg_catalog.int8 := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
 BEGIN
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
-      resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
-      key_column => NULL, key_label => NULL,
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => NULL::pg_catalog.text, key_label => NULL::pg_catalog.text,
       keys => ARRAY['']);
   END IF;
   RETURN NULL;
@@ -36,7 +39,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=1b252e1fdf13b4dab201fc2de05732ddaf66fcc454a9a9d1b1a95deabd5a534f; generated, do not edit';
+  'sha256=41d1258107c33494050e2ba5f94fca2a7cc586531f6016cadacc1d00e44355fc; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -98,7 +101,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          ARRAY['invoices_883e1d3584_stmt',
          'invoices_883e1d3584_cover']);
 
-SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584', 'app.invoices',
+SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584'::pg_catalog.text, 'app.invoices',
   '{"column": "fencekit_fence", "issuer": null, "key": [], "lease_bound": false,
    "on_equal": "accept", "on_missing": "reject", "resource": null, "scope": "table",
    "table": {"name": "invoices", "schema": "app"}}'::pg_catalog.jsonb,
@@ -150,7 +153,7 @@ BEGIN
 END
 $do$;
 
-SELECT fencekit.drop_counters('invoices_883e1d3584');
+SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 
