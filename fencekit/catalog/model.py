@@ -84,6 +84,7 @@ class DriftKind(str, Enum):
     FOREIGN_CASCADE = "foreign_cascade"
     FOREIGN_VIEW = "foreign_view"
     FOREIGN_CODE = "foreign_code"
+    FOREIGN_FUNCTION = "foreign_function"
 
     def __str__(self) -> str:
         return self.value

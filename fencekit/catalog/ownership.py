@@ -5,6 +5,8 @@ objects back."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from fencekit.catalog.model import Conn, Drift, DriftKind
 from fencekit.ident import quote_ident, quote_literal
 
@@ -63,7 +65,7 @@ _SHOWN = 3  # object names a grouped ownership line shows before "and N more"
 _LISTED = 5  # up to this many objects the fix lists ALTER statements; beyond, a DO block
 
 
-def ownership_drift(conn: Conn) -> list[Drift]:
+def ownership_drift(conn: Conn, skip: Collection[str] = ()) -> list[Drift]:
     """fencekit's objects owned by another role than the one that installed it, or by a role
     that is neither a superuser nor a member of fencekit_admin. A protected table's generated
     functions and counters may also belong to any superuser or member of fencekit_admin (the
@@ -73,8 +75,10 @@ def ownership_drift(conn: Conn) -> list[Drift]:
     Whoever owns fencekit's tables and functions can lower fences, edit the registry and
     replace the checks; a ``pg_restore`` run by an application role leaves them all owned by
     it. The installing role is ``fencekit.meta``'s ``owner`` row; cores installed before it
-    existed fall back to the owner of schema fencekit.
+    existed fall back to the owner of schema fencekit. Functions in ``skip`` (as regprocedure
+    text: functions fencekit did not create, to be dropped) are left out.
     """
+    skipped = {s.replace(" ", "") for s in skip}
     schema = conn.execute(
         "SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text FROM pg_catalog.pg_namespace n "
         "WHERE n.nspname = 'fencekit'"
@@ -127,7 +131,7 @@ def ownership_drift(conn: Conn) -> list[Drift]:
     privileged: dict[str, bool] = {}
     for kind, name, alter_sql, owner, is_super, is_admin, per_table, table_owned in rows:
         role = quote_ident(owner)
-        if table_owned:
+        if table_owned or (kind == "function" and name.replace(" ", "") in skipped):
             continue
         privileged[role] = bool(is_super) or bool(is_admin)
         if per_table and privileged[role] and role != expected:

@@ -7,6 +7,7 @@ from fencekit.catalog.allowed import allowed_hashes
 from fencekit.catalog.codeinfo import Inspector
 from fencekit.catalog.counts import add_lateness, add_rejections, recent_repairs
 from fencekit.catalog.drift import orphaned_fences, table_drift
+from fencekit.catalog.foreign import foreign_function_drift
 from fencekit.catalog.model import COMMAND, Action, Command, Conn, Drift, DriftKind, Status
 from fencekit.catalog.ownership import ownership_drift
 from fencekit.catalog.registry import core_version, protected_tables
@@ -42,7 +43,10 @@ def status(conn: Conn) -> Status:
                 command=Command(Action.INSTALL),
             )
         )
-    core_drift += ownership_drift(conn)
+    # A function fencekit did not create is to be dropped, never handed to another owner.
+    foreign = foreign_function_drift(conn)
+    core_drift += foreign
+    core_drift += ownership_drift(conn, skip={d.object for d in foreign})
     core_drift += orphaned_fences(conn)
     core_drift += setting_drift(conn)
     tables = protected_tables(conn)

@@ -135,4 +135,9 @@ CREATE TABLE IF NOT EXISTS fencekit.resources (
 REVOKE ALL ON fencekit.meta, fencekit.fences, fencekit.protected, fencekit.resources FROM PUBLIC;
 GRANT SELECT ON fencekit.meta, fencekit.protected, fencekit.resources TO PUBLIC;
 GRANT ALL ON fencekit.meta, fencekit.fences, fencekit.protected, fencekit.resources TO fencekit_admin;
-GRANT USAGE, CREATE ON SCHEMA fencekit TO fencekit_admin;
+-- Only the installer (the schema's owner) and superusers create in schema fencekit: a function
+-- anyone else put there could be an overload that wins a call of fencekit's own code (a
+-- SECURITY DEFINER one included) by matching its argument types more exactly, or carry a
+-- generated function's name. fencekit_admin is trusted with fencekit's state, not with code.
+GRANT USAGE ON SCHEMA fencekit TO fencekit_admin;
+REVOKE CREATE ON SCHEMA fencekit FROM fencekit_admin;

@@ -172,9 +172,11 @@ BEGIN
         'built in: its owner''s code) with this session''s rights; nothing was changed', rel,
         session_user, bad.partitioned, bad.code),
       HINT = pg_catalog.format(
-        'Run the same command in a session logged in as the table''s owner %s (a member of '
-        'fencekit_admin): its code then runs with its own rights. SET ROLE is not enough: the '
-        'owner''s code could RESET ROLE back to yours.', owner_oid::regrole);
+        'Take the owner''s code out of the partition key, or run the same command in a '
+        'session logged in as the table''s owner %s: its code then runs with its own rights '
+        '(protect and move also need CREATE on schema fencekit for that one command: grant it, '
+        'then revoke it, and check fencekit status). SET ROLE is not enough: the owner''s code '
+        'could RESET ROLE back to yours.', owner_oid::regrole);
   END IF;
 END
 $fn$;
@@ -201,7 +203,7 @@ BEGIN
       MESSAGE = pg_catalog.format(
         'fencekit: %s reads %s and must belong to its owner %s, which %I cannot give it: %s',
         fn, rel, owner_oid::regrole, session_user, SQLERRM),
-      HINT = 'Protect the table as a superuser, or as its owner (a member of fencekit_admin).';
+      HINT = 'Protect the table as a superuser.';
   END;
 END
 $fn$;
@@ -225,6 +227,18 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
+  END IF;
+  -- Protect creates the table's functions and counters in schema fencekit, where only the
+  -- installer and superusers create (00_schema.sql): say so before anything is changed.
+  IF NOT pg_catalog.has_schema_privilege('fencekit', 'CREATE') THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = pg_catalog.format(
+        'fencekit: %I cannot protect %s: protect creates the table''s functions in schema '
+        'fencekit, where only the role that installed fencekit and superusers create; '
+        'nothing was changed', current_user, rel),
+      HINT = 'Protect it as the role that installed fencekit or as a superuser. Membership of '
+             'fencekit_admin is not enough, by design: anyone who can create in schema fencekit '
+             'could put code where fencekit''s own functions would run it.';
   END IF;
   PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   SELECT pg_catalog.jsonb_build_object('scope', p.spec -> 'scope', 'key', p.spec -> 'key',

@@ -135,10 +135,15 @@ def _protect(server: EmbeddedServer, template: str, owner: str, t: Table) -> Non
         except psycopg.errors.InsufficientPrivilege:
             su.rollback()
         su.execute(f"GRANT fencekit_admin TO {owner}")
+        # Only the installer and superusers create in schema fencekit: the DBA lets the owner
+        # create its table's functions for this protect only (docs/security.md).
+        su.execute(f"GRANT CREATE ON SCHEMA fencekit TO {owner}")
         su.commit()
     with psycopg.connect(server.dsn_for(template, owner)) as oc:
         for stmt in protect_statements(spec_of(t)):
             oc.execute(stmt.encode())
+    with psycopg.connect(server.dsn_for(template)) as su:
+        su.execute(f"REVOKE CREATE ON SCHEMA fencekit FROM {owner}")
 
 
 def _build(server: EmbeddedServer, template: str, sfx: str) -> Planted:
