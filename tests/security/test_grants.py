@@ -191,8 +191,10 @@ def test_dml_only_role_is_fenced_not_denied(
 
 @pytest.mark.parametrize("scope", ["row", "key", "table"])
 def test_admin_member_owning_the_table_protects_it(db: Conn, make_role, scope: str) -> None:
-    """A member of fencekit_admin that owns the table (a migration role, not a superuser) can
-    protect it, and the fence then holds for an application role with DML only."""
+    """A migration role that owns the table (not a superuser) can protect it once it may create
+    in schema fencekit (as the role that installed fencekit does), and the fence then holds for
+    an application role with DML only. Membership of fencekit_admin alone is not enough
+    (tests/security/test_schema_fencekit_create.py)."""
     from fencekit.sqlgen import protect_statements
 
     owner_dsn = make_role("sec_migrator", "fencekit_admin")
@@ -201,6 +203,7 @@ def test_admin_member_owning_the_table_protects_it(db: Conn, make_role, scope: s
     )
     db.execute("CREATE TABLE owned (id int PRIMARY KEY, k int NOT NULL, v int)")
     db.execute("ALTER TABLE owned OWNER TO sec_migrator")
+    db.execute("GRANT CREATE ON SCHEMA fencekit TO sec_migrator")
     db.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON owned TO sec_plain_app")
     db.commit()
     spec = FenceSpec(

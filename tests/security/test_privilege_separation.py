@@ -71,6 +71,9 @@ PART = FenceSpec(TableName("public", "ps_part"))
 def lab(db: Conn, dsn: str, make_role: Callable[..., str]) -> dict[str, str]:
     owner = make_role("ps_owner", "CREATE ON SCHEMA public", "fencekit_admin")
     admin = make_role("ps_admin", "fencekit_admin")
+    # Protect and move create the table's functions in schema fencekit: in the owner's session
+    # only once the DBA lets it create there (docs/security.md, partitioned tables)
+    db.execute("GRANT CREATE ON SCHEMA fencekit TO ps_owner")
     db.execute("SET ROLE ps_owner")
     db.execute(CANARY)
     for spec in TABLES.values():

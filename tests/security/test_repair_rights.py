@@ -241,6 +241,8 @@ def test_a_move_to_a_row_fence_runs_in_the_owners_own_session_without_bypass(
     old = _moved(db, Scope.KEY)
     owner = repair["rr_owner"]
     db.execute("GRANT fencekit_admin TO rr_owner")
+    # The move creates the row fence's functions in schema fencekit (docs/security.md)
+    db.execute("GRANT CREATE ON SCHEMA fencekit TO rr_owner")
     db.execute(
         "DO $$DECLARE f regprocedure; BEGIN FOR f IN SELECT oid FROM pg_proc WHERE pronamespace "
         "= 'fencekit'::regnamespace AND proname LIKE 'rr\\_moved\\_%' LOOP EXECUTE format("

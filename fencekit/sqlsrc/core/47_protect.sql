@@ -228,6 +228,7 @@ BEGIN
       MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
   END IF;
+  PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   -- Protect creates the table's functions and counters in schema fencekit, where only the
   -- installer and superusers create (00_schema.sql): say so before anything is changed.
   IF NOT pg_catalog.has_schema_privilege('fencekit', 'CREATE') THEN
@@ -240,7 +241,6 @@ BEGIN
              'fencekit_admin is not enough, by design: anyone who can create in schema fencekit '
              'could put code where fencekit''s own functions would run it.';
   END IF;
-  PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   SELECT pg_catalog.jsonb_build_object('scope', p.spec -> 'scope', 'key', p.spec -> 'key',
                                        'resource', p.spec -> 'resource',
                                        'column', p.spec -> 'column')
