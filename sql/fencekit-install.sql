@@ -3057,7 +3057,8 @@ BEGIN
                         'index expressions, policies), and fencekit runs that code only in a '
                         'session logged in as the owner %s (SET ROLE cannot contain it)', tbl,
                         who, owner_oid::regrole),
-      pg_catalog.format('Log in as %s (a member of fencekit_admin) and run: SELECT '
+      pg_catalog.format('Log in as %s (granted fencekit_admin for the repair: revoke it after) '
+                        'and run: SELECT '
                         'fencekit.set_fence(%L, %L, %s, %s, %L); or: fencekit fence set %s '
                         '... --dsn <a DSN that logs in as %s>', owner_oid::regrole, tbl::text,
                         COALESCE(key_values, '{}')::text, fence,

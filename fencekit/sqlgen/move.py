@@ -191,10 +191,12 @@ def _owner_only(new: FenceSpec) -> str:
         "ROLE cannot contain it); nothing was changed"
     )
     hint = (
-        "Log in as %s (a member of fencekit_admin, owning the table's generated fencekit "
-        "functions and counters) and run the same move: fencekit move ... --dsn <a DSN that "
-        "logs in as %s>. Or move through a table fence (--scope table, then the new options), "
-        "which reads no row when it starts from a key or table fence."
+        "Log in as %s (owning the table's generated fencekit functions and counters, granted "
+        "fencekit_admin and CREATE on schema fencekit for this move only: revoke both after, "
+        "an admin member is not kept from fencekit's state) and run the same move: fencekit "
+        "move ... --dsn <a DSN that logs in as %s>. Or move through a table fence (--scope "
+        "table, then the new options), which reads no row when it starts from a key or table "
+        "fence."
     )
     owner = (
         "(SELECT c.relowner FROM pg_catalog.pg_class c\n"
