@@ -240,11 +240,12 @@ def test_whole_schema_restored_by_an_app_role_is_one_line(
 def test_protect_by_a_member_of_fencekit_admin_is_not_drift(
     cli: Cli, dsn: str, make_role: Callable[..., str]
 ) -> None:
-    """The migration role (a member of fencekit_admin that owns the table) runs protect: the
-    table's generated functions and counters are its own, as they should be. A core object
-    handed to it is still reported."""
+    """The migration role (a member of fencekit_admin that owns the table, and may create in
+    schema fencekit, as protect needs) runs protect: the table's generated functions and
+    counters are its own, as they should be. A core object handed to it is still reported."""
     installer = _record_owner(dsn)
     migrator_dsn = make_role("fk_status_migrator", "fencekit_admin")
+    _sql(dsn, "GRANT CREATE ON SCHEMA fencekit TO fk_status_migrator")
     _sql(
         dsn,
         "CREATE TABLE invoices (id bigint PRIMARY KEY, k bigint NOT NULL)",
