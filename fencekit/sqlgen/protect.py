@@ -335,7 +335,7 @@ def add_column_quietly(spec: FenceSpec) -> str:
     IF NOT EXISTS`` would print a NOTICE on every re-run, and a re-run is meant to be quiet)."""
     return (
         f"SELECT fencekit.add_fence_column({lit(spec.table.sql)}::pg_catalog.regclass, "
-        f"{lit(spec.column)})"
+        f"{lit(spec.column)}::pg_catalog.name)"
     )
 
 

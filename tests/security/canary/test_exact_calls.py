@@ -13,7 +13,8 @@ every parameter, and every type PostgreSQL casts to that parameter's type implic
 (``pg_cast``), an overload differing from the real one in that position alone. Each one counts
 its calls in a sequence (sequences ignore rollbacks) and fails. Then every fenced write path of
 every scope runs (writes with a token, a stale one, none in rollout mode and enforcing, a
-bypass, TRUNCATE), and no overload may have run, nor may a write fail for an ambiguous call.
+bypass, TRUNCATE), then unprotect and protect again as the DBA and a lease's life as a writer;
+no overload may have run, nor may a call fail as ambiguous.
 """
 
 from __future__ import annotations
@@ -147,5 +148,35 @@ def test_no_overload_in_schema_fencekit_wins_a_call_of_fencekits_own(
                 failures.append(f"{name} {what}: {err or 'committed'}")
             elif not commits and not err:
                 failures.append(f"{name} {what}: committed, expected a refusal")
+    # The DDL side: protect and unprotect (as the DBA) and a lease's life (as a writer).
+    from fencekit import sqlgen
+    from fencekit.spec import FenceSpec, Scope, TableName
+
+    for name, kw in SCOPES.items():
+        spec = FenceSpec(
+            TableName("public", name),
+            scope=Scope(kw["scope"]),
+            key=kw.get("key", ()),
+            on_missing=on_missing,
+        )
+        for what, stmts in (
+            ("unprotect", sqlgen.unprotect_statements(spec)),
+            ("protect", sqlgen.protect_statements(spec)),
+        ):
+            err = _write(db.info.dsn, list(stmts), None)
+            if err:
+                failures.append(f"{name} {what}: {err}")
+    db.execute("GRANT fencekit_writer TO xc_writer")
+    db.commit()
+    lease = [
+        "SELECT fencekit.acquire('xc', 'w1', interval '1 minute')",
+        "SELECT fencekit.renew('xc', 'w1', (SELECT token FROM fencekit.leases_current"
+        " WHERE resource = 'xc'), interval '1 minute')",
+        "SELECT fencekit.release('xc', 'w1', (SELECT token FROM fencekit.leases_current"
+        " WHERE resource = 'xc'))",
+    ]
+    err = _write(writer, lease, None)
+    if err:
+        failures.append(f"lease: {err}")
     assert not failures, "\n".join(failures)
     assert _hits(db) == 0

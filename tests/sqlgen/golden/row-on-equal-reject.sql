@@ -11,7 +11,7 @@ SELECT fencekit.protect_guard('app.invoices'::pg_catalog.regclass,
   '{"column": "fencekit_fence",
    "key": [], "resource": null, "scope": "row"}'::pg_catalog.jsonb);
 
-SELECT fencekit.add_fence_column('app.invoices'::pg_catalog.regclass, 'fencekit_fence');
+SELECT fencekit.add_fence_column('app.invoices'::pg_catalog.regclass, 'fencekit_fence'::pg_catalog.name);
 
 ALTER TABLE app.invoices ALTER COLUMN fencekit_fence SET DEFAULT
   CASE WHEN pg_catalog.btrim(pg_catalog.current_setting('fencekit.token', true), '0123456789') OPERATOR(pg_catalog.=) ''
