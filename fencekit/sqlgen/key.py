@@ -162,7 +162,10 @@ def _keys_and_lookup(n: Names, sources: list[str]) -> str:
     eq = "OPERATOR(pg_catalog.=)"
     mine = ""
     if n.spec.on_equal == "reject":
-        mine = f"\n                              AND f.writer_xact {eq} pg_catalog.pg_current_xact_id()"
+        mine = (
+            f"\n                              AND f.writer_xact {eq} "
+            "pg_catalog.pg_current_xact_id()"
+        )
     # OFFSET 0: the keys are computed once, not once per reference. COLLATE: a key column's
     # own collation ("C") would otherwise meet fencekit.fences' in the comparison. A scalar
     # subquery, not EXISTS: the planner costs EXISTS for its first row and picks a scan of
@@ -172,7 +175,7 @@ def _keys_and_lookup(n: Names, sources: list[str]) -> str:
         f"           CASE WHEN pg_catalog.cardinality(k.ks) {eq} 1 AND k.ks[1] IS NOT NULL THEN\n"
         "             COALESCE((SELECT true FROM fencekit.fences f\n"
         f"                      WHERE f.resource {eq} {n.resource}\n"
-        f"                        AND f.key {eq} (k.ks[1] COLLATE pg_catalog.\"default\")\n"
+        f'                        AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
         f"                        AND f.fence {eq} tok{mine}\n"
         "                        FOR SHARE), false) END\n"
         "      INTO ks, held\n"
@@ -220,7 +223,9 @@ def _body(n: Names, sources: list[str]) -> str:
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
-        "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n" + held + "BEGIN\n"
+        "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n"
+        + held
+        + "BEGIN\n"
         + _token(n)
         + "  IF tok IS NOT NULL THEN\n"
         # Before any key's text is computed (plpgsql plans the statement below only when it
