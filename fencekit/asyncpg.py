@@ -124,74 +124,79 @@ class _State(wire.Wire):
         self.translate = True
 
 
-# asyncpg's connections have __slots__: their state lives here, as long as they do.
-_states: weakref.WeakKeyDictionary[asyncpg.Connection, _State] = weakref.WeakKeyDictionary()
+# asyncpg's connections have __slots__: their state lives here, by id() (a dict read before
+# every statement), for as long as the connection lives.
+_states: dict[int, _State] = {}
 
 
 def _state(conn: asyncpg.Connection) -> _State:
-    state = _states.get(conn)
+    state = _states.get(id(conn))
     if state is None:
-        state = _states[conn] = _State()
+        state = _states[id(conn)] = _State()
+        weakref.finalize(conn, _states.pop, id(conn), None)  # before the id can be reused
     return state
 
 
-@functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
-def _head(query: object) -> str:
-    return query.lstrip()[:20].upper() if isinstance(query, str) else ""
-
-
-_BEGIN = ("BEGIN", "START TRANSACTION")
-
-
+_OTHER, _BEGIN, _CONTROL = 0, 1, 2
+_EXTENDED = (3, "")
+_BEGIN_WORDS = ("BEGIN", "START TRANSACTION")
 # Transaction control needs no token, and must run in a failed transaction, where nothing else
 # can (asyncpg's rollback and release go through execute()).
-_CONTROL = ("COMMIT", "ROLLBACK", "END", "ABORT", "RELEASE", "SAVEPOINT", "PREPARE TRANSACTION")
+_CONTROL_WORDS = (
+    "COMMIT",
+    "ROLLBACK",
+    "END",
+    "ABORT",
+    "RELEASE",
+    "SAVEPOINT",
+    "PREPARE TRANSACTION",
+)
 
 
-async def _sync(conn: asyncpg.Connection) -> None:
-    """In an open transaction: set what the wire says before the next statement (one
-    statement, only when the scope changed since the transaction last set it)."""
-    if not conn.is_in_transaction():
-        return
-    state = _state(conn)
-    value = state.next(wire.INTRANS, wire.scope_value())
-    if value is not None:
-        await asyncpg.Connection.execute(conn, wire.set_local(value))
-        state.sent(value, open_after=True)
+@functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
+def _kind(query: str) -> tuple[int, str]:
+    """What a simple query is, decided once per text: transaction control, a BEGIN (with the
+    text that a SET LOCAL follows in the same query), or any other statement."""
+    head = query.lstrip()[:20].upper()
+    if head.startswith(_CONTROL_WORDS):
+        return _CONTROL, query
+    if head.startswith(_BEGIN_WORDS):
+        return _BEGIN, query.rstrip().rstrip(";") + "; "
+    return _OTHER, query
 
 
-async def _run(
-    conn: asyncpg.Connection,
-    call: Callable[[str], Awaitable[R]],
-    query: str,
-    head: str | None,
-) -> R:
-    """Run ``call(query)`` on ``conn`` with exactly the scope's token (or none) in force.
+async def _send(conn: asyncpg.Connection, state: _State, value: wire.Value) -> None:
+    """In an open transaction: ``value`` as a statement of its own (one round trip)."""
+    await asyncpg.Connection.execute(conn, wire.set_local(value))
+    state.sent(value, open_after=True)
 
-    ``head``: :func:`_head` of ``query`` when ``call`` sends it as a simple query (no
-    arguments, so it may hold several statements; not transaction control, which the caller
-    runs as it is); None for the extended protocol.
-    """
-    simple = head is not None
+
+async def _sync_open(conn: asyncpg.Connection) -> None:
+    """In an open transaction: set what the wire says before the next statement (only when
+    the scope changed since the transaction last set it)."""
+    if conn.is_in_transaction():
+        state = _states.get(id(conn)) or _state(conn)
+        value = state.next(wire.INTRANS, wire.scope_value())
+        if value is not None:
+            await _send(conn, state, value)
+
+
+async def _run(conn: asyncpg.Connection, call: Callable[[str], Awaitable[R]], query: str) -> R:
+    """Run ``call(query)`` (the extended protocol: one statement, no room for a prefix) on
+    ``conn`` with exactly the scope's token (or none) in force."""
+    state = _states.get(id(conn)) or _state(conn)
     try:
         if conn.is_in_transaction():
-            await _sync(conn)
+            value = state.next(wire.INTRANS, wire.scope_value())
+            if value is not None:
+                await _send(conn, state, value)
             return await call(query)
-        state = _state(conn)
-        value = state.next(wire.IDLE, wire.scope_value())
-        if value is None:
+        if state.next(wire.IDLE, wire.scope_value()) is None:
             return await call(query)
-        if head is not None and head.startswith(_BEGIN):  # asyncpg's own BEGIN, or the user's
-            begin = query.rstrip().rstrip(";")
-            result = await call(begin + "; " + wire.set_local(value, fresh=True))
-            state.sent(value, open_after=True)
-            return result
-        if simple:  # one simple query: PostgreSQL runs it as one implicit transaction
-            return await call(wire.set_local(value, fresh=True) + "; " + query)
-        async with conn.transaction():  # its BEGIN carries the token (the branch above)
+        async with conn.transaction():  # its BEGIN carries the token (see execute())
             return await call(query)
     except errors.FenceError as exc:
-        if _state(conn).translate:
+        if state.translate:
             metrics.record_rejection(exc)
         raise
 
@@ -202,7 +207,7 @@ class _FencedCursorFactory(CursorFactory):  # type: ignore[misc]
     __slots__ = ()
 
     def __await__(self) -> Generator[Any, None, Any]:
-        yield from _sync(self._connection).__await__()
+        yield from _sync_open(self._connection).__await__()
         return (yield from super().__await__())
 
     def __aiter__(self) -> _FencedIterator:
@@ -219,7 +224,7 @@ class _FencedIterator:
         return self
 
     async def __anext__(self) -> Any:
-        await _sync(self._conn)  # each fetch runs the query further, under today's token
+        await _sync_open(self._conn)  # each fetch runs the query further, under today's token
         return await self._it.__anext__()
 
 
@@ -238,8 +243,8 @@ def _fence_calls(owner: type[Any], names: tuple[str, ...], *, with_query: bool =
             conn = self if isinstance(self, asyncpg.Connection) else self._connection
             if with_query and args:  # the query first, as the driver reads it
                 query, *rest = args
-                return await _run(conn, lambda q: unfenced(q, *rest, **kwargs), query, None)
-            return await _run(conn, lambda _: unfenced(*args, **kwargs), "", None)
+                return await _run(conn, lambda q: unfenced(q, *rest, **kwargs), query)
+            return await _run(conn, lambda _: unfenced(*args, **kwargs), "")
 
         call.__name__ = call.__qualname__ = name
         return call
@@ -265,15 +270,34 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
     __slots__ = ()
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
-        parent: Any = super()
-        head = None if args else _head(query)
-        if head is not None and head.startswith(_CONTROL):  # COMMIT, ROLLBACK: as they are
-            done: str = await parent.execute(query, timeout=timeout)
-            return done
-        result: str = await _run(
-            self, lambda q: parent.execute(q, *args, timeout=timeout), query, head
-        )
-        return result
+        run: Callable[..., Awaitable[str]] = super().execute
+        # Without arguments a simple query: it may hold several statements, so the token can
+        # ride it. With arguments the extended protocol: one statement, no room for a prefix.
+        kind, text = _kind(query) if not args and isinstance(query, str) else _EXTENDED
+        if kind == _CONTROL:  # COMMIT, ROLLBACK: as they are
+            return await run(query, timeout=timeout)
+        state = _states.get(id(self)) or _state(self)
+        try:
+            if self.is_in_transaction():
+                value = state.next(wire.INTRANS, wire.scope_value())
+                if value is not None:
+                    await _send(self, state, value)
+                return await run(query, *args, timeout=timeout)
+            value = state.next(wire.IDLE, wire.scope_value())
+            if value is None:
+                return await run(query, *args, timeout=timeout)
+            if kind == _BEGIN:  # asyncpg's own BEGIN, or the user's: the token rides it
+                result = await run(text + wire.set_local(value, True), timeout=timeout)
+                state.sent(value, open_after=True)
+                return result
+            if kind == _OTHER:  # PostgreSQL runs one simple query as one transaction
+                return await run(wire.set_local(value, True) + "; " + query, timeout=timeout)
+            async with self.transaction():  # its BEGIN carries the token (above)
+                return await run(query, *args, timeout=timeout)
+        except errors.FenceError as exc:
+            if state.translate:
+                metrics.record_rejection(exc)
+            raise
 
     async def prepare(self, query: str, **kwargs: Any) -> Any:
         statement = await super().prepare(query, **kwargs)  # Parse only: nothing runs yet
