@@ -16,11 +16,10 @@ How the token travels (docs/asyncpg.md has the measured costs):
   statement of the transaction, ``prepare()``, cursors and ``copy_*`` included, is then fenced.
 - **A statement without arguments outside a transaction** (simple protocol) goes as ``SET LOCAL
   ...; <statement>``: one query, run by PostgreSQL as one implicit transaction.
-- **Where asyncpg allows neither**, a cost: a statement with arguments outside a transaction is
-  wrapped in a transaction (the BEGIN carries the token; two round trips more: BEGIN and COMMIT),
-  and a scope entered inside an open transaction sends the token as a statement of its own (one
-  round trip), as does leaving it (the token is cleared). asyncpg sends statements with
-  arguments through the extended protocol, one statement per Sync, so nothing can ride them.
+- **Where asyncpg allows neither**, a cost: a statement with arguments (the extended protocol,
+  one statement per Sync) outside a transaction is wrapped in one (two round trips more), and
+  a scope entered or left inside an open transaction sends the token (or the clear) as a
+  statement of its own (one round trip).
 
 Rejections: importing this module registers fencekit's rejection classes with asyncpg (asyncpg
 picks an error's class by its ``sqlstate``): asyncpg then raises errors that are both
@@ -65,7 +64,6 @@ R = TypeVar("R")
 
 
 # ---------------------------------------------------------------- errors
-#
 # asyncpg builds an error as ``cls(message)`` and then copies the server's fields into its
 # ``__dict__`` (``message``, ``detail`` as text, ``schema_name``...). fencekit's fields are read
 # from those, when first asked for: ``detail`` is fencekit's (the parsed JSON, a dict).
@@ -90,14 +88,9 @@ class _AsyncpgRejectionError(errors.FencekitError, asyncpg.PostgresError):  # ty
         Exception.__init__(self, message, *args)
         self.orig: BaseException | None = self  # the driver's error, as for every FenceError
 
-    table = _field("table")
-    key = _field("key")
-    token = _field("token")
-    fence = _field("fence")
-    resource = _field("resource")
-    column = _field("column")
-    constraint = _field("constraint")
-    detail = _field("detail")
+
+for _name in ("table", "key", "token", "fence", "resource", "column", "constraint", "detail"):
+    setattr(_AsyncpgRejectionError, _name, _field(_name))
 
 
 # _AsyncpgRejectionError first (its constructor and fields); the ``sqlstate`` in each class's
@@ -114,8 +107,6 @@ IssuerMismatchError = _CLASSES["IssuerMismatchError"]
 
 
 # ---------------------------------------------------------------- state
-
-
 class _State(wire.Wire):
     __slots__ = ("translate",)
 
@@ -137,20 +128,11 @@ def _state(conn: asyncpg.Connection) -> _State:
     return state
 
 
-_OTHER, _BEGIN, _CONTROL = 0, 1, 2
-_EXTENDED = (3, "")
+_OTHER, _BEGIN, _CONTROL_KIND, _EXTENDED_KIND = 0, 1, 2, 3
 _BEGIN_WORDS = ("BEGIN", "START TRANSACTION")
 # Transaction control needs no token, and must run in a failed transaction, where nothing else
 # can (asyncpg's rollback and release go through execute()).
-_CONTROL_WORDS = (
-    "COMMIT",
-    "ROLLBACK",
-    "END",
-    "ABORT",
-    "RELEASE",
-    "SAVEPOINT",
-    "PREPARE TRANSACTION",
-)
+_CONTROL = ("COMMIT", "ROLLBACK", "END", "ABORT", "RELEASE", "SAVEPOINT", "PREPARE TRANSACTION")
 
 
 @functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
@@ -158,8 +140,8 @@ def _kind(query: str) -> tuple[int, str]:
     """What a simple query is, decided once per text: transaction control, a BEGIN (with the
     text that a SET LOCAL follows in the same query), or any other statement."""
     head = query.lstrip()[:20].upper()
-    if head.startswith(_CONTROL_WORDS):
-        return _CONTROL, query
+    if head.startswith(_CONTROL):
+        return _CONTROL_KIND, query
     if head.startswith(_BEGIN_WORDS):
         return _BEGIN, query.rstrip().rstrip(";") + "; "
     return _OTHER, query
@@ -172,8 +154,7 @@ async def _send(conn: asyncpg.Connection, state: _State, value: wire.Value) -> N
 
 
 async def _sync_open(conn: asyncpg.Connection) -> None:
-    """In an open transaction: set what the wire says before the next statement (only when
-    the scope changed since the transaction last set it)."""
+    """In an open transaction: send what the wire says (only when the scope changed)."""
     if conn.is_in_transaction():
         state = _states.get(id(conn)) or _state(conn)
         value = state.next(wire.INTRANS, wire.scope_value())
@@ -181,20 +162,20 @@ async def _sync_open(conn: asyncpg.Connection) -> None:
             await _send(conn, state, value)
 
 
-async def _run(conn: asyncpg.Connection, call: Callable[[str], Awaitable[R]], query: str) -> R:
-    """Run ``call(query)`` (the extended protocol: one statement, no room for a prefix) on
-    ``conn`` with exactly the scope's token (or none) in force."""
+async def _run(conn: asyncpg.Connection, call: Callable[[], Awaitable[R]]) -> R:
+    """Run ``call()`` (the extended protocol: one statement, no room for a prefix) on ``conn``
+    with exactly the scope's token (or none) in force."""
     state = _states.get(id(conn)) or _state(conn)
     try:
         if conn.is_in_transaction():
             value = state.next(wire.INTRANS, wire.scope_value())
             if value is not None:
                 await _send(conn, state, value)
-            return await call(query)
+            return await call()
         if state.next(wire.IDLE, wire.scope_value()) is None:
-            return await call(query)
+            return await call()
         async with conn.transaction():  # its BEGIN carries the token (see execute())
-            return await call(query)
+            return await call()
     except errors.FenceError as exc:
         if state.translate:
             metrics.record_rejection(exc)
@@ -233,7 +214,7 @@ def _fenced_cursor(factory: Any) -> Any:
     return factory
 
 
-def _fence_calls(owner: type[Any], names: tuple[str, ...], *, with_query: bool = False) -> None:
+def _fence_calls(owner: type[Any], names: tuple[str, ...]) -> None:
     """Make each of ``owner``'s ``names`` run with exactly the scope's token (see :func:`_run`):
     the next class in the MRO does the work (a user's subclass of the connection included)."""
 
@@ -241,10 +222,7 @@ def _fence_calls(owner: type[Any], names: tuple[str, ...], *, with_query: bool =
         async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             unfenced = getattr(super(owner, self), name)
             conn = self if isinstance(self, asyncpg.Connection) else self._connection
-            if with_query and args:  # the query first, as the driver reads it
-                query, *rest = args
-                return await _run(conn, lambda q: unfenced(q, *rest, **kwargs), query)
-            return await _run(conn, lambda _: unfenced(*args, **kwargs), "")
+            return await _run(conn, lambda: unfenced(*args, **kwargs))
 
         call.__name__ = call.__qualname__ = name
         return call
@@ -273,8 +251,10 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
         run: Callable[..., Awaitable[str]] = super().execute
         # Without arguments a simple query: it may hold several statements, so the token can
         # ride it. With arguments the extended protocol: one statement, no room for a prefix.
-        kind, text = _kind(query) if not args and isinstance(query, str) else _EXTENDED
-        if kind == _CONTROL:  # COMMIT, ROLLBACK: as they are
+        kind, text = (
+            _kind(query) if not args and isinstance(query, str) else (_EXTENDED_KIND, query)
+        )
+        if kind == _CONTROL_KIND:  # COMMIT, ROLLBACK: as they are
             return await run(query, timeout=timeout)
         state = _states.get(id(self)) or _state(self)
         try:
@@ -311,12 +291,10 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
 _fence_calls(
     _FencedStatement, ("fetch", "fetchval", "fetchrow", "fetchmany", "executemany", "explain")
 )
+_FETCH = ("executemany", "fetch", "fetchval", "fetchrow", "fetchmany")
 _fence_calls(
     FencedConnection,
-    ("copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table"),
-)
-_fence_calls(
-    FencedConnection, ("executemany", "fetch", "fetchval", "fetchrow", "fetchmany"), with_query=True
+    (*_FETCH, "copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table"),
 )
 
 
@@ -422,8 +400,8 @@ async def transaction(
     installed = is_installed(conn) or not _is_connection(conn)  # a proxy: its pool installs
     if not installed:
         install(conn)  # for the block only
-    outer = _state(conn).held if conn.is_in_transaction() else None
     nested = conn.is_in_transaction()
+    outer = _state(conn).held if nested else None
     tx = conn.transaction(isolation=isolation, readonly=readonly, deferrable=deferrable)
     try:
         with scope:
