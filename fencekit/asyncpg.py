@@ -128,7 +128,7 @@ def _state(conn: asyncpg.Connection) -> _State:
     return state
 
 
-_OTHER, _BEGIN, _CONTROL_KIND, _EXTENDED_KIND = 0, 1, 2, 3
+_OTHER, _BEGIN, _CONTROL_KIND = 0, 1, 2
 _BEGIN_WORDS = ("BEGIN", "START TRANSACTION")
 # Transaction control needs no token, and must run in a failed transaction, where nothing else
 # can (asyncpg's rollback and release go through execute()).
@@ -162,9 +162,16 @@ async def _sync_open(conn: asyncpg.Connection) -> None:
             await _send(conn, state, value)
 
 
-async def _run(conn: asyncpg.Connection, call: Callable[[], Awaitable[R]]) -> R:
-    """Run ``call()`` (the extended protocol: one statement, no room for a prefix) on ``conn``
-    with exactly the scope's token (or none) in force."""
+async def _run(
+    conn: asyncpg.Connection,
+    call: Callable[[], Awaitable[R]],
+    prefixed: Callable[[str], Awaitable[R]] | None = None,
+) -> R:
+    """Run ``call()`` on ``conn`` with exactly the scope's token (or none) in force.
+
+    ``prefixed(prefix)`` runs the statement as one simple query behind ``prefix``, where it can
+    (PostgreSQL runs it as one transaction); without it (the extended protocol: one statement,
+    no room for a prefix) a statement outside a transaction is wrapped in one."""
     state = _states.get(id(conn)) or _state(conn)
     try:
         if conn.is_in_transaction():
@@ -172,9 +179,12 @@ async def _run(conn: asyncpg.Connection, call: Callable[[], Awaitable[R]]) -> R:
             if value is not None:
                 await _send(conn, state, value)
             return await call()
-        if state.next(wire.IDLE, wire.scope_value()) is None:
+        value = state.next(wire.IDLE, wire.scope_value())
+        if value is None:
             return await call()
-        async with conn.transaction():  # its BEGIN carries the token (see execute())
+        if prefixed is not None:
+            return await prefixed(wire.set_local(value, True) + "; ")
+        async with conn.transaction():  # its BEGIN carries the token (FencedConnection.execute)
             return await call()
     except errors.FenceError as exc:
         if state.translate:
@@ -247,37 +257,27 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
 
     __slots__ = ()
 
-    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+    def execute(self, query: str, *args: Any, timeout: float | None = None) -> Awaitable[str]:
+        # A plain function: for transaction control and a BEGIN (nothing there can be rejected)
+        # it returns the driver's own coroutine, with no frame of fencekit's around it.
         run: Callable[..., Awaitable[str]] = super().execute
-        # Without arguments a simple query: it may hold several statements, so the token can
-        # ride it. With arguments the extended protocol: one statement, no room for a prefix.
-        kind, text = (
-            _kind(query) if not args and isinstance(query, str) else (_EXTENDED_KIND, query)
-        )
+        if args or not isinstance(query, str):  # the extended protocol: no room for a prefix
+            return _run(self, lambda: run(query, *args, timeout=timeout))
+        kind, text = _kind(query)  # a simple query: it may hold several statements
         if kind == _CONTROL_KIND:  # COMMIT, ROLLBACK: as they are
-            return await run(query, timeout=timeout)
-        state = _states.get(id(self)) or _state(self)
-        try:
-            if self.is_in_transaction():
-                value = state.next(wire.INTRANS, wire.scope_value())
-                if value is not None:
-                    await _send(self, state, value)
-                return await run(query, *args, timeout=timeout)
+            return run(query, timeout=timeout)
+        if kind == _BEGIN and not self.is_in_transaction():  # asyncpg's own BEGIN, or the user's
+            state = _states.get(id(self)) or _state(self)
             value = state.next(wire.IDLE, wire.scope_value())
             if value is None:
-                return await run(query, *args, timeout=timeout)
-            if kind == _BEGIN:  # asyncpg's own BEGIN, or the user's: the token rides it
-                result = await run(text + wire.set_local(value, True), timeout=timeout)
-                state.sent(value, open_after=True)
-                return result
-            if kind == _OTHER:  # PostgreSQL runs one simple query as one transaction
-                return await run(wire.set_local(value, True) + "; " + query, timeout=timeout)
-            async with self.transaction():  # its BEGIN carries the token (above)
-                return await run(query, *args, timeout=timeout)
-        except errors.FenceError as exc:
-            if state.translate:
-                metrics.record_rejection(exc)
-            raise
+                return run(query, timeout=timeout)
+            # Marked before it runs: should the BEGIN fail, the connection stays idle, and the
+            # wire starts afresh on an idle connection.
+            state.sent(value, open_after=True)
+            return run(text + wire.set_local(value, True), timeout=timeout)  # the token rides it
+        return _run(
+            self, lambda: run(query, timeout=timeout), lambda p: run(p + query, timeout=timeout)
+        )
 
     async def prepare(self, query: str, **kwargs: Any) -> Any:
         statement = await super().prepare(query, **kwargs)  # Parse only: nothing runs yet
