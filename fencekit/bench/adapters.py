@@ -14,7 +14,9 @@ of the sides rotates every transaction, so each sees the same machine):
 Beside these, **the floor**: the least cost inside the application's ``with fencing(token):``
 scope, with the token read back from it and formatted into the BEGIN (:func:`fencekit.wire.
 scope_value`, :func:`fencekit.wire.set_local`): what any adapter that takes the token from the
-scope must spend at least. Its ratio to the least cost is the best an adapter can reach.
+scope must spend at least. On asyncpg, whose one hook is the connection's class, the floor
+also goes through a minimal subclass whose ``execute()`` does only that. Its ratio to the least
+cost is the best an adapter can reach.
 
 Per side: wall time, client CPU (this thread's) and server CPU (the backend's, from
 ``/proc/<pid>/schedstat`` when the server runs on this machine; 0 when it does not) per
@@ -376,10 +378,24 @@ def _asyncpg(dsn: str, stack: ExitStack) -> Sides:
         "server_settings": {"lock_timeout": _LOCK_TIMEOUT},
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+
+    class Minimal(asyncpg.Connection):  # type: ignore[misc]  # asyncpg ships no types
+        """The floor on asyncpg: its one hook is the connection's class, so a wrapper pays a
+        Python ``execute()`` before asyncpg's on every statement. This one only puts the
+        scope's token into a BEGIN: no state, no error handling, nothing else fenced."""
+
+        __slots__ = ()
+
+        def execute(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+            if query == "BEGIN" and not args:
+                query = _floor().decode()
+            return super().execute(query, *args, timeout=timeout)
+
     loop = asyncio.new_event_loop()
     stack.callback(loop.close)
     run = loop.run_until_complete
-    u, lc, fl, co, installed = (run(asyncpg.connect(**kwargs)) for _ in range(5))  # see _measure
+    u, lc, co, installed = (run(asyncpg.connect(**kwargs)) for _ in range(4))  # see _measure
+    fl = run(asyncpg.connect(**kwargs, connection_class=Minimal))
     for c in (u, lc, fl, co, installed):
         stack.callback(run, c.close())
     fk_asyncpg.install(installed)  # as a pool's init=fencekit.asyncpg.init does
@@ -401,7 +417,7 @@ def _asyncpg(dsn: str, stack: ExitStack) -> Sides:
 
     async def floor(row: int, token: int) -> None:
         with fencing(token):
-            await fl.execute(_floor().decode())
+            await fl.execute("BEGIN")
             await fl.execute(fenced, row)
             await fl.execute("COMMIT")
 
