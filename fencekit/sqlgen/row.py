@@ -49,6 +49,25 @@ def _accepts(n: Names) -> str:
     return ">" if n.spec.on_equal == "reject" else ">="
 
 
+def _uncounted(n: Names) -> str:
+    """SQL: whether a row let through without a token is counted by its row check: not when its
+    statement check saw no token (it counted the statement, once), yes when that check saw a
+    token that was cleared since, or none ran."""
+    return f"COALESCE({n.checked}\n        OPERATOR(pg_catalog.<>) '', true)"
+
+
+def _tokenless(n: Names) -> str:
+    """SQL for a WHEN clause (rollout mode): the statement check saw no token (and counted the
+    statement), and neither a token nor the bypass is set now. Qualified throughout: nothing in
+    it resolves through search_path."""
+    return (
+        f"{n.checked}\n         OPERATOR(pg_catalog.=) ''\n"
+        f"       AND COALESCE({TOKEN}, '')\n         OPERATOR(pg_catalog.=) ''\n"
+        "       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')\n"
+        "         OPERATOR(pg_catalog.=) ''"
+    )
+
+
 def _checked(n: Names, accept: str) -> str:
     """The fast path: a canonical token (all digits, and the bigint it casts to prints as the
     token itself, so no sign, space or leading zero) not lower than the fence (higher, under
@@ -97,7 +116,7 @@ def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
         else "'stale'"
     )
     return (
-        f"  tok := {statement_token(n)};\n"
+        f"  tok := {statement_token(n, counted=_uncounted(n))};\n"
         "  IF tok IS NULL THEN\n"
         f"{unfenced}"
         f"    RETURN {row};\n"
@@ -144,7 +163,7 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     # fence is then only what its own writer wrote (nothing else's is lowered).
     ins = n.function(
         "ins",
-        _declare(title, fast=False) + f"  tok := {statement_token(n)};\n"
+        _declare(title, fast=False) + f"  tok := {statement_token(n, counted=_uncounted(n))};\n"
         "  IF tok IS NULL THEN\n    RETURN NEW;\n  END IF;\n"
         + _same_as_checked(n, "  ")
         + f"  NEW.{col} := tok;\n  RETURN NEW;\nEND\n",
@@ -166,16 +185,25 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         f"NEW.{col} OPERATOR(pg_catalog.{_accepts(n)}) "
         f"COALESCE(OLD.{col}, {'0' if n.spec.on_equal == 'reject' else '1'})\n   "
     )
+    ins_when = carries_token
+    upd_when = f"{raises} AND {carries_token}"
+    del_when = None
+    if n.spec.on_missing == "allow":
+        # Rollout mode: a row of a statement its check let through without a token (and
+        # counted, and attributed) passes here too, while the token and the bypass are still
+        # unset, and (UPDATE) its fence column is unchanged: no PL/pgSQL per row. A fence
+        # written without a token, a token or a bypass set after the check fires the trigger,
+        # which judges the row as before. Under on_missing=reject there is no such branch: the
+        # trigger refuses a tokenless row whatever its statement check did.
+        unchanged = (
+            f"COALESCE(NEW.{col} OPERATOR(pg_catalog.=) OLD.{col},\n"
+            f"             NEW.{col} IS NULL AND OLD.{col} IS NULL)"
+        )
+        ins_when = f"({ins_when})\n   OR ({_tokenless(n)})"
+        upd_when = f"({upd_when})\n   OR ({_tokenless(n)}\n       AND {unchanged})"
+        del_when = f"({_tokenless(n)}) IS NOT TRUE"
     return [ins, upd, dele], [
-        Trigger(
-            n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=f"({carries_token}) IS NOT TRUE"
-        ),
-        Trigger(
-            n.trigger("upd"),
-            "BEFORE UPDATE",
-            "ROW",
-            upd,
-            when=f"({raises} AND {carries_token}) IS NOT TRUE",
-        ),
-        Trigger(n.trigger("del"), "BEFORE DELETE", "ROW", dele),
+        Trigger(n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=f"({ins_when}) IS NOT TRUE"),
+        Trigger(n.trigger("upd"), "BEFORE UPDATE", "ROW", upd, when=f"({upd_when}) IS NOT TRUE"),
+        Trigger(n.trigger("del"), "BEFORE DELETE", "ROW", dele, when=del_when),
     ]
