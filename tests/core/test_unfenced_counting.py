@@ -239,3 +239,55 @@ def test_under_reject_every_tokenless_path_is_refused(db: Conn, table: str) -> N
     assert info.value.sqlstate == MISSING
     db.rollback()
     assert rows(db, f"SELECT id, v FROM {name} ORDER BY id") == [(1, 0), (2, 0)]
+
+
+@pytest.mark.pg_since(15)  # pg_stat_force_next_flush
+def test_partitions_and_children_in_rollout_mode(db: Conn) -> None:
+    """Through the parent or naming the child: each tokenless statement is counted once, by
+    the check of the table it names; its rows pass on the WHEN clauses (a row moved to another
+    partition keeps its fence), and a write of the fence column keeps the old fence."""
+    db.execute(
+        "CREATE TABLE pp (id int, k int NOT NULL, v int, PRIMARY KEY (id, k)) "
+        "PARTITION BY LIST (k);"
+        "CREATE TABLE pp_1 PARTITION OF pp FOR VALUES IN (1);"
+        "CREATE TABLE pp_2 PARTITION OF pp FOR VALUES IN (2);"
+        "CREATE TABLE hp (id int PRIMARY KEY, k int NOT NULL, v int);"
+        "CREATE TABLE hc () INHERITS (hp);"
+    )
+    db.commit()
+    protect(db, "pp", on_missing="allow")
+    protect(db, "hp", on_missing="allow")
+    write(db, 10, "INSERT INTO pp VALUES (1, 1, 0), (2, 2, 0)")
+    write(db, 10, "INSERT INTO hc VALUES (1, 1, 0), (2, 2, 0)")
+    tags = dict(rows(db, "SELECT table_name, tag FROM fencekit.protected"))
+    db.autocommit = True
+    db.execute("SET track_functions = 'all'")
+    before = {t: _row_check_calls(db, tags[t]) for t in ("pp", "hp")}
+    for stmt in (
+        "UPDATE pp SET k = 2, v = 1 WHERE id = 1",  # moves the row to pp_2
+        "UPDATE pp_2 SET v = v + 1",
+        "INSERT INTO pp_1 VALUES (3, 1, 0)",
+        "DELETE FROM pp WHERE id = 3",
+        "UPDATE hp SET v = v + 1",  # the child's rows, through the parent
+        "UPDATE hc SET v = v + 1",
+        "DELETE FROM hc WHERE id = 2",
+    ):
+        db.execute(stmt)
+    after = {t: _row_check_calls(db, tags[t]) for t in ("pp", "hp")}
+    for t, n in (("pp", 4), ("hp", 3)):
+        ran = {k: after[t].get(k, 0) - before[t].get(k, 0) for k in ("stmt", "ins", "upd", "del")}
+        assert ran == {"stmt": n, "ins": 0, "upd": 0, "del": 0}, t
+        assert rejection_count(db, t, "unfenced") == n, t
+    assert rows(
+        db, "SELECT tableoid::regclass::text, id, v, fencekit_fence FROM pp ORDER BY id"
+    ) == [
+        ("pp_2", 1, 2, 10),
+        ("pp_2", 2, 1, 10),
+    ]
+    db.execute("UPDATE pp SET fencekit_fence = 99")
+    db.execute("UPDATE hc SET fencekit_fence = 1")
+    assert rows(db, "SELECT fencekit_fence FROM pp UNION ALL SELECT fencekit_fence FROM hp") == [
+        (10,),
+        (10,),
+        (10,),
+    ]
