@@ -56,16 +56,18 @@ def _uncounted(n: Names) -> str:
     return f"COALESCE({n.checked}\n        OPERATOR(pg_catalog.<>) '', true)"
 
 
-def _tokenless(n: Names) -> str:
+def _tokenless(n: Names, *, token: bool = True) -> str:
     """SQL for a WHEN clause (rollout mode): the statement check saw no token (and counted the
-    statement), and neither a token nor the bypass is set now. Qualified throughout: nothing in
-    it resolves through search_path."""
-    return (
-        f"{n.checked}\n         OPERATOR(pg_catalog.=) ''\n"
-        f"       AND COALESCE({TOKEN}, '')\n         OPERATOR(pg_catalog.=) ''\n"
-        "       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')\n"
-        "         OPERATOR(pg_catalog.=) ''"
+    statement), and (``token``) no token is set now. The bypass is not read: a tokenless row
+    that passes here passes as written with it or without it, and whether the session may
+    bypass was judged by the statement check. Short, because PostgreSQL parses a trigger's WHEN
+    clause again for every statement (each node costs a write with a token too); qualified
+    throughout: nothing in it resolves through search_path."""
+    # NULL (never set) or '': no token. IS NOT FALSE rather than COALESCE: one node less.
+    now = (
+        f"\n       AND ({TOKEN} OPERATOR(pg_catalog.=) '')\n         IS NOT FALSE" if token else ""
     )
+    return f"{n.checked}\n         OPERATOR(pg_catalog.=) ''{now}"
 
 
 def _checked(n: Names, accept: str) -> str:
@@ -190,17 +192,20 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     del_when = None
     if n.spec.on_missing == "allow":
         # Rollout mode: a row of a statement its check let through without a token (and
-        # counted, and attributed) passes here too, while the token and the bypass are still
-        # unset, and (UPDATE) its fence column is unchanged: no PL/pgSQL per row. A fence
-        # written without a token, a token or a bypass set after the check fires the trigger,
-        # which judges the row as before. Under on_missing=reject there is no such branch: the
-        # trigger refuses a tokenless row whatever its statement check did.
+        # counted, and attributed) passes here too: no PL/pgSQL per row. An INSERT's or a
+        # DELETE's row only while no token is set (those rows read the token: the column
+        # default, the row check); an UPDATE's only while its fence column is unchanged: like a
+        # row that already carries the checked token, a row that writes no fence is judged by
+        # what its statement check saw, and one that writes it (a fence without a token, or a
+        # token set after the check) fires the trigger, which judges it as before. Under
+        # on_missing=reject there is no such branch: the trigger refuses a tokenless row
+        # whatever its statement check did.
         unchanged = (
             f"COALESCE(NEW.{col} OPERATOR(pg_catalog.=) OLD.{col},\n"
             f"             NEW.{col} IS NULL AND OLD.{col} IS NULL)"
         )
         ins_when = f"({ins_when})\n   OR ({_tokenless(n)})"
-        upd_when = f"({upd_when})\n   OR ({_tokenless(n)}\n       AND {unchanged})"
+        upd_when = f"({upd_when})\n   OR ({_tokenless(n, token=False)}\n       AND {unchanged})"
         del_when = f"({_tokenless(n)}) IS NOT TRUE"
     return [ins, upd, dele], [
         Trigger(n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=f"({ins_when}) IS NOT TRUE"),

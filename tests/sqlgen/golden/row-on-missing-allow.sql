@@ -274,14 +274,12 @@ CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.
       OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))
    OR (pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
          OPERATOR(pg_catalog.=) ''
-       AND COALESCE(pg_catalog.current_setting('fencekit.token', true), '')
-         OPERATOR(pg_catalog.=) ''
-       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-         OPERATOR(pg_catalog.=) '')) IS NOT TRUE)
+       AND (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.=) '')
+         IS NOT FALSE)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=16016c2bfbd5824ca479eecf54987945cafb9bd3c85a1bd83912c6982bd768c7; '
+  'fencekit trigger template=1 sha256=4dc14b40bdb74c52afb43b7c031c3c508082ae179208e93f56333f2df4a67446; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
@@ -291,29 +289,23 @@ CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.
       OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))
    OR (pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
          OPERATOR(pg_catalog.=) ''
-       AND COALESCE(pg_catalog.current_setting('fencekit.token', true), '')
-         OPERATOR(pg_catalog.=) ''
-       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-         OPERATOR(pg_catalog.=) ''
        AND COALESCE(NEW.fencekit_fence OPERATOR(pg_catalog.=) OLD.fencekit_fence,
              NEW.fencekit_fence IS NULL AND OLD.fencekit_fence IS NULL))) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=a72fbd126a85d3e426a234758bc36cb5e306844307bdfdda2ef40d2de9383947; '
+  'fencekit trigger template=1 sha256=8525d9028b9c3fa1bbb1af16d4389c0209179aba3221847d6bc269e16b8a8d68; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices
   FOR EACH ROW WHEN ((pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
          OPERATOR(pg_catalog.=) ''
-       AND COALESCE(pg_catalog.current_setting('fencekit.token', true), '')
-         OPERATOR(pg_catalog.=) ''
-       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-         OPERATOR(pg_catalog.=) '') IS NOT TRUE)
+       AND (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.=) '')
+         IS NOT FALSE) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
-  'fencekit trigger template=1 sha256=19a7622473734074b283c5376fe51f2b4406265de537730db37ae2ecfbd7e285; '
+  'fencekit trigger template=1 sha256=e950ed6ddaa72f26ee07a8d6020e5e26d19d04f757269d53885247fec82f17a8; '
   'generated, do not edit';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
