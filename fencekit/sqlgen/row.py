@@ -8,6 +8,10 @@ validates the token it read itself: a statement can change the token after the s
 Every row is judged by the token the statement check validated (``Names.checked``, which that
 check sets): a row that reads another valid token is refused (YF004, changed during the
 statement), never judged by it; a lower one is refused as stale.
+
+In rollout mode (``on_missing = allow``) the statement check counts and attributes a statement
+without a token once, and its rows pass the triggers' WHEN clauses while the check's "no token"
+stands (see row_objects): a bulk write without a token runs no PL/pgSQL per row.
 """
 
 from __future__ import annotations
