@@ -93,8 +93,9 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
                 # once, here. Its rows pass on their triggers' WHEN clauses (row.py).
                 f"  IF raw OPERATOR(pg_catalog.=) ''\n     AND {no_bypass} THEN\n"
                 # fencekit.count_event's count, inline (a call with a pinned search_path per
-                # statement saved); to_regclass: a missing counter is not counted, not failed.
-                f"    PERFORM pg_catalog.nextval(pg_catalog.to_regclass({counter}));\n"
+                # statement saved). The protect script that makes this function makes the
+                # counter first; the cast is resolved once, when PL/pgSQL plans the line.
+                f"    PERFORM pg_catalog.nextval({counter}::pg_catalog.regclass);\n"
                 + attribute(n, otherwise=False)
                 + "    RETURN NULL;\n  END IF;\n"
                 f"  IF {statement_token(n)} IS NULL THEN\n"

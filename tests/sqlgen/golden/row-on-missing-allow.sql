@@ -40,7 +40,7 @@ BEGIN
   END IF;
   IF raw OPERATOR(pg_catalog.=) ''
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    PERFORM pg_catalog.nextval(pg_catalog.to_regclass('fencekit."invoices_883e1d3584:unfenced"'));
+    PERFORM pg_catalog.nextval('fencekit."invoices_883e1d3584:unfenced"'::pg_catalog.regclass);
     PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
     RETURN NULL;
   END IF;
@@ -54,7 +54,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=0a3775de721a385455f5c99be359bfac5a5c9509fb7389bf43a94fb6ec072af1; generated, do not edit';
+  'sha256=5c4f85c4fb183097b8f9f26b759137508f7275cae8860c5871657ea4fcad5a01; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
