@@ -51,21 +51,21 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
@@ -78,14 +78,75 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
+          CASE WHEN a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a2.atttypid, NULL)
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+           AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
+                      FROM fencekit_new AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('billing', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'billing'::pg_catalog.text, token => tok,
       on_equal => 'accept'::pg_catalog.text, lease_bound => false,
       key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
-      keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -93,28 +154,28 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=68325b1dff4e2827d5c6c808be526e5909e313dfc1b9390f5f7870f42620578b; generated, do not edit';
+  'sha256=fc366aada2b59b0776a8118af9409a8cfd5123a840deabbadab3205ea5e323bd; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
@@ -127,15 +188,76 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
+          CASE WHEN a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a2.atttypid, NULL)
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+           AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
+                      FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
+                            UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('billing', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'billing'::pg_catalog.text, token => tok,
       on_equal => 'accept'::pg_catalog.text, lease_bound => false,
       key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
-      keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
-                      FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -143,28 +265,28 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=7bf7bc17284dc1fe949fab63c1afa3bbb78b1f3bc396ca164ebfd168230f7f34; generated, do not edit';
+  'sha256=0e22c96f0288adcba1e4d250bd81c1d69c3c4afd79f69c4d182c03b7441c1fe7; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
@@ -177,14 +299,75 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
+          CASE WHEN a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a2.atttypid, NULL)
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+           AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
+                      FROM fencekit_old AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('billing', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'billing'::pg_catalog.text, token => tok,
       on_equal => 'accept'::pg_catalog.text, lease_bound => false,
       key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
-      keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -192,7 +375,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=78f7c0f96915b47ce40e1ebef22dc699952127607fac442abb8b506fc2bfee48; generated, do not edit';
+  'sha256=6965020b109116e1a12d8a099f6e066f552ae34b0fc89b2aa54b36e0ac93baa2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -49,21 +49,20 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -74,14 +73,33 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_new AS x ORDER BY 1);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'app.invoices'::pg_catalog.text, token => tok,
       on_equal => 'accept'::pg_catalog.text, lease_bound => true,
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -89,28 +107,27 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=9b542b352d5ddc26dff107ce3a8ceddd6c8e4adc46e9bcbbd382bdb9a5da73b4; generated, do not edit';
+  'sha256=0028ae74b237ea4b4a3bbb5f8ba2e01d668c4300ae62cf28fc864900566dc1ba; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -121,15 +138,34 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM (SELECT y.account_id FROM fencekit_new AS y
+                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'app.invoices'::pg_catalog.text, token => tok,
       on_equal => 'accept'::pg_catalog.text, lease_bound => true,
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -137,28 +173,27 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=8b93e05969fc9d116267c7d20beb1f9ee7994047723284b8107d839ab46522fb; generated, do not edit';
+  'sha256=2cbd3cd0a2ace9d4c5bc554ec7bb15a80788aabaef15ffa824b20d83c9768446; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -169,14 +204,33 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_old AS x ORDER BY 1);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'app.invoices'::pg_catalog.text, token => tok,
       on_equal => 'accept'::pg_catalog.text, lease_bound => true,
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -184,7 +238,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=755a3379a0deef58eec159aa6a9d14b2e5592fbc2fe34e93357e111c21a36c61; generated, do not edit';
+  'sha256=dc6ee8bdc7242c125689b3fcabd106b3c18c5875f475270065a21708bea901fc; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -49,21 +49,21 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -74,14 +74,62 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_new AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('app.invoices', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'app.invoices'::pg_catalog.text, token => tok,
       on_equal => 'accept'::pg_catalog.text, lease_bound => false,
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -89,28 +137,28 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=9bac5112e5735816e5bdd4598dc497a2e21b894d9b57884861bef0fc7dacb6ad; generated, do not edit';
+  'sha256=d70d501d472a7c6fe56cdfd5b2676b4f50e899eea05f34733dc3ecb975bd3bde; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -121,15 +169,63 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM (SELECT y.account_id FROM fencekit_new AS y
+                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('app.invoices', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'app.invoices'::pg_catalog.text, token => tok,
       on_equal => 'accept'::pg_catalog.text, lease_bound => false,
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -137,28 +233,28 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=38af0d059400c68e5db021bff571bc205e25446a16282bdad98c2c8869cd3289; generated, do not edit';
+  'sha256=0f0c6a651c3bd73dcdcbde8e2c4f0c85636445e0fded35d0b0f7584950a11ca1; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -169,14 +265,62 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_old AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('app.invoices', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'app.invoices'::pg_catalog.text, token => tok,
       on_equal => 'accept'::pg_catalog.text, lease_bound => false,
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -184,7 +328,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=575d2659f649183e4116667f0f2ce5f90c0711f1d43344f6cf1bf02396994a1f; generated, do not edit';
+  'sha256=425e09fd64e88007c2481ba5f5012eecd8b8c86d1f6411babd70c668c1b1f6fc; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

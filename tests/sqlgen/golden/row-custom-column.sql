@@ -40,14 +40,14 @@ BEGIN
   END IF;
   PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text, counted => false);
+      issuer => NULL::pg_catalog.text);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=694f2e827f4266d8ead53e7a0950a2f47aa2166463537b23053892fca2552a55; generated, do not edit';
+  'sha256=b44457f934a1f8b7e9843b75d99d657a1294b4a60994e862df0ab7d02a84bfa0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -95,7 +95,9 @@ DECLARE
 BEGIN
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
@@ -113,7 +115,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=4cfc4bfddd17cbf407dc67b308a539d3c1f3513cea54f814a493c4944b88c268; generated, do not edit';
+  'sha256=972240fe3462600eb4232b83dc296c95c10c3e28adb39a4089b61fe1cb8a5428; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -136,7 +138,9 @@ BEGIN
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
                                    TG_NAME::pg_catalog.text) THEN
@@ -167,7 +171,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=fb150da3b08844d1ee6942dee429d31acb3155743e72f28d73292a675a0354c3; generated, do not edit';
+  'sha256=b99bfe5565f9d579de7666d1332119ff8dd00cbcc76e9c4b90363247c845fa50; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -189,7 +193,9 @@ BEGIN
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
@@ -215,7 +221,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=b643dad27c5dc50a2f3badc73bdff0f61b9aa6f1e8dd22e0bfa5db7e2270cdc1; generated, do not edit';
+  'sha256=83f8d628242b17383bddd033b261f3ced37151b66f84d2c11335f54784dc76b1; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

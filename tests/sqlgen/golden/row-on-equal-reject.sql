@@ -40,14 +40,14 @@ BEGIN
   END IF;
   PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text, counted => false);
+      issuer => NULL::pg_catalog.text);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=694f2e827f4266d8ead53e7a0950a2f47aa2166463537b23053892fca2552a55; generated, do not edit';
+  'sha256=b44457f934a1f8b7e9843b75d99d657a1294b4a60994e862df0ab7d02a84bfa0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -95,7 +95,9 @@ DECLARE
 BEGIN
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
@@ -113,7 +115,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=76db75ba259145f7eebc382ff471328b17455f0a0253f53d5f913a92fc16eb1e; generated, do not edit';
+  'sha256=ad24f01b4f0b6c3c231c6fd2f05a920205653f06032952fcddf3081f527a15b6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -136,7 +138,9 @@ BEGIN
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
                                    TG_NAME::pg_catalog.text) THEN
@@ -167,7 +171,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=f0d2cd571658e0d26eb117d0617072d93c1a6bd049d1f6c319953aa3bf68e17f; generated, do not edit';
+  'sha256=e192c9568c6d2a3521ced1c8de15fc4453131db90ac9cdd3bb059a67fc9c2482; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -189,7 +193,9 @@ BEGIN
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
@@ -215,7 +221,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=9e168e6e339cff4b0ffbc3fa8bcee9eb57e53ed6abd21d44d8784c0fc1076998; generated, do not edit';
+  'sha256=3f2d5bf8b159598cf16d71d859dfe4d26876caeea618931e0279f9d996e7369e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

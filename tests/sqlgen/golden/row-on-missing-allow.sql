@@ -40,12 +40,13 @@ BEGIN
   END IF;
   IF raw OPERATOR(pg_catalog.=) ''
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    PERFORM pg_catalog.nextval('fencekit."invoices_883e1d3584:unfenced"'::pg_catalog.regclass);
     PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     RETURN NULL;
   END IF;
   IF fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
-      issuer => NULL::pg_catalog.text, counted => false) IS NULL THEN
+      issuer => NULL::pg_catalog.text) IS NULL THEN
     PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
   END IF;
   RETURN NULL;
@@ -54,7 +55,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=6a295410c40033bf98dd12615eb8c70d332ef1fc911baa8ac380d775252ba6b0; generated, do not edit';
+  'sha256=5fb0c11c1f8277d7a6cb06108df7b73fbaf890490a1b9db65f35d43eace21cee; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -104,7 +105,9 @@ DECLARE
 BEGIN
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
@@ -122,7 +125,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=84bb1830679c067100de8cba9ef21645f33fcae5f2f82439538379002a2b47c3; generated, do not edit';
+  'sha256=18dd6e50283f300ab708b2c1901362cfd4a44b2fa9c18b092f40b517ee500bc2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -145,7 +148,9 @@ BEGIN
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
                                    TG_NAME::pg_catalog.text) THEN
@@ -176,7 +181,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=d51339fb95febd9e9587b78d11dbaaeed9d39a931cdb13242448ae5c045c2feb; generated, do not edit';
+  'sha256=377b233739ae141d929f00639e85cca2b70f4738c2cd3f45c92c461f45724a03; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -198,7 +203,9 @@ BEGIN
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
@@ -224,7 +231,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=da2d58afc5a202b8c43116ead482a437095899f669fa70936d1193895e609634; generated, do not edit';
+  'sha256=74638a197bdf05803486e3a847dd54a34c1ba9947e2bbf8f7af151eb8dabfd77; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -275,32 +282,43 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
-  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
+  FOR EACH ROW WHEN (((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))
+   OR (pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+         OPERATOR(pg_catalog.=) ''
+       AND (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.=) '')
+         IS NOT FALSE)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=e01314f71ecfdc6eddf37af625a9aaa2bd9a2ee6d5fbfd214a7fea291ec4844f; '
+  'fencekit trigger template=1 sha256=4dc14b40bdb74c52afb43b7c031c3c508082ae179208e93f56333f2df4a67446; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
-  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+  FOR EACH ROW WHEN (((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
     AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))
+   OR (pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+         OPERATOR(pg_catalog.=) ''
+       AND COALESCE(NEW.fencekit_fence OPERATOR(pg_catalog.=) OLD.fencekit_fence,
+             NEW.fencekit_fence IS NULL AND OLD.fencekit_fence IS NULL))) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=dd1607975cc94985b3dd67098e7b68b0cfb3ae6c245d635dc444f58bfa4e9182; '
+  'fencekit trigger template=1 sha256=8525d9028b9c3fa1bbb1af16d4389c0209179aba3221847d6bc269e16b8a8d68; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices
-  FOR EACH ROW
+  FOR EACH ROW WHEN ((pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+         OPERATOR(pg_catalog.=) ''
+       AND (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.=) '')
+         IS NOT FALSE) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
-  'fencekit trigger template=1 sha256=86059e4f4ad8956c119956ecacf782119ca8b4c09da6bcf225a0ec66723438d7; '
+  'fencekit trigger template=1 sha256=e950ed6ddaa72f26ee07a8d6020e5e26d19d04f757269d53885247fec82f17a8; '
   'generated, do not edit';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',

@@ -40,14 +40,14 @@ BEGIN
   END IF;
   PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text, counted => false);
+      issuer => NULL::pg_catalog.text);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=694f2e827f4266d8ead53e7a0950a2f47aa2166463537b23053892fca2552a55; generated, do not edit';
+  'sha256=b44457f934a1f8b7e9843b75d99d657a1294b4a60994e862df0ab7d02a84bfa0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -95,7 +95,9 @@ DECLARE
 BEGIN
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
@@ -113,7 +115,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=76db75ba259145f7eebc382ff471328b17455f0a0253f53d5f913a92fc16eb1e; generated, do not edit';
+  'sha256=ad24f01b4f0b6c3c231c6fd2f05a920205653f06032952fcddf3081f527a15b6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -136,7 +138,9 @@ BEGIN
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
                                    TG_NAME::pg_catalog.text) THEN
@@ -167,7 +171,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=9c82338ea30f5e5513082839d1a6b58867e8c8e380f6ec6c3c1c6b9a166825a5; generated, do not edit';
+  'sha256=2c5661dcd9593ec1da1259ee6b1ec8a8f3ab58509480c872eb7d2bf2a24bdd5c; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -189,7 +193,9 @@ BEGIN
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
+      issuer => NULL::pg_catalog.text,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
@@ -215,7 +221,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=ff103247e26d4e4ec2971cfb3eeeaccca585c5f9757a3b0972aff14645f6ce0e; generated, do not edit';
+  'sha256=9ed13b42adc0f7864fba0e708ca493e065a4803144ea38322dd53d533664e789; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
