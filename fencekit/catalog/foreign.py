@@ -58,12 +58,15 @@ def _type_of(arg: str) -> str | None:
     return " ".join(words)
 
 
-@functools.cache
 def core_signatures() -> tuple[str, ...]:
     """``fencekit.name(type, ...)`` of every function the core install creates."""
     from fencekit.sqlgen import render_install
 
-    sql = render_install()
+    return _signatures(render_install())
+
+
+@functools.lru_cache(maxsize=2)
+def _signatures(sql: str) -> tuple[str, ...]:
     out = []
     for m in _CREATE.finditer(sql):
         types = [t for t in map(_type_of, _split(_args(sql, m.end()))) if t is not None]
