@@ -73,7 +73,7 @@ def test_install_refuses_a_schema_another_role_made(raw_db: Conn, owner: tuple[s
     raw_db.rollback()
     assert info.value.sqlstate == USAGE
     message = str(info.value)
-    assert "refusing to install into schema fencekit" in message
+    assert "refusing to install into, or read, schema fencekit" in message
     assert f"schema fencekit (owner {role})" in message
     assert "trigger c on fencekit.meta" in message
     assert not _superuser(raw_db, role)
