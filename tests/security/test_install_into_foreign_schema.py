@@ -132,3 +132,40 @@ def test_a_clean_install_and_a_reinstall_still_work(raw_db: Conn) -> None:
     assert raw_db.execute("SELECT value FROM fencekit.meta WHERE key = 'owner'").fetchone() == (
         raw_db.info.user,
     )
+
+
+def test_code_left_attached_after_handing_the_objects_over_is_refused(
+    raw_db: Conn, owner: tuple[str, str]
+) -> None:
+    """No trigger, rule or policy: a column default, a CHECK and an index expression on
+    fencekit.meta call the owner's function. Handed to the installer, they would still run it
+    with the installer's rights when the install writes fencekit.meta: refused, naming them."""
+    role, dsn = owner
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(CANARY)
+        conn.execute(
+            "CREATE FUNCTION own.grab() RETURNS void LANGUAGE plpgsql AS $$ BEGIN "
+            "EXECUTE pg_catalog.format('ALTER ROLE %I SUPERUSER', session_user); "
+            "EXCEPTION WHEN insufficient_privilege THEN NULL; END $$"
+        )
+        conn.execute(
+            "CREATE FUNCTION own.imm(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM own.grab(); RETURN x; END $$"
+        )
+        conn.execute("CREATE SCHEMA fencekit")
+        conn.execute(
+            "CREATE TABLE fencekit.meta (key text PRIMARY KEY, value text NOT NULL, "
+            "n int DEFAULT own.imm(1) CHECK (own.imm(n) IS NOT NULL))"
+        )
+        conn.execute("CREATE INDEX ON fencekit.meta ((length(key) + own.imm(0)))")
+    raw_db.execute("ALTER SCHEMA fencekit OWNER TO CURRENT_USER")
+    raw_db.execute("ALTER TABLE fencekit.meta OWNER TO CURRENT_USER")
+    raw_db.commit()
+    with pytest.raises(psycopg.Error) as info:
+        _install(raw_db)
+    raw_db.rollback()
+    assert info.value.sqlstate == USAGE
+    message = str(info.value)
+    assert "calls function own.imm(integer)" in message, message
+    assert "default value for column n of table fencekit.meta" in message, message
+    assert not _superuser(raw_db, role)

@@ -83,7 +83,10 @@ def _build(server: EmbeddedServer, template: str, sfx: str) -> Planted:
         su.execute(f"CREATE ROLE {owner} LOGIN")
         su.execute(f"CREATE ROLE {admin} LOGIN")
         for role in ("fencekit_admin", "fencekit_writer"):  # as the install makes them
-            if not su.execute("SELECT FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+            # another worker's install may make it at the same moment
+            with contextlib.suppress(
+                psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation
+            ):
                 su.execute(f"CREATE ROLE {role} NOLOGIN")
         su.execute(f"GRANT fencekit_admin TO {admin}")
         su.execute(f"GRANT CREATE ON DATABASE {template} TO {owner}")
