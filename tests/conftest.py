@@ -172,6 +172,23 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"tests/conftest.py VERSION_MATRIX: {rel} has no {missing}")
 
 
+_LONG = ("slow", "multiproc", "bench")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest work first: files with a slow, multiproc or bench test, then the rest by their
+    number of tests, so that no long file is left to start when the other workers are done.
+    ``./scripts/test`` passes ``--no-loadscope-reorder``: xdist's own reordering (by number of
+    tests alone) put the few-but-long files last. A stable sort: a file's tests keep their order.
+    """
+    long_files = {item.path for item in items if any(item.get_closest_marker(m) for m in _LONG)}
+    count: dict[Path, int] = {}
+    for item in items:
+        count[item.path] = count.get(item.path, 0) + 1
+    items.sort(key=lambda item: (item.path not in long_files, -count[item.path]))
+
+
 def _target_list(config: pytest.Config, option: str) -> list[str]:
     names = [n.strip() for n in str(config.getoption(option)).split(",") if n.strip()]
     unknown = [n for n in names if n not in TARGETS]

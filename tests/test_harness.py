@@ -15,6 +15,8 @@ from fencekit.embedded import EmbeddedServer, start_embedded
 from tests import pg_binaries
 from tests.conftest import RELEASE_TARGETS
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 # The fresh-database tests run twice in order: the second run must not see the first one's table.
 _FRESHNESS_TABLE = "harness_leftover"
 

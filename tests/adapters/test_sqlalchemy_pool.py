@@ -31,6 +31,8 @@ from fencekit.spec import FenceSpec, TableName
 from fencekit.sqlgen import protect_statements
 from tests.adapters.conftest import sa_url
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 FENCE = 34  # the row's fence, written by the current lease holder
 STALE = 33  # the paused holder's token
 ROW_SQL = "SELECT v, fencekit_fence FROM t WHERE id = 1"

@@ -8,6 +8,8 @@ import pytest
 from tests.alembic.conftest import Project
 from tests.alembic.test_roundtrip import registry, write
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 BEFORE = """
 from sqlalchemy import Column, Integer, MetaData, Table, Text
 from fencekit.declare import declare_fence

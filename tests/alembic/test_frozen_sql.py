@@ -21,6 +21,8 @@ from fencekit.spec import FenceSpec, Scope, TableName
 from tests.alembic.conftest import Project
 from tests.alembic.test_roundtrip import MODELS, registry, write
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 BILLING = FenceSpec(TableName("public", "billing_summary"), Scope.KEY, key=("account_id",))
 JOBS = FenceSpec(TableName("public", "jobs"))
 

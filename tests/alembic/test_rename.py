@@ -10,8 +10,11 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.alembic.conftest import Project
+
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
 
 FENCEKIT = str(Path(sys.executable).with_name("fencekit"))
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from fencekit import sqlgen
 from fencekit.spec import FenceSpec, TableName
 from tests.alembic.conftest import Project
 from tests.alembic.test_roundtrip import registry
+
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
 
 BOTH = """
 from sqlalchemy import Column, Integer, MetaData, Table, Text

@@ -15,6 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 pytest.importorskip("pgserver")
 
 FENCEKIT = [sys.executable, "-m", "fencekit.cli"]

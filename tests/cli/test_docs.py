@@ -20,6 +20,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["docs/getting-started.md", "docs/dba-guide.md", "docs/rollout.md"]
 PSQL = "/usr/bin/psql"

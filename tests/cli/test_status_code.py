@@ -21,6 +21,8 @@ import pytest
 
 from .conftest import Cli
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 SWAP = "PERFORM pg_catalog.set_config('fencekit.token', '999999', true);"
 APP = "fk_code_app"
 

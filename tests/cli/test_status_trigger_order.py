@@ -21,6 +21,8 @@ from fencekit.spec import DEFAULT_COLUMN
 
 from .conftest import Cli
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 EVENTS = ("INSERT", "UPDATE", "DELETE")
 SWAP = (
     "CREATE OR REPLACE FUNCTION swap_fn() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "

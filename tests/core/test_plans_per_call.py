@@ -24,6 +24,8 @@ from fencekit import sqlgen
 from fencekit.spec import FenceSpec, Scope, TableName
 from tests.lab.postgres import ClusterServer, ServerUnavailable, start_cluster
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 CALLS = 60
 # The plan cache plans custom plans for the first five executions of a statement in each
 # function (pg_stat_statements counts the same text in the ins, upd and del functions as one),

@@ -20,7 +20,7 @@ import pytest
 
 from tests.core.helpers import STALE, Conn, key_fence, protect, rows, write
 
-pytestmark = pytest.mark.all_servers
+pytestmark = [pytest.mark.all_servers, pytest.mark.slow]
 
 Work = Callable[[psycopg.Connection], None]
 

@@ -13,6 +13,8 @@ from tests.lab.__main__ import main as lab_main
 from tests.lab.chaos_ha import HAConfig, format_ha, run_ha
 from tests.lab.patroni import PatroniCluster
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_chaos_ha_passes_and_reports_the_loss(cluster: PatroniCluster, mode: str) -> None:

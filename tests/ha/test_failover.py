@@ -24,6 +24,8 @@ from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements
 from tests.lab.patroni import PatroniCluster
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 
 def _protect(dsn: str) -> None:
     """billing_summary: a plain key fence; billing_bound: a lease-bound key fence."""

@@ -16,7 +16,7 @@ from tests.issuers.pgfence import make_counter, state
 from tests.lab import IN_CI
 
 # async_issuer starts its cluster through getfixturevalue, which the fast tier cannot see.
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 if not IN_CI:
     pytest.importorskip("etcd3gw")

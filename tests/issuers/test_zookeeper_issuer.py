@@ -10,6 +10,8 @@ import pytest
 from tests.issuers.contention import assert_strictly_increasing, run_contention
 from tests.lab import IN_CI
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 if not IN_CI:  # in CI a missing client library must fail, not skip
     pytest.importorskip("kazoo")
 

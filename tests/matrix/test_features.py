@@ -27,6 +27,8 @@ from tests.core.helpers import (
     write,
 )
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 SCOPES = ("row", "key", "table")
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"^```python\n# (\S+)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
