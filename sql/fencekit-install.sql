@@ -19,12 +19,18 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 -- purpose (docs/security.md). Handing such objects over (ALTER ... OWNER TO) keeps their code
 -- attached, so nothing attached to fencekit's tables, views and types (a default, a CHECK, an
 -- index or statistics expression, a view's query, a domain's CHECK) may call a function,
--- operator or type outside pg_catalog and schema fencekit either. Reads catalogs only; runs
--- before anything else of the install (fencekit_admin may not exist yet).
+-- operator or type outside pg_catalog and schema fencekit either, and no table outside it may
+-- inherit from one of its tables (planning a read folds the child's CHECK). Reads catalogs
+-- only; runs before anything else of the install (fencekit_admin may not exist yet).
+-- fencekit's commands run it before they read schema fencekit, with fencekit.guard_reading
+-- on: then objects merely owned by another role are left to status (owner_changed, which a
+-- pg_restore by an application role leaves), and only code attached to them is refused.
 DO $do$
 DECLARE
   me oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user);
   admin oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) 'fencekit_admin');
+  reading boolean := COALESCE(pg_catalog.current_setting('fencekit.guard_reading', true), '')
+                     OPERATOR(pg_catalog.=) 'on';
   found text;
 BEGIN
   WITH trusted(oid) AS (
@@ -52,20 +58,20 @@ BEGIN
   )
   SELECT pg_catalog.string_agg(what, '; ' ORDER BY what) INTO found FROM (
     SELECT pg_catalog.format('schema fencekit (owner %s)', ns.nspowner::pg_catalog.regrole) AS what
-      FROM ns WHERE ns.nspowner NOT IN (SELECT oid FROM trusted)
+      FROM ns WHERE ns.nspowner NOT IN (SELECT oid FROM trusted) AND NOT reading
     UNION ALL
     SELECT pg_catalog.format('%s (owner %s)', c.oid::pg_catalog.regclass, c.relowner::pg_catalog.regrole)
       FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace OPERATOR(pg_catalog.=) ns.oid
-     WHERE c.relowner NOT IN (SELECT oid FROM trusted)
+     WHERE c.relowner NOT IN (SELECT oid FROM trusted) AND NOT reading
     UNION ALL
     SELECT pg_catalog.format('type %s (owner %s)', t.oid::pg_catalog.regtype, t.typowner::pg_catalog.regrole)
       FROM pg_catalog.pg_type t JOIN ns ON t.typnamespace OPERATOR(pg_catalog.=) ns.oid
-     WHERE t.typowner NOT IN (SELECT oid FROM trusted)
+     WHERE t.typowner NOT IN (SELECT oid FROM trusted) AND NOT reading
     UNION ALL
     SELECT pg_catalog.format('function %s (owner %s)', p.oid::pg_catalog.regprocedure,
                              p.proowner::pg_catalog.regrole)
       FROM pg_catalog.pg_proc p JOIN ns ON p.pronamespace OPERATOR(pg_catalog.=) ns.oid
-     WHERE p.proowner NOT IN (SELECT oid FROM trusted)
+     WHERE p.proowner NOT IN (SELECT oid FROM trusted) AND NOT reading
        AND NOT (p.proname::pg_catalog.text OPERATOR(pg_catalog.~) '_trunc$'
                 AND EXISTS (SELECT FROM pg_catalog.pg_trigger g
                               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) g.tgrelid
@@ -83,6 +89,11 @@ BEGIN
     UNION ALL
     SELECT pg_catalog.format('policy %I on %s', y.polname, c.oid::pg_catalog.regclass)
       FROM pg_catalog.pg_policy y JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) y.polrelid
+      JOIN ns ON c.relnamespace OPERATOR(pg_catalog.=) ns.oid
+    UNION ALL
+    SELECT pg_catalog.format('%s inherits from %s', i.inhrelid::pg_catalog.regclass,
+                             i.inhparent::pg_catalog.regclass)
+      FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhparent
       JOIN ns ON c.relnamespace OPERATOR(pg_catalog.=) ns.oid
     UNION ALL
     SELECT pg_catalog.format('%s calls %s',

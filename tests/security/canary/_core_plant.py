@@ -50,6 +50,7 @@ CREATE TABLE fencekit.meta (
 CREATE INDEX meta_expr ON fencekit.meta ((pg_catalog.length(key) + own.imm('{label}')));
 CREATE INDEX meta_partial ON fencekit.meta (value) WHERE own.immb('{label}');
 CREATE STATISTICS fencekit.meta_st ON (pg_catalog.length(value) + own.imm('{label}')) FROM fencekit.meta;
+CREATE TABLE own.meta_child (CHECK (pg_catalog.length(key) > own.imm('{label}') - 1000000)) INHERITS (fencekit.meta);
 INSERT INTO fencekit.meta (key, value) VALUES ('core_version', '{sqlgen.CORE_VERSION}'), ('owner', '{owner}');
 GRANT SELECT, INSERT, UPDATE, DELETE ON fencekit.meta TO PUBLIC;
 """
