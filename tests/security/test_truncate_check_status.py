@@ -40,19 +40,21 @@ CREATE SCHEMA tc_elsewhere;
 
 
 @pytest.fixture
-def lab(db: Conn, dsn: str, make_role: Callable[..., str]) -> dict[str, str]:
-    """Tables of ``tc_owner`` (no admin, no superuser), protected by the DBA, one row each."""
+def lab(
+    request: pytest.FixtureRequest, db: Conn, dsn: str, make_role: Callable[..., str]
+) -> dict[str, str]:
+    """Tables of ``tc_owner`` (no admin, no superuser); the test's scope's table protected by
+    the DBA, with one row."""
     owner = make_role("tc_owner", "CREATE ON SCHEMA public", "CREATE ON DATABASE " + db.info.dbname)
     admin = make_role("tc_admin", "fencekit_admin")
     with psycopg.connect(owner, autocommit=True) as conn:
         conn.execute(PLANT)
-    for spec in TABLES.values():
-        protect(db, spec)
+    spec = TABLES[request.node.callspec.params["scope"]]
+    protect(db, spec)
     db.commit()
     with psycopg.connect(owner) as conn:
         conn.execute("SELECT set_config('fencekit.token', '10', true)")
-        for spec in TABLES.values():
-            conn.execute(f"INSERT INTO {spec.table.sql} VALUES (1, 1)")
+        conn.execute(f"INSERT INTO {spec.table.sql} VALUES (1, 1)")
         conn.commit()
     return {"dba": dsn, "admin": admin, "owner": owner}
 
@@ -219,8 +221,6 @@ def test_every_change_of_the_truncate_checks_definition_is_reported(
     spec = TABLES[scope]
     check = _check_of(db, spec.table.sql)
     who, sql, says = CHANGES[change]
-    code, out = _status(capsys, lab["dba"])
-    assert code == 0, out
     with psycopg.connect(lab[who], autocommit=True) as conn:
         conn.execute(sql.format(f=check))
     code, out = _status(capsys, lab["dba"])
