@@ -16,11 +16,10 @@ How the token travels (docs/asyncpg.md has the measured costs):
   statement of the transaction, ``prepare()``, cursors and ``copy_*`` included, is then fenced.
 - **A statement without arguments outside a transaction** (simple protocol) goes as ``SET LOCAL
   ...; <statement>``: one query, run by PostgreSQL as one implicit transaction.
-- **Where asyncpg allows neither**, a cost: a statement with arguments outside a transaction is
-  wrapped in a transaction (the BEGIN carries the token; two round trips more: BEGIN and COMMIT),
-  and a scope entered inside an open transaction sends the token as a statement of its own (one
-  round trip), as does leaving it (the token is cleared). asyncpg sends statements with
-  arguments through the extended protocol, one statement per Sync, so nothing can ride them.
+- **Where asyncpg allows neither**, a cost: a statement with arguments (the extended protocol,
+  one statement per Sync) outside a transaction is wrapped in one (two round trips more), and
+  a scope entered or left inside an open transaction sends the token (or the clear) as a
+  statement of its own (one round trip).
 
 Rejections: importing this module registers fencekit's rejection classes with asyncpg (asyncpg
 picks an error's class by its ``sqlstate``): asyncpg then raises errors that are both
@@ -65,7 +64,6 @@ R = TypeVar("R")
 
 
 # ---------------------------------------------------------------- errors
-#
 # asyncpg builds an error as ``cls(message)`` and then copies the server's fields into its
 # ``__dict__`` (``message``, ``detail`` as text, ``schema_name``...). fencekit's fields are read
 # from those, when first asked for: ``detail`` is fencekit's (the parsed JSON, a dict).
@@ -90,14 +88,9 @@ class _AsyncpgRejectionError(errors.FencekitError, asyncpg.PostgresError):  # ty
         Exception.__init__(self, message, *args)
         self.orig: BaseException | None = self  # the driver's error, as for every FenceError
 
-    table = _field("table")
-    key = _field("key")
-    token = _field("token")
-    fence = _field("fence")
-    resource = _field("resource")
-    column = _field("column")
-    constraint = _field("constraint")
-    detail = _field("detail")
+
+for _name in ("table", "key", "token", "fence", "resource", "column", "constraint", "detail"):
+    setattr(_AsyncpgRejectionError, _name, _field(_name))
 
 
 # _AsyncpgRejectionError first (its constructor and fields); the ``sqlstate`` in each class's
@@ -114,8 +107,6 @@ IssuerMismatchError = _CLASSES["IssuerMismatchError"]
 
 
 # ---------------------------------------------------------------- state
-
-
 class _State(wire.Wire):
     __slots__ = ("translate",)
 
@@ -124,74 +115,79 @@ class _State(wire.Wire):
         self.translate = True
 
 
-# asyncpg's connections have __slots__: their state lives here, as long as they do.
-_states: weakref.WeakKeyDictionary[asyncpg.Connection, _State] = weakref.WeakKeyDictionary()
+# asyncpg's connections have __slots__: their state lives here, by id() (a dict read before
+# every statement), for as long as the connection lives.
+_states: dict[int, _State] = {}
 
 
 def _state(conn: asyncpg.Connection) -> _State:
-    state = _states.get(conn)
+    state = _states.get(id(conn))
     if state is None:
-        state = _states[conn] = _State()
+        state = _states[id(conn)] = _State()
+        weakref.finalize(conn, _states.pop, id(conn), None)  # before the id can be reused
     return state
 
 
-@functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
-def _head(query: object) -> str:
-    return query.lstrip()[:20].upper() if isinstance(query, str) else ""
-
-
-_BEGIN = ("BEGIN", "START TRANSACTION")
-
-
+_OTHER, _BEGIN, _CONTROL_KIND = 0, 1, 2
+_BEGIN_WORDS = ("BEGIN", "START TRANSACTION")
 # Transaction control needs no token, and must run in a failed transaction, where nothing else
 # can (asyncpg's rollback and release go through execute()).
 _CONTROL = ("COMMIT", "ROLLBACK", "END", "ABORT", "RELEASE", "SAVEPOINT", "PREPARE TRANSACTION")
 
 
-async def _sync(conn: asyncpg.Connection) -> None:
-    """In an open transaction: set what the wire says before the next statement (one
-    statement, only when the scope changed since the transaction last set it)."""
-    if not conn.is_in_transaction():
-        return
-    state = _state(conn)
-    value = state.next(wire.INTRANS, wire.scope_value())
-    if value is not None:
-        await asyncpg.Connection.execute(conn, wire.set_local(value))
-        state.sent(value, open_after=True)
+@functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
+def _kind(query: str) -> tuple[int, str]:
+    """What a simple query is, decided once per text: transaction control, a BEGIN (with the
+    text that a SET LOCAL follows in the same query), or any other statement."""
+    head = query.lstrip()[:20].upper()
+    if head.startswith(_CONTROL):
+        return _CONTROL_KIND, query
+    if head.startswith(_BEGIN_WORDS):
+        return _BEGIN, query.rstrip().rstrip(";") + "; "
+    return _OTHER, query
+
+
+async def _send(conn: asyncpg.Connection, state: _State, value: wire.Value) -> None:
+    """In an open transaction: ``value`` as a statement of its own (one round trip)."""
+    await asyncpg.Connection.execute(conn, wire.set_local(value))
+    state.sent(value, open_after=True)
+
+
+async def _sync_open(conn: asyncpg.Connection) -> None:
+    """In an open transaction: send what the wire says (only when the scope changed)."""
+    if conn.is_in_transaction():
+        state = _states.get(id(conn)) or _state(conn)
+        value = state.next(wire.INTRANS, wire.scope_value())
+        if value is not None:
+            await _send(conn, state, value)
 
 
 async def _run(
     conn: asyncpg.Connection,
-    call: Callable[[str], Awaitable[R]],
-    query: str,
-    head: str | None,
+    call: Callable[[], Awaitable[R]],
+    prefixed: Callable[[str], Awaitable[R]] | None = None,
 ) -> R:
-    """Run ``call(query)`` on ``conn`` with exactly the scope's token (or none) in force.
+    """Run ``call()`` on ``conn`` with exactly the scope's token (or none) in force.
 
-    ``head``: :func:`_head` of ``query`` when ``call`` sends it as a simple query (no
-    arguments, so it may hold several statements; not transaction control, which the caller
-    runs as it is); None for the extended protocol.
-    """
-    simple = head is not None
+    ``prefixed(prefix)`` runs the statement as one simple query behind ``prefix``, where it can
+    (PostgreSQL runs it as one transaction); without it (the extended protocol: one statement,
+    no room for a prefix) a statement outside a transaction is wrapped in one."""
+    state = _states.get(id(conn)) or _state(conn)
     try:
         if conn.is_in_transaction():
-            await _sync(conn)
-            return await call(query)
-        state = _state(conn)
+            value = state.next(wire.INTRANS, wire.scope_value())
+            if value is not None:
+                await _send(conn, state, value)
+            return await call()
         value = state.next(wire.IDLE, wire.scope_value())
         if value is None:
-            return await call(query)
-        if head is not None and head.startswith(_BEGIN):  # asyncpg's own BEGIN, or the user's
-            begin = query.rstrip().rstrip(";")
-            result = await call(begin + "; " + wire.set_local(value, fresh=True))
-            state.sent(value, open_after=True)
-            return result
-        if simple:  # one simple query: PostgreSQL runs it as one implicit transaction
-            return await call(wire.set_local(value, fresh=True) + "; " + query)
-        async with conn.transaction():  # its BEGIN carries the token (the branch above)
-            return await call(query)
+            return await call()
+        if prefixed is not None:
+            return await prefixed(wire.set_local(value, True) + "; ")
+        async with conn.transaction():  # its BEGIN carries the token (FencedConnection.execute)
+            return await call()
     except errors.FenceError as exc:
-        if _state(conn).translate:
+        if state.translate:
             metrics.record_rejection(exc)
         raise
 
@@ -202,7 +198,7 @@ class _FencedCursorFactory(CursorFactory):  # type: ignore[misc]
     __slots__ = ()
 
     def __await__(self) -> Generator[Any, None, Any]:
-        yield from _sync(self._connection).__await__()
+        yield from _sync_open(self._connection).__await__()
         return (yield from super().__await__())
 
     def __aiter__(self) -> _FencedIterator:
@@ -219,7 +215,7 @@ class _FencedIterator:
         return self
 
     async def __anext__(self) -> Any:
-        await _sync(self._conn)  # each fetch runs the query further, under today's token
+        await _sync_open(self._conn)  # each fetch runs the query further, under today's token
         return await self._it.__anext__()
 
 
@@ -228,7 +224,7 @@ def _fenced_cursor(factory: Any) -> Any:
     return factory
 
 
-def _fence_calls(owner: type[Any], names: tuple[str, ...], *, with_query: bool = False) -> None:
+def _fence_calls(owner: type[Any], names: tuple[str, ...]) -> None:
     """Make each of ``owner``'s ``names`` run with exactly the scope's token (see :func:`_run`):
     the next class in the MRO does the work (a user's subclass of the connection included)."""
 
@@ -236,10 +232,7 @@ def _fence_calls(owner: type[Any], names: tuple[str, ...], *, with_query: bool =
         async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             unfenced = getattr(super(owner, self), name)
             conn = self if isinstance(self, asyncpg.Connection) else self._connection
-            if with_query and args:  # the query first, as the driver reads it
-                query, *rest = args
-                return await _run(conn, lambda q: unfenced(q, *rest, **kwargs), query, None)
-            return await _run(conn, lambda _: unfenced(*args, **kwargs), "", None)
+            return await _run(conn, lambda: unfenced(*args, **kwargs))
 
         call.__name__ = call.__qualname__ = name
         return call
@@ -264,16 +257,27 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
 
     __slots__ = ()
 
-    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
-        parent: Any = super()
-        head = None if args else _head(query)
-        if head is not None and head.startswith(_CONTROL):  # COMMIT, ROLLBACK: as they are
-            done: str = await parent.execute(query, timeout=timeout)
-            return done
-        result: str = await _run(
-            self, lambda q: parent.execute(q, *args, timeout=timeout), query, head
+    def execute(self, query: str, *args: Any, timeout: float | None = None) -> Awaitable[str]:
+        # A plain function: for transaction control and a BEGIN (nothing there can be rejected)
+        # it returns the driver's own coroutine, with no frame of fencekit's around it.
+        run: Callable[..., Awaitable[str]] = super().execute
+        if args or not isinstance(query, str):  # the extended protocol: no room for a prefix
+            return _run(self, lambda: run(query, *args, timeout=timeout))
+        kind, text = _kind(query)  # a simple query: it may hold several statements
+        if kind == _CONTROL_KIND:  # COMMIT, ROLLBACK: as they are
+            return run(query, timeout=timeout)
+        if kind == _BEGIN and not self.is_in_transaction():  # asyncpg's own BEGIN, or the user's
+            state = _states.get(id(self)) or _state(self)
+            value = state.next(wire.IDLE, wire.scope_value())
+            if value is None:
+                return run(query, timeout=timeout)
+            # Marked before it runs: should the BEGIN fail, the connection stays idle, and the
+            # wire starts afresh on an idle connection.
+            state.sent(value, open_after=True)
+            return run(text + wire.set_local(value, True), timeout=timeout)  # the token rides it
+        return _run(
+            self, lambda: run(query, timeout=timeout), lambda p: run(p + query, timeout=timeout)
         )
-        return result
 
     async def prepare(self, query: str, **kwargs: Any) -> Any:
         statement = await super().prepare(query, **kwargs)  # Parse only: nothing runs yet
@@ -287,12 +291,10 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
 _fence_calls(
     _FencedStatement, ("fetch", "fetchval", "fetchrow", "fetchmany", "executemany", "explain")
 )
+_FETCH = ("executemany", "fetch", "fetchval", "fetchrow", "fetchmany")
 _fence_calls(
     FencedConnection,
-    ("copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table"),
-)
-_fence_calls(
-    FencedConnection, ("executemany", "fetch", "fetchval", "fetchrow", "fetchmany"), with_query=True
+    (*_FETCH, "copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table"),
 )
 
 
@@ -398,8 +400,8 @@ async def transaction(
     installed = is_installed(conn) or not _is_connection(conn)  # a proxy: its pool installs
     if not installed:
         install(conn)  # for the block only
-    outer = _state(conn).held if conn.is_in_transaction() else None
     nested = conn.is_in_transaction()
+    outer = _state(conn).held if nested else None
     tx = conn.transaction(isolation=isolation, readonly=readonly, deferrable=deferrable)
     try:
         with scope:

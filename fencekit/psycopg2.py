@@ -105,14 +105,16 @@ class _State(wire.Wire):
         self.previous_factory: Any = None
 
 
-# psycopg2's connections take no attributes: their state lives here, as long as they do.
-_states: weakref.WeakKeyDictionary[ext.connection, _State] = weakref.WeakKeyDictionary()
+# psycopg2's connections take no attributes: their state lives here, by id() (a dict read
+# before every statement), for as long as the connection lives.
+_states: dict[int, _State] = {}
 
 
 def _state(conn: ext.connection) -> _State:
-    state = _states.get(conn)
+    state = _states.get(id(conn))
     if state is None:
-        state = _states[conn] = _State()
+        state = _states[id(conn)] = _State()
+        weakref.finalize(conn, _states.pop, id(conn), None)  # before the id can be reused
     return state
 
 
@@ -176,17 +178,20 @@ class FencedCursor(ext.cursor):  # type: ignore[misc]  # psycopg2 ships no types
         if self.name is not None:  # DECLARE ... FOR <query>: no room for a prefix
             return self._synced(lambda: super(FencedCursor, self).execute(query, vars))
         conn = self.connection
+        state = _states.get(id(conn)) or _state(conn)
         try:
             status = conn.get_transaction_status()
-            state = _states.get(conn) or _state(conn)
             value = state.next(status, wire.scope_value())
-            if value is None:
+            if value is None:  # nothing to send: the scope's token is in force, or none is
                 return super().execute(query, vars)
-            prefix = wire.set_local(value, fresh=status == wire.IDLE) + "; "
-            super().execute(_with_prefix(self, query, prefix), vars)
+            prefix = wire.set_local(value, status == wire.IDLE) + "; "
+            # A str (the usual query) is prefixed here; bytes and sql.Composable by _with_prefix.
+            super().execute(
+                prefix + query if type(query) is str else _with_prefix(self, query, prefix), vars
+            )
             state.sent(value, open_after=conn.get_transaction_status() != wire.IDLE)
         except psycopg2.Error as exc:
-            if not _state(conn).translate:
+            if not state.translate:
                 raise
             error = _rejection(exc)
             if error is exc:
@@ -289,7 +294,7 @@ def uninstall(target: ext.connection | pg2_pool.AbstractConnectionPool) -> None:
 
 def is_installed(conn: object) -> bool:
     """Whether ``conn`` (a psycopg2 connection) is in automatic mode."""
-    state = _states.get(conn) if isinstance(conn, ext.connection) else None
+    state = _states.get(id(conn)) if isinstance(conn, ext.connection) else None
     return state is not None and state.installed
 
 

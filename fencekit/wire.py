@@ -27,7 +27,7 @@ import functools
 import re
 from typing import Final
 
-from fencekit.context import current_issuer, current_token, fencing
+from fencekit.context import _ISSUER, _TOKEN, fencing
 
 __all__ = [
     "CLEAR",
@@ -57,10 +57,15 @@ INERROR: Final = 3
 _ISSUER_TEXT = re.compile(r"[a-z0-9_-]{0,31}")  # fencing()'s issuer names, or '' (untagged)
 
 
+# Read before every statement: the scope's context variables, without a call in between.
+_token_now = _TOKEN.get
+_issuer_now = _ISSUER.get
+
+
 def scope_value() -> Value | None:
     """The current :func:`fencing` scope's (token, issuer) as sent; None outside any scope."""
-    token = current_token()
-    return None if token is None else (str(token), current_issuer() or "")
+    token = _token_now()
+    return None if token is None else (str(token), _issuer_now() or "")
 
 
 def checked(token: int, issuer: str | None) -> Value:
@@ -76,7 +81,7 @@ def _checked_text(value: Value) -> Value:
     token, issuer = value
     if not (token == "" or (token.isascii() and token.isdigit())):
         raise ValueError(f"not a validated token: {token!r}")
-    if not _ISSUER_TEXT.fullmatch(issuer):
+    if issuer and not _ISSUER_TEXT.fullmatch(issuer):
         raise ValueError(f"not a validated issuer: {issuer!r}")
     return value
 
@@ -92,7 +97,7 @@ def set_config(value: Value) -> str:
 
 
 @functools.lru_cache(maxsize=256)  # a lease's token goes with many transactions
-def set_local(value: Value, *, fresh: bool = False) -> str:
+def set_local(value: Value, fresh: bool = False) -> str:
     """The ``SET LOCAL`` statements that put ``value`` in force for the open transaction.
 
     ``fresh``: the transaction has set nothing yet (they follow its BEGIN), so an untagged

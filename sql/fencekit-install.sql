@@ -674,7 +674,7 @@ GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jso
 -- The count of a writer is approximate (statements a backend ran after its last record are
 -- added when it next records that statement); the last time a writer was seen is at most 10
 -- seconds behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
--- exact count of allowed writes.
+-- exact count of statements allowed without a token, on every scope.
 
 CREATE TABLE IF NOT EXISTS fencekit.unfenced_writers (
   tag               text NOT NULL,
@@ -1103,10 +1103,11 @@ $fn$;
 -- No token (even when the statement check saw one: a statement may clear it): true when the
 -- session may bypass, false when on_missing=allow, else raises YF003. Every write it lets
 -- through is counted ('bypassed' or 'unfenced', as fencekit.count_event counts) each time it
--- is asked with `counted`; no session setting decides whether it counts. Each check that
--- judges a write asks once: a key or table fence's statement check once per statement, a row
--- fence's row trigger once per row (the row fence's statement check asks without counting,
--- bar a TRUNCATE, which has no row triggers; under on_missing=allow it does not ask at all).
+-- is asked with `counted`. Each check that lets a statement through asks once, counting: a
+-- key fence's after the statement, a table or row fence's before it (a row fence's counts the
+-- common rollout case, no token and no bypass, inline instead). A row fence's row trigger asks
+-- without counting when its statement check saw no token (it counted the statement), and
+-- counting when that check saw a token that was cleared since.
 -- The bypass test reads the setting first: a plain tokenless write pays no call for it.
 CREATE OR REPLACE FUNCTION fencekit.unfenced_write(tag text, relid oid, trigger_name text,
                                                    allow boolean, counted boolean DEFAULT true)
@@ -1572,8 +1573,8 @@ REVOKE ALL ON FUNCTION fencekit.set_auto_cover(boolean) FROM PUBLIC;
 
 -- The token a statement is judged by, read ONCE here (a statement may change the setting
 -- between two checks, so nothing trusts an earlier read): NULL when there is none and the
--- write may go on (bypassed or on_missing=allow: counted once per statement, unless the caller
--- counts each row itself: counted => false), else the token.
+-- write may go on (bypassed or on_missing=allow: counted, unless the caller's statement was
+-- counted already: counted => false), else the token.
 -- Raises YF005 for a bypass asked for by a session that may not (even if unneeded), YF004 for
 -- a malformed token, YF007 for another issuer's token, YF003 for a missing one under
 -- on_missing=reject. SECURITY INVOKER: it runs as the writer and writes nothing itself.

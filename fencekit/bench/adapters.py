@@ -11,6 +11,13 @@ of the sides rotates every transaction, so each sees the same machine):
 - **vs a hand-written conditional UPDATE**: ``... SET fence = $t WHERE id = $1 AND fence <=
   $t`` on a table without triggers, the fencing an application writes by hand.
 
+Beside these, **the floor**: the least cost inside the application's ``with fencing(token):``
+scope, with the token read back from it and formatted into the BEGIN (:func:`fencekit.wire.
+scope_value`, :func:`fencekit.wire.set_local`): what any adapter that takes the token from the
+scope must spend at least. On asyncpg, whose one hook is the connection's class, the floor
+also goes through a minimal subclass whose ``execute()`` does only that. Its ratio to the least
+cost is the best an adapter can reach.
+
 Per side: wall time, client CPU (this thread's) and server CPU (the backend's, from
 ``/proc/<pid>/schedstat`` when the server runs on this machine; 0 when it does not) per
 transaction, each the median over rounds. The ratio is the other side's CPU per transaction
@@ -26,8 +33,8 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +42,7 @@ import psycopg
 from psycopg import sql
 
 from fencekit import psycopg as fk_psycopg
+from fencekit import wire
 from fencekit.context import fencing
 from fencekit.spec import FenceSpec, TableName
 from fencekit.sqlgen import protect_statements, unprotect_statements
@@ -71,7 +79,7 @@ class Side:
     pid: int  # the backend that runs it (its CPU is the server side)
 
 
-Sides = dict[str, Side]  # "unfenced", "least", "conditional", "adapter"
+Sides = dict[str, Side]  # "unfenced", "least", "floor", "conditional", "adapter"
 Builder = Callable[[str, ExitStack], Sides]
 
 
@@ -103,6 +111,13 @@ def _least(token: int) -> bytes:
     return f"BEGIN; SET LOCAL fencekit.token = '{token:d}'".encode()
 
 
+def _floor() -> bytes:
+    """The least cost's BEGIN, built from the current scope (inside ``with fencing(...)``)."""
+    value = wire.scope_value()
+    assert value is not None  # the floor side runs inside its scope
+    return b"BEGIN; " + wire.set_local(value, True).encode()
+
+
 def _cond(param_row: str, param_token: str) -> str:
     return _CONDITIONAL.format(schema=SCHEMA, row=param_row, token=param_token)
 
@@ -123,7 +138,11 @@ _tokens = itertools.count(int(time.time()))
 
 
 def _measure(sides: Sides, transactions: int, rounds: int) -> dict[str, dict[str, float]]:
-    """Per side: wall, client and server seconds per transaction (medians over rounds)."""
+    """Per side: wall, client and server seconds per transaction (medians over rounds).
+
+    Each side runs on a connection, so a backend, of its own: a backend that serves several
+    sides stays warmer in the CPU caches than one serving a single side, and was measured
+    spending up to 15% less server CPU on the same statements."""
     names = list(sides)
     for i in range(20):  # warm up: prepared statements, caches
         token = next(_tokens)
@@ -237,35 +256,39 @@ def _pid(conn: psycopg.Connection[Any]) -> int:
     return int(conn.pgconn.backend_pid)
 
 
-@contextmanager
-def _psycopg_pair(dsn: str) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:
-    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as installed:
-        yield conn, installed
-
-
 def _psycopg(dsn: str, stack: ExitStack, *, automatic: bool) -> Sides:
-    # The baselines share one autocommit connection with transaction(); install() gets a
-    # connection of its own (as an application's pool gives it), not in autocommit mode.
-    conn, installed = stack.enter_context(_psycopg_pair(dsn))
+    # Every side on a connection of its own (see _measure): autocommit with transaction() for
+    # the baselines; install() on one not in autocommit mode, as an application's pool gives it.
+    def connect(**kwargs: Any) -> psycopg.Connection[Any]:
+        return stack.enter_context(psycopg.connect(dsn, **kwargs))
+
+    u, lc, fl, co, ex = (connect(autocommit=True) for _ in range(5))
+    installed = connect()
     plain, fenced = _sql("plain", "%s"), _sql("fenced", "%s")
     cond = _cond("%s", "%s")
 
     def unfenced(row: int, token: int) -> None:
-        with conn.transaction():
-            conn.execute(plain, (row,))
+        with u.transaction():
+            u.execute(plain, (row,))
 
     def least(row: int, token: int) -> None:
-        conn.execute(_least(token))
-        conn.execute(fenced, (row,))
-        conn.execute(b"COMMIT")
+        lc.execute(_least(token))
+        lc.execute(fenced, (row,))
+        lc.execute(b"COMMIT")
+
+    def floor(row: int, token: int) -> None:
+        with fencing(token):
+            fl.execute(_floor())
+            fl.execute(fenced, (row,))
+            fl.execute(b"COMMIT")
 
     def conditional(row: int, token: int) -> None:
-        with conn.transaction():
-            conn.execute(cond, (token, row, token))
+        with co.transaction():
+            co.execute(cond, (token, row, token))
 
     def explicit(row: int, token: int) -> None:
-        with fk_psycopg.transaction(conn, token):
-            conn.execute(fenced, (row,))
+        with fk_psycopg.transaction(ex, token):
+            ex.execute(fenced, (row,))
 
     fk_psycopg.install(installed)
 
@@ -274,11 +297,12 @@ def _psycopg(dsn: str, stack: ExitStack, *, automatic: bool) -> Sides:
             installed.execute(fenced, (row,))
             installed.commit()
 
-    adapter = Side(scoped, _pid(installed)) if automatic else Side(explicit, _pid(conn))
+    adapter = Side(scoped, _pid(installed)) if automatic else Side(explicit, _pid(ex))
     return {
-        "unfenced": Side(unfenced, _pid(conn)),
-        "least": Side(least, _pid(conn)),
-        "conditional": Side(conditional, _pid(conn)),
+        "unfenced": Side(unfenced, _pid(u)),
+        "least": Side(least, _pid(lc)),
+        "floor": Side(floor, _pid(fl)),
+        "conditional": Side(conditional, _pid(co)),
         "adapter": adapter,
     }
 
@@ -288,31 +312,38 @@ def _psycopg2(dsn: str, stack: ExitStack) -> Sides:
 
     from fencekit import psycopg2 as fk_psycopg2
 
-    conn = psycopg2.connect(dsn)
-    raw = psycopg2.connect(dsn)
-    raw.autocommit = True
-    for c in (conn, raw):
-        stack.callback(c.close)
+    def connect(autocommit: bool = False) -> Any:
+        conn = psycopg2.connect(dsn)
+        stack.callback(conn.close)
+        conn.autocommit = autocommit
+        return conn
+
+    u, co, installed = connect(), connect(), connect()  # a side each (see _measure)
+    lc, fl = connect(autocommit=True), connect(autocommit=True)
     plain, fenced = _sql("plain", "%s"), _sql("fenced", "%s")
     cond = _cond("%s", "%s")
-    cur, raw_cur = conn.cursor(), raw.cursor()
+    u_cur, lc_cur, fl_cur, co_cur = u.cursor(), lc.cursor(), fl.cursor(), co.cursor()
 
     def unfenced(row: int, token: int) -> None:
-        cur.execute(plain, (row,))
-        conn.commit()
+        u_cur.execute(plain, (row,))
+        u.commit()
 
     def least(row: int, token: int) -> None:
-        raw_cur.execute(_least(token))
-        raw_cur.execute(fenced, (row,))
-        raw_cur.execute(b"COMMIT")
+        lc_cur.execute(_least(token))
+        lc_cur.execute(fenced, (row,))
+        lc_cur.execute(b"COMMIT")
+
+    def floor(row: int, token: int) -> None:
+        with fencing(token):
+            fl_cur.execute(_floor())
+            fl_cur.execute(fenced, (row,))
+            fl_cur.execute(b"COMMIT")
 
     def conditional(row: int, token: int) -> None:
-        cur.execute(cond, (token, row, token))
-        conn.commit()
+        co_cur.execute(cond, (token, row, token))
+        co.commit()
 
-    installed = psycopg2.connect(dsn)  # as a pool installed with the adapter hands it out
-    stack.callback(installed.close)
-    fk_psycopg2.install(installed)
+    fk_psycopg2.install(installed)  # as a pool installed with the adapter hands it out
     installed_cur = installed.cursor()
 
     def adapter(row: int, token: int) -> None:
@@ -320,11 +351,11 @@ def _psycopg2(dsn: str, stack: ExitStack) -> Sides:
             installed_cur.execute(fenced, (row,))
             installed.commit()
 
-    pid, raw_pid = conn.info.backend_pid, raw.info.backend_pid
     return {
-        "unfenced": Side(unfenced, pid),
-        "least": Side(least, raw_pid),
-        "conditional": Side(conditional, pid),
+        "unfenced": Side(unfenced, u.info.backend_pid),
+        "least": Side(least, lc.info.backend_pid),
+        "floor": Side(floor, fl.info.backend_pid),
+        "conditional": Side(conditional, co.info.backend_pid),
         "adapter": Side(adapter, installed.info.backend_pid),
     }
 
@@ -347,41 +378,66 @@ def _asyncpg(dsn: str, stack: ExitStack) -> Sides:
         "server_settings": {"lock_timeout": _LOCK_TIMEOUT},
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+
+    class Minimal(asyncpg.Connection):  # type: ignore[misc]  # asyncpg ships no types
+        """The floor on asyncpg: its one hook is the connection's class, so a wrapper pays a
+        Python ``execute()`` before asyncpg's on every statement. This one only puts the
+        scope's token into a BEGIN: no state, no error handling, nothing else fenced."""
+
+        __slots__ = ()
+
+        def execute(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+            if query == "BEGIN" and not args:
+                query = _floor().decode()
+            return super().execute(query, *args, timeout=timeout)
+
     loop = asyncio.new_event_loop()
     stack.callback(loop.close)
-    conn = loop.run_until_complete(asyncpg.connect(**kwargs))
-    installed = loop.run_until_complete(asyncpg.connect(**kwargs))
-    for c in (conn, installed):
-        stack.callback(loop.run_until_complete, c.close())
+    run = loop.run_until_complete
+    u, lc, co, installed = (run(asyncpg.connect(**kwargs)) for _ in range(4))  # see _measure
+    fl = run(asyncpg.connect(**kwargs, connection_class=Minimal))
+    for c in (u, lc, fl, co, installed):
+        stack.callback(run, c.close())
     fk_asyncpg.install(installed)  # as a pool's init=fencekit.asyncpg.init does
     plain, fenced = _sql("plain", "$1"), _sql("fenced", "$1")
     cond = _cond("$2", "$1")
-    run = loop.run_until_complete
 
+    # Every side opens and ends its transaction with execute("BEGIN"/"COMMIT"), the only way
+    # the least cost can be written; conn.transaction() sends the same statements through the
+    # same fenced path, plus asyncpg's own Transaction object (the same cost on every side).
     async def unfenced(row: int) -> None:
-        async with conn.transaction():
-            await conn.execute(plain, row)
+        await u.execute("BEGIN")
+        await u.execute(plain, row)
+        await u.execute("COMMIT")
 
     async def least(row: int, token: int) -> None:
-        await conn.execute(_least(token).decode())
-        await conn.execute(fenced, row)
-        await conn.execute("COMMIT")
+        await lc.execute(_least(token).decode())
+        await lc.execute(fenced, row)
+        await lc.execute("COMMIT")
+
+    async def floor(row: int, token: int) -> None:
+        with fencing(token):
+            await fl.execute("BEGIN")
+            await fl.execute(fenced, row)
+            await fl.execute("COMMIT")
 
     async def conditional(row: int, token: int) -> None:
-        async with conn.transaction():
-            await conn.execute(cond, token, row)
+        await co.execute("BEGIN")
+        await co.execute(cond, token, row)
+        await co.execute("COMMIT")
 
     async def adapter(row: int, token: int) -> None:
         with fencing(token):
-            async with installed.transaction():
-                await installed.execute(fenced, row)
+            await installed.execute("BEGIN")
+            await installed.execute(fenced, row)
+            await installed.execute("COMMIT")
 
-    pid, installed_pid = conn.get_server_pid(), installed.get_server_pid()
     return {
-        "unfenced": Side(lambda row, token: run(unfenced(row)), pid),
-        "least": Side(lambda row, token: run(least(row, token)), pid),
-        "conditional": Side(lambda row, token: run(conditional(row, token)), pid),
-        "adapter": Side(lambda row, token: run(adapter(row, token)), installed_pid),
+        "unfenced": Side(lambda row, token: run(unfenced(row)), u.get_server_pid()),
+        "least": Side(lambda row, token: run(least(row, token)), lc.get_server_pid()),
+        "floor": Side(lambda row, token: run(floor(row, token)), fl.get_server_pid()),
+        "conditional": Side(lambda row, token: run(conditional(row, token)), co.get_server_pid()),
+        "adapter": Side(lambda row, token: run(adapter(row, token)), installed.get_server_pid()),
     }
 
 
@@ -406,11 +462,12 @@ def _sqlalchemy(dsn: str, stack: ExitStack) -> Sides:
         database=str(params.get("dbname") or "postgres"),
         query=query,
     )
-    engines = [create_engine(url, pool_size=1, max_overflow=0) for _ in range(3)]
+    engines = [create_engine(url, pool_size=1, max_overflow=0) for _ in range(5)]
     for e in engines:
         stack.callback(e.dispose)
-    engine, least_engine, fenced_engine = engines
+    engine, cond_engine, least_engine, floor_engine, fenced_engine = engines  # see _measure
     least_engine = least_engine.execution_options(isolation_level="AUTOCOMMIT")
+    floor_engine = floor_engine.execution_options(isolation_level="AUTOCOMMIT")
     fk_sqlalchemy.install(fenced_engine)
     plain, fenced = text(_sql("plain", ":row")), text(_sql("fenced", ":row"))
     cond = text(_cond(":row", ":token"))
@@ -425,8 +482,14 @@ def _sqlalchemy(dsn: str, stack: ExitStack) -> Sides:
             c.execute(fenced, {"row": row})
             c.exec_driver_sql("COMMIT")
 
+    def floor(row: int, token: int) -> None:
+        with fencing(token), floor_engine.connect() as c:
+            c.exec_driver_sql(_floor().decode())
+            c.execute(fenced, {"row": row})
+            c.exec_driver_sql("COMMIT")
+
     def conditional(row: int, token: int) -> None:
-        with engine.begin() as c:
+        with cond_engine.begin() as c:
             c.execute(cond, {"row": row, "token": token})
 
     def adapter(row: int, token: int) -> None:
@@ -440,7 +503,8 @@ def _sqlalchemy(dsn: str, stack: ExitStack) -> Sides:
     return {
         "unfenced": Side(unfenced, pid(engine)),
         "least": Side(least, pid(least_engine)),
-        "conditional": Side(conditional, pid(engine)),
+        "floor": Side(floor, pid(floor_engine)),
+        "conditional": Side(conditional, pid(cond_engine)),
         "adapter": Side(adapter, pid(fenced_engine)),
     }
 
@@ -456,6 +520,7 @@ _CASES: list[tuple[str, str | None, Builder]] = [
 _VERSUS = {
     "unfenced": ("vs the same driver unfenced", ""),
     "least": ("vs the least cost (one SET LOCAL in the BEGIN)", ">= 0.95x"),
+    "floor": ("vs the floor (the least cost in its fencing() scope)", ""),
     "conditional": ("vs a hand-written conditional UPDATE", ""),
 }
 
@@ -479,6 +544,9 @@ def _rows(
             f"{_us(theirs['client'])}+{_us(theirs['server'])} us; round trips/tx "
             f"{trips.get('adapter', 0):g} vs {trips.get(other, 0):g}"
         )
+        if other == "least" and "floor" in times:  # the best ratio any adapter can reach here
+            floor = times["floor"]["client"] + times["floor"]["server"]
+            detail += f"; the floor reaches {their_cpu / floor:.2f}x"
         out.append({
             "name": f"{label} {versus} ({detail})",
             "baseline": their_cpu,

@@ -154,6 +154,24 @@ def _prefixable(connection: BaseDatabaseWrapper, context: dict[str, Any], many: 
     return isinstance(cursor, psycopg.ClientCursor) and not isinstance(cursor, psycopg.ServerCursor)
 
 
+def _prefixed(
+    execute: Callable[..., Any],
+    sql: str,
+    params: Any,
+    many: bool,
+    context: dict[str, Any],
+    prefix: str,
+) -> Any:
+    """The statement behind ``prefix`` (``SET LOCAL``s) in one simple query: no round trip of
+    its own. The caller checked :func:`_prefixable`."""
+    result = execute(f"{prefix}; {sql}", params, many, context)
+    driver_cursor = context["cursor"].cursor
+    if not type(driver_cursor).__module__.startswith("psycopg2"):
+        for _ in range(prefix.count(";") + 1):  # psycopg 3 keeps every result: skip the SETs
+            driver_cursor.nextset()
+    return result
+
+
 def _autocommit(
     execute: Callable[..., Any],
     sql: Any,
@@ -165,13 +183,7 @@ def _autocommit(
     """A statement in autocommit, inside a scope: it is its own transaction, with the token."""
     connection: BaseDatabaseWrapper = context["connection"]
     if _prefixable(connection, context, many) and isinstance(sql, str):
-        prefix = wire.set_local(value, fresh=True)
-        result = execute(f"{prefix}; {sql}", params, many, context)
-        driver_cursor = context["cursor"].cursor
-        if not type(driver_cursor).__module__.startswith("psycopg2"):
-            for _ in range(prefix.count(";") + 1):  # psycopg 3 keeps every result: skip the SETs
-                driver_cursor.nextset()
-        return result
+        return _prefixed(execute, sql, params, many, context, wire.set_local(value, True))
     with transaction.atomic(using=connection.alias):
         _send_value(connection, value)
         return execute(sql, params, many, context)
@@ -189,7 +201,20 @@ def fence_statement(
         if value is not None and connection.get_autocommit() and not connection.in_atomic_block:
             _state(connection).next(wire.IDLE, value)  # no transaction open: nothing held
             return _autocommit(execute, sql, params, many, context, value)
-        _sync(connection)
+        status = _status(connection)
+        if status == wire.IDLE and connection.get_autocommit():
+            return _run(execute, sql, params, many, context)  # no scope: nothing to send
+        state = _state(connection)
+        send = state.next(status, value)
+        if send is None:
+            return _run(execute, sql, params, many, context)
+        if _prefixable(connection, context, many) and isinstance(sql, str):
+            # In the statement's own query, behind the driver's BEGIN: no round trip of its own.
+            prefix = wire.set_local(send, status == wire.IDLE)
+            result = _prefixed(execute, sql, params, many, context, prefix)
+            state.sent(send, open_after=_status(connection) != wire.IDLE)
+            return result
+        _send(connection, send, status)
         return _run(execute, sql, params, many, context)
 
 

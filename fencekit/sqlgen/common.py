@@ -145,14 +145,14 @@ def definer_function(
     )
 
 
-def statement_token(n: Names, *, counted: bool = True) -> str:
+def statement_token(n: Names, *, counted: str | None = None) -> str:
     """SQL: the statement's token, read once and judged by ``fencekit.statement_token``
-    (45_judge.sql): NULL when the write goes on without one, else a valid token.
-    ``counted=False``: an allowed or bypassed write is not counted here, because the row
-    triggers count each row they let through (a row fence's check before INSERT/UPDATE/DELETE).
-    """
+    (45_judge.sql): NULL when the write goes on without one, else a valid token. A write let
+    through without a token is counted (``unfenced`` or ``bypassed``) unless ``counted``, a SQL
+    boolean, is false: a row fence's row check passes false when its statement check counted
+    the statement already (the statement saw no token)."""
     issuer = lit(n.spec.issuer) if n.spec.issuer is not None else "NULL"
-    count = "" if counted else ", counted => false"
+    count = "" if counted is None else f",\n      counted => {counted}"
     return (
         f"fencekit.statement_token(tag => {n.lit_tag}, relid => TG_RELID,\n"
         f"      trigger_name => TG_NAME, allow => {n.allow}, issuer => {issuer}{count})"

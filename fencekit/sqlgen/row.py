@@ -8,6 +8,10 @@ validates the token it read itself: a statement can change the token after the s
 Every row is judged by the token the statement check validated (``Names.checked``, which that
 check sets): a row that reads another valid token is refused (YF004, changed during the
 statement), never judged by it; a lower one is refused as stale.
+
+In rollout mode (``on_missing = allow``) the statement check counts and attributes a statement
+without a token once, and its rows pass the triggers' WHEN clauses while the check's "no token"
+stands (see row_objects): a bulk write without a token runs no PL/pgSQL per row.
 """
 
 from __future__ import annotations
@@ -47,6 +51,27 @@ def _declare(title: str, fast: bool) -> str:
 
 def _accepts(n: Names) -> str:
     return ">" if n.spec.on_equal == "reject" else ">="
+
+
+def _uncounted(n: Names) -> str:
+    """SQL: whether a row let through without a token is counted by its row check: not when its
+    statement check saw no token (it counted the statement, once), yes when that check saw a
+    token that was cleared since, or none ran."""
+    return f"COALESCE({n.checked}\n        OPERATOR(pg_catalog.<>) '', true)"
+
+
+def _tokenless(n: Names, *, token: bool = True) -> str:
+    """SQL for a WHEN clause (rollout mode): the statement check saw no token (and counted the
+    statement), and (``token``) no token is set now. The bypass is not read: a tokenless row
+    that passes here passes as written with it or without it, and whether the session may
+    bypass was judged by the statement check. Short, because PostgreSQL parses a trigger's WHEN
+    clause again for every statement (each node costs a write with a token too); qualified
+    throughout: nothing in it resolves through search_path."""
+    # NULL (never set) or '': no token. IS NOT FALSE rather than COALESCE: one node less.
+    now = (
+        f"\n       AND ({TOKEN} OPERATOR(pg_catalog.=) '')\n         IS NOT FALSE" if token else ""
+    )
+    return f"{n.checked}\n         OPERATOR(pg_catalog.=) ''{now}"
 
 
 def _checked(n: Names, accept: str) -> str:
@@ -97,7 +122,7 @@ def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
         else "'stale'"
     )
     return (
-        f"  tok := {statement_token(n)};\n"
+        f"  tok := {statement_token(n, counted=_uncounted(n))};\n"
         "  IF tok IS NULL THEN\n"
         f"{unfenced}"
         f"    RETURN {row};\n"
@@ -144,7 +169,7 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     # fence is then only what its own writer wrote (nothing else's is lowered).
     ins = n.function(
         "ins",
-        _declare(title, fast=False) + f"  tok := {statement_token(n)};\n"
+        _declare(title, fast=False) + f"  tok := {statement_token(n, counted=_uncounted(n))};\n"
         "  IF tok IS NULL THEN\n    RETURN NEW;\n  END IF;\n"
         + _same_as_checked(n, "  ")
         + f"  NEW.{col} := tok;\n  RETURN NEW;\nEND\n",
@@ -166,16 +191,28 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         f"NEW.{col} OPERATOR(pg_catalog.{_accepts(n)}) "
         f"COALESCE(OLD.{col}, {'0' if n.spec.on_equal == 'reject' else '1'})\n   "
     )
+    ins_when = carries_token
+    upd_when = f"{raises} AND {carries_token}"
+    del_when = None
+    if n.spec.on_missing == "allow":
+        # Rollout mode: a row of a statement its check let through without a token (and
+        # counted, and attributed) passes here too: no PL/pgSQL per row. An INSERT's or a
+        # DELETE's row only while no token is set (those rows read the token: the column
+        # default, the row check); an UPDATE's only while its fence column is unchanged: like a
+        # row that already carries the checked token, a row that writes no fence is judged by
+        # what its statement check saw, and one that writes it (a fence without a token, or a
+        # token set after the check) fires the trigger, which judges it as before. Under
+        # on_missing=reject there is no such branch: the trigger refuses a tokenless row
+        # whatever its statement check did.
+        unchanged = (
+            f"COALESCE(NEW.{col} OPERATOR(pg_catalog.=) OLD.{col},\n"
+            f"             NEW.{col} IS NULL AND OLD.{col} IS NULL)"
+        )
+        ins_when = f"({ins_when})\n   OR ({_tokenless(n)})"
+        upd_when = f"({upd_when})\n   OR ({_tokenless(n, token=False)}\n       AND {unchanged})"
+        del_when = f"({_tokenless(n)}) IS NOT TRUE"
     return [ins, upd, dele], [
-        Trigger(
-            n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=f"({carries_token}) IS NOT TRUE"
-        ),
-        Trigger(
-            n.trigger("upd"),
-            "BEFORE UPDATE",
-            "ROW",
-            upd,
-            when=f"({raises} AND {carries_token}) IS NOT TRUE",
-        ),
-        Trigger(n.trigger("del"), "BEFORE DELETE", "ROW", dele),
+        Trigger(n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=f"({ins_when}) IS NOT TRUE"),
+        Trigger(n.trigger("upd"), "BEFORE UPDATE", "ROW", upd, when=f"({upd_when}) IS NOT TRUE"),
+        Trigger(n.trigger("del"), "BEFORE DELETE", "ROW", dele, when=del_when),
     ]

@@ -3,13 +3,15 @@
 It refuses what is wrong whatever the rows: a malformed token, a bypass asked for by a role that
 may not, a token from another issuer, a missing token under ``on_missing = reject``
 (``fencekit.statement_token``, 45_judge.sql), and TRUNCATE under a token lower than any fence
-of the table. Row fences judge each write again on their own (a statement can change the token
-after this ran); a table fence is judged here, once, because the whole table is its resource;
-a key fence is judged after the statement (key.py).
+of the table. A statement let through without a token (allowed or bypassed) is counted here,
+once, on every scope. Row fences judge each write again on their own (a statement can change
+the token after this ran); a table fence is judged here, once, because the whole table is its
+resource; a key fence is judged after the statement (key.py).
 """
 
 from __future__ import annotations
 
+from fencekit.ident import quote_ident
 from fencekit.spec import Scope
 from fencekit.sqlgen.common import (
     Names,
@@ -31,8 +33,7 @@ def _fast_path(n: Names) -> str:
     is every statement's cost)."""
     token = f"raw OPERATOR(pg_catalog.~) {TOKEN_FAST}"
     # Rollout mode (on_missing = allow): a statement without a token goes on past this, to be
-    # attributed to its writer (fencekit.attribute); its row triggers judge and count each row
-    # it writes (unfenced_write).
+    # counted and attributed to its writer (fencekit.attribute) once, by the check.
     issuer = ""
     if n.spec.issuer is not None:
         issuer = (
@@ -79,23 +80,30 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     if scope is Scope.ROW:
         # Before INSERT, UPDATE and DELETE: runs as the writer, fast path first. TRUNCATE reads
         # every row's fence: its own function, as the table's owner (see _row_truncate).
-        # Its row triggers count each row an allowed or bypassed statement writes.
+        # A statement let through without a token (allowed, or bypassed) is counted here, once,
+        # as on key and table fences; its rows are not counted again (row.py).
         if n.spec.on_missing == "allow":
             no_bypass = (
                 "COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
                 "OPERATOR(pg_catalog.=) ''"
             )
+            counter = lit(f"fencekit.{quote_ident(n.tag + ':unfenced')}")
             rest = (
-                # Rollout mode: attribute a statement without a token, once, here.
+                # Rollout mode, the common tokenless case: count and attribute the statement,
+                # once, here. Its rows pass on their triggers' WHEN clauses (row.py).
                 f"  IF raw OPERATOR(pg_catalog.=) ''\n     AND {no_bypass} THEN\n"
+                # fencekit.count_event's count, inline (a call with a pinned search_path per
+                # statement saved). The protect script that makes this function makes the
+                # counter first; the cast is resolved once, when PL/pgSQL plans the line.
+                f"    PERFORM pg_catalog.nextval({counter}::pg_catalog.regclass);\n"
                 + attribute(n, otherwise=False)
                 + "    RETURN NULL;\n  END IF;\n"
-                f"  IF {statement_token(n, counted=False)} IS NULL THEN\n"
+                f"  IF {statement_token(n)} IS NULL THEN\n"
                 + attribute(n, otherwise=False)
                 + "  END IF;\n"
             )
         else:
-            rest = f"  PERFORM {statement_token(n, counted=False)};\n"
+            rest = f"  PERFORM {statement_token(n)};\n"
         # The token read once, left where the row checks read it (n.checked): they judge
         # each row by it and refuse a row that reads another (principle: one statement, one
         # token). Nothing runs between this read and fencekit.statement_token's own.

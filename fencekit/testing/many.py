@@ -2,13 +2,14 @@
 
 :func:`run_many` starts ``copies`` processes that each run the user's worker function again and
 again for ``seconds``, while the nemesis of ``fencekit chaos`` (:class:`fencekit.chaos.nemesis.
-Nemesis`, reused as it is) pauses them past their leases (SIGSTOP for 1.5 to 3 lease ttls) and
-kills them (a replacement starts under a new name). The database's write history (what each
-table accepted, under which token: :mod:`fencekit.testing.history`) and the grants of
-fencekit's issuer then go to the chaos checker, which gives the same verdict ``fencekit chaos``
-gives for fencekit's own register: lease safety, and per resource (a table's key) committed
-tokens that never go down, no write accepted without a token. On a violation the run fails
-with the checker's report and writes the HTML timeline (:mod:`fencekit.chaos.report`).
+Nemesis`) pauses them past their leases (SIGSTOP for 1.5 to 3 lease ttls, and until another
+worker has taken the lease over) and kills them (a replacement starts under a new name). The
+database's write history (what each table accepted, under which token:
+:mod:`fencekit.testing.history`) and the grants of fencekit's issuer then go to the chaos
+checker, which gives the same verdict ``fencekit chaos`` gives for fencekit's own register:
+lease safety, and per resource (a table's key) committed tokens that never go down, no write
+accepted without a token. On a violation the run fails with the checker's report and writes the
+HTML timeline (:mod:`fencekit.chaos.report`).
 """
 
 from __future__ import annotations
@@ -58,21 +59,66 @@ class ManyResult:
         return f"{format_report(self.report)}\n  rejected by fencekit (counted): {counted}"
 
 
+# The token of every lease now, held or not (a released lease keeps its last token).
+_LEASE_TOKENS = "SELECT l.resource, l.holder, l.token FROM fencekit.leases AS l"
+
+# How long a pause may be held past its own length while nobody takes the lease over, in ttls.
+_HOLD_TTLS = 10.0
+
+
 class _Nemesis(Nemesis):
     """The chaos nemesis, told which of the user's workers holds a lease now: fencekit's
     default holder names are ``host:pid:random``, so a holder is matched by its process id.
     It pauses only holders (a pause then lands between a read and its write, the pause that
-    matters), not a worker still starting or waiting for a lease."""
-
-    def _holders(self) -> set[str]:
-        pids = {h.split(":")[-2] for h in super()._holders() if h.count(":") >= 2}
-        return {name for name, proc in self.procs.items() if str(proc.pid) in pids}
+    matters), not a worker still starting or waiting for a lease. A pause lasts until another
+    worker has taken the lease over (its token moved on), not only its 1.5 to 3 ttls: on a busy
+    machine the others can need longer than that to get there, and a pause that ends before
+    the takeover tests nothing. It is held at most ``_HOLD_TTLS`` ttls more.
+    """
 
     kills = True
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._held: dict[str, tuple[dict[str, int], float]] = {}
+
+    def _pid_of(self, holder: str) -> str | None:
+        return holder.split("#", 1)[0].split(":")[-2] if holder.count(":") >= 2 else None
+
+    def _holders(self) -> set[str]:
+        pids = {self._pid_of(h) for h in super()._holders()}
+        return {name for name, proc in self.procs.items() if str(proc.pid) in pids}
+
+    def _tokens(self) -> list[tuple[str, str | None, int]]:
+        try:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                return []
+            return [(str(r), h, int(t)) for r, h, t in self._conn.execute(_LEASE_TOKENS)]
+        except Exception:  # the nemesis's own connection: a failure only ends a hold early
+            return []
+
     def pause(self) -> None:
-        if self._holders() - set(self.paused):
-            super().pause()
+        if not self._holders() - set(self.paused):
+            return
+        before = set(self.paused)
+        super().pause()
+        for name in set(self.paused) - before:
+            pid = str(self.procs[name].pid)
+            held = {r: t for r, h, t in self._tokens() if h and self._pid_of(str(h)) == pid}
+            self._held[name] = (held, self.paused[name] + _HOLD_TTLS * self.ttl)
+
+    def resume_due(self, *, all_: bool = False) -> None:
+        if not all_:
+            now = time.monotonic()
+            tokens = {r: t for r, _h, t in self._tokens()}
+            for name, at in list(self.paused.items()):
+                held, until = self._held.get(name, ({}, 0.0))
+                waiting = any(tokens.get(r, t) <= t for r, t in held.items())
+                if at <= now < until and waiting:
+                    self.paused[name] = now + 0.1  # not taken over yet: look again soon
+        super().resume_due(all_=all_)
+        for name in [n for n in self._held if n not in self.paused]:
+            del self._held[name]
 
     def kill(self) -> None:
         if self.kills:

@@ -8,7 +8,7 @@ from fencekit.bench.adapters import run
 
 
 @pytest.mark.bench
-def test_adapter_benchmarks_compare_each_adapter_three_ways(dsn: str) -> None:
+def test_adapter_benchmarks_compare_each_adapter_three_ways_and_with_the_floor(dsn: str) -> None:
     results = run(dsn, quick=True)
     labels = {r["name"].split(" vs ")[0] for r in results}
     assert labels == {
@@ -18,7 +18,11 @@ def test_adapter_benchmarks_compare_each_adapter_three_ways(dsn: str) -> None:
         "asyncpg install() + fencing()",
         "SQLAlchemy on psycopg (Core, engine.begin())",
     }
-    assert len(results) == 3 * len(labels)  # unfenced, the least cost, a conditional UPDATE
+    # unfenced, the least cost, the floor (the least cost in its scope), a conditional UPDATE
+    assert len(results) == 4 * len(labels)
+    for r in results:
+        if " vs the least cost " in r["name"]:  # the best ratio an adapter can reach, beside it
+            assert "the floor reaches " in r["name"], r["name"]
     for r in results:
         assert r["unit"] == "s CPU/tx"
         assert min(r["baseline"], r["fenced"], r["ratio"], r["wall_ratio"]) > 0

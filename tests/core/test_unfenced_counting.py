@@ -1,11 +1,14 @@
 """How writes let through without a token are counted, and what that costs.
 
 Under ``on_missing = allow`` every tokenless write is counted as ``unfenced`` (and every write
-let through by the bypass as ``bypassed``): once per statement on key and table fences, once per
-row on row fences, on every write path. The count is a ``nextval()``: it survives the rollback
-of the write's transaction and does not read ``pg_locks`` (before, each count called
-``fencekit.writing()``, which reads the server's whole lock table, so its cost grew with the
-locks other sessions held). The ``pg_locks`` test fails on the code before this change.
+let through by the bypass without a token as ``bypassed``): once per statement on every scope,
+by the check that lets the statement through, on every write path, a statement that writes no
+row included. A row fence's tokenless rows then pass on their triggers' WHEN clauses: no
+PL/pgSQL runs per row (before, each row ran the row trigger's slow path and was counted on its
+own, so a row fence counted rows where key and table fences counted statements). The count is
+a ``nextval()``: it survives the rollback of the write's transaction and does not read
+``pg_locks`` (before, each count called ``fencekit.writing()``, which reads the server's whole
+lock table, so its cost grew with the locks other sessions held).
 """
 
 from __future__ import annotations
@@ -15,7 +18,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.core.helpers import one, protect, rejection_count, write
+from tests.core.helpers import (
+    MALFORMED,
+    MISSING,
+    one,
+    protect,
+    reject,
+    rejection_count,
+    rows,
+    write,
+)
 
 Conn = psycopg.Connection[Any]
 
@@ -24,18 +36,20 @@ SCOPES = {
     "c_key": {"scope": "key", "key": ("k",)},
     "c_table": {"scope": "table"},
 }
-# Per write path: the statement, and how many it counts on a row fence and on the others.
+# Per write path: the statement, and how many it counts, on every scope.
 # Table c_* starts with rows (1, k 1) and (2, k 2).
 PATHS = [
-    ("INSERT INTO {t} (id, k, v) VALUES (3, 1, 0), (4, 2, 0)", 2, 1),
-    # An upsert is checked as an INSERT and as an UPDATE (on a row fence: the proposed row, then
-    # the row it updates), and counted by each check.
-    ("INSERT INTO {t} VALUES (1, 1, 0) ON CONFLICT (id) DO UPDATE SET v = 9", 2, 2),
-    ("UPDATE {t} SET v = v + 1", 2, 1),
-    ("UPDATE {t} SET v = v + 1 WHERE id = 1", 1, 1),
-    ("DELETE FROM {t} WHERE id = 2", 1, 1),
-    ("WITH w AS (UPDATE {t} SET v = 5 WHERE id = 1 RETURNING id) SELECT * FROM w", 1, 1),
-    ("TRUNCATE {t}", 1, 1),
+    ("INSERT INTO {t} (id, k, v) VALUES (3, 1, 0), (4, 2, 0)", 1),
+    # An upsert is checked as an INSERT and as an UPDATE, and counted by each check.
+    ("INSERT INTO {t} VALUES (1, 1, 0) ON CONFLICT (id) DO UPDATE SET v = 9", 2),
+    ("UPDATE {t} SET v = v + 1", 1),
+    ("UPDATE {t} SET v = v + 1 WHERE id = 1", 1),
+    # A statement that writes no row is let through without a token all the same.
+    ("UPDATE {t} SET v = v + 1 WHERE id > 100", 1),
+    ("DELETE FROM {t} WHERE id = 2", 1),
+    ("DELETE FROM {t}", 1),
+    ("WITH w AS (UPDATE {t} SET v = 5 WHERE id = 1 RETURNING id) SELECT * FROM w", 1),
+    ("TRUNCATE {t}", 1),
 ]
 
 
@@ -48,13 +62,13 @@ def tables(db: Conn) -> None:
         write(db, 10, f"INSERT INTO {name} VALUES (1, 1, 0), (2, 2, 0)")
 
 
-@pytest.mark.parametrize(("stmt", "on_row", "on_other"), PATHS)
+@pytest.mark.parametrize(("stmt", "counted"), PATHS)
 @pytest.mark.parametrize("table", list(SCOPES))
 def test_each_write_path_is_counted(
-    db: Conn, tables: None, table: str, stmt: str, on_row: int, on_other: int
+    db: Conn, tables: None, table: str, stmt: str, counted: int
 ) -> None:
     write(db, None, stmt.format(t=table))
-    assert rejection_count(db, table, "unfenced") == (on_row if table == "c_row" else on_other)
+    assert rejection_count(db, table, "unfenced") == counted
 
 
 @pytest.mark.pg_since(15)
@@ -67,8 +81,8 @@ def test_merge_is_counted(db: Conn, tables: None, table: str) -> None:
         "WHEN MATCHED THEN UPDATE SET v = 3 WHEN NOT MATCHED THEN INSERT (id, k, v) "
         "VALUES (s.id, 1, 0)",
     )
-    # Row fence: two rows; key fence: one AFTER check per action (UPDATE, INSERT); table: one
-    # BEFORE check per action.
+    # One check per action (UPDATE, INSERT): before it on row and table fences, after it on
+    # key fences.
     assert rejection_count(db, table, "unfenced") == 2
 
 
@@ -79,7 +93,7 @@ def test_copy_is_counted(db: Conn, tables: None, table: str) -> None:
         copy.write_row((5, 1, 0))
         copy.write_row((6, 2, 0))
     db.commit()
-    assert rejection_count(db, table, "unfenced") == (2 if table == "c_row" else 1)
+    assert rejection_count(db, table, "unfenced") == 1
 
 
 @pytest.mark.parametrize("table", list(SCOPES))
@@ -111,7 +125,7 @@ def test_counting_reads_no_lock_table(db: Conn, tables: None) -> None:
     db.execute("SELECT pg_stat_force_next_flush()")
     db.execute("SELECT pg_stat_clear_snapshot()")
     assert db.execute(writing).fetchone() == before
-    assert rejection_count(db, "c_row", "unfenced") == 4  # 2 + 1 + 1 rows
+    assert rejection_count(db, "c_row", "unfenced") == 3
     assert rejection_count(db, "c_key", "unfenced") == 3
     assert rejection_count(db, "c_table", "unfenced") == 3
     # A rejection still goes through fencekit.reject, which checks the caller (pg_locks).
@@ -121,3 +135,163 @@ def test_counting_reads_no_lock_table(db: Conn, tables: None) -> None:
     db.execute("SELECT pg_stat_force_next_flush()")
     db.execute("SELECT pg_stat_clear_snapshot()")
     assert db.execute(writing).fetchone()[0] > before[0]  # type: ignore[index]
+
+
+def _row_check_calls(db: Conn, tag: str) -> dict[str, int]:
+    """Calls of a row fence's generated functions (track_functions = 'all'), by suffix."""
+    db.execute("SELECT pg_stat_force_next_flush()")
+    db.execute("SELECT pg_stat_clear_snapshot()")
+    got = db.execute(
+        "SELECT funcname, calls FROM pg_stat_user_functions "
+        "WHERE schemaname = 'fencekit' AND funcname = ANY (%s)",
+        [[f"{tag}_{s}" for s in ("stmt", "ins", "upd", "del")]],
+    ).fetchall()
+    return {name.rsplit("_", 1)[1]: int(calls) for name, calls in got}
+
+
+@pytest.mark.pg_since(15)  # pg_stat_force_next_flush
+def test_tokenless_rows_of_a_row_fence_run_no_plpgsql(db: Conn, tables: None) -> None:
+    """The statement check judges a tokenless statement once; its rows pass on the row
+    triggers' WHEN clauses, on every write path. Fails on a template that runs each row's
+    slow path."""
+    tag = one(db, "SELECT tag FROM fencekit.protected WHERE table_name = 'c_row'")
+    db.rollback()
+    db.autocommit = True
+    db.execute("SET track_functions = 'all'")
+    before = _row_check_calls(db, tag)
+    statements = [
+        "UPDATE c_row SET v = v + 1",
+        "INSERT INTO c_row (id, k, v) SELECT g, 1, 0 FROM generate_series(10, 19) g",
+        "INSERT INTO c_row VALUES (1, 1, 0), (2, 2, 0) ON CONFLICT (id) DO UPDATE SET v = 7",
+        "DELETE FROM c_row WHERE id >= 10",
+    ]
+    for stmt in statements:
+        db.execute(stmt)
+    with db.cursor() as cur, cur.copy("COPY c_row (id, k, v) FROM STDIN") as copy:
+        copy.write_row((30, 1, 0))
+        copy.write_row((31, 2, 0))
+    after = _row_check_calls(db, tag)
+    ran = {k: after.get(k, 0) - before.get(k, 0) for k in ("stmt", "ins", "upd", "del")}
+    # One check per statement (two for the upsert, one for COPY); no row check at all.
+    assert ran == {"stmt": 6, "ins": 0, "upd": 0, "del": 0}
+    assert rejection_count(db, "c_row", "unfenced") == 6
+    # Nothing moved a fence; the rows written without a token have none.
+    assert rows(db, "SELECT id, fencekit_fence FROM c_row ORDER BY id") == [
+        (1, 10),
+        (2, 10),
+        (30, None),
+        (31, None),
+    ]
+
+
+def test_a_row_fence_column_written_without_a_token_keeps_its_fence(db: Conn, tables: None) -> None:
+    """The WHEN clause passes a tokenless row only when its fence column is unchanged: a write
+    of the column fires the row check, which keeps the old fence (counted once, with its
+    statement)."""
+    write(db, None, "UPDATE c_row SET v = 1, fencekit_fence = fencekit_fence + 100")
+    write(db, "", "UPDATE c_row SET fencekit_fence = NULL WHERE id = 1")
+    write(db, None, "UPDATE c_row SET fencekit_fence = 1 WHERE id = 2")
+    assert rows(db, "SELECT id, v, fencekit_fence FROM c_row ORDER BY id") == [
+        (1, 1, 10),
+        (2, 1, 10),
+    ]
+    assert rejection_count(db, "c_row", "unfenced") == 3
+
+
+def test_a_token_set_after_a_tokenless_check_is_refused(db: Conn, tables: None) -> None:
+    """A statement its check let through without a token that sets one part-way: a row that
+    then reads it (an INSERT's column default, a DELETE's row check, an UPDATE that writes the
+    fence from it, as the adapters write it) reads a token the check never saw, so the WHEN
+    clause fires its check, which refuses it (YF004), as it refuses a token swapped after the
+    check. An UPDATE's row that writes no fence is judged by what its statement check saw, as
+    a row already carrying the checked token is."""
+    db.execute(
+        "CREATE FUNCTION public.set_token(t text) RETURNS bigint LANGUAGE sql VOLATILE "
+        "AS $$ SELECT set_config('fencekit.token', t, true)::bigint $$"
+    )
+    db.commit()
+    reject(db, MALFORMED, None, "UPDATE c_row SET fencekit_fence = public.set_token('50')")
+    reject(db, MALFORMED, None, "DELETE FROM c_row WHERE public.set_token('50') > 0")
+    reject(
+        db,
+        MALFORMED,
+        None,
+        "INSERT INTO c_row (id, k, v) SELECT g, 1, public.set_token('50') "
+        "FROM generate_series(5, 6) g",
+    )
+    write(db, None, "UPDATE c_row SET v = public.set_token('50')")
+    assert rows(db, "SELECT id, v, fencekit_fence FROM c_row ORDER BY id") == [
+        (1, 50, 10),
+        (2, 50, 10),
+    ]
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_under_reject_every_tokenless_path_is_refused(db: Conn, table: str) -> None:
+    """What passes on the WHEN clause in rollout mode does not under on_missing = reject."""
+    name = f"s{table}"
+    db.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, k int NOT NULL, v int)")
+    db.commit()
+    protect(db, name, **SCOPES[table])  # type: ignore[arg-type]
+    write(db, 10, f"INSERT INTO {name} VALUES (1, 1, 0), (2, 2, 0)")
+    for stmt, _ in PATHS:
+        reject(db, MISSING, None, stmt.format(t=name))
+    db.rollback()
+    copy_in = f"COPY {name} (id, k, v) FROM STDIN"
+    with pytest.raises(psycopg.Error) as info, db.cursor() as cur, cur.copy(copy_in) as copy:
+        copy.write_row((5, 1, 0))
+    assert info.value.sqlstate == MISSING
+    db.rollback()
+    assert rows(db, f"SELECT id, v FROM {name} ORDER BY id") == [(1, 0), (2, 0)]
+
+
+@pytest.mark.pg_since(15)  # pg_stat_force_next_flush
+def test_partitions_and_children_in_rollout_mode(db: Conn) -> None:
+    """Through the parent or naming the child: each tokenless statement is counted once, by
+    the check of the table it names; its rows pass on the WHEN clauses (a row moved to another
+    partition keeps its fence), and a write of the fence column keeps the old fence."""
+    db.execute(
+        "CREATE TABLE pp (id int, k int NOT NULL, v int, PRIMARY KEY (id, k)) "
+        "PARTITION BY LIST (k);"
+        "CREATE TABLE pp_1 PARTITION OF pp FOR VALUES IN (1);"
+        "CREATE TABLE pp_2 PARTITION OF pp FOR VALUES IN (2);"
+        "CREATE TABLE hp (id int PRIMARY KEY, k int NOT NULL, v int);"
+        "CREATE TABLE hc () INHERITS (hp);"
+    )
+    db.commit()
+    protect(db, "pp", on_missing="allow")
+    protect(db, "hp", on_missing="allow")
+    write(db, 10, "INSERT INTO pp VALUES (1, 1, 0), (2, 2, 0)")
+    write(db, 10, "INSERT INTO hc VALUES (1, 1, 0), (2, 2, 0)")
+    tags = dict(rows(db, "SELECT table_name, tag FROM fencekit.protected"))
+    db.autocommit = True
+    db.execute("SET track_functions = 'all'")
+    before = {t: _row_check_calls(db, tags[t]) for t in ("pp", "hp")}
+    for stmt in (
+        "UPDATE pp SET k = 2, v = 1 WHERE id = 1",  # moves the row to pp_2
+        "UPDATE pp_2 SET v = v + 1",
+        "INSERT INTO pp_1 VALUES (3, 1, 0)",
+        "DELETE FROM pp WHERE id = 3",
+        "UPDATE hp SET v = v + 1",  # the child's rows, through the parent
+        "UPDATE hc SET v = v + 1",
+        "DELETE FROM hc WHERE id = 2",
+    ):
+        db.execute(stmt)
+    after = {t: _row_check_calls(db, tags[t]) for t in ("pp", "hp")}
+    for t, n in (("pp", 4), ("hp", 3)):
+        ran = {k: after[t].get(k, 0) - before[t].get(k, 0) for k in ("stmt", "ins", "upd", "del")}
+        assert ran == {"stmt": n, "ins": 0, "upd": 0, "del": 0}, t
+        assert rejection_count(db, t, "unfenced") == n, t
+    assert rows(
+        db, "SELECT tableoid::regclass::text, id, v, fencekit_fence FROM pp ORDER BY id"
+    ) == [
+        ("pp_2", 1, 2, 10),
+        ("pp_2", 2, 1, 10),
+    ]
+    db.execute("UPDATE pp SET fencekit_fence = 99")
+    db.execute("UPDATE hc SET fencekit_fence = 1")
+    assert rows(db, "SELECT fencekit_fence FROM pp UNION ALL SELECT fencekit_fence FROM hp") == [
+        (10,),
+        (10,),
+        (10,),
+    ]

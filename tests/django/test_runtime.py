@@ -73,19 +73,26 @@ def test_a_write_outside_any_scope_is_refused(account: Account) -> None:
 def test_inside_atomic_the_token_is_set_once_per_transaction(
     account: Account, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent: list[tuple[str, str]] = []
-    send = runtime._send
+    sent: list[tuple[str, str]] = []  # what the transaction was given
+    alone: list[tuple[str, str]] = []  # ... of it in a statement (a round trip) of its own
+    note, send = runtime._State.sent, runtime._send
 
-    def counting(conn, value, status):  # type: ignore[no-untyped-def]
+    def noting(state, value, *, open_after):  # type: ignore[no-untyped-def]
         sent.append(value)
+        note(state, value, open_after=open_after)
+
+    def sending(conn, value, status):  # type: ignore[no-untyped-def]
+        alone.append(value)
         send(conn, value, status)
 
-    monkeypatch.setattr(runtime, "_send", counting)
+    monkeypatch.setattr(runtime._State, "sent", noting)
+    monkeypatch.setattr(runtime, "_send", sending)
     with fencing(34), transaction.atomic():
         BillingSummary.objects.create(account=account)
         BillingSummary.objects.create(account=account)
         BillingSummary.objects.filter(account=account).update(total=5)
     assert sent == [("34", "")]
+    assert alone == []  # it rode the first statement's query, behind the driver's BEGIN
     with fencing(35):  # autocommit: the token rides each statement's own query
         # What Django reads back is the statement's own result, not the SET's
         assert BillingSummary.objects.filter(account=account).update(total=6) == 2

@@ -6,7 +6,8 @@ once per statement by remembering, in the session setting ``fencekit.counted``, 
 same top-level statement as its write (a DO block, or two statements in one simple query),
 wrote without being counted; an admin did the same with ``'bypassed'``; and every write after
 the first inside one DO block went uncounted. Now each check that lets a write through counts
-it in a sequence: once per statement on key and table fences, once per row on row fences.
+it in a sequence: once per statement, on every scope (a row fence's row checks count only the
+rows of a statement whose token was cleared after its statement check saw it).
 """
 
 from __future__ import annotations
@@ -101,11 +102,12 @@ def test_an_admin_cannot_forge_the_bypassed_marker(
     assert one(db, f"SELECT v FROM {table} WHERE id = 1") == 2
 
 
-def test_row_fences_count_each_row_and_a_token_cleared_mid_statement(
+def test_row_fences_count_a_token_cleared_mid_statement_row_by_row(
     db: Conn, tables: dict[str, str], make_role: Callable[..., str]
 ) -> None:
-    """A row fence judges each row: a tokenless statement counts its rows, and a statement
-    whose token is cleared after the statement check counts the rows written without it."""
+    """A row fence counts a tokenless statement once, in its statement check, whatever rows it
+    writes (none included); a statement whose token is cleared after that check saw it counts
+    each row written without it, in the row checks."""
     db.execute(
         "CREATE FUNCTION public.clear_token() RETURNS int LANGUAGE sql VOLATILE "
         "AS $$ SELECT length(set_config('fencekit.token', '', true)) $$"
@@ -114,12 +116,14 @@ def test_row_fences_count_each_row_and_a_token_cleared_mid_statement(
     db.commit()
     app = make_app_role(make_role, "dodge_rows")
     with psycopg.connect(app, autocommit=True) as conn:
-        conn.execute("UPDATE r_row SET v = v + 1")  # two rows
+        conn.execute("UPDATE r_row SET v = v + 1")  # two rows, one statement
+        assert rejection_count(db, "r_row", "unfenced") == 1
         with conn.transaction():
             conn.execute("SELECT set_config('fencekit.token', '11', true)")
             conn.execute("UPDATE r_row SET v = v + 1 + public.clear_token()")
-        conn.execute("UPDATE r_row SET v = v + 1 WHERE id > 100")  # no row: nothing written
-    assert rejection_count(db, "r_row", "unfenced") == 4
+        assert rejection_count(db, "r_row", "unfenced") == 3
+        conn.execute("UPDATE r_row SET v = v + 1 WHERE id > 100")  # no row, still a statement
+        assert rejection_count(db, "r_row", "unfenced") == 4
     # Neither write moved the fences.
     assert one(db, "SELECT array_agg(fencekit_fence ORDER BY id) FROM r_row") == [10, 10]
 

@@ -21,7 +21,7 @@
 -- The count of a writer is approximate (statements a backend ran after its last record are
 -- added when it next records that statement); the last time a writer was seen is at most 10
 -- seconds behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
--- exact count of allowed writes.
+-- exact count of statements allowed without a token, on every scope.
 
 CREATE TABLE IF NOT EXISTS fencekit.unfenced_writers (
   tag               text NOT NULL,

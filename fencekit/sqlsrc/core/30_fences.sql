@@ -161,10 +161,11 @@ $fn$;
 -- No token (even when the statement check saw one: a statement may clear it): true when the
 -- session may bypass, false when on_missing=allow, else raises YF003. Every write it lets
 -- through is counted ('bypassed' or 'unfenced', as fencekit.count_event counts) each time it
--- is asked with `counted`; no session setting decides whether it counts. Each check that
--- judges a write asks once: a key or table fence's statement check once per statement, a row
--- fence's row trigger once per row (the row fence's statement check asks without counting,
--- bar a TRUNCATE, which has no row triggers; under on_missing=allow it does not ask at all).
+-- is asked with `counted`. Each check that lets a statement through asks once, counting: a
+-- key fence's after the statement, a table or row fence's before it (a row fence's counts the
+-- common rollout case, no token and no bypass, inline instead). A row fence's row trigger asks
+-- without counting when its statement check saw no token (it counted the statement), and
+-- counting when that check saw a token that was cleared since.
 -- The bypass test reads the setting first: a plain tokenless write pays no call for it.
 CREATE OR REPLACE FUNCTION fencekit.unfenced_write(tag text, relid oid, trigger_name text,
                                                    allow boolean, counted boolean DEFAULT true)

@@ -4,8 +4,8 @@
 
 -- The token a statement is judged by, read ONCE here (a statement may change the setting
 -- between two checks, so nothing trusts an earlier read): NULL when there is none and the
--- write may go on (bypassed or on_missing=allow: counted once per statement, unless the caller
--- counts each row itself: counted => false), else the token.
+-- write may go on (bypassed or on_missing=allow: counted, unless the caller's statement was
+-- counted already: counted => false), else the token.
 -- Raises YF005 for a bypass asked for by a session that may not (even if unneeded), YF004 for
 -- a malformed token, YF007 for another issuer's token, YF003 for a missing one under
 -- on_missing=reject. SECURITY INVOKER: it runs as the writer and writes nothing itself.

@@ -39,14 +39,14 @@ BEGIN
     RETURN NULL;
   END IF;
   PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL, counted => false);
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=672c38cb847f3459371b3b6308c69a9c88b50c76d8148ab2d479d36fa4c48ad2; generated, do not edit';
+  'sha256=c3719ea639566f5f40e1c2feaa967f907cf411c29d5aa2fb9f7478304ad27291; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -90,7 +90,9 @@ DECLARE
   tok pg_catalog.int8;
 BEGIN
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+      trigger_name => TG_NAME, allow => false, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
@@ -107,7 +109,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=4cf09e045e3eaa0fe4fd236118150ae771c861840f6cedc4ba509de61d68568a; generated, do not edit';
+  'sha256=889fc870aa2c779f1501807dee7393c8ea35e996e2d458dc4fff03d73abd9efd; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -129,7 +131,9 @@ BEGIN
     RETURN NEW;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+      trigger_name => TG_NAME, allow => false, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
       NEW."Fence Column" := OLD."Fence Column";
@@ -157,7 +161,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=0ae3b2a58121bf73bdf319301bcfaff70d760d5a77b23da5fa6f77bbf236a005; generated, do not edit';
+  'sha256=29ae26fd454fdd894d1eb37956a3ac67aecfeb67370825c264ad842ceef0958e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -178,7 +182,9 @@ BEGIN
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+      trigger_name => TG_NAME, allow => false, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
@@ -202,7 +208,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=f241610f10487d5a2d4ea25e20202aa9039cf301c20ae7e89019ec19bc1c5a60; generated, do not edit';
+  'sha256=af094c2af3aec04b57181aab25b2297669c0e5a86485f44c55c2aea68ded38f8; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

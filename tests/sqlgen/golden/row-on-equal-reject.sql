@@ -39,14 +39,14 @@ BEGIN
     RETURN NULL;
   END IF;
   PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL, counted => false);
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=672c38cb847f3459371b3b6308c69a9c88b50c76d8148ab2d479d36fa4c48ad2; generated, do not edit';
+  'sha256=c3719ea639566f5f40e1c2feaa967f907cf411c29d5aa2fb9f7478304ad27291; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -90,7 +90,9 @@ DECLARE
   tok pg_catalog.int8;
 BEGIN
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+      trigger_name => TG_NAME, allow => false, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
@@ -107,7 +109,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=1557dc2c3241090643d7bf756a1496a1469239b5ba91f0da9fddfc098c88fb4b; generated, do not edit';
+  'sha256=d329a6bef01933984283c41a208016dc6b4e1d46d0ce189a605c355da448514d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -129,7 +131,9 @@ BEGIN
     RETURN NEW;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+      trigger_name => TG_NAME, allow => false, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
       NEW.fencekit_fence := OLD.fencekit_fence;
@@ -157,7 +161,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=09632d0aac19cecdf3a6fb9a605d6784799e2d04edaf052fb679009dac3a1b10; generated, do not edit';
+  'sha256=110020a049da68dfd22e426fb84b8c3a9c3248de094f38b17bfad1267db9d5b8; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -178,7 +182,9 @@ BEGIN
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+      trigger_name => TG_NAME, allow => false, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
@@ -202,7 +208,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=a00425708c2c0c62bbb993161b45f3c2ba72426b876b08d58f55883078a699fd; generated, do not edit';
+  'sha256=37e8a596e112f5ae82331040cb52c317ec2c32c48e3834152119639377d6f436; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

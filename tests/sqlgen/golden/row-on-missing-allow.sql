@@ -40,11 +40,12 @@ BEGIN
   END IF;
   IF raw OPERATOR(pg_catalog.=) ''
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    PERFORM pg_catalog.nextval('fencekit."invoices_883e1d3584:unfenced"'::pg_catalog.regclass);
     PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
     RETURN NULL;
   END IF;
   IF fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL, counted => false) IS NULL THEN
+      trigger_name => TG_NAME, allow => true, issuer => NULL) IS NULL THEN
     PERFORM fencekit.attribute('invoices_883e1d3584', TG_RELID);
   END IF;
   RETURN NULL;
@@ -53,7 +54,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=09008d54b5358679f7d3d1d5dbca6cb90f6d295f38a6ef15e78e4f30e522a277; generated, do not edit';
+  'sha256=5c4f85c4fb183097b8f9f26b759137508f7275cae8860c5871657ea4fcad5a01; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -99,7 +100,9 @@ DECLARE
   tok pg_catalog.int8;
 BEGIN
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+      trigger_name => TG_NAME, allow => true, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
@@ -116,7 +119,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=569a4b3a098a358cca2b8444de5d7e97cce61a79bc23cec91f840313ff82ea49; generated, do not edit';
+  'sha256=67afc3fcbaa3cd0ac7a9f6ecca4292a6d959efb776856c2ba2817fcbf70a160c; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -138,7 +141,9 @@ BEGIN
     RETURN NEW;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+      trigger_name => TG_NAME, allow => true, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
       NEW.fencekit_fence := OLD.fencekit_fence;
@@ -166,7 +171,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=06af14ab080f2c3df868c217a4c458facec6f0472a9976744934fa31e209322a; generated, do not edit';
+  'sha256=cc0ff84b670634bf63c9fdddabb6d58d3aae80ec5b2a582aa55e38f4e5e8e151; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -187,7 +192,9 @@ BEGIN
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => true, issuer => NULL);
+      trigger_name => TG_NAME, allow => true, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
@@ -211,7 +218,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=b9aed7fac4b998631517ba4097dfce840f056d58e1d3fe3d81de2136dd5aa3d4; generated, do not edit';
+  'sha256=193773ee86804ae36b13e6a94ec60c7efb77e85b090d337d6cd21cc3bef6f323; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -262,32 +269,43 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
-  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
+  FOR EACH ROW WHEN (((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))
+   OR (pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+         OPERATOR(pg_catalog.=) ''
+       AND (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.=) '')
+         IS NOT FALSE)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=e01314f71ecfdc6eddf37af625a9aaa2bd9a2ee6d5fbfd214a7fea291ec4844f; '
+  'fencekit trigger template=1 sha256=4dc14b40bdb74c52afb43b7c031c3c508082ae179208e93f56333f2df4a67446; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
-  FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+  FOR EACH ROW WHEN (((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
     AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
     AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))
+   OR (pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+         OPERATOR(pg_catalog.=) ''
+       AND COALESCE(NEW.fencekit_fence OPERATOR(pg_catalog.=) OLD.fencekit_fence,
+             NEW.fencekit_fence IS NULL AND OLD.fencekit_fence IS NULL))) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=dd1607975cc94985b3dd67098e7b68b0cfb3ae6c245d635dc444f58bfa4e9182; '
+  'fencekit trigger template=1 sha256=8525d9028b9c3fa1bbb1af16d4389c0209179aba3221847d6bc269e16b8a8d68; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices
-  FOR EACH ROW
+  FOR EACH ROW WHEN ((pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+         OPERATOR(pg_catalog.=) ''
+       AND (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.=) '')
+         IS NOT FALSE) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
-  'fencekit trigger template=1 sha256=86059e4f4ad8956c119956ecacf782119ca8b4c09da6bcf225a0ec66723438d7; '
+  'fencekit trigger template=1 sha256=e950ed6ddaa72f26ee07a8d6020e5e26d19d04f757269d53885247fec82f17a8; '
   'generated, do not edit';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',

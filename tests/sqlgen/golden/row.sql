@@ -39,14 +39,14 @@ BEGIN
     RETURN NULL;
   END IF;
   PERFORM fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL, counted => false);
+      trigger_name => TG_NAME, allow => false, issuer => NULL);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=672c38cb847f3459371b3b6308c69a9c88b50c76d8148ab2d479d36fa4c48ad2; generated, do not edit';
+  'sha256=c3719ea639566f5f40e1c2feaa967f907cf411c29d5aa2fb9f7478304ad27291; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -90,7 +90,9 @@ DECLARE
   tok pg_catalog.int8;
 BEGIN
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+      trigger_name => TG_NAME, allow => false, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN NEW;
   END IF;
@@ -107,7 +109,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=1557dc2c3241090643d7bf756a1496a1469239b5ba91f0da9fddfc098c88fb4b; generated, do not edit';
+  'sha256=d329a6bef01933984283c41a208016dc6b4e1d46d0ce189a605c355da448514d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -129,7 +131,9 @@ BEGIN
     RETURN NEW;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+      trigger_name => TG_NAME, allow => false, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584', TG_RELID, TG_NAME) THEN
       NEW.fencekit_fence := OLD.fencekit_fence;
@@ -157,7 +161,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=2bc02717933190ee2bb3e50be0de68def68fe36f6c9f9117dc56e4d6337dd118; generated, do not edit';
+  'sha256=62bbe3d6df409a4436ba1c1a39cc209891b3e06cee31027a051d61c97af1b6b5; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -178,7 +182,9 @@ BEGIN
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584', relid => TG_RELID,
-      trigger_name => TG_NAME, allow => false, issuer => NULL);
+      trigger_name => TG_NAME, allow => false, issuer => NULL,
+      counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
     RETURN OLD;
   END IF;
@@ -202,7 +208,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=0387204ca281465c5d8c4a1ac288cacd434fd3f710a1a1e01abed2e5c7b27083; generated, do not edit';
+  'sha256=2d8fa0cc17362bcc99bc5c7f58ec14dd1e629eed83734e2c9da43c6e163174bb; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
