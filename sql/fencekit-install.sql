@@ -1307,18 +1307,21 @@ GRANT EXECUTE ON FUNCTION fencekit.advance_fences(text, text[], bigint, text) TO
 -- Refuses (YF000) unless every key column of a key-fenced table still has a type whose text
 -- is computed by built-in code only, and of the family protect recorded (fencekit.protected.
 -- key_families). The key fence's SECURITY DEFINER trigger functions (fencekit/sqlgen/key.py)
--- call it before they compute any key's text (k::text), and `fencekit move` before it computes
--- an old key's: the table's owner may retype a key column after protect (ALTER COLUMN ... TYPE,
--- or DROP COLUMN and ADD COLUMN again) to a type of its own whose cast to text is its own
--- code, which must never run with the rights of the role that ran protect. PL/pgSQL plans a
+-- make the same check before they compute any key's text (k::text): for key columns of
+-- built-in types, one catalog read of their own, with no call; they call this function when
+-- that read does not settle it (a domain, a change, a column gone). `fencekit move` calls it
+-- before it computes an old key's text. The table's owner may retype a key column after
+-- protect (ALTER COLUMN ... TYPE, or DROP COLUMN and ADD COLUMN again) to a type of its own
+-- whose cast to text is its own code, which must never run with the rights of the role that
+-- ran protect. PL/pgSQL plans a
 -- statement when it first runs it, so no cast is even looked up before this check returns.
 --
 -- `tag` names the registry row (the key columns and their families); `relid` is the table the
 -- trigger fired on (a partition or child of the protected table has the same key columns).
 -- Runs as its caller, reads only the catalogs and fencekit.protected, and evaluates nothing of
--- the table's: no cast, no input or output function, no operator of a user type. Cheap: index
+-- the table's: no cast, no input or output function, no operator of a user type. Index
 -- lookups (the registry row by its tag, each key column's type and the type under one domain)
--- decide the common case, a key column of a built-in type, or of a domain over one, whose
+-- decide a key column of a built-in type, or of a domain over one, whose
 -- family it names as fencekit.key_family does; anything else (nested domains,
 -- collations other than the built-in deterministic ones, a change) takes the slow path below,
 -- which calls fencekit.key_family itself and raises for what it refuses.

@@ -216,7 +216,7 @@ ALLOWED: dict[str, set[str]] = {
         "ident", "spec", "sqlgen",
     },
     "fencekit.bench": {
-        "asyncpg", "context", "psycopg", "psycopg2", "spec", "sqlalchemy", "sqlgen",
+        "asyncpg", "context", "psycopg", "psycopg2", "spec", "sqlalchemy", "sqlgen", "wire",
     },
     "fencekit.demo": {"context", "embedded", "errors", "leases", "psycopg", "spec", "sqlgen"},
     # pytest-fencekit's plugin: the kit and the server it may start; fencekit imports none of it.

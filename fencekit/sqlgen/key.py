@@ -26,14 +26,27 @@ from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, comment, lit
 
 __all__ = ["KEY_SETTINGS", "key_expression", "key_objects"]
 
-#: Settings that decide how the allowed key types print; pinned for every key function.
+#: Settings that decide how the allowed key types print; pinned for every key function. Each
+#: pin costs a save and a restore per call, so only these: TimeZone (timestamptz), DateStyle
+#: (date, timestamp, timestamptz) and bytea_output (bytea). IntervalStyle and
+#: extra_float_digits change how no allowed key type prints (interval and floating point are
+#: refused, fencekit.key_family).
 KEY_SETTINGS: tuple[tuple[str, str], ...] = (
     ("timezone", "'UTC'"),
     ("datestyle", "'ISO, YMD'"),
-    ("intervalstyle", "'postgres'"),
     ("bytea_output", "'hex'"),
-    ("extra_float_digits", "1"),
 )
+
+# The key families of built-in types, by type OID, as fencekit.key_family names them (a test
+# keeps the two equal): the generated triggers' fast check of the key columns' types.
+_FAMILY_OIDS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("'integer'", (20, 21, 23)),  # bigint, smallint, integer
+    ("'text'", (25, 1043, 1042)),  # text, varchar, char(n)
+    # uuid, boolean, date, time, timestamp, timestamptz, bytea: named by their type
+    ("pg_catalog.format_type({a}.atttypid, NULL)", (2950, 16, 1082, 1083, 1114, 1184, 17)),
+)
+# Collations whose equal strings are equal bytes: none, default, "C", "POSIX".
+_PLAIN_COLLATIONS = (0, 100, 950, 951)
 
 
 def key_expression(columns: tuple[str, ...], alias: str) -> str:
@@ -87,26 +100,156 @@ def _token(n: Names) -> str:
     )
 
 
+def _oids(oids: tuple[int, ...]) -> str:
+    return f"'{{{','.join(map(str, oids))}}}'::pg_catalog.oid[]"
+
+
+def _family(a: str) -> str:
+    """SQL: the family of the key column read as ``a`` (a pg_attribute row) now; NULL when the
+    fast check cannot name it (a domain, another collation, a type that is no key type)."""
+    eq = "OPERATOR(pg_catalog.=)"
+    whens = "".join(
+        f"\n               WHEN {a}.atttypid {eq} ANY ({_oids(oids)})\n"
+        f"                 THEN {family.format(a=a)}"
+        for family, oids in _FAMILY_OIDS
+    )
+    return (
+        f"CASE WHEN {a}.attgenerated {eq} 'v'\n"
+        f"                 OR NOT {a}.attcollation {eq} ANY ({_oids(_PLAIN_COLLATIONS)}) THEN NULL"
+        f"{whens}\n"
+        f"               WHEN {a}.atttypid {eq} 1700::pg_catalog.oid "
+        f"AND {a}.atttypmod OPERATOR(pg_catalog.>=) 4\n"
+        f"                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) (({a}.atttypmod "
+        "OPERATOR(pg_catalog.-) 4)\n"
+        "                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END"
+    )
+
+
+def _check_types(n: Names) -> str:
+    """PL/pgSQL: refuse unless the key columns' types still name keys as they did at protect.
+    The common case, every key column of a built-in type of the family protect recorded, is
+    one catalog read here (index lookups, no call, no settings saved); anything else (a domain,
+    a change, a column gone) goes to fencekit.check_key_types (32_key_types.sql), which says
+    what is wrong or finds nothing is."""
+    eq = "OPERATOR(pg_catalog.=)"
+    cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
+    families = ",\n          ".join(_family(a) for a, _ in cols)
+    attrs = "".join(f", pg_catalog.pg_attribute {a}" for a, _ in cols)
+    where = "".join(
+        f"\n           AND {a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(c)}\n"
+        f"           AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
+        for a, c in cols
+    )
+    return (
+        "    IF NOT COALESCE((\n"
+        "        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[\n"
+        f"          {families}]\n"
+        f"          FROM fencekit.protected pr{attrs}\n"
+        f"         WHERE pr.tag {eq} {n.lit_tag}{where}), false) THEN\n"
+        f"      PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID);\n"
+        "    END IF;\n"
+    )
+
+
+def _keys_and_lookup(n: Names, sources: list[str]) -> str:
+    """PL/pgSQL: ``ks``, the statement's keys; and, when it wrote one key (a one-row write, the
+    common case), ``held``: whether that key's fence holds the token, share-locked if so (writers
+    under one token never wait for each other). One statement: each costs a snapshot and an
+    executor. Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``)."""
+    keys = _keys(n, sources)
+    if n.spec.lease_bound:
+        return f"    ks := {keys};\n"
+    eq = "OPERATOR(pg_catalog.=)"
+    mine = ""
+    if n.spec.on_equal == "reject":
+        mine = (
+            f"\n                              AND f.writer_xact {eq} "
+            "pg_catalog.pg_current_xact_id()"
+        )
+    # OFFSET 0: the keys are computed once, not once per reference. COLLATE: a key column's
+    # own collation ("C") would otherwise meet fencekit.fences' in the comparison. A scalar
+    # subquery, not EXISTS: the planner costs EXISTS for its first row and picks a scan of
+    # every fence of every resource over the primary key's index.
+    return (
+        "    SELECT k.ks,\n"
+        f"           CASE WHEN pg_catalog.cardinality(k.ks) {eq} 1 AND k.ks[1] IS NOT NULL THEN\n"
+        "             COALESCE((SELECT true FROM fencekit.fences f\n"
+        f"                      WHERE f.resource {eq} {n.resource}\n"
+        f'                        AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
+        f"                        AND f.fence {eq} tok{mine}\n"
+        "                        FOR SHARE), false) END\n"
+        "      INTO ks, held\n"
+        "      FROM (SELECT\n"
+        f"        {keys} AS ks\n"
+        "              OFFSET 0) AS k;\n"
+    )
+
+
+def _one_key(n: Names) -> str:
+    """PL/pgSQL: a statement that wrote one key is judged here, with no call: its fence held
+    the token (``held``), or a new token raises it (judge_fences' upsert, in this function).
+    Anything else (stale, reused, many keys, lease-bound) goes to fencekit.judge_fences."""
+    if n.spec.lease_bound:
+        return ""
+    eq = "OPERATOR(pg_catalog.=)"
+    return (
+        "    IF held THEN\n"
+        "      RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
+        "    ELSIF NOT held THEN\n"
+        "      -- A key without a fence starts at the resource's floor (35_floors.sql).\n"
+        "      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)\n"
+        f"      VALUES ({n.resource}, ks[1],\n"
+        "              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl\n"
+        f"                              WHERE fl.resource {eq} {n.resource})),\n"
+        "              pg_catalog.pg_current_xact_id())\n"
+        "      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE\n"
+        "         SET fence = tok, writer_xact = excluded.writer_xact,\n"
+        "             updated_at = pg_catalog.now()\n"
+        "       WHERE f.fence OPERATOR(pg_catalog.<) tok\n"
+        f"      RETURNING f.fence {eq} tok INTO held;\n"
+        "      IF held THEN\n"
+        "        RETURN NULL;  -- raised to the token by this write, and exclusively locked\n"
+        "      END IF;\n"
+        "      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.\n"
+        "    END IF;\n"
+    )
+
+
 def _body(n: Names, sources: list[str]) -> str:
     spec = n.spec
     key_cols = ", ".join(quote_ident(c) for c in spec.key)
     label = spec.key[0] if len(spec.key) == 1 else f"({', '.join(spec.key)})"
+    held = "" if spec.lease_bound else "  held pg_catalog.bool;\n"
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
-        "  tok pg_catalog.int8;\nBEGIN\n" + _token(n) + "  IF tok IS NOT NULL THEN\n"
+        "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n"
+        + held
+        + "BEGIN\n"
+        + _token(n)
+        + "  IF tok IS NOT NULL THEN\n"
         # Before any key's text is computed (plpgsql plans the statement below only when it
         # reaches it): a key column retyped to a type of the owner's would run its cast as us.
-        f"    PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID);\n"
-        + judge_fences(n, _keys(n, sources), label)
+        + _check_types(n)
+        + _keys_and_lookup(n, sources)
+        + _one_key(n)
+        + judge_fences(n, "ks", label)
         + attribute(n)
         + "  END IF;\n  RETURN NULL;\nEND\n"
     )
 
 
+#: The key functions' plans are cached from their first statements, when fencekit.fences may
+#: hold few rows: a plan that scans every fence would outlive its growth (until the next
+#: ANALYZE). Its primary key's index is the only way they read it.
+_PLAN_SETTINGS: tuple[tuple[str, str], ...] = (("enable_seqscan", "off"),)
+
+
 def key_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     def fn(suffix: str, sources: list[str]) -> Function:
-        return definer_function(n.function, suffix, _body(n, sources), KEY_SETTINGS)
+        return definer_function(
+            n.function, suffix, _body(n, sources), KEY_SETTINGS + _PLAN_SETTINGS
+        )
 
     ins = fn("ins", ["fencekit_new"])
     upd = fn("upd", ["fencekit_new", "fencekit_old"])

@@ -48,21 +48,21 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
@@ -74,12 +74,73 @@ BEGIN
       trigger_name => TG_NAME, allow => false, issuer => 'etcd');
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
+          CASE WHEN a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a2.atttypid, NULL)
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+           AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
+                      FROM fencekit_new AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('billing', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'billing', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'tenant_id', key_label => '(tenant_id, account_id)',
-      keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -87,28 +148,28 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=fe16f64ca850d8f9c0dffe61a106d01837b4c5fb89e0b5a12327b87d7cda8122; generated, do not edit';
+  'sha256=d84aab399083493626ca67ad94a74e71e73891ac3cc47dd4d1dcd6d2058ba82d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
@@ -120,13 +181,74 @@ BEGIN
       trigger_name => TG_NAME, allow => false, issuer => 'etcd');
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
+          CASE WHEN a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a2.atttypid, NULL)
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+           AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
+                      FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
+                            UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('billing', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'billing', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'tenant_id', key_label => '(tenant_id, account_id)',
-      keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
-                      FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -134,28 +256,28 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=fcbd4ab8c8d99ee7a141b8d751e2666871aba81fda666ecedffefbcf329ef472; generated, do not edit';
+  'sha256=dd29a6eb936657b07c467e5d4c10cf8dbece8926044901c2f96b5d76cff4820a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
@@ -167,12 +289,73 @@ BEGIN
       trigger_name => TG_NAME, allow => false, issuer => 'etcd');
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
+          CASE WHEN a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a2.atttypid, NULL)
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+           AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
+                      FROM fencekit_old AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('billing', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'billing', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'tenant_id', key_label => '(tenant_id, account_id)',
-      keys => ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -180,7 +363,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=85a2b0e4ead0bd660e15abe637141592359d45706a01f6fc3d01cb082719db05; generated, do not edit';
+  'sha256=b5d69cb6ba8d2f603f29bcc24111cbf9c015ea48df5a3ee10e63553f20fe0b77; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -46,21 +46,20 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -70,12 +69,31 @@ BEGIN
       trigger_name => TG_NAME, allow => false, issuer => NULL);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    END IF;
+    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_new AS x ORDER BY 1);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => true,
       key_column => 'account_id', key_label => 'account_id',
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -83,28 +101,27 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=6cfa44f929f2adaba25c9b7006a8d40c371ec82c0c63b1777484c9193aa32f7e; generated, do not edit';
+  'sha256=3f8ae2b25ed50bb16da1924838e635994258805ba8ddae519cccf0f4bd880ad2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -114,13 +131,32 @@ BEGIN
       trigger_name => TG_NAME, allow => false, issuer => NULL);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    END IF;
+    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM (SELECT y.account_id FROM fencekit_new AS y
+                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => true,
       key_column => 'account_id', key_label => 'account_id',
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -128,28 +164,27 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=08f5ad51603558bdf63894ef660962e8c3cb0429036fdc4dbc79cf29ece54c01; generated, do not edit';
+  'sha256=d789b783fa065fe96792b4b48d3afad5cbe90dc4fdf2d963cb43af78a851474c; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -159,12 +194,31 @@ BEGIN
       trigger_name => TG_NAME, allow => false, issuer => NULL);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    END IF;
+    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_old AS x ORDER BY 1);
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => true,
       key_column => 'account_id', key_label => 'account_id',
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -172,7 +226,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=f34ac11b0cbb6d8f50c5cfe3bc719766b0fd13c28b061b2b9d35b6c495c3d143; generated, do not edit';
+  'sha256=112640cbb0ba178962e986d8eab1e79205e4326ae45bbcbbc6f29938f9cb20c3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

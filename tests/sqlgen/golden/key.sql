@@ -46,21 +46,21 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -70,12 +70,60 @@ BEGIN
       trigger_name => TG_NAME, allow => false, issuer => NULL);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_new AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('app.invoices', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'account_id', key_label => 'account_id',
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -83,28 +131,28 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=d80182080be75c71526e47d04c6f8129fcbd756ec3ec03820d1ae5a3e0cd3be4; generated, do not edit';
+  'sha256=59d01241ff6b502adabdb331d8ff6b53e3461e5b695352d9a976b4acd61c40f1; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -114,13 +162,61 @@ BEGIN
       trigger_name => TG_NAME, allow => false, issuer => NULL);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM (SELECT y.account_id FROM fencekit_new AS y
+                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('app.invoices', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'account_id', key_label => 'account_id',
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -128,28 +224,28 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=4a54adc462f3e08815dcd080674eeac0147214b3307467125e46812d1c8cd0d0; generated, do not edit';
+  'sha256=1d89dfdc48c4dfbdf1c6b51ab66d835de0d8dac921891d02c72be9de225eb741; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET timezone TO 'UTC'
 SET datestyle TO 'ISO, YMD'
-SET intervalstyle TO 'postgres'
 SET bytea_output TO 'hex'
-SET extra_float_digits TO 1
+SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
 --   timezone='UTC'
 --   datestyle='ISO, YMD'
---   intervalstyle='postgres'
 --   bytea_output='hex'
---   extra_float_digits=1
+--   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -159,12 +255,60 @@ BEGIN
       trigger_name => TG_NAME, allow => false, issuer => NULL);
   END IF;
   IF tok IS NOT NULL THEN
-    PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    IF NOT COALESCE((
+        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
+          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'
+           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584', TG_RELID);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_old AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('app.invoices', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584', relid => TG_RELID, trigger_name => TG_NAME,
       resource => 'app.invoices', token => tok, on_equal => 'accept', lease_bound => false,
       key_column => 'account_id', key_label => 'account_id',
-      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1));
+      keys => ks);
   END IF;
   RETURN NULL;
 END
@@ -172,7 +316,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=be083db533630c4906f6be3481f7eb0353b19b99c018d0ea45d722e06988425b; generated, do not edit';
+  'sha256=77a2fd9aad27e561887262a13d1728c2a2c1e678fd5b1a6b89db032e1d5b7231; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -448,21 +448,21 @@ class Migration(migrations.Migration):
                     'SET search_path TO pg_catalog, pg_temp\n'
                     "SET timezone TO 'UTC'\n"
                     "SET datestyle TO 'ISO, YMD'\n"
-                    "SET intervalstyle TO 'postgres'\n"
                     "SET bytea_output TO 'hex'\n"
-                    'SET extra_float_digits TO 1\n'
+                    'SET enable_seqscan TO off\n'
                     'AS $fn$\n'
                     '-- SECURITY DEFINER; pinned:\n'
                     '--   search_path=pg_catalog, pg_temp\n'
                     "--   timezone='UTC'\n"
                     "--   datestyle='ISO, YMD'\n"
-                    "--   intervalstyle='postgres'\n"
                     "--   bytea_output='hex'\n"
-                    '--   extra_float_digits=1\n'
+                    '--   enable_seqscan=off\n'
                     "-- fencekit: key fence (account_id), resource 'public.shop_billingsummary' on public.shop_billingsummary. Generated; do not edit.\n"
                     'DECLARE\n'
                     "  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once\n"
                     '  tok pg_catalog.int8;\n'
+                    '  ks pg_catalog.text[];\n'
+                    '  held pg_catalog.bool;\n'
                     'BEGIN\n'
                     "  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'\n"
                     "      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN\n"
@@ -472,12 +472,60 @@ class Migration(migrations.Migration):
                     '      trigger_name => TG_NAME, allow => false, issuer => NULL);\n'
                     '  END IF;\n'
                     '  IF tok IS NOT NULL THEN\n'
-                    "    PERFORM fencekit.check_key_types('shop_billingsummary_79929d6903', TG_RELID);\n"
+                    '    IF NOT COALESCE((\n'
+                    '        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[\n'
+                    "          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'\n"
+                    "                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL\n"
+                    "               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])\n"
+                    "                 THEN 'integer'\n"
+                    "               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])\n"
+                    "                 THEN 'text'\n"
+                    "               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])\n"
+                    '                 THEN pg_catalog.format_type(a1.atttypid, NULL)\n'
+                    '               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4\n'
+                    "                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)\n"
+                    '                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]\n'
+                    '          FROM fencekit.protected pr, pg_catalog.pg_attribute a1\n'
+                    "         WHERE pr.tag OPERATOR(pg_catalog.=) 'shop_billingsummary_79929d6903'\n"
+                    "           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'\n"
+                    '           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN\n'
+                    "      PERFORM fencekit.check_key_types('shop_billingsummary_79929d6903', TG_RELID);\n"
+                    '    END IF;\n'
+                    '    SELECT k.ks,\n'
+                    '           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN\n'
+                    '             COALESCE((SELECT true FROM fencekit.fences f\n'
+                    "                      WHERE f.resource OPERATOR(pg_catalog.=) 'public.shop_billingsummary'\n"
+                    '                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")\n'
+                    '                        AND f.fence OPERATOR(pg_catalog.=) tok\n'
+                    '                        FOR SHARE), false) END\n'
+                    '      INTO ks, held\n'
+                    '      FROM (SELECT\n'
+                    '        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text\n'
+                    '                      FROM fencekit_new AS x ORDER BY 1) AS ks\n'
+                    '              OFFSET 0) AS k;\n'
+                    '    IF held THEN\n'
+                    "      RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
+                    '    ELSIF NOT held THEN\n'
+                    "      -- A key without a fence starts at the resource's floor (35_floors.sql).\n"
+                    '      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)\n'
+                    "      VALUES ('public.shop_billingsummary', ks[1],\n"
+                    '              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl\n'
+                    "                              WHERE fl.resource OPERATOR(pg_catalog.=) 'public.shop_billingsummary')),\n"
+                    '              pg_catalog.pg_current_xact_id())\n'
+                    '      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE\n'
+                    '         SET fence = tok, writer_xact = excluded.writer_xact,\n'
+                    '             updated_at = pg_catalog.now()\n'
+                    '       WHERE f.fence OPERATOR(pg_catalog.<) tok\n'
+                    '      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;\n'
+                    '      IF held THEN\n'
+                    '        RETURN NULL;  -- raised to the token by this write, and exclusively locked\n'
+                    '      END IF;\n'
+                    '      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.\n'
+                    '    END IF;\n'
                     "    PERFORM fencekit.judge_fences(tag => 'shop_billingsummary_79929d6903', relid => TG_RELID, trigger_name => TG_NAME,\n"
                     "      resource => 'public.shop_billingsummary', token => tok, on_equal => 'accept', lease_bound => false,\n"
                     "      key_column => 'account_id', key_label => 'account_id',\n"
-                    '      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text\n'
-                    '                      FROM fencekit_new AS x ORDER BY 1));\n'
+                    '      keys => ks);\n'
                     '  END IF;\n'
                     '  RETURN NULL;\n'
                     'END\n'
@@ -486,7 +534,7 @@ class Migration(migrations.Migration):
                 (
                     'COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_ins() IS\n'
                     "  'fencekit function template=1 '\n"
-                    "  'sha256=5e61f93b492f53a7afe02c2f2cda6623fb5af6e7e92d6fb27dc1b8ca5e6cda28; generated, do not edit'"
+                    "  'sha256=37f7677fdacedb5860a399e14d59dab679f5fee46208da25bdbb02be50f5cb3d; generated, do not edit'"
                 ),
                 (
                     'CREATE OR REPLACE FUNCTION fencekit.shop_billingsummary_79929d6903_upd() RETURNS trigger\n'
@@ -494,21 +542,21 @@ class Migration(migrations.Migration):
                     'SET search_path TO pg_catalog, pg_temp\n'
                     "SET timezone TO 'UTC'\n"
                     "SET datestyle TO 'ISO, YMD'\n"
-                    "SET intervalstyle TO 'postgres'\n"
                     "SET bytea_output TO 'hex'\n"
-                    'SET extra_float_digits TO 1\n'
+                    'SET enable_seqscan TO off\n'
                     'AS $fn$\n'
                     '-- SECURITY DEFINER; pinned:\n'
                     '--   search_path=pg_catalog, pg_temp\n'
                     "--   timezone='UTC'\n"
                     "--   datestyle='ISO, YMD'\n"
-                    "--   intervalstyle='postgres'\n"
                     "--   bytea_output='hex'\n"
-                    '--   extra_float_digits=1\n'
+                    '--   enable_seqscan=off\n'
                     "-- fencekit: key fence (account_id), resource 'public.shop_billingsummary' on public.shop_billingsummary. Generated; do not edit.\n"
                     'DECLARE\n'
                     "  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once\n"
                     '  tok pg_catalog.int8;\n'
+                    '  ks pg_catalog.text[];\n'
+                    '  held pg_catalog.bool;\n'
                     'BEGIN\n'
                     "  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'\n"
                     "      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN\n"
@@ -518,13 +566,61 @@ class Migration(migrations.Migration):
                     '      trigger_name => TG_NAME, allow => false, issuer => NULL);\n'
                     '  END IF;\n'
                     '  IF tok IS NOT NULL THEN\n'
-                    "    PERFORM fencekit.check_key_types('shop_billingsummary_79929d6903', TG_RELID);\n"
+                    '    IF NOT COALESCE((\n'
+                    '        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[\n'
+                    "          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'\n"
+                    "                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL\n"
+                    "               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])\n"
+                    "                 THEN 'integer'\n"
+                    "               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])\n"
+                    "                 THEN 'text'\n"
+                    "               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])\n"
+                    '                 THEN pg_catalog.format_type(a1.atttypid, NULL)\n'
+                    '               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4\n'
+                    "                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)\n"
+                    '                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]\n'
+                    '          FROM fencekit.protected pr, pg_catalog.pg_attribute a1\n'
+                    "         WHERE pr.tag OPERATOR(pg_catalog.=) 'shop_billingsummary_79929d6903'\n"
+                    "           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'\n"
+                    '           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN\n'
+                    "      PERFORM fencekit.check_key_types('shop_billingsummary_79929d6903', TG_RELID);\n"
+                    '    END IF;\n'
+                    '    SELECT k.ks,\n'
+                    '           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN\n'
+                    '             COALESCE((SELECT true FROM fencekit.fences f\n'
+                    "                      WHERE f.resource OPERATOR(pg_catalog.=) 'public.shop_billingsummary'\n"
+                    '                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")\n'
+                    '                        AND f.fence OPERATOR(pg_catalog.=) tok\n'
+                    '                        FOR SHARE), false) END\n'
+                    '      INTO ks, held\n'
+                    '      FROM (SELECT\n'
+                    '        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text\n'
+                    '                      FROM (SELECT y.account_id FROM fencekit_new AS y\n'
+                    '                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks\n'
+                    '              OFFSET 0) AS k;\n'
+                    '    IF held THEN\n'
+                    "      RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
+                    '    ELSIF NOT held THEN\n'
+                    "      -- A key without a fence starts at the resource's floor (35_floors.sql).\n"
+                    '      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)\n'
+                    "      VALUES ('public.shop_billingsummary', ks[1],\n"
+                    '              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl\n'
+                    "                              WHERE fl.resource OPERATOR(pg_catalog.=) 'public.shop_billingsummary')),\n"
+                    '              pg_catalog.pg_current_xact_id())\n'
+                    '      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE\n'
+                    '         SET fence = tok, writer_xact = excluded.writer_xact,\n'
+                    '             updated_at = pg_catalog.now()\n'
+                    '       WHERE f.fence OPERATOR(pg_catalog.<) tok\n'
+                    '      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;\n'
+                    '      IF held THEN\n'
+                    '        RETURN NULL;  -- raised to the token by this write, and exclusively locked\n'
+                    '      END IF;\n'
+                    '      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.\n'
+                    '    END IF;\n'
                     "    PERFORM fencekit.judge_fences(tag => 'shop_billingsummary_79929d6903', relid => TG_RELID, trigger_name => TG_NAME,\n"
                     "      resource => 'public.shop_billingsummary', token => tok, on_equal => 'accept', lease_bound => false,\n"
                     "      key_column => 'account_id', key_label => 'account_id',\n"
-                    '      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text\n'
-                    '                      FROM (SELECT y.account_id FROM fencekit_new AS y\n'
-                    '                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1));\n'
+                    '      keys => ks);\n'
                     '  END IF;\n'
                     '  RETURN NULL;\n'
                     'END\n'
@@ -533,7 +629,7 @@ class Migration(migrations.Migration):
                 (
                     'COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_upd() IS\n'
                     "  'fencekit function template=1 '\n"
-                    "  'sha256=d319e1a556e9bcb08a492ede444b6fd28392e0113bd331f64d3bd57befbfbdb1; generated, do not edit'"
+                    "  'sha256=a20b7caab840f17a3ab3ccd5733d3aa52552da3210280fe83df41fbd4027ee14; generated, do not edit'"
                 ),
                 (
                     'CREATE OR REPLACE FUNCTION fencekit.shop_billingsummary_79929d6903_del() RETURNS trigger\n'
@@ -541,21 +637,21 @@ class Migration(migrations.Migration):
                     'SET search_path TO pg_catalog, pg_temp\n'
                     "SET timezone TO 'UTC'\n"
                     "SET datestyle TO 'ISO, YMD'\n"
-                    "SET intervalstyle TO 'postgres'\n"
                     "SET bytea_output TO 'hex'\n"
-                    'SET extra_float_digits TO 1\n'
+                    'SET enable_seqscan TO off\n'
                     'AS $fn$\n'
                     '-- SECURITY DEFINER; pinned:\n'
                     '--   search_path=pg_catalog, pg_temp\n'
                     "--   timezone='UTC'\n"
                     "--   datestyle='ISO, YMD'\n"
-                    "--   intervalstyle='postgres'\n"
                     "--   bytea_output='hex'\n"
-                    '--   extra_float_digits=1\n'
+                    '--   enable_seqscan=off\n'
                     "-- fencekit: key fence (account_id), resource 'public.shop_billingsummary' on public.shop_billingsummary. Generated; do not edit.\n"
                     'DECLARE\n'
                     "  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once\n"
                     '  tok pg_catalog.int8;\n'
+                    '  ks pg_catalog.text[];\n'
+                    '  held pg_catalog.bool;\n'
                     'BEGIN\n'
                     "  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'\n"
                     "      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN\n"
@@ -565,12 +661,60 @@ class Migration(migrations.Migration):
                     '      trigger_name => TG_NAME, allow => false, issuer => NULL);\n'
                     '  END IF;\n'
                     '  IF tok IS NOT NULL THEN\n'
-                    "    PERFORM fencekit.check_key_types('shop_billingsummary_79929d6903', TG_RELID);\n"
+                    '    IF NOT COALESCE((\n'
+                    '        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[\n'
+                    "          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'\n"
+                    "                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL\n"
+                    "               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])\n"
+                    "                 THEN 'integer'\n"
+                    "               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])\n"
+                    "                 THEN 'text'\n"
+                    "               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])\n"
+                    '                 THEN pg_catalog.format_type(a1.atttypid, NULL)\n'
+                    '               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4\n'
+                    "                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)\n"
+                    '                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]\n'
+                    '          FROM fencekit.protected pr, pg_catalog.pg_attribute a1\n'
+                    "         WHERE pr.tag OPERATOR(pg_catalog.=) 'shop_billingsummary_79929d6903'\n"
+                    "           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'\n"
+                    '           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN\n'
+                    "      PERFORM fencekit.check_key_types('shop_billingsummary_79929d6903', TG_RELID);\n"
+                    '    END IF;\n'
+                    '    SELECT k.ks,\n'
+                    '           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN\n'
+                    '             COALESCE((SELECT true FROM fencekit.fences f\n'
+                    "                      WHERE f.resource OPERATOR(pg_catalog.=) 'public.shop_billingsummary'\n"
+                    '                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")\n'
+                    '                        AND f.fence OPERATOR(pg_catalog.=) tok\n'
+                    '                        FOR SHARE), false) END\n'
+                    '      INTO ks, held\n'
+                    '      FROM (SELECT\n'
+                    '        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text\n'
+                    '                      FROM fencekit_old AS x ORDER BY 1) AS ks\n'
+                    '              OFFSET 0) AS k;\n'
+                    '    IF held THEN\n'
+                    "      RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
+                    '    ELSIF NOT held THEN\n'
+                    "      -- A key without a fence starts at the resource's floor (35_floors.sql).\n"
+                    '      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)\n'
+                    "      VALUES ('public.shop_billingsummary', ks[1],\n"
+                    '              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl\n'
+                    "                              WHERE fl.resource OPERATOR(pg_catalog.=) 'public.shop_billingsummary')),\n"
+                    '              pg_catalog.pg_current_xact_id())\n'
+                    '      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE\n'
+                    '         SET fence = tok, writer_xact = excluded.writer_xact,\n'
+                    '             updated_at = pg_catalog.now()\n'
+                    '       WHERE f.fence OPERATOR(pg_catalog.<) tok\n'
+                    '      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;\n'
+                    '      IF held THEN\n'
+                    '        RETURN NULL;  -- raised to the token by this write, and exclusively locked\n'
+                    '      END IF;\n'
+                    '      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.\n'
+                    '    END IF;\n'
                     "    PERFORM fencekit.judge_fences(tag => 'shop_billingsummary_79929d6903', relid => TG_RELID, trigger_name => TG_NAME,\n"
                     "      resource => 'public.shop_billingsummary', token => tok, on_equal => 'accept', lease_bound => false,\n"
                     "      key_column => 'account_id', key_label => 'account_id',\n"
-                    '      keys => ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text\n'
-                    '                      FROM fencekit_old AS x ORDER BY 1));\n'
+                    '      keys => ks);\n'
                     '  END IF;\n'
                     '  RETURN NULL;\n'
                     'END\n'
@@ -579,7 +723,7 @@ class Migration(migrations.Migration):
                 (
                     'COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_del() IS\n'
                     "  'fencekit function template=1 '\n"
-                    "  'sha256=7b992f21fcfe56eafafb09114dd736143beec084e6c952a9a5104d65524bb579; generated, do not edit'"
+                    "  'sha256=42b767c977dd1fc4ce1b846ed2fc08148cb067726b6eedb334afc9315cbb49c8; generated, do not edit'"
                 ),
                 (
                     'CREATE OR REPLACE FUNCTION fencekit.shop_billingsummary_79929d6903_cover() RETURNS void\n'
