@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 import psycopg
 
@@ -329,8 +330,9 @@ def _function_drift(
             continue
         seen.add(f.name)
         row = conn.execute(
-            "SELECT p.prosrc, pg_catalog.obj_description(p.oid, 'pg_proc') "
+            f"SELECT p.prosrc, pg_catalog.obj_description(p.oid, 'pg_proc'), {_DEFINITION} "
             "FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
+            "JOIN pg_catalog.pg_language l ON l.oid = p.prolang "
             "WHERE n.nspname = 'fencekit' AND p.proname = %s AND p.pronargs = 0",
             (f.name,),
         ).fetchone()
@@ -340,13 +342,13 @@ def _function_drift(
                 Drift(
                     DriftKind.FUNCTION_MISSING,
                     obj,
-                    f"{obj} is missing",
+                    f"{obj} is missing{_moved_to(conn, f)}",
                     REPROTECT,
                     command=protect,
                 )
             )
             continue
-        src, comment = row
+        src, comment, *definition = row
         actual = hashlib.sha256(str(src).encode()).hexdigest()
         m = _STAMP_SHA.search(comment or "")
         if m is None or m.group(1) != actual:
@@ -370,7 +372,103 @@ def _function_drift(
                     command=protect,
                 )
             )
+        changes = _definition_changes(f, definition)
+        if changes:
+            out.append(
+                Drift(
+                    DriftKind.FUNCTION_CHANGED,
+                    obj,
+                    f"the definition of {obj} was changed after fencekit generated it: "
+                    + "; ".join(changes),
+                    f"review the change, then {COMMAND} (restores the generated definition)",
+                    command=protect,
+                )
+            )
+        granted = [str(r) for r in definition[-1] or ()]
+        if granted:
+            names = ", ".join(granted)
+            out.append(
+                Drift(
+                    DriftKind.FUNCTION_CHANGED,
+                    obj,
+                    f"EXECUTE on {obj} is granted to {names}: whoever holds it can attach the "
+                    "function to a table of its own",
+                    f"REVOKE EXECUTE ON FUNCTION {f.sql_name}() FROM {names}",
+                )
+            )
     return out
+
+
+# Everything of a generated function's definition besides its body and name, in the order
+# _definition_changes reads it; the last column: roles other than its owner and fencekit_admin
+# that may EXECUTE it.
+_DEFINITION = """
+l.lanname::pg_catalog.text, p.prosecdef, p.provolatile::pg_catalog.text, p.proisstrict,
+p.proleakproof, p.proparallel::pg_catalog.text, p.procost::pg_catalog.float8,
+p.prorows::pg_catalog.float8, p.prosupport::pg_catalog.oid OPERATOR(pg_catalog.<>) 0,
+p.prorettype::pg_catalog.regtype::pg_catalog.text, p.proretset, p.prokind::pg_catalog.text,
+p.prosqlbody IS NOT NULL, COALESCE(p.proconfig, '{}'),
+ARRAY(SELECT CASE a.grantee WHEN 0 THEN 'PUBLIC'
+                 ELSE pg_catalog.quote_ident(r.rolname) END
+        FROM pg_catalog.aclexplode(COALESCE(p.proacl, '{}')) a
+        LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+       WHERE a.grantee OPERATOR(pg_catalog.<>) p.proowner
+         AND COALESCE(r.rolname OPERATOR(pg_catalog.<>) 'fencekit_admin', true)
+       ORDER BY 1)
+"""
+
+
+def _setting(name: str, value: str) -> tuple[str, str]:
+    """A ``SET name TO value`` clause as ``pg_proc.proconfig`` keeps it (name case aside)."""
+    if len(value) >= 2 and value[0] == value[-1] == "'":
+        value = value[1:-1].replace("''", "'")
+    return name.lower(), value
+
+
+def _definition_changes(f: sqlgen.Function, row: list[Any]) -> list[str]:
+    """How a generated function's definition (all of it but its body, name and owner) differs
+    from what protect creates: each difference as 'now, not generated'."""
+    (lang, definer, volatility, strict, leakproof, parallel, cost, rows, support, returns,
+     retset, kind, sqlbody, config, _) = row  # fmt: skip
+    config_now = sorted(_setting(*str(c).split("=", 1)) for c in config or ())
+    config_want = sorted(_setting(k, v) for k, v in f.settings)
+    volatile = {"i": "IMMUTABLE", "s": "STABLE", "v": "VOLATILE"}
+    safety = {"s": "PARALLEL SAFE", "r": "PARALLEL RESTRICTED", "u": "PARALLEL UNSAFE"}
+    security = {True: "SECURITY DEFINER", False: "SECURITY INVOKER"}
+    pairs = [
+        (f"LANGUAGE {lang}", "LANGUAGE plpgsql"),
+        (security[bool(definer)], security[f.definer]),
+        (volatile.get(str(volatility), str(volatility)), "VOLATILE"),
+        ("STRICT" if strict else "CALLED ON NULL INPUT", "CALLED ON NULL INPUT"),
+        ("LEAKPROOF" if leakproof else "NOT LEAKPROOF", "NOT LEAKPROOF"),
+        (safety.get(str(parallel), str(parallel)), "PARALLEL UNSAFE"),
+        (f"COST {cost:g}", "COST 100"),
+        (f"ROWS {rows:g}", "ROWS 0"),
+        ("a SUPPORT function" if support else "no SUPPORT function", "no SUPPORT function"),
+        (f"RETURNS {'SETOF ' if retset else ''}{returns}", f"RETURNS {f.returns}"),
+        ("a procedure" if kind == "p" else "a function", "a function"),
+        ("a BEGIN ATOMIC body" if sqlbody else "a body in quotes", "a body in quotes"),
+        (
+            "SET " + (", ".join(f"{k}={v}" for k, v in config_now) or "nothing"),
+            "SET " + (", ".join(f"{k}={v}" for k, v in config_want) or "nothing"),
+        ),
+    ]
+    return [f"{now}, not {want}" for now, want in pairs if now != want]
+
+
+def _moved_to(conn: Conn, f: sqlgen.Function) -> str:
+    """Where a generated function went (ALTER FUNCTION ... SET SCHEMA): a function of its name
+    and no arguments in another schema that a trigger of fencekit's still calls."""
+    rows = conn.execute(
+        "SELECT DISTINCT p.oid::pg_catalog.regprocedure::pg_catalog.text "
+        "FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_trigger g ON g.tgfoid = p.oid "
+        "WHERE p.proname = %s AND p.pronargs = 0 AND g.tgname LIKE 'fencekit\\_%%' "
+        "ORDER BY 1",
+        (f.name,),
+    ).fetchall()
+    if not rows:
+        return ""
+    return f": moved to {', '.join(str(r[0]) for r in rows)} (its triggers call it there)"
 
 
 def _column_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:

@@ -26,9 +26,29 @@ __all__ = [
 
 
 def core_version(conn: Conn) -> int | None:
-    """The installed core version, or None when fencekit's core is not installed."""
-    row = conn.execute("SELECT pg_catalog.to_regclass('fencekit.meta') IS NOT NULL").fetchone()
+    """The installed core version, or None when fencekit's core is not installed.
+
+    Before it reads anything in schema fencekit, the install's own guard (catalogs only)
+    refuses (YF000) a schema with another role's code attached to its tables, views and types:
+    a table owner with CREATE on the database can leave one before the first install or after
+    an uninstall, and reading its fencekit.meta would run that code with this session's
+    rights. What another role merely owns there, status reports (owner_changed).
+    """
+    row = conn.execute(
+        "SELECT pg_catalog.to_regnamespace('fencekit') IS NOT NULL, "
+        "pg_catalog.to_regclass('fencekit.meta') IS NOT NULL"
+    ).fetchone()
     if not row or not row[0]:
+        return None
+    # Objects merely owned by another role are status's to report (owner_changed).
+    conn.execute(
+        (
+            "SELECT pg_catalog.set_config('fencekit.guard_reading', 'on', true);\n"
+            + sqlgen.core_guard()
+            + "\nSELECT pg_catalog.set_config('fencekit.guard_reading', '', true);"
+        ).encode()
+    )
+    if not row[1]:
         return None
     found = conn.execute("SELECT value FROM fencekit.meta WHERE key = 'core_version'").fetchone()
     if found is None:

@@ -18,7 +18,7 @@ See docs/dev/architecture.md for the data flow.
 """
 
 from fencekit.sqlgen.change import FenceChange, change_statements, render_move
-from fencekit.sqlgen.core import CORE_VERSION, install_statements, uninstall_statements
+from fencekit.sqlgen.core import CORE_VERSION, core_guard, install_statements, uninstall_statements
 from fencekit.sqlgen.move import is_move
 from fencekit.sqlgen.objects import TEMPLATE_VERSION, Function, TableObjects, Trigger
 from fencekit.sqlgen.protect import (
@@ -46,6 +46,7 @@ __all__ = [
     "TableObjects",
     "Trigger",
     "change_statements",
+    "core_guard",
     "install_statements",
     "is_move",
     "protect_statements",

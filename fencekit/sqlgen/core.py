@@ -10,7 +10,7 @@ from importlib import resources
 
 from fencekit.sqlgen.text import do, lit
 
-__all__ = ["CORE_VERSION", "install_statements", "uninstall_statements"]
+__all__ = ["CORE_VERSION", "core_guard", "install_statements", "uninstall_statements"]
 
 #: Version of the core schema (``fencekit`` schema, tables, shared functions).
 CORE_VERSION = 1
@@ -20,6 +20,13 @@ def _core_files() -> list[tuple[str, str]]:
     root = resources.files("fencekit") / "sqlsrc" / "core"
     files = sorted((p for p in root.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name)
     return [(p.name, p.read_text(encoding="utf-8")) for p in files]
+
+
+def core_guard() -> str:
+    """The install's first step, also run by fencekit's commands before they read schema
+    fencekit: refuses (YF000) while anything in it is another role's or runs another role's
+    code. Reads catalogs only (00_guard.sql)."""
+    return dict(_core_files())["00_guard.sql"]
 
 
 def install_statements() -> list[str]:
@@ -48,7 +55,8 @@ def uninstall_statements(*, unprotect_all: bool = False) -> list[str]:
     row fence its column, with the fences they hold. ``fencekit uninstall`` runs each table's
     exact unprotect instead; this generic loop is for the script printed without a database.
     The roles ``fencekit_admin`` and ``fencekit_writer`` stay: roles belong to the whole
-    server, and other databases may use them.
+    server, and other databases may use them. Refuses (YF000) a schema fencekit in which another
+    role made something, as the install does (:func:`core_guard`).
     """
     if unprotect_all:
         first = do(
@@ -99,4 +107,5 @@ def uninstall_statements(*, unprotect_all: bool = False) -> list[str]:
             "        'table_name FROM fencekit.protected;';\n"
             "  END IF;\nEND\n"
         )
-    return [first, "DROP SCHEMA IF EXISTS fencekit CASCADE"]
+    # The guard first: reading a registry another role made would run its code.
+    return [core_guard(), first, "DROP SCHEMA IF EXISTS fencekit CASCADE"]

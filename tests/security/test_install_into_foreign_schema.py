@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from fencekit.cli import main
 from fencekit.sqlgen import render_install
 from tests.core.helpers import USAGE
 
@@ -73,7 +74,7 @@ def test_install_refuses_a_schema_another_role_made(raw_db: Conn, owner: tuple[s
     raw_db.rollback()
     assert info.value.sqlstate == USAGE
     message = str(info.value)
-    assert "refusing to install into schema fencekit" in message
+    assert "refusing to install into, or read, schema fencekit" in message
     assert f"schema fencekit (owner {role})" in message
     assert "trigger c on fencekit.meta" in message
     assert not _superuser(raw_db, role)
@@ -132,3 +133,88 @@ def test_a_clean_install_and_a_reinstall_still_work(raw_db: Conn) -> None:
     assert raw_db.execute("SELECT value FROM fencekit.meta WHERE key = 'owner'").fetchone() == (
         raw_db.info.user,
     )
+
+
+def test_code_left_attached_after_handing_the_objects_over_is_refused(
+    raw_db: Conn, owner: tuple[str, str]
+) -> None:
+    """No trigger, rule or policy: a column default, a CHECK and an index expression on
+    fencekit.meta call the owner's function. Handed to the installer, they would still run it
+    with the installer's rights when the install writes fencekit.meta: refused, naming them."""
+    role, dsn = owner
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(CANARY)
+        conn.execute(
+            "CREATE FUNCTION own.grab() RETURNS void LANGUAGE plpgsql AS $$ BEGIN "
+            "EXECUTE pg_catalog.format('ALTER ROLE %I SUPERUSER', session_user); "
+            "EXCEPTION WHEN insufficient_privilege THEN NULL; END $$"
+        )
+        conn.execute(
+            "CREATE FUNCTION own.imm(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM own.grab(); RETURN x; END $$"
+        )
+        conn.execute("CREATE SCHEMA fencekit")
+        conn.execute(
+            "CREATE TABLE fencekit.meta (key text PRIMARY KEY, value text NOT NULL, "
+            "n int DEFAULT own.imm(1) CHECK (own.imm(n) IS NOT NULL))"
+        )
+        conn.execute("CREATE INDEX ON fencekit.meta ((length(key) + own.imm(0)))")
+    raw_db.execute("ALTER SCHEMA fencekit OWNER TO CURRENT_USER")
+    raw_db.execute("ALTER TABLE fencekit.meta OWNER TO CURRENT_USER")
+    raw_db.commit()
+    with pytest.raises(psycopg.Error) as info:
+        _install(raw_db)
+    raw_db.rollback()
+    assert info.value.sqlstate == USAGE
+    message = str(info.value)
+    assert "calls function own.imm(integer)" in message, message
+    assert "default value for column n of table fencekit.meta" in message, message
+    assert not _superuser(raw_db, role)
+
+
+def test_an_inheritance_child_left_on_a_handed_over_table_is_refused_by_install_and_status(
+    raw_db: Conn, owner: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The owner made fencekit.meta and a child of it, in a schema of its own, whose CHECK
+    calls its code: planning a read of fencekit.meta with a condition folds that CHECK
+    (constraint exclusion). After the table was handed over, the install and every command
+    (here status, which reads fencekit.meta first) refuse before reading it."""
+    role, dsn = owner
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(CANARY)
+        conn.execute(
+            "CREATE FUNCTION own.grab() RETURNS void LANGUAGE plpgsql AS $$ BEGIN "
+            "EXECUTE pg_catalog.format('ALTER ROLE %I SUPERUSER', session_user); "
+            "EXCEPTION WHEN insufficient_privilege THEN NULL; END $$"
+        )
+        conn.execute(
+            "CREATE FUNCTION own.imm(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM own.grab(); RETURN x; END $$"
+        )
+        conn.execute("CREATE SCHEMA fencekit")
+        conn.execute("CREATE TABLE fencekit.meta (key text PRIMARY KEY, value text NOT NULL)")
+        conn.execute("INSERT INTO fencekit.meta VALUES ('core_version', '1')")
+        conn.execute(
+            "CREATE TABLE own.meta_child (CHECK (length(key) > own.imm(0) - 1000)) "
+            "INHERITS (fencekit.meta)"
+        )
+    raw_db.execute("ALTER SCHEMA fencekit OWNER TO CURRENT_USER")
+    raw_db.execute("ALTER TABLE fencekit.meta OWNER TO CURRENT_USER")
+    raw_db.commit()
+    with pytest.raises(psycopg.Error) as info:
+        _install(raw_db)
+    raw_db.rollback()
+    assert info.value.sqlstate == USAGE
+    assert "own.meta_child inherits from fencekit.meta" in str(info.value)
+    capsys.readouterr()
+    code = main(["status", "--dsn", _dsn_of(raw_db)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "refusing to install into, or read, schema fencekit" in err, err
+    assert "own.meta_child inherits from fencekit.meta" in err, err
+    assert not _superuser(raw_db, role)
+
+
+def _dsn_of(conn: Conn) -> str:
+    info = conn.info
+    return f"host={info.host} port={info.port} dbname={info.dbname} user={info.user}"

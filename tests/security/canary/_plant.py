@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.security.canary import _core_plant
+
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "dev" / "code-paths.md"
 
@@ -324,5 +326,6 @@ def planted_labels() -> frozenset[str]:
     every = CANARY + HELPERS + shadow_sql() + EXTENSION
     every += table_sql(Table("x", "row")) + table_sql(Table("x", "row", partitioned=True))
     every += view_swap_sql(Table("x", "row"))
+    every += _core_plant.OWN + _core_plant.planted_sql()
     calls = r"(?:hit|cint|imm|immb|imm_row|trg)\(''?([a-z0-9-]+)'"
     return frozenset(re.findall(calls, every))

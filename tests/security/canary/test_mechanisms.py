@@ -68,5 +68,7 @@ def test_every_planted_canary_runs(planted: Planted) -> None:
                 o.execute(stmt)
             # with-hold-cursor and the deferred ones run at the writer's COMMIT above
         after = planted.hits(db)
-    silent = sorted(set(_plant.page_mechanisms()) - fired(before, after))
+    # the rows planted on core are planted, and run, in test_core_planted.py
+    table_rows = {m for m, on in _plant.page_mechanisms().items() if on != "core"}
+    silent = sorted(table_rows - fired(before, after))
     assert not silent, f"planted canaries that never ran: {silent}"
