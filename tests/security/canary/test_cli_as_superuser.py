@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.security.canary._cli import run_cli_commands
 from tests.security.canary.conftest import Planted
+
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
 
 
 def test_cli_commands(planted: Planted) -> None:

@@ -36,6 +36,8 @@ from tests.security.canary._builders import CLI_ARGS, TARGETS, cli_commands
 from tests.security.canary._cells import fired
 from tests.security.canary.conftest import Planted
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 #: The message of the install's refusal (SQLSTATE YF000).
 REFUSAL = "refusing to install into, or read, schema fencekit"
 

@@ -26,6 +26,8 @@ import pytest
 
 from tests.core.helpers import protect
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 Conn = psycopg.Connection[Any]
 
 # One overload per (function, parameter position, implicit source type), each counting its calls.

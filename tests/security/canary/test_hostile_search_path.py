@@ -36,6 +36,8 @@ from fencekit.cli import main
 from tests.security.canary._builders import CLI_ARGS, READ_ONLY, TARGETS, cli_commands
 from tests.security.canary.conftest import Planted, spec_of
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 PIN = "-c search_path=pg_catalog,pg_temp"
 
 # Every (name, left, right) an exact match could win over a built-in operator reached by an
