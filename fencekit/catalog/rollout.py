@@ -104,6 +104,10 @@ class TableRollout:
     lag: timedelta
     since: datetime | None = None
     shown: list[Writer] = field(default_factory=list)
+    # Tokenless statements whose writer could not be recorded (its record was busy: another
+    # session held its advisory lock, which any role can take), and the last time one was.
+    unattributed_statements: int = 0
+    unattributed_last_seen: datetime | None = None
 
     @property
     def enforced(self) -> bool:
@@ -122,6 +126,12 @@ class TableRollout:
         return self.overflow_last_seen is not None and self.overflow_last_seen + self.lag > start
 
     @property
+    def unattributed_blocking(self) -> bool:
+        """Tokenless statements inside the window that no writer explains."""
+        start = self.now - self.window
+        return self.unattributed_last_seen is not None and self.unattributed_last_seen > start
+
+    @property
     def verdict(self) -> str:
         """``enforced``, ``not_attributed`` (protected before attribution: protect again),
         ``not_ready`` (writers to fix), ``too_early`` (observed for less than the window) or
@@ -130,7 +140,7 @@ class TableRollout:
             return "enforced"
         if not self.attributed:
             return "not_attributed"
-        if self.blocking or self.overflow_blocking:
+        if self.blocking or self.overflow_blocking or self.unattributed_blocking:
             return "not_ready"
         if self.observed_since > self.now - self.window:
             return "too_early"
@@ -144,6 +154,8 @@ class TableRollout:
         last = [w.last_seen + self.lag for w in self.writers]
         if self.overflow_last_seen is not None:
             last.append(self.overflow_last_seen + self.lag)
+        if self.unattributed_last_seen is not None:
+            last.append(self.unattributed_last_seen)
         return max([self.observed_since, *last]) + self.window
 
     def as_dict(self) -> dict[str, Any]:
@@ -163,6 +175,12 @@ class TableRollout:
                 "statements": self.overflow_statements,
                 "last_seen": self.overflow_last_seen.isoformat()
                 if self.overflow_last_seen
+                else None,
+            },
+            "unattributed": {
+                "statements": self.unattributed_statements,
+                "last_seen": self.unattributed_last_seen.isoformat()
+                if self.unattributed_last_seen
                 else None,
             },
         }
@@ -325,6 +343,7 @@ def rollout_report(
                 )
             )
         o_count, o_last = overflow.get(tag, (0, None))
+        u_count, u_last = _unattributed(conn, tag)
         out.append(
             TableRollout(
                 spec,
@@ -338,9 +357,24 @@ def rollout_report(
                 timedelta(seconds=int(lag)),
                 since,
                 [w for w in writers if since is None or w.last_seen >= since],
+                u_count,
+                u_last,
             )
         )
     return out
+
+
+def _unattributed(conn: Conn, tag: str) -> tuple[int, datetime | None]:
+    """The table's unattributed count and last time (its sequences, public to read)."""
+    row = conn.execute(
+        "SELECT fencekit.counter_value(%s, 'unattributed'),"
+        " pg_catalog.to_timestamp(fencekit.counter_value(%s, 'last_at:unattributed')"
+        " OPERATOR(pg_catalog./) 1000.0::pg_catalog.float8)",
+        [tag, tag],
+    ).fetchone()
+    if row is None:
+        return 0, None
+    return int(row[0] or 0), row[1]
 
 
 class DBAPIConnection:
@@ -430,9 +464,18 @@ def enforce_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
     ]
     if t.overflow_blocking:
         who.append(f"{t.overflow_statements} statements of writers beyond the cap")
+    if t.unattributed_blocking and t.unattributed_last_seen is not None:
+        who.append(_unattributed_line(t.unattributed_statements, t.unattributed_last_seen))
     return (
         f"{table} was written without a token within the last {_human(window)} by "
         f"{len(t.blocking)} writer(s), which enforcing would break: " + "; ".join(who)
+    )
+
+
+def _unattributed_line(statements: int, last: datetime) -> str:
+    return (
+        f"{statements} tokenless statement(s) not attributed (their writer's record was busy), "
+        f"last seen {last:%Y-%m-%d %H:%M:%S%z}"
     )
 
 

@@ -197,6 +197,12 @@ def run_rollout(args: argparse.Namespace) -> int:
                 f"{_when(t.overflow_last_seen) if t.overflow_last_seen else '?'} (raise "
                 "fencekit.meta's attribution_cap to list them)"
             )
+        if t.unattributed_statements and t.unattributed_last_seen is not None:
+            text.append(
+                f"  + {t.unattributed_statements} tokenless statement(s) not attributed, last "
+                f"seen {_when(t.unattributed_last_seen)} (their writer's record was busy: "
+                "another session held its lock; the writer is named once it is free)"
+            )
         commands = enforce_commands(t.spec.table, window)
         doc["enforce"] = commands
         if t.verdict == "ready":
@@ -223,6 +229,7 @@ def run_rollout(args: argparse.Namespace) -> int:
                 f"  verdict: not ready: {len(t.blocking)} writer(s) wrote without a token "
                 f"within {_human(window)}"
                 + (" (and writers beyond the cap)" if t.overflow_blocking else "")
+                + (" (and tokenless statements not attributed)" if t.unattributed_blocking else "")
                 + ". Fix them: carry the lease's token in those writes (fencekit.fencing(token) "
                 "with the driver adapter or the session plugin), then run fencekit rollout again"
             )

@@ -10,6 +10,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from fencekit.catalog.rollout import enforce_refusal
+from fencekit.catalog.rollout import parse_duration as parse_window
 from fencekit.spec import FenceSpec, TableName
 from fencekit.sqlgen import protect_statements
 from tests.cli.conftest import Cli
@@ -147,3 +149,74 @@ def test_reading_writers_needs_fencekit_admin(cli: Cli, db: Conn, dsn: str, make
     r = cli("rollout", "--dsn", app)
     assert r.code != 0
     assert "needs fencekit_admin" in r.err
+
+
+def _hold_record_lock(m: Conn, tag: str, who: tuple[Any, ...], stmt: str) -> None:
+    """Take the advisory lock fencekit.record_unfenced_writer takes to record ``who`` running
+    ``stmt``: its key is computable by anyone, and taking it needs no grant."""
+    got = m.execute(
+        "SELECT pg_catalog.pg_try_advisory_lock(pg_catalog.hashtext('fencekit.attribution'),"
+        " pg_catalog.hashtext(%s || ' ' || pg_catalog.md5(pg_catalog.concat_ws(E'\\x1f',"
+        " %s::text, %s::text, %s::text, %s::text,"
+        " pg_catalog.md5(fencekit.statement_shape(%s::text))))))",
+        [tag, *who, stmt],
+    ).fetchone()
+    assert got == (True,)
+
+
+def test_a_writer_whose_record_another_role_holds_keeps_the_table_not_ready(
+    cli: Cli, db: Conn, dsn: str, make_role: Any
+) -> None:
+    db.execute("CREATE TABLE legacy (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO legacy VALUES (1, 'a')")
+    for s in protect_statements(FenceSpec(TableName("public", "legacy"), on_missing="allow")):
+        db.execute(s)
+    db.commit()
+    _age(db, "legacy", "2 hours")  # watched long enough: only the writes below hold it back
+    row = db.execute("SELECT tag FROM fencekit.protected WHERE table_name = 'legacy'").fetchone()
+    assert row is not None
+    tag = row[0]
+    db.commit()
+    stmt = "UPDATE legacy SET v = 'x' WHERE id = 1"
+    legacy = make_conninfo(dsn, application_name="legacy")
+    # A role with no grant at all holds the legacy writer's record lock while it writes.
+    holder = make_role("attr_lock_holder")
+    with psycopg.connect(holder, autocommit=True) as m:
+        for _ in range(3):  # three sessions: each records (or would) its first statement
+            with psycopg.connect(legacy, autocommit=True) as w:
+                who = w.execute(
+                    "SELECT session_user, current_user, current_setting('application_name'),"
+                    " host(inet_client_addr())"
+                ).fetchone()
+                assert who is not None
+                _hold_record_lock(m, tag, who, stmt)
+                w.execute(stmt)
+    r = cli("rollout", "legacy", "--json", "--window", "1h", "--dsn", dsn)
+    assert r.code == 1, r.out
+    t = json.loads(r.out)["tables"][0]
+    assert t["writers_total"] == 0  # the writer was not recorded: its lock was held
+    assert t["verdict"] == "not_ready"
+    assert t["unattributed"]["statements"] == 3
+    assert t["unattributed"]["last_seen"] is not None
+    text = cli("rollout", "legacy", "--window", "1h", "--dsn", dsn)
+    assert text.code == 1
+    assert "3 tokenless statement(s) not attributed, last seen" in text.out
+    assert "verdict: not ready" in text.out
+    assert "ready to enforce" not in text.out
+    refused = cli("enforce", "legacy", "--window", "1h", "--dsn", dsn)
+    assert refused.code == 1, refused.out
+    assert "3 tokenless statement(s) not attributed" in refused.err
+    assert "Nothing was changed" in refused.err
+    # A role that may not read the writers (the public totals decide) is refused alike.
+    with psycopg.connect(holder, autocommit=True) as m:
+        totals = m.execute(
+            "SELECT writers, unattributed_statements, last_seen IS NOT NULL"
+            " FROM fencekit.unfenced_writer_totals WHERE table_name = 'legacy'"
+        ).fetchone()
+        assert totals == (0, 3, True)
+        why = enforce_refusal(m, TableName("public", "legacy"), parse_window("1h"))
+    assert why is not None and "written without a token" in why
+    row = db.execute(
+        "SELECT spec ->> 'on_missing' FROM fencekit.protected WHERE table_name = 'legacy'"
+    ).fetchone()
+    assert row == ("allow",)

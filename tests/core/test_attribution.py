@@ -345,3 +345,39 @@ def test_nobody_records_attribution_for_a_table_it_does_not_write(
     ).fetchone()
     db.commit()
     assert overflow == (0,)
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_a_busy_overflow_record_counts_its_statements_as_unattributed(
+    db: Conn, dsn: str, tables: None, make_role: Any, table: str
+) -> None:
+    """The overflow's record lock (like a writer's) is one any role can take: while another
+    session holds it, tokenless statements are counted as unattributed, never lost."""
+    db.execute("INSERT INTO fencekit.meta VALUES ('attribution_cap', '0')")
+    row = db.execute("SELECT tag FROM fencekit.protected WHERE table_name = %s", [table]).fetchone()
+    assert row is not None
+    db.commit()
+    holder = make_role("attr_overflow_holder")
+    with psycopg.connect(holder, autocommit=True) as m:
+        m.execute(
+            "SELECT pg_advisory_lock(hashtext('fencekit.attribution'), hashtext(%s::text))",
+            [row[0]],
+        )
+        for app in ("one", "two"):
+            tokenless(dsn, f"UPDATE {table} SET v = 'x' WHERE id = 1", app)
+    assert writers(db, table) == []
+    totals = db.execute(
+        "SELECT writers, overflow_statements, unattributed_statements, last_seen IS NOT NULL"
+        " FROM fencekit.unfenced_writer_totals WHERE table_name = %s",
+        [table],
+    ).fetchone()
+    assert totals == (0, 0, 2, True)
+    # Once the lock is free, the next writer is recorded as before (in the overflow here).
+    tokenless(dsn, f"UPDATE {table} SET v = 'y' WHERE id = 1", "three")
+    db.commit()
+    after = db.execute(
+        "SELECT overflow_statements, unattributed_statements"
+        " FROM fencekit.unfenced_writer_totals WHERE table_name = %s",
+        [table],
+    ).fetchone()
+    assert after == (1, 2)

@@ -14,7 +14,10 @@
 -- - no hot row: a backend remembers what it recorded in session settings (fencekit.seen_*)
 --   and writes a writer's row at most once per 10 seconds per statement it runs, adding the
 --   statements it counted in between; a row another transaction is recording is skipped
---   (pg_try_advisory_xact_lock), never waited for, and its count carried to the next time;
+--   (pg_try_advisory_xact_lock), never waited for, and its statements counted as unattributed
+--   (the table's sequences '<tag>:unattributed' and '<tag>:last_at:unattributed'): any role
+--   can take that lock, so a busy record must never lose a write from the report, and a
+--   sequence neither waits nor is a row others lock;
 -- - writers cannot erase or rewrite another writer's row: only fencekit.record_unfenced_writer
 --   writes these tables, and only the row of the identity it reads from the session itself.
 --
@@ -94,9 +97,34 @@ BEGIN
 END
 $fn$;
 
+-- Count `statements` tokenless statements of the table protected under `tag` whose writer
+-- could not be recorded, and the time: sequences (fencekit.counter_names), which neither wait
+-- nor roll back, so a busy record costs no row lock and a hostile lock holder blocks nothing.
+-- The count is approximate (nextval and setval are two steps); the time is exact enough for a
+-- window. Called by fencekit.record_unfenced_writer only, as its owner.
+CREATE OR REPLACE FUNCTION fencekit.count_unattributed(tag text, statements bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  seq regclass := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':unattributed'));
+  at_seq regclass := pg_catalog.to_regclass(
+    pg_catalog.format('fencekit.%I', tag || ':last_at:unattributed'));
+BEGIN
+  IF seq IS NULL OR at_seq IS NULL THEN
+    RETURN;  -- table protected by a template without these counters
+  END IF;
+  PERFORM pg_catalog.setval(seq, pg_catalog.nextval(seq) + statements - 1);
+  PERFORM pg_catalog.setval(at_seq,
+    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()) * 1000)::bigint);
+END
+$fn$;
+REVOKE ALL ON FUNCTION fencekit.count_unattributed(text, bigint) FROM PUBLIC;
+
 -- Record the session's current statement as an unfenced writer of the table protected under
--- `tag`, adding `statements` to its count. False when another transaction is recording the same
--- writer (or the table's overflow) right now: the caller keeps its count for the next time.
+-- `tag`, adding `statements` to its count. When another transaction holds the same writer's
+-- (or the table's overflow's) advisory lock, which any role can take, the statements are
+-- counted as unattributed instead (fencekit.count_unattributed), so that `fencekit rollout`
+-- still sees them. Always true: the caller's count is spent.
 --
 -- Trusted surface (docs/security.md): SECURITY DEFINER because it writes
 -- fencekit.unfenced_writers and fencekit.unfenced_overflow, which writers may not write (they
@@ -153,7 +181,8 @@ BEGIN
   -- transaction. The first key is fencekit's class of advisory locks ('fencekit.attribution').
   IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
                                               pg_catalog.hashtext(tag || ' ' || w)) THEN
-    RETURN false;
+    PERFORM fencekit.count_unattributed(tag, statements);
+    RETURN true;
   END IF;
   SELECT a.query_id INTO qid
     FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
@@ -183,7 +212,8 @@ BEGIN
   END IF;
   IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
                                               pg_catalog.hashtext(tag)) THEN
-    RETURN false;
+    PERFORM fencekit.count_unattributed(tag, statements);
+    RETURN true;
   END IF;
   INSERT INTO fencekit.unfenced_overflow AS o (tag, first_seen, last_seen, statements)
   VALUES (tag, seen, seen, statements)
@@ -274,7 +304,8 @@ END
 $fn$;
 
 -- Per protected table: how many writers wrote without a token, and when the last one did
--- (last_seen + attribution_lag() bounds the last unfenced statement). Public, for metrics:
+-- (last_seen + attribution_lag() bounds the last unfenced statement), counting statements
+-- whose writer could not be recorded (unattributed_statements). Public, for metrics:
 -- counts and times only, no identities.
 CREATE OR REPLACE VIEW fencekit.unfenced_writer_totals AS
 SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
@@ -284,8 +315,11 @@ SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
          AS overflow_statements,
        GREATEST((SELECT pg_catalog.max(u.last_seen) FROM fencekit.unfenced_writers u
                   WHERE u.tag = p.tag),
-                (SELECT o.last_seen FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag))
-         AS last_seen
+                (SELECT o.last_seen FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag),
+                pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:unattributed')
+                                        / 1000.0))
+         AS last_seen,
+       COALESCE(fencekit.counter_value(p.tag, 'unattributed'), 0) AS unattributed_statements
   FROM fencekit.protected p;
 GRANT SELECT ON fencekit.unfenced_writer_totals TO PUBLIC;
 
