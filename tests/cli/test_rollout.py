@@ -10,8 +10,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from fencekit.catalog.rollout import enforce_refusal
-from fencekit.catalog.rollout import parse_duration as parse_window
+from fencekit.catalog.rollout import enforce_refusal, parse_duration
 from fencekit.spec import FenceSpec, TableName
 from fencekit.sqlgen import protect_statements
 from tests.cli.conftest import Cli
@@ -214,8 +213,9 @@ def test_a_writer_whose_record_another_role_holds_keeps_the_table_not_ready(
             " FROM fencekit.unfenced_writer_totals WHERE table_name = 'legacy'"
         ).fetchone()
         assert totals == (0, 3, True)
-        why = enforce_refusal(m, TableName("public", "legacy"), parse_window("1h"))
-    assert why is not None and "written without a token" in why
+        why = enforce_refusal(m, TableName("public", "legacy"), parse_duration("1h"))
+    assert why is not None
+    assert "written without a token" in why
     row = db.execute(
         "SELECT spec ->> 'on_missing' FROM fencekit.protected WHERE table_name = 'legacy'"
     ).fetchone()
