@@ -788,8 +788,9 @@ REVOKE ALL ON FUNCTION fencekit.count_unattributed(text, bigint) FROM PUBLIC;
 -- still sees them. Always true: the caller's count is spent.
 --
 -- Trusted surface (docs/security.md): SECURITY DEFINER because it writes
--- fencekit.unfenced_writers and fencekit.unfenced_overflow, which writers may not write (they
--- could erase or rewrite other writers' rows). It acts only for a role that may write the table
+-- fencekit.unfenced_writers and fencekit.unfenced_overflow (and, when their lock is busy, the
+-- table's unattributed sequences), which writers may not write (they could erase or rewrite
+-- other writers' rows). It acts only for a role that may write the table
 -- it names, or a transaction writing it (fencekit.writing), and writes only the row of the
 -- identity it reads itself from
 -- the session (session_user, fencekit.session_role(), application_name, inet_client_addr(),
