@@ -372,6 +372,16 @@ def test_a_busy_overflow_record_counts_its_statements_as_unattributed(
         [table],
     ).fetchone()
     assert totals == (0, 0, 2, True)
+    # Nobody but fencekit counts them: not the holder, not a writer.
+    with psycopg.connect(holder, autocommit=True) as m:
+        for stmt in (
+            "SELECT fencekit.count_unattributed(%s, -100)",
+            "SELECT pg_catalog.nextval(pg_catalog.format('fencekit.%%I', %s || ':unattributed'))",
+            "SELECT pg_catalog.setval(pg_catalog.format('fencekit.%%I',"
+            " %s || ':last_at:unattributed'), 1)",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                m.execute(stmt, [row[0]])
     # Once the lock is free, the next writer is recorded as before (in the overflow here).
     tokenless(dsn, f"UPDATE {table} SET v = 'y' WHERE id = 1", "three")
     db.commit()
