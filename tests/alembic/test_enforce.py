@@ -70,3 +70,50 @@ def test_enforce_fence_needs_a_database() -> None:
     )
     with pytest.raises(CatalogError, match="needs a database"):
         Operations(ctx).enforce_fence("jobs")  # type: ignore[attr-defined]
+
+
+def test_enforce_fence_refuses_tokenless_statements_whose_writer_was_not_recorded(
+    db: Conn, dsn: str, make_role: Any
+) -> None:
+    """Another role, with no grant, holds the writer's record lock: the writer is never
+    recorded, but its statements are counted as not attributed and the operation refuses."""
+    db.execute("CREATE TABLE jobs (id int PRIMARY KEY, status text)")
+    for s in protect_statements(FenceSpec(TableName("public", "jobs"), on_missing="allow")):
+        db.execute(s)
+    db.execute("UPDATE fencekit.protected SET protected_at = now() - interval '2 hours'")
+    row = db.execute("SELECT tag FROM fencekit.protected WHERE table_name = 'jobs'").fetchone()
+    assert row is not None
+    db.commit()
+    stmt = "INSERT INTO jobs VALUES (1, 'new')"
+    with (
+        psycopg.connect(make_role("enforce_lock_holder"), autocommit=True) as m,
+        psycopg.connect(dsn, autocommit=True) as w,
+    ):
+        m.execute(
+            "SELECT pg_advisory_lock(hashtext('fencekit.attribution'), hashtext(%s::text || ' '"
+            " || md5(concat_ws(E'\\x1f', %s::text, %s::text, %s::text, %s::text,"
+            " md5(fencekit.statement_shape(%s::text))))))",
+            [
+                row[0],
+                *(
+                    w.execute(
+                        "SELECT session_user, current_user, current_setting('application_name'),"
+                        " host(inet_client_addr())"
+                    ).fetchone()
+                    or ()
+                ),
+                stmt,
+            ],
+        )
+        w.execute(stmt)
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_writers").fetchone() == (0,)
+    db.commit()
+    engine = sa.create_engine(sqlalchemy_url(dsn))
+    try:
+        with engine.begin() as conn:
+            op = Operations(MigrationContext.configure(conn))
+            with pytest.raises(CatalogError, match=r"1 tokenless statement\(s\) not attributed"):
+                op.enforce_fence("jobs", schema="public", window="1h")  # type: ignore[attr-defined]
+        assert _on_missing(db) == "allow"
+    finally:
+        engine.dispose()
