@@ -68,6 +68,7 @@ def check_migration_path(
     from fencekit.catalog.trusted_path import check_migration_path as check
 
     raw = connection.connection
+    ours = not connection.in_transaction()  # else the caller's transaction: leave it be
     try:
         check(
             DBAPIConnection(raw),
@@ -75,7 +76,8 @@ def check_migration_path(
             version_table_schema=version_table_schema,
         )
     finally:
-        raw.rollback()  # read only: leave no transaction open under SQLAlchemy's feet
+        if ours:  # read only: leave no transaction open that SQLAlchemy does not know of
+            raw.rollback()
 
 
 def _register_comparator() -> None:
