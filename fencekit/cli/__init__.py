@@ -18,6 +18,7 @@ import sys
 import textwrap
 from typing import Any, NoReturn
 
+from fencekit.cli.printable import printable_output
 from fencekit.errors import UsageError
 
 __all__ = ["main"]
@@ -160,6 +161,11 @@ def _one_line(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``fencekit`` command; returns the exit code."""
+    with printable_output():  # text from the database never reaches the terminal raw
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if "--version" in args_list and ("--dsn" in args_list or "--json" in args_list):
         return _version(args_list)

@@ -125,9 +125,9 @@ def _since(text: str | None) -> datetime | None:
 
 
 def _shown(text: str) -> str:
-    """Text from the database on one printable line: whitespace runs become one space, other
-    control characters are escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(text.split()))
+    """Text from the database on one line: whitespace runs become one space (the output stream
+    escapes what is left that is not printable: fencekit.cli.printable)."""
+    return " ".join(text.split())
 
 
 def _human(d: timedelta) -> str:
