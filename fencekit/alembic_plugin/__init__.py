@@ -14,6 +14,8 @@ them import it themselves. The comparator is wired by alembic version:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fencekit._alembic_entry import setup
 from fencekit.alembic_plugin import enforce as enforce
 from fencekit.alembic_plugin import grants as grants
@@ -38,14 +40,44 @@ __all__ = [
     "InstallCoreOp",
     "UninstallCoreOp",
     "UpgradeCoreOp",
+    "check_migration_path",
     "include_name",
     "include_object",
     "setup",
 ]
 
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
 PLUGIN_NAME = "fencekit"
 AUTOGENERATE_PLUGINS = ["alembic.autogenerate.*", PLUGIN_NAME]
 """What ``env.py`` passes as ``autogenerate_plugins``: alembic's own comparators and ours."""
+
+
+def check_migration_path(
+    connection: Connection,
+    *,
+    version_table: str = "alembic_version",
+    version_table_schema: str | None = None,
+) -> None:
+    """Refuse (CatalogError) a migration connection whose search_path reaches a schema another
+    role controls, or a version table another role owns or hung triggers on: alembic's own
+    reflection and version writes would run that role's code as the migrating role. env.py
+    calls it before ``context.configure``; see :mod:`fencekit.catalog.trusted_path`."""
+    from fencekit.catalog.rollout import DBAPIConnection
+    from fencekit.catalog.trusted_path import check_migration_path as check
+
+    raw = connection.connection
+    ours = not connection.in_transaction()  # else the caller's transaction: leave it be
+    try:
+        check(
+            DBAPIConnection(raw),
+            version_table=version_table,
+            version_table_schema=version_table_schema,
+        )
+    finally:
+        if ours:  # read only: leave no transaction open that SQLAlchemy does not know of
+            raw.rollback()
 
 
 def _register_comparator() -> None:

@@ -7,6 +7,9 @@ What fencekit adds to alembic's generic env.py:
 - ``autogenerate_plugins``: alembic's own comparators plus fencekit's (alembic >= 1.18);
 - ``include_name`` / ``include_object``: autogenerate never proposes dropping the ``fencekit``
   schema, the fence columns, or fencekit's indexes;
+- ``check_migration_path``: refuses to migrate when the connection's search_path reaches a
+  schema another role can create objects in (``"$user"``, ``public``), or alembic_version is
+  another role's: alembic's own catalog queries would run that role's code as you;
 - ``lock_timeout`` (alembic.ini): a migration waits at most that long for each lock;
 - ``fencekit_writer_roles`` (alembic.ini): the roles autogenerate grants ``fencekit_writer``
   (they take leases from fencekit's issuer).
@@ -80,6 +83,7 @@ def run_migrations_online() -> None:
         {"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool
     )
     with connectable.connect() as connection:
+        fencekit_alembic.check_migration_path(connection)
         if set_lock_timeout := _lock_timeout_sql():
             connection.exec_driver_sql(set_lock_timeout)
             connection.commit()

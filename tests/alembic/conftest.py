@@ -155,6 +155,9 @@ def make_project(root: Path, dsn: str) -> Project:
         os.chdir(cwd)
     with psycopg.connect(dsn) as conn:
         version = conn.info.server_version
+        if version < 150000:
+            # 15's default on 14 too: env.py refuses a path through a schema anyone may CREATE in
+            conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
     return Project(root=root, dsn=dsn, url=sqlalchemy_url(dsn), server_version_num=version)
 
 

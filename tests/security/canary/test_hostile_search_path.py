@@ -318,6 +318,26 @@ def test_alembic_operations_on_a_hostile_search_path(hostile: tuple[Planted, str
     cells.assert_clean()
 
 
+def test_migration_path_check_refuses_a_hostile_search_path(
+    hostile: tuple[Planted, str],
+) -> None:
+    """What alembic's env.py runs before alembic reflects anything: on the migrating role's own
+    path, through the planted "$user" schema, it refuses (as the superuser and as the admin)
+    and runs none of the planted operators itself."""
+    from fencekit.catalog.trusted_path import check_migration_path
+    from fencekit.errors import CatalogError
+
+    planted, _ = hostile
+    with _fresh(hostile) as db:
+        for user in (None, planted.admin):
+            before = _hits(planted, db)
+            with psycopg.connect(planted.dsn(db, user), autocommit=True) as conn:
+                name = str(conn.execute("SELECT pg_catalog.current_user()").fetchone()[0])  # type: ignore[index]
+                with pytest.raises(CatalogError, match=f'schema "{name}", owned by role'):
+                    check_migration_path(conn)
+            assert _hits(planted, db) == before, f"planted operator ran as {name}"
+
+
 def _django_ops() -> dict[str, Any]:
     """Every Django Operation subclass defined in a module of fencekit.django."""
     from django.conf import settings

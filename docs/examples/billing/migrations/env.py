@@ -17,6 +17,7 @@ def run_migrations_online() -> None:
         {"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool
     )
     with engine.connect() as connection:
+        fencekit_alembic.check_migration_path(connection)  # docs/alembic.md
         context.configure(
             connection=connection,
             target_metadata=metadata,
