@@ -886,82 +886,77 @@ BEGIN
 END
 $fn$;
 
--- Attribute an unfenced write: called by the generated checks of a table protected with
--- on_missing = allow, once per statement that goes on without a token (a row fence's check
--- before the statement, a key fence's after it, a table fence's before it; TRUNCATE's). Runs
--- as its caller and writes nothing but session settings, except when the statement is new to
--- this backend or was last recorded more than attribution_lag() seconds ago: then
--- fencekit.record_unfenced_writer records it. A bypassed write is not attributed (it is
--- audited as 'bypassed').
+-- Attribute an unfenced write: the part of it the generated checks of a table protected with
+-- on_missing = allow do not do inline (sqlgen's attribute(), which runs once per statement
+-- that goes on without a token: a row fence's check before the statement, a key fence's after
+-- it, a table fence's before it; TRUNCATE's). Runs as its caller and writes nothing but
+-- session settings, except when the statement is new to this backend or was last recorded in
+-- an earlier 10-second period (attribution_lag()): then fencekit.record_unfenced_writer
+-- records it. A bypassed write is not attributed (it is audited as 'bypassed').
 --
--- What a backend remembers: fencekit.seen_<hash> = '<epoch>:<count>', the time it last
--- recorded a statement and the statements it counted since, under two keys, both with the
--- session's identity: the exact text of the top-level statement (clients that send parameters,
--- $1, repeat it), and on a miss a coarse one, the text before its first quote or digit (clients
--- that write literals into the text). Statements that share a coarse key are recorded, one per
--- attribution_lag(), in turn; one can wait behind another only while that other keeps writing
--- without a token, so a table never looks ready early. A session that sets these settings
--- itself hides only its own statements; the 'unfenced' counter still counts them.
+-- What a backend remembers: a session setting fencekit.seen_<hash> = '<count>:<period>', the
+-- statements it counted since it last recorded a statement and the 10-second period (epoch /
+-- 10) of that record, under two keys, both with the session's identity: the exact text of the
+-- top-level statement (`seen`, which the check computed: clients that send parameters, $1,
+-- repeat it; the check counts a hit on it itself), and on a miss a coarse one, the text before
+-- its first quote or digit (clients that write literals into the text). Statements that share
+-- a coarse key are recorded, one per period, in turn; one can wait behind another only while
+-- that other keeps writing without a token, so a table never looks ready early. A session that
+-- sets these settings itself (or passes another `seen`) hides only its own statements; the
+-- 'unfenced' counter still counts them.
 --
--- Every statement runs this, so it is written like the generated hot path: no SET clause (a
--- function's `SET search_path` costs more than the rest of it), every function, operator and
--- type qualified, no regular expression; the hit path is a hash, two settings read and one
--- written. The lag (10 s) is written in, for the same reason; attribution_lag() says it.
-CREATE OR REPLACE FUNCTION fencekit.attribute(tag pg_catalog.text, relid pg_catalog.oid)
+-- Written like the generated hot path: no SET clause (a function's `SET search_path` costs
+-- more than the rest of it), every function, operator and type qualified, no regular
+-- expression. The period (10 s) is written in, for the same reason; attribution_lag() says it.
+CREATE OR REPLACE FUNCTION fencekit.attribute(tag pg_catalog.text, relid pg_catalog.oid,
+                                              seen pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
-  q pg_catalog.text := pg_catalog.current_query();
-  who pg_catalog.text := pg_catalog.concat_ws(E'\x1f', tag, session_user,
-    pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name'));
-  exact pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
-    pg_catalog.hashtext(pg_catalog.concat(who, E'\x1f', q)));
-  now_s pg_catalog.int8 :=
-    pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8;
+  period pg_catalog.text :=
+    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+       OPERATOR(pg_catalog./) 10)::pg_catalog.text;
+  q pg_catalog.text;
   coarse pg_catalog.text;
   v pg_catalog.text;
-  at pg_catalog.int8;
   pending pg_catalog.int8;
 BEGIN
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) ''
      AND fencekit.bypass_allowed(tag, relid, NULL) THEN
     RETURN;
   END IF;
-  v := pg_catalog.current_setting(exact, true);
-  IF v OPERATOR(pg_catalog.<>) '' THEN
-    at := pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
-    IF now_s OPERATOR(pg_catalog.-) at OPERATOR(pg_catalog.<) 10
-       AND at OPERATOR(pg_catalog.<=) now_s THEN
-      PERFORM pg_catalog.set_config(exact, pg_catalog.concat(at, ':',
-        pg_catalog.split_part(v, ':', 2)::pg_catalog.int8 OPERATOR(pg_catalog.+) 1), false);
-      RETURN;
-    END IF;
+  v := pg_catalog.current_setting(seen, true);
+  IF pg_catalog.split_part(v, ':', 2) OPERATOR(pg_catalog.=) period THEN
+    PERFORM pg_catalog.set_config(seen, pg_catalog.concat(
+      pg_catalog.split_part(v, ':', 1)::pg_catalog.int8 OPERATOR(pg_catalog.+) 1, ':', period),
+      false);
+    RETURN;
   END IF;
   -- The text before the first quote or digit.
+  q := pg_catalog.current_query();
   coarse := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(
-    pg_catalog.concat(who, E'\x1f',
+    pg_catalog.concat(pg_catalog.concat_ws(E'\x1f', tag, session_user,
+    pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')), E'\x1f',
     pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
     pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
     pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(q, '''', 1),
     '0', 1), '1', 1), '2', 1), '3', 1), '4', 1), '5', 1), '6', 1), '7', 1), '8', 1), '9', 1))));
   pending := 1 OPERATOR(pg_catalog.+) CASE WHEN v OPERATOR(pg_catalog.<>) ''
-    THEN pg_catalog.split_part(v, ':', 2)::pg_catalog.int8 ELSE 0 END;
+    THEN pg_catalog.split_part(v, ':', 1)::pg_catalog.int8 ELSE 0 END;
   v := pg_catalog.current_setting(coarse, true);
   IF v OPERATOR(pg_catalog.<>) '' THEN
-    at := pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
-    pending := pending OPERATOR(pg_catalog.+) pg_catalog.split_part(v, ':', 2)::pg_catalog.int8;
-    IF now_s OPERATOR(pg_catalog.-) at OPERATOR(pg_catalog.<) 10
-       AND at OPERATOR(pg_catalog.<=) now_s THEN
-      PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(at, ':', pending), false);
-      PERFORM pg_catalog.set_config(exact, '', false);
+    pending := pending OPERATOR(pg_catalog.+) pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
+    IF pg_catalog.split_part(v, ':', 2) OPERATOR(pg_catalog.=) period THEN
+      PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(pending, ':', period), false);
+      PERFORM pg_catalog.set_config(seen, '', false);
       RETURN;
     END IF;
   END IF;
   IF fencekit.record_unfenced_writer(tag, relid, pending) THEN
     pending := 0;
   END IF;
-  PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(now_s, ':', pending), false);
-  PERFORM pg_catalog.set_config(exact, pg_catalog.concat(now_s, ':0'), false);
+  PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(pending, ':', period), false);
+  PERFORM pg_catalog.set_config(seen, pg_catalog.concat(0, ':', period), false);
 END
 $fn$;
 
@@ -989,7 +984,8 @@ GRANT SELECT ON fencekit.unfenced_writer_totals TO PUBLIC;
 -- call attribute, which calls record_unfenced_writer; that acts only for a transaction writing
 -- the table it names.
 GRANT EXECUTE ON FUNCTION fencekit.record_unfenced_writer(text, oid, bigint) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.attribute(pg_catalog.text, pg_catalog.oid) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.attribute(pg_catalog.text, pg_catalog.oid, pg_catalog.text)
+  TO PUBLIC;
 
 -- 30_fences.sql
 -- Key and table fences: advancing the high-water mark and checking writes against it.

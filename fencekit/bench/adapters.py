@@ -43,6 +43,7 @@ from psycopg import sql
 
 from fencekit import psycopg as fk_psycopg
 from fencekit import wire
+from fencekit.bench.results import server_cpu_ns
 from fencekit.context import fencing
 from fencekit.spec import FenceSpec, TableName
 from fencekit.sqlgen import protect_statements, unprotect_statements
@@ -125,14 +126,6 @@ def _cond(param_row: str, param_token: str) -> str:
 # ---------------------------------------------------------------- measuring
 
 
-def _server_ns(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/schedstat", "rb") as fh:
-            return int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0  # the server is not on this machine (or not readable): no server CPU
-
-
 # Tokens only grow across the whole run: every case writes the same fenced rows.
 _tokens = itertools.count(int(time.time()))
 
@@ -161,10 +154,10 @@ def _measure(sides: Sides, transactions: int, rounds: int) -> dict[str, dict[str
             shift = i % len(names)
             for name in names[shift:] + names[:shift]:
                 side = sides[name]
-                s0, c0, w0 = _server_ns(side.pid), time.thread_time_ns(), time.perf_counter_ns()
+                s0, c0, w0 = server_cpu_ns(side.pid), time.thread_time_ns(), time.perf_counter_ns()
                 side.work(row, token)
                 w1, c1 = time.perf_counter_ns(), time.thread_time_ns()
-                s1 = _server_ns(side.pid)
+                s1 = server_cpu_ns(side.pid)
                 total = spent[name]
                 total[0] += w1 - w0
                 total[1] += c1 - c0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-__all__ = ["ratio_result"]
+__all__ = ["ratio_result", "server_cpu_ns"]
 
 
 def ratio_result(
@@ -26,3 +26,13 @@ def ratio_result(
         "target": target,
         **extra,
     }
+
+
+def server_cpu_ns(pid: int) -> int:
+    """CPU time the server process ``pid`` (a backend) has run, in nanoseconds; 0 when the
+    server is not on this machine or its process is not readable."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -16,10 +16,14 @@ see the same machine load:
   become a hot row that serializes writers;
 - a write with a token on a table in rollout mode against the same write on a table that
   rejects tokenless writes: a write with a token pays nothing for attribution.
+
+One-row and bulk ratios are of wall time, with the ratio of the backend's CPU per transaction
+in the name where the server runs on this machine.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +33,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from fencekit.bench.results import ratio_result
+from fencekit.bench.results import ratio_result, server_cpu_ns
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements, unprotect_statements
 
@@ -84,9 +88,10 @@ def _table(
 
 
 def _without_attribution(stmt: str) -> str:
-    """The same protection with its ``fencekit.attribute`` calls left out: the baseline of
-    what attribution costs (an empty ELSE branch is valid PL/pgSQL)."""
-    return "\n".join(line for line in stmt.split("\n") if "PERFORM fencekit.attribute(" not in line)
+    """The same protection with its attribution left out (the block sqlgen's ``attribute()``
+    writes: the inline hit and the ``fencekit.attribute`` call): the baseline of what
+    attribution costs (an empty ELSE branch is valid PL/pgSQL)."""
+    return re.sub(r"\n *DECLARE\n *seen pg_catalog\.text.*?\n *END;", "", stmt, flags=re.S)
 
 
 def _specs() -> list[tuple[str, FenceSpec]]:
@@ -137,7 +142,7 @@ def _measure(
     rounds: int,
     progress: Callable[[str], None],
     what: str,
-) -> dict[str, list[float]]:
+) -> Figures:
     """Seconds per one-row transaction, one figure per batch, per (label, setting). Same shape
     both ways: set the setting (a token, or empty), UPDATE, COMMIT. Each table's two batches
     run back to back, so that the i-th figures of both sides saw the same machine load (these
@@ -148,6 +153,9 @@ def _measure(
     return _one_row(conn, sides, transactions, rounds, progress, what)
 
 
+Figures = tuple[dict[str, list[float]], dict[str, list[float]]]
+
+
 def _one_row(
     conn: psycopg.Connection[Any],
     sides: list[tuple[str, str, str]],
@@ -155,12 +163,16 @@ def _one_row(
     rounds: int,
     progress: Callable[[str], None],
     what: str,
-) -> dict[str, list[float]]:
-    """Seconds per one-row transaction of each (name, table, token) side, one figure per batch:
-    set the setting (a token, or empty), UPDATE, COMMIT. Pairs of sides run back to back, in
-    alternating order, so the i-th figures of both saw the same machine load; pairs rotate."""
-    seconds: dict[str, list[float]] = {name: [] for name, _, _ in sides}
+) -> Figures:
+    """Wall seconds and server CPU seconds (the backend's, when the server runs on this
+    machine; else none) per one-row transaction of each (name, table, token) side, one figure
+    per batch: set the setting (a token, or empty), UPDATE, COMMIT. Pairs of sides run back to
+    back, in alternating order, so the i-th figures of both saw the same machine load; pairs
+    rotate."""
+    wall: dict[str, list[float]] = {name: [] for name, _, _ in sides}
+    cpu: dict[str, list[float]] = {name: [] for name, _, _ in sides}
     pairs = [sides[i : i + 2] for i in range(0, len(sides), 2)]
+    pid = conn.info.backend_pid
     batch = 20
     for r in range(rounds):
         progress(f"{what}: round {r + 1}/{rounds}")
@@ -169,13 +181,28 @@ def _one_row(
             for pair in pairs[k:] + pairs[:k]:
                 for name, t, tok in pair if b % 2 else pair[::-1]:
                     stmt = f"UPDATE {t} SET total = total + 1, updated_at = now() WHERE id = %s"
+                    server = server_cpu_ns(pid)
                     start = time.perf_counter()
                     for i in range(batch):
                         with conn.transaction():
                             conn.execute("SELECT set_config('fencekit.token', %s, true)", [tok])
                             conn.execute(stmt, [(b * batch + i) % ROWS + 1])
-                    seconds[name].append((time.perf_counter() - start) / batch)
-    return seconds
+                    wall[name].append((time.perf_counter() - start) / batch)
+                    if server:
+                        cpu[name].append((server_cpu_ns(pid) - server) / 1e9 / batch)
+    return wall, cpu
+
+
+def _ratio(figures: Figures, name: str, base: str, other: str, target: str) -> dict[str, Any]:
+    """``other`` against ``base`` in wall time per transaction (what the writer waits), with
+    the ratio of the backend's CPU per transaction in the name where the server runs on this
+    machine (what the write costs the server, free of the commit's flush and of other
+    processes on a shared machine)."""
+    wall, cpu = figures
+    if cpu[base] and len(cpu[base]) == len(cpu[other]):
+        spent = ratio_result(name, cpu[base], cpu[other], "s", target)
+        name = f"{name} (server CPU {spent['ratio']:.2f}x)"
+    return ratio_result(name, wall[base], wall[other], "s", target)
 
 
 def _interleaved(
@@ -184,19 +211,24 @@ def _interleaved(
     rounds: int,
     progress: Callable[[str], None],
     what: str,
-) -> dict[str, list[float]]:
-    """Seconds per transaction of each (name, table, token) side running ``UPDATE every row``;
-    one figure per round, the sides' order alternating round by round."""
-    seconds: dict[str, list[float]] = {name: [] for name, _, _ in sides}
+) -> Figures:
+    """Wall and server CPU seconds per transaction of each (name, table, token) side running
+    ``UPDATE every row``; one figure per round, the sides' order alternating round by round."""
+    wall: dict[str, list[float]] = {name: [] for name, _, _ in sides}
+    cpu: dict[str, list[float]] = {name: [] for name, _, _ in sides}
+    pid = conn.info.backend_pid
     for r in range(rounds):
         progress(f"{what}: round {r + 1}/{rounds}")
         for name, t, tok in sides if r % 2 else sides[::-1]:
+            server = server_cpu_ns(pid)
             start = time.perf_counter()
             with conn.transaction():
                 conn.execute("SELECT set_config('fencekit.token', %s, true)", [tok])
                 conn.execute(f"UPDATE {t} SET total = total + 1, updated_at = now()")
-            seconds[name].append(time.perf_counter() - start)
-    return seconds
+            wall[name].append(time.perf_counter() - start)
+            if server:
+                cpu[name].append((server_cpu_ns(pid) - server) / 1e9)
+    return wall, cpu
 
 
 def _open_writers(dsn: str, t: str, n: int) -> list[psycopg.Connection[Any]]:
@@ -320,12 +352,12 @@ def run(
                 seconds = _measure(conn, tables, transactions, rounds, progress, what)
             for label, _ in tables:
                 results.append(
-                    ratio_result(
+                    _ratio(
+                        seconds,
                         f"{label}, on_missing=allow: one-row transaction without a token vs "
                         f"with one ({what})",
-                        seconds[f"{label}|{TOKEN}"],
-                        seconds[f"{label}|"],
-                        "s",
+                        f"{label}|{TOKEN}",
+                        f"{label}|",
                         "<= 1.10x",
                     )
                 )
@@ -334,11 +366,11 @@ def run(
             sides = [(f"{label}|allow", t, TOKEN), (f"{label}|reject", rt, TOKEN)]
             seconds = _one_row(conn, sides, transactions, rounds, progress, f"{label} with a token")
             results.append(
-                ratio_result(
+                _ratio(
+                    seconds,
                     f"{label}: one-row transaction with a token, on_missing=allow vs reject",
-                    seconds[f"{label}|reject"],
-                    seconds[f"{label}|allow"],
-                    "s",
+                    f"{label}|reject",
+                    f"{label}|allow",
                     "<= 1.02x",
                 )
             )
@@ -351,12 +383,12 @@ def run(
                 conn, sides, transactions, rounds, progress, f"{label} fence, attribution"
             )
             results.append(
-                ratio_result(
+                _ratio(
+                    seconds,
                     f"{label} fence, on_missing=allow: one-row transaction without a token, "
                     "with attribution vs without",
-                    seconds[f"{label}|plain"],
-                    seconds[f"{label}|attributed"],
-                    "s",
+                    f"{label}|plain",
+                    f"{label}|attributed",
                     "-",
                 )
             )
@@ -365,12 +397,12 @@ def run(
             sides = [(f"{label}|{TOKEN}", t, TOKEN), (f"{label}|", t, "")]
             seconds = _interleaved(conn, sides, bulk_rounds, progress, f"bulk, {label}")
             results.append(
-                ratio_result(
+                _ratio(
+                    seconds,
                     f"{label}, on_missing=allow: UPDATE of {ROWS:,} rows without a token vs "
                     "with one",
-                    seconds[f"{label}|{TOKEN}"],
-                    seconds[f"{label}|"],
-                    "s",
+                    f"{label}|{TOKEN}",
+                    f"{label}|",
                     "<= 1.10x",
                 )
             )

@@ -161,16 +161,51 @@ def statement_token(n: Names, *, counted: str | None = None) -> str:
     )
 
 
+#: The epoch second of the statement: its 10-second period (attribution_lag()) is this / 10.
+_EPOCH = "pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8"
+
+
 def attribute(n: Names, indent: str = "    ", *, otherwise: bool = True) -> str:
     """PL/pgSQL: in rollout mode (on_missing = allow), attribute the statement that goes on
-    without a token to its writer (``fencekit.attribute``, 22_attribution.sql): once per
-    statement, in the check that would refuse it under on_missing = reject. Empty otherwise:
-    a table that rejects tokenless writes pays nothing. ``otherwise`` puts it in the ELSE of
-    an ``IF tok IS NOT NULL`` block."""
+    without a token to its writer: once per statement, in the check that would refuse it under
+    on_missing = reject. Empty otherwise: a table that rejects tokenless writes pays nothing.
+    ``otherwise`` puts it in the ELSE of an ``IF tok IS NOT NULL`` block.
+
+    The hit is inline: a backend that recorded this statement (its identity and text, hashed
+    into the name of a session setting, ``fencekit.seen_<hash>``) in this 10-second period adds
+    one to the count that setting keeps. Anything else (a new statement or period, a bypass
+    asked for) goes to ``fencekit.attribute`` (22_attribution.sql), which records it. Inline
+    because every tokenless statement runs it, and PL/pgSQL prepares each expression of a
+    function again in every transaction: a call and its body cost more than the hit itself."""
     if n.spec.on_missing != "allow":
         return ""
-    head = f"{indent[2:]}ELSE\n" if otherwise else ""
-    return f"{head}{indent}PERFORM fencekit.attribute({n.lit_tag}, TG_RELID);\n"
+    i = indent
+    seen = "pg_catalog.current_setting(seen, true)"
+    head = f"{i[2:]}ELSE\n" if otherwise else ""
+    return (
+        f"{head}{i}DECLARE\n"
+        f"{i}  seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(\n"
+        f"{i}    pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\\x1f',\n"
+        f"{i}      {n.lit_tag}, session_user,\n"
+        f"{i}      pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),\n"
+        f"{i}      E'\\x1f', pg_catalog.current_query())));\n"
+        f"{i}BEGIN\n"
+        f"{i}  IF (CASE WHEN pg_catalog.split_part({seen}, ':', 2)\n"
+        f"{i}              OPERATOR(pg_catalog.=)\n"
+        f"{i}              ({_EPOCH}\n"
+        f"{i}                OPERATOR(pg_catalog./) 10)::pg_catalog.text\n"
+        f"{i}            AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')\n"
+        f"{i}                OPERATOR(pg_catalog.=) ''\n"
+        f"{i}      THEN pg_catalog.set_config(seen, pg_catalog.concat(\n"
+        f"{i}             pg_catalog.split_part({seen}, ':', 1)::pg_catalog.int8\n"
+        f"{i}               OPERATOR(pg_catalog.+) 1,\n"
+        f"{i}             ':', {_EPOCH}\n"
+        f"{i}               OPERATOR(pg_catalog./) 10), false) IS NULL\n"
+        f"{i}      ELSE true END) THEN\n"
+        f"{i}    PERFORM fencekit.attribute({n.lit_tag}, TG_RELID, seen);\n"
+        f"{i}  END IF;\n"
+        f"{i}END;\n"
+    )
 
 
 def judge_fences(n: Names, keys: str, key_label: str | None = None, indent: str = "    ") -> str:

@@ -190,7 +190,7 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     # condition is wrapped in IS NOT TRUE: a NULL anywhere (no token, no fence) fires.
     carries_token = (
         f"NEW.{col} OPERATOR(pg_catalog.>) 0\n"
-        f"    AND NEW.{col}::pg_catalog.text\n      OPERATOR(pg_catalog.=) {n.checked}"
+        f"    AND NEW.{col}::pg_catalog.text OPERATOR(pg_catalog.=)\n      {n.checked}"
     )
     raises = (
         f"NEW.{col} OPERATOR(pg_catalog.{_accepts(n)}) "
@@ -213,8 +213,9 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             f"COALESCE(NEW.{col} OPERATOR(pg_catalog.=) OLD.{col},\n"
             f"             NEW.{col} IS NULL AND OLD.{col} IS NULL)"
         )
-        ins_when = f"({ins_when})\n   OR ({_tokenless(n)})"
-        upd_when = f"({upd_when})\n   OR ({_tokenless(n, token=False)}\n       AND {unchanged})"
+        # The tokenless branch first: its rows skip the rest, a token's rows read one setting.
+        ins_when = f"({_tokenless(n)})\n   OR ({ins_when})"
+        upd_when = f"({_tokenless(n, token=False)}\n       AND {unchanged})\n   OR ({upd_when})"
         del_when = f"({_tokenless(n)}) IS NOT TRUE"
     return [ins, upd, dele], [
         Trigger(n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=f"({ins_when}) IS NOT TRUE"),

@@ -9,6 +9,7 @@ literal is kept unless a DBA opts in, and writers cannot erase or rewrite the ro
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -137,6 +138,38 @@ def test_a_backend_counts_what_it_recorded_recently_in_one_row(
     ]
     # Recorded once; what came after is counted in the session until its next record.
     assert all(w["statements"] >= 1 for w in rows)
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_statements_counted_in_the_session_reach_the_next_record(
+    db: Conn, dsn: str, tables: None, table: str
+) -> None:
+    """The check counts a statement this backend recorded in this 10-second period in a
+    session setting; the backend's next record of it (a later period) adds that count."""
+    stmt = f"UPDATE {table} SET v = $1 WHERE id = 1"
+    with psycopg.connect(make_conninfo(dsn, application_name="counter"), autocommit=True) as c:
+        for i in range(30):
+            c.execute(stmt.replace("$1", "%s"), [str(i)])
+        seen = (
+            "SELECT 'fencekit.seen_' || to_hex(hashtext(concat(concat_ws(E'\\x1f', p.tag,"
+            " session_user, current_setting('role'), current_setting('application_name')),"
+            " E'\\x1f', %s::text))) FROM fencekit.protected p WHERE p.table_name = %s"
+        )
+        (name,) = c.execute(seen, [stmt, table]).fetchone() or ("",)
+        # The coarse key: the text before its first quote or digit.
+        (coarse,) = c.execute(seen, [re.split("['0-9]", stmt)[0], table]).fetchone() or ("",)
+        (memo,) = c.execute("SELECT current_setting(%s, true)", [name]).fetchone() or ("",)
+        count, _, period = memo.partition(":")
+        first = writers(db, table)
+        # Within one period: recorded once, then counted here (a period may turn mid-loop).
+        assert 1 <= first[0]["statements"] and first[0]["statements"] + int(count) == 30
+        assert period.isdigit()
+        # Both keys recorded in an older period: the next statement is recorded.
+        c.execute("SELECT set_config(%s, %s, false)", [name, f"{count}:0"])
+        c.execute("SELECT set_config(%s, '0:0', false)", [coarse])
+        c.execute(stmt.replace("$1", "%s"), ["last"])
+    (row,) = writers(db, table)
+    assert row["statements"] == 31
 
 
 def test_the_cap_bounds_writers_per_table_and_counts_the_overflow(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from fencekit.bench.results import server_cpu_ns
 from fencekit.bench.rollout import run
 
 
@@ -25,6 +26,10 @@ def test_rollout_benchmark_quick(dsn: str) -> None:
         assert 0 < r["ratio"] < 20
         assert r["unit"] in ("s", "tx/s")
     with psycopg.connect(dsn, autocommit=True) as conn:
+        local = server_cpu_ns(conn.info.backend_pid) > 0
         assert conn.execute("SELECT count(*) FROM fencekit.protected").fetchone() == (0,)
         gone = conn.execute("SELECT to_regnamespace('fencekit_bench_rollout')").fetchone()
         assert gone == (None,)
+    # A server on this machine: each time ratio names the backend's CPU ratio beside it.
+    timed = [r["name"] for r in results if r["unit"] == "s"]
+    assert all(("(server CPU " in n) == local for n in timed), timed

@@ -36,7 +36,28 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => NULL::pg_catalog.text,
       keys => NULL);
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    DECLARE
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
+          'invoices_883e1d3584'::pg_catalog.text, session_user,
+          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+          E'\x1f', pg_catalog.current_query())));
+    BEGIN
+      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                  OPERATOR(pg_catalog.=)
+                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                    OPERATOR(pg_catalog.=) ''
+          THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                   OPERATOR(pg_catalog.+) 1,
+                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                   OPERATOR(pg_catalog./) 10), false) IS NULL
+          ELSE true END) THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+      END IF;
+    END;
   END IF;
   RETURN NULL;
 END
@@ -44,7 +65,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=a4a719e599719812f7a033c7d4f66955d7e60af93d87151964b68b7d81971d78; generated, do not edit';
+  'sha256=03a4b2d6b709514364902923e38e71fce19b17dda1f4d3eed3c3c4b2577270d2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -133,7 +154,28 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ks);
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    DECLARE
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
+          'invoices_883e1d3584'::pg_catalog.text, session_user,
+          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+          E'\x1f', pg_catalog.current_query())));
+    BEGIN
+      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                  OPERATOR(pg_catalog.=)
+                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                    OPERATOR(pg_catalog.=) ''
+          THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                   OPERATOR(pg_catalog.+) 1,
+                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                   OPERATOR(pg_catalog./) 10), false) IS NULL
+          ELSE true END) THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+      END IF;
+    END;
   END IF;
   RETURN NULL;
 END
@@ -141,7 +183,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=cdb3ab5353a5568588fad2f03bcfb22d815ae7acb69949fae7740b2b0b81847f; generated, do not edit';
+  'sha256=994ae8bcf524915b805a71559d08dbc2dbab2605783fed0e4486daa425509346; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -231,7 +273,28 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ks);
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    DECLARE
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
+          'invoices_883e1d3584'::pg_catalog.text, session_user,
+          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+          E'\x1f', pg_catalog.current_query())));
+    BEGIN
+      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                  OPERATOR(pg_catalog.=)
+                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                    OPERATOR(pg_catalog.=) ''
+          THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                   OPERATOR(pg_catalog.+) 1,
+                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                   OPERATOR(pg_catalog./) 10), false) IS NULL
+          ELSE true END) THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+      END IF;
+    END;
   END IF;
   RETURN NULL;
 END
@@ -239,7 +302,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=b0a7d2ef0897c400d31b573244859c2b9f744cbf7c4674f5de6d5c6104f353d4; generated, do not edit';
+  'sha256=aff11ac7d6a581aa4f9e7cbac142b5823e91d810808848314b23339fc16ea564; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -328,7 +391,28 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ks);
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    DECLARE
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
+          'invoices_883e1d3584'::pg_catalog.text, session_user,
+          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+          E'\x1f', pg_catalog.current_query())));
+    BEGIN
+      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                  OPERATOR(pg_catalog.=)
+                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                    OPERATOR(pg_catalog.=) ''
+          THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                   OPERATOR(pg_catalog.+) 1,
+                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                   OPERATOR(pg_catalog./) 10), false) IS NULL
+          ELSE true END) THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+      END IF;
+    END;
   END IF;
   RETURN NULL;
 END
@@ -336,7 +420,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=419e9ce939aefa13a5765206a21ab2d821122bcede46b77a6b4c0c00d3d06f86; generated, do not edit';
+  'sha256=517d9fadd32466e6b3a26fbd54d17b3ba0a01e1232ee2a4df282faf091e39383; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

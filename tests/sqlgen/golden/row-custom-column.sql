@@ -273,23 +273,23 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
   FOR EACH ROW WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>) 0
-    AND NEW."Fence Column"::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+    AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=)
+      pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=21de08c3e7960b83172b6e0abbbbbb45da4eda50b848c5a86565b9a28725eb7d; '
+  'fencekit trigger template=1 sha256=2d3f9c66355bf99b21a5f5ce0dea563db5bec1f2b3e5818499550d2b25468a67; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
   FOR EACH ROW WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
     AND NEW."Fence Column" OPERATOR(pg_catalog.>) 0
-    AND NEW."Fence Column"::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+    AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=)
+      pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=753eb92b7f55fe65c03385afba3e40e3a33bb2fbd35dc492e0cb330e19cc042a; '
+  'fencekit trigger template=1 sha256=9bceb4db7456bb459ce5f0403bcf92031af1137ec041a646482b9ab1dac39173; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices

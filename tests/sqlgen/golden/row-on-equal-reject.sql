@@ -273,23 +273,23 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
-    AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+    AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=)
+      pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=e01314f71ecfdc6eddf37af625a9aaa2bd9a2ee6d5fbfd214a7fea291ec4844f; '
+  'fencekit trigger template=1 sha256=77fee3531a41338e7df71fec5c98eb81426ffbf17be2bf2a19ce1138f645d638; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 0)
     AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
-    AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+    AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=)
+      pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=c93d0744f1e632cc9ee9fa5f2e7d9be26a509ace8d9e66aeab3ee432f9e8aa89; '
+  'fencekit trigger template=1 sha256=1e3ffc4cf7db129a59529aa414298cf50e00374495632270b8eb696674ffc456; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices

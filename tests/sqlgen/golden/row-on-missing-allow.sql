@@ -41,13 +41,55 @@ BEGIN
   IF raw OPERATOR(pg_catalog.=) ''
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     PERFORM pg_catalog.nextval('fencekit."invoices_883e1d3584:unfenced"'::pg_catalog.regclass);
-    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    DECLARE
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
+          'invoices_883e1d3584'::pg_catalog.text, session_user,
+          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+          E'\x1f', pg_catalog.current_query())));
+    BEGIN
+      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                  OPERATOR(pg_catalog.=)
+                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                    OPERATOR(pg_catalog.=) ''
+          THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                   OPERATOR(pg_catalog.+) 1,
+                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                   OPERATOR(pg_catalog./) 10), false) IS NULL
+          ELSE true END) THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+      END IF;
+    END;
     RETURN NULL;
   END IF;
   IF fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
       issuer => NULL::pg_catalog.text) IS NULL THEN
-    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    DECLARE
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
+          'invoices_883e1d3584'::pg_catalog.text, session_user,
+          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+          E'\x1f', pg_catalog.current_query())));
+    BEGIN
+      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                  OPERATOR(pg_catalog.=)
+                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                    OPERATOR(pg_catalog.=) ''
+          THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                   OPERATOR(pg_catalog.+) 1,
+                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                   OPERATOR(pg_catalog./) 10), false) IS NULL
+          ELSE true END) THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+      END IF;
+    END;
   END IF;
   RETURN NULL;
 END
@@ -55,7 +97,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=5fb0c11c1f8277d7a6cb06108df7b73fbaf890490a1b9db65f35d43eace21cee; generated, do not edit';
+  'sha256=e96b7076501aedcb2eff24fe6380535b36062d8104a38399fbd0ba918cd848b0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -83,7 +125,28 @@ BEGIN
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
       TG_NAME::pg_catalog.text, tok, fence);
   ELSE
-    PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    DECLARE
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
+        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
+          'invoices_883e1d3584'::pg_catalog.text, session_user,
+          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+          E'\x1f', pg_catalog.current_query())));
+    BEGIN
+      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                  OPERATOR(pg_catalog.=)
+                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                    OPERATOR(pg_catalog.=) ''
+          THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                   OPERATOR(pg_catalog.+) 1,
+                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                   OPERATOR(pg_catalog./) 10), false) IS NULL
+          ELSE true END) THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+      END IF;
+    END;
   END IF;
   RETURN NULL;
 END
@@ -91,7 +154,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
   'fencekit function template=1 '
-  'sha256=aa2a4517b429608ea4f7cc15d9da69f9e7e277e71055436207e6e3d78a421aa3; generated, do not edit';
+  'sha256=59b3fe1f068681ed15f42cdb7f8bdd051af2b4a219dc916dbbdc311b07358c38; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure,
   'app.invoices'::pg_catalog.regclass);
@@ -282,32 +345,32 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
-  FOR EACH ROW WHEN (((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
-    AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))
-   OR (pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+  FOR EACH ROW WHEN (((pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
          OPERATOR(pg_catalog.=) ''
        AND (pg_catalog.current_setting('fencekit.token', true) OPERATOR(pg_catalog.=) '')
-         IS NOT FALSE)) IS NOT TRUE)
+         IS NOT FALSE)
+   OR (NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
+    AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=)
+      pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=4dc14b40bdb74c52afb43b7c031c3c508082ae179208e93f56333f2df4a67446; '
+  'fencekit trigger template=1 sha256=d200d99ffdd1ac3d5d554b8b6803b3dde4d03d9a80ef4185878a7d6c32f3d4f1; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
-  FOR EACH ROW WHEN (((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
-    AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
-    AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))
-   OR (pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+  FOR EACH ROW WHEN (((pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
          OPERATOR(pg_catalog.=) ''
        AND COALESCE(NEW.fencekit_fence OPERATOR(pg_catalog.=) OLD.fencekit_fence,
-             NEW.fencekit_fence IS NULL AND OLD.fencekit_fence IS NULL))) IS NOT TRUE)
+             NEW.fencekit_fence IS NULL AND OLD.fencekit_fence IS NULL))
+   OR (NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+    AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
+    AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=)
+      pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true))) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=8525d9028b9c3fa1bbb1af16d4389c0209179aba3221847d6bc269e16b8a8d68; '
+  'fencekit trigger template=1 sha256=4eb06c5caa908761d4211e7e516dc9a9ffe18856756a2869f985dc2513674d9b; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices

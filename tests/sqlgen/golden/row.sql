@@ -273,23 +273,23 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
-    AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+    AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=)
+      pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
-  'fencekit trigger template=1 sha256=e01314f71ecfdc6eddf37af625a9aaa2bd9a2ee6d5fbfd214a7fea291ec4844f; '
+  'fencekit trigger template=1 sha256=77fee3531a41338e7df71fec5c98eb81426ffbf17be2bf2a19ce1138f645d638; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
   FOR EACH ROW WHEN ((NEW.fencekit_fence OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
     AND NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
-    AND NEW.fencekit_fence::pg_catalog.text
-      OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+    AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=)
+      pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=dd1607975cc94985b3dd67098e7b68b0cfb3ae6c245d635dc444f58bfa4e9182; '
+  'fencekit trigger template=1 sha256=d5cbeab42134f9911bb763129b8f94c199e4a7c2164ed331c0df518d05d7170a; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices
