@@ -37,10 +37,10 @@ BEGIN
       keys => NULL);
   ELSE
     DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
-        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
-          'invoices_883e1d3584'::pg_catalog.text, session_user,
-          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+          pg_catalog.current_setting('application_name')),
           E'\x1f', pg_catalog.current_query())));
     BEGIN
       IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
@@ -65,7 +65,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=03a4b2d6b709514364902923e38e71fce19b17dda1f4d3eed3c3c4b2577270d2; generated, do not edit';
+  'sha256=d3b0edc674906e87d9a2bafaadc74a3a5551851326a6ce029eeaa96878b945b3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -155,10 +155,10 @@ BEGIN
       keys => ks);
   ELSE
     DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
-        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
-          'invoices_883e1d3584'::pg_catalog.text, session_user,
-          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+          pg_catalog.current_setting('application_name')),
           E'\x1f', pg_catalog.current_query())));
     BEGIN
       IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
@@ -183,7 +183,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=994ae8bcf524915b805a71559d08dbc2dbab2605783fed0e4486daa425509346; generated, do not edit';
+  'sha256=282c6cf2c569d034d6d65177b2a70d6c0b89dbfbf7b3a99dddef8fa8b80ae4eb; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -274,10 +274,10 @@ BEGIN
       keys => ks);
   ELSE
     DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
-        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
-          'invoices_883e1d3584'::pg_catalog.text, session_user,
-          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+          pg_catalog.current_setting('application_name')),
           E'\x1f', pg_catalog.current_query())));
     BEGIN
       IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
@@ -302,7 +302,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=aff11ac7d6a581aa4f9e7cbac142b5823e91d810808848314b23339fc16ea564; generated, do not edit';
+  'sha256=dfa0eadfaf2ef9a7a1d921528f364c6e99a5f1f9842bdf70fa90e1b2beb5c0b8; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -392,10 +392,10 @@ BEGIN
       keys => ks);
   ELSE
     DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
-        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
-          'invoices_883e1d3584'::pg_catalog.text, session_user,
-          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+          pg_catalog.current_setting('application_name')),
           E'\x1f', pg_catalog.current_query())));
     BEGIN
       IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
@@ -420,7 +420,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=517d9fadd32466e6b3a26fbd54d17b3ba0a01e1232ee2a4df282faf091e39383; generated, do not edit';
+  'sha256=e425324e7852288a2bf66a21f39b9645fc1e269e4cb5cf96cea0792297ebe1b5; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

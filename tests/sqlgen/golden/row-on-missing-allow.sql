@@ -42,10 +42,10 @@ BEGIN
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     PERFORM pg_catalog.nextval('fencekit."invoices_883e1d3584:unfenced"'::pg_catalog.regclass);
     DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
-        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
-          'invoices_883e1d3584'::pg_catalog.text, session_user,
-          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+          pg_catalog.current_setting('application_name')),
           E'\x1f', pg_catalog.current_query())));
     BEGIN
       IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
@@ -69,10 +69,10 @@ BEGIN
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
       issuer => NULL::pg_catalog.text) IS NULL THEN
     DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
-        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
-          'invoices_883e1d3584'::pg_catalog.text, session_user,
-          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+          pg_catalog.current_setting('application_name')),
           E'\x1f', pg_catalog.current_query())));
     BEGIN
       IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
@@ -97,7 +97,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=e96b7076501aedcb2eff24fe6380535b36062d8104a38399fbd0ba918cd848b0; generated, do not edit';
+  'sha256=520bdbf360b0c8030ed8d8b36013c578ef337c3f6fe518d322824abfd8058997; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -126,10 +126,10 @@ BEGIN
       TG_NAME::pg_catalog.text, tok, fence);
   ELSE
     DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(
-        pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(E'\x1f',
-          'invoices_883e1d3584'::pg_catalog.text, session_user,
-          pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')),
+      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+          pg_catalog.current_setting('application_name')),
           E'\x1f', pg_catalog.current_query())));
     BEGIN
       IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
@@ -154,7 +154,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
   'fencekit function template=1 '
-  'sha256=59b3fe1f068681ed15f42cdb7f8bdd051af2b4a219dc916dbbdc311b07358c38; generated, do not edit';
+  'sha256=bf37e9219176e19a8fff90989ec06d99b1428a3fbe29cbef585cbffc30823d21; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure,
   'app.invoices'::pg_catalog.regclass);
