@@ -81,11 +81,30 @@ def _field(name: str) -> Any:
     return property(lambda self: _fields(self)[name])
 
 
+class _ServerFields(dict[str, Any]):
+    """A rejection's ``__dict__``: it counts the rejection (:func:`fencekit.metrics`), once,
+    when asyncpg has copied the server's fields into it. Counted where asyncpg builds the error,
+    no statement needs a coroutine of fencekit's around it to see the error pass."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: errors.FenceError) -> None:
+        super().__init__()
+        self.error: errors.FenceError | None = error
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        error, self.error = self.error, None
+        if isinstance(error, errors.FenceError):
+            metrics.record_rejection(error)
+
+
 class _AsyncpgRejectionError(errors.FencekitError, asyncpg.PostgresError):  # type: ignore[misc]
     """A fencekit rejection that is also an ``asyncpg.PostgresError``."""
 
     def __init__(self, message: str = "", *args: Any) -> None:
         Exception.__init__(self, message, *args)
+        self.__dict__ = _ServerFields(self)
         self.orig: BaseException | None = self  # the driver's error, as for every FenceError
 
 
@@ -107,23 +126,16 @@ IssuerMismatchError = _CLASSES["IssuerMismatchError"]
 
 
 # ---------------------------------------------------------------- state
-class _State(wire.Wire):
-    __slots__ = ("translate",)
-
-    def __init__(self) -> None:
-        super().__init__()  # tracked: asyncpg's BEGIN, COMMIT and ROLLBACK go through execute()
-        self.translate = True
-
-
 # asyncpg's connections have __slots__: their state lives here, by id() (a dict read before
 # every statement), for as long as the connection lives.
-_states: dict[int, _State] = {}
+_states: dict[int, wire.Wire] = {}
 
 
-def _state(conn: asyncpg.Connection) -> _State:
+def _state(conn: asyncpg.Connection) -> wire.Wire:
     state = _states.get(id(conn))
     if state is None:
-        state = _states[id(conn)] = _State()
+        # Tracked: asyncpg's BEGIN, COMMIT and ROLLBACK go through execute().
+        state = _states[id(conn)] = wire.Wire()
         weakref.finalize(conn, _states.pop, id(conn), None)  # before the id can be reused
     return state
 
@@ -147,7 +159,7 @@ def _kind(query: str) -> tuple[int, str]:
     return _OTHER, query
 
 
-async def _send(conn: asyncpg.Connection, state: _State, value: wire.Value) -> None:
+async def _send(conn: asyncpg.Connection, state: wire.Wire, value: wire.Value) -> None:
     """In an open transaction: ``value`` as a statement of its own (one round trip)."""
     await asyncpg.Connection.execute(conn, wire.set_local(value))
     state.sent(value, open_after=True)
@@ -162,34 +174,39 @@ async def _sync_open(conn: asyncpg.Connection) -> None:
             await _send(conn, state, value)
 
 
-async def _run(
+def _run(
     conn: asyncpg.Connection,
     call: Callable[[], Awaitable[R]],
     prefixed: Callable[[str], Awaitable[R]] | None = None,
-) -> R:
-    """Run ``call()`` on ``conn`` with exactly the scope's token (or none) in force.
+) -> Awaitable[R]:
+    """``call()`` on ``conn`` with exactly the scope's token (or none) in force: the driver's
+    own awaitable when there is nothing to send (the common case: the token rode the BEGIN).
 
     ``prefixed(prefix)`` runs the statement as one simple query behind ``prefix``, where it can
     (PostgreSQL runs it as one transaction); without it (the extended protocol: one statement,
     no room for a prefix) a statement outside a transaction is wrapped in one."""
     state = _states.get(id(conn)) or _state(conn)
-    try:
-        if conn.is_in_transaction():
-            value = state.next(wire.INTRANS, wire.scope_value())
-            if value is not None:
-                await _send(conn, state, value)
-            return await call()
-        value = state.next(wire.IDLE, wire.scope_value())
-        if value is None:
-            return await call()
-        if prefixed is not None:
-            return await prefixed(wire.set_local(value, True) + "; ")
-        async with conn.transaction():  # its BEGIN carries the token (FencedConnection.execute)
-            return await call()
-    except errors.FenceError as exc:
-        if state.translate:
-            metrics.record_rejection(exc)
-        raise
+    if conn.is_in_transaction():
+        value = state.next(wire.INTRANS, wire.scope_value())
+        return call() if value is None else _sent_first(conn, state, value, call)
+    value = state.next(wire.IDLE, wire.scope_value())
+    if value is None:
+        return call()
+    if prefixed is not None:
+        return prefixed(wire.set_local(value, True) + "; ")
+    return _in_transaction(conn, call)
+
+
+async def _sent_first(
+    conn: asyncpg.Connection, state: wire.Wire, value: wire.Value, call: Callable[[], Awaitable[R]]
+) -> R:
+    await _send(conn, state, value)
+    return await call()
+
+
+async def _in_transaction(conn: asyncpg.Connection, call: Callable[[], Awaitable[R]]) -> R:
+    async with conn.transaction():  # its BEGIN carries the token (FencedConnection.execute)
+        return await call()
 
 
 class _FencedCursorFactory(CursorFactory):  # type: ignore[misc]
@@ -229,10 +246,10 @@ def _fence_calls(owner: type[Any], names: tuple[str, ...]) -> None:
     the next class in the MRO does the work (a user's subclass of the connection included)."""
 
     def fenced(name: str) -> Callable[..., Awaitable[Any]]:
-        async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Awaitable[Any]:
             unfenced = getattr(super(owner, self), name)
             conn = self if isinstance(self, asyncpg.Connection) else self._connection
-            return await _run(conn, lambda: unfenced(*args, **kwargs))
+            return _run(conn, lambda: unfenced(*args, **kwargs))
 
         call.__name__ = call.__qualname__ = name
         return call
@@ -323,8 +340,9 @@ def install(conn: asyncpg.Connection, *, translate_errors: bool = True) -> None:
     :class:`FencedConnection` (a subclass of its class that adds no state). For a pool, pass
     ``connection_class=FencedConnection`` or ``init=fencekit.asyncpg.init`` to
     ``asyncpg.create_pool()``; a connection acquired from a pool is installed there.
-    With ``translate_errors=False`` (a layer above counts them, as the SQLAlchemy plugin does)
-    rejections are not counted here; asyncpg raises fencekit's classes either way.
+    ``translate_errors`` is every adapter's flag for a layer above that translates and counts
+    rejections itself; on asyncpg it changes nothing: asyncpg raises fencekit's classes on every
+    connection, and each rejection is counted once, where asyncpg builds it.
     """
     if not _is_connection(conn):
         if isinstance(conn, asyncpg.Pool | asyncpg.Connection):
@@ -338,7 +356,7 @@ def install(conn: asyncpg.Connection, *, translate_errors: bool = True) -> None:
             f"{type(conn).__module__}.{type(conn).__name__}"
         )
     conn.__class__ = _fenced_class(type(conn))
-    _state(conn).translate = translate_errors
+    _state(conn)
 
 
 async def init(conn: asyncpg.Connection) -> None:
@@ -413,9 +431,8 @@ async def transaction(
                 raise
             try:
                 await tx.commit()
-            except errors.FenceError as exc:  # a deferred check, at COMMIT
-                metrics.record_rejection(exc)
-                raise
+            except errors.FenceError:
+                raise  # a deferred check, at COMMIT (counted where asyncpg built it)
             except Exception as exc:
                 unknown = None if nested else commit_outcome_unknown(exc, scope.token, scope.issuer)
                 if unknown is not None:

@@ -26,15 +26,25 @@ from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, comment, lit
 
 __all__ = ["KEY_SETTINGS", "key_expression", "key_objects"]
 
-#: Settings that decide how the allowed key types print; pinned for every key function. Each
-#: pin costs a save and a restore per call, so only these: TimeZone (timestamptz), DateStyle
+#: Settings that decide how the allowed key types print: TimeZone (timestamptz), DateStyle
 #: (date, timestamp, timestamptz) and bytea_output (bytea). IntervalStyle and
 #: extra_float_digits change how no allowed key type prints (interval and floating point are
-#: refused, fencekit.key_family).
+#: refused, fencekit.key_family). The key triggers set them only while they print the keys of
+#: a table whose key families print by them (_PRINTED); a pin in the function's SET clause
+#: would cost a save and a restore of each on every statement, integer keys included.
 KEY_SETTINGS: tuple[tuple[str, str], ...] = (
     ("timezone", "'UTC'"),
     ("datestyle", "'ISO, YMD'"),
     ("bytea_output", "'hex'"),
+)
+
+#: The key families (fencekit.key_family's names) whose text depends on KEY_SETTINGS.
+_PRINTED = (
+    "date",
+    "time without time zone",
+    "timestamp without time zone",
+    "timestamp with time zone",
+    "bytea",
 )
 
 # The key families of built-in types, by type OID, as fencekit.key_family names them (a test
@@ -130,23 +140,53 @@ def _check_types(n: Names) -> str:
     The common case, every key column of a built-in type of the family protect recorded, is
     one catalog read here (index lookups, no call, no settings saved); anything else (a domain,
     a change, a column gone) goes to fencekit.check_key_types (32_key_types.sql), which says
-    what is wrong or finds nothing is."""
+    what is wrong or finds nothing is. ``printed``: whether the keys print by KEY_SETTINGS
+    (from the families protect recorded; NULL, and so pinned, when the read found no row)."""
     eq = "OPERATOR(pg_catalog.=)"
     cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
     families = ",\n          ".join(_family(a) for a, _ in cols)
     attrs = "".join(f", pg_catalog.pg_attribute {a}" for a, _ in cols)
     where = "".join(
-        f"\n           AND {a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(c)}\n"
-        f"           AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
+        f"\n       AND {a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(c)}\n"
+        f"       AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
         for a, c in cols
     )
+    printed = ",\n               ".join(lit(f) for f in _PRINTED)
     return (
-        "    IF NOT COALESCE((\n"
-        "        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[\n"
-        f"          {families}]\n"
-        f"          FROM fencekit.protected pr{attrs}\n"
-        f"         WHERE pr.tag {eq} {n.lit_tag}{where}), false) THEN\n"
+        "    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[\n"
+        f"          {families}],\n"
+        "           pr.key_families OPERATOR(pg_catalog.&&)\n"
+        f"             ARRAY[{printed}]::pg_catalog.text[]\n"
+        "      INTO typed, printed\n"
+        f"      FROM fencekit.protected pr{attrs}\n"
+        f"     WHERE pr.tag {eq} {n.lit_tag}{where};\n"
+        "    IF NOT COALESCE(typed, false) THEN\n"
         f"      PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID::pg_catalog.regclass);\n"
+        "    END IF;\n"
+    )
+
+
+def _printing(body: str) -> str:
+    """PL/pgSQL: ``body`` (which prints the keys) under KEY_SETTINGS when the keys print by them
+    (``printed`` not false), each set for the transaction and set back to the caller's value
+    after: the same text whatever the writer's session set. An error in between ends the
+    statement, and its (sub)transaction's settings with it."""
+    names = [name for name, _ in KEY_SETTINGS]
+    saved = ",\n                     ".join(
+        f"pg_catalog.current_setting({lit(name)})" for name in names
+    )
+    pin = ",\n              ".join(
+        f"pg_catalog.set_config({lit(name)}, {value}, true)" for name, value in KEY_SETTINGS
+    )
+    back = ",\n              ".join(
+        f"pg_catalog.set_config({lit(name)}, pins[{i}], true)" for i, name in enumerate(names, 1)
+    )
+    return (
+        "    IF printed IS NOT FALSE THEN\n"
+        f"      pins := ARRAY[{saved}];\n"
+        f"      PERFORM {pin};\n"
+        "    END IF;\n" + body + "    IF printed IS NOT FALSE THEN\n"
+        f"      PERFORM {back};\n"
         "    END IF;\n"
     )
 
@@ -158,7 +198,7 @@ def _keys_and_lookup(n: Names, sources: list[str]) -> str:
     executor. Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``)."""
     keys = _keys(n, sources)
     if n.spec.lease_bound:
-        return f"    ks := {keys};\n"
+        return _printing(f"    ks := {keys};\n")
     eq = "OPERATOR(pg_catalog.=)"
     mine = ""
     if n.spec.on_equal == "reject":
@@ -170,7 +210,7 @@ def _keys_and_lookup(n: Names, sources: list[str]) -> str:
     # own collation ("C") would otherwise meet fencekit.fences' in the comparison. A scalar
     # subquery, not EXISTS: the planner costs EXISTS for its first row and picks a scan of
     # every fence of every resource over the primary key's index.
-    return (
+    return _printing(
         "    SELECT k.ks,\n"
         f"           CASE WHEN pg_catalog.cardinality(k.ks) {eq} 1 AND k.ks[1] IS NOT NULL THEN\n"
         "             COALESCE((SELECT true FROM fencekit.fences f\n"
@@ -224,6 +264,7 @@ def _body(n: Names, sources: list[str]) -> str:
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
         "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n"
+        "  typed pg_catalog.bool;\n  printed pg_catalog.bool;\n  pins pg_catalog.text[];\n"
         + held
         + "BEGIN\n"
         + _token(n)
@@ -247,9 +288,7 @@ _PLAN_SETTINGS: tuple[tuple[str, str], ...] = (("enable_seqscan", "off"),)
 
 def key_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     def fn(suffix: str, sources: list[str]) -> Function:
-        return definer_function(
-            n.function, suffix, _body(n, sources), KEY_SETTINGS + _PLAN_SETTINGS
-        )
+        return definer_function(n.function, suffix, _body(n, sources), _PLAN_SETTINGS)
 
     ins = fn("ins", ["fencekit_new"])
     upd = fn("upd", ["fencekit_new", "fencekit_old"])

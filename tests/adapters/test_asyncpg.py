@@ -63,6 +63,33 @@ async def test_stale_write_rejected_with_typed_error(billing: str, events: list)
     assert type(a) is asyncpg.Connection
 
 
+async def test_each_rejection_is_counted_once_on_any_connection(
+    billing: str, events: list
+) -> None:
+    """Counted where asyncpg builds the error: on an installed connection (its statement runs
+    as asyncpg's own coroutine) and on a plain one fenced with set_token()."""
+    ahead = await asyncpg.connect(**connect_kwargs(billing))
+    plain = await asyncpg.connect(**connect_kwargs(billing))
+    installed = await asyncpg.connect(**connect_kwargs(billing))
+    fkapg.install(installed)
+    try:
+        async with fkapg.transaction(ahead, 50):
+            await ahead.execute(UPDATE, "written by the holder")
+        async with plain.transaction():
+            await fkapg.set_token(plain, 49)
+            with pytest.raises(fencekit.StaleTokenError):
+                await plain.execute(UPDATE, "stale, plain connection")
+        with fencing(48):
+            async with installed.transaction():
+                with pytest.raises(fencekit.StaleTokenError):
+                    await installed.execute(UPDATE, "stale, installed connection")
+    finally:
+        for c in (ahead, plain, installed):
+            await c.close()
+    assert [(e.kind, e.reason) for e in events] == [("rejected", "stale")] * 2
+    assert summary(billing) == "written by the holder"
+
+
 async def test_missing_token_refused(billing: str) -> None:
     conn = await asyncpg.connect(**connect_kwargs(billing))
     try:

@@ -49,22 +49,19 @@ COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -78,8 +75,7 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -101,14 +97,30 @@ BEGIN
                  THEN pg_catalog.format_type(a2.atttypid, NULL)
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-           AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
            CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
@@ -122,6 +134,11 @@ BEGIN
         ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
                       FROM fencekit_new AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
     ELSIF NOT held THEN
@@ -154,27 +171,24 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=fc366aada2b59b0776a8118af9409a8cfd5123a840deabbadab3205ea5e323bd; generated, do not edit';
+  'sha256=fc696e37e707f028615a3085a54363ead6d6e8d3cc3816b9e4741e43e4940a24; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -188,8 +202,7 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -211,14 +224,30 @@ BEGIN
                  THEN pg_catalog.format_type(a2.atttypid, NULL)
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-           AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
            CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
@@ -233,6 +262,11 @@ BEGIN
                       FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
                             UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
     ELSIF NOT held THEN
@@ -265,27 +299,24 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=0e22c96f0288adcba1e4d250bd81c1d69c3c4afd79f69c4d182c03b7441c1fe7; generated, do not edit';
+  'sha256=98015408b50e6f962a65b97682748cfff3104e66f965e45e1a8ff1a2329e152a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -299,8 +330,7 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -322,14 +352,30 @@ BEGIN
                  THEN pg_catalog.format_type(a2.atttypid, NULL)
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-           AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
            CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
@@ -343,6 +389,11 @@ BEGIN
         ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
                       FROM fencekit_old AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
     ELSIF NOT held THEN
@@ -375,7 +426,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=6965020b109116e1a12d8a099f6e066f552ae34b0fc89b2aa54b36e0ac93baa2; generated, do not edit';
+  'sha256=a7ac1643901aa72753b5ece152f74af25fa979ac05255b33cc104b4690b58a28; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

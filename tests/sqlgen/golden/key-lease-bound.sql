@@ -47,22 +47,19 @@ COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -73,8 +70,7 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -85,15 +81,36 @@ BEGIN
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_new AS x ORDER BY 1);
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'app.invoices'::pg_catalog.text, token => tok,
@@ -107,27 +124,24 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=0028ae74b237ea4b4a3bbb5f8ba2e01d668c4300ae62cf28fc864900566dc1ba; generated, do not edit';
+  'sha256=c57c45502863b147dbdc781820c2bdcb24b31dd38973ef9a4f90af7bfecbbac8; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -138,8 +152,7 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -150,16 +163,37 @@ BEGIN
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM (SELECT y.account_id FROM fencekit_new AS y
                             UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1);
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'app.invoices'::pg_catalog.text, token => tok,
@@ -173,27 +207,24 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=2cbd3cd0a2ace9d4c5bc554ec7bb15a80788aabaef15ffa824b20d83c9768446; generated, do not edit';
+  'sha256=9f13715285d528dd2a264f37f884f9ae1f324409172a1ae8bc88a665d0c62aba; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
       AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
@@ -204,8 +235,7 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -216,15 +246,36 @@ BEGIN
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_old AS x ORDER BY 1);
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
       resource => 'app.invoices'::pg_catalog.text, token => tok,
@@ -238,7 +289,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=dc6ee8bdc7242c125689b3fcabd106b3c18c5875f475270065a21708bea901fc; generated, do not edit';
+  'sha256=114fe56e21da7815eadb97307fca27b436253a10a7e539f257d7b245900d5c0d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

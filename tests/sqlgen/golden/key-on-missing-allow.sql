@@ -70,22 +70,19 @@ COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -97,8 +94,7 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -109,12 +105,28 @@ BEGIN
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
            CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
@@ -128,6 +140,11 @@ BEGIN
         ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_new AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
     ELSIF NOT held THEN
@@ -183,27 +200,24 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=282c6cf2c569d034d6d65177b2a70d6c0b89dbfbf7b3a99dddef8fa8b80ae4eb; generated, do not edit';
+  'sha256=99e879912b909c928763cbf58c7f3a929bdc3f807e1cd511ec38277469f1748b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -215,8 +229,7 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -227,12 +240,28 @@ BEGIN
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
            CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
@@ -247,6 +276,11 @@ BEGIN
                       FROM (SELECT y.account_id FROM fencekit_new AS y
                             UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
     ELSIF NOT held THEN
@@ -302,27 +336,24 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=dfa0eadfaf2ef9a7a1d921528f364c6e99a5f1f9842bdf70fa90e1b2beb5c0b8; generated, do not edit';
+  'sha256=8e29473fead4d859c32784692bc398a461554d188b22124348b8baeff64654d0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -334,8 +365,7 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -346,12 +376,28 @@ BEGIN
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
            CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
@@ -365,6 +411,11 @@ BEGIN
         ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_old AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
     ELSIF NOT held THEN
@@ -420,7 +471,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=e425324e7852288a2bf66a21f39b9645fc1e269e4cb5cf96cea0792297ebe1b5; generated, do not edit';
+  'sha256=8466b06abee18a68af592f7d3f1e155a35cbbd6f18d908dcad9336d702acec3e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -47,22 +47,19 @@ COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -74,8 +71,7 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -86,12 +82,28 @@ BEGIN
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
            CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
@@ -105,6 +117,11 @@ BEGIN
         ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_new AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
     ELSIF NOT held THEN
@@ -137,27 +154,24 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=d70d501d472a7c6fe56cdfd5b2676b4f50e899eea05f34733dc3ecb975bd3bde; generated, do not edit';
+  'sha256=8432a71bc87d0c06eb32347abe804f929a845ab98fdf488b7b435a7c2bc20562; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -169,8 +183,7 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -181,12 +194,28 @@ BEGIN
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
            CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
@@ -201,6 +230,11 @@ BEGIN
                       FROM (SELECT y.account_id FROM fencekit_new AS y
                             UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
     ELSIF NOT held THEN
@@ -233,27 +267,24 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=0f0c6a651c3bd73dcdcbde8e2c4f0c85636445e0fded35d0b0f7584950a11ca1; generated, do not edit';
+  'sha256=04f6e8c49658356106660838fe7fd0b206c9f39a7f59ee1505f4df44a6ff542f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
-SET timezone TO 'UTC'
-SET datestyle TO 'ISO, YMD'
-SET bytea_output TO 'hex'
 SET enable_seqscan TO off
 AS $fn$
 -- SECURITY DEFINER; pinned:
 --   search_path=pg_catalog, pg_temp
---   timezone='UTC'
---   datestyle='ISO, YMD'
---   bytea_output='hex'
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  typed pg_catalog.bool;
+  printed pg_catalog.bool;
+  pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -265,8 +296,7 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    IF NOT COALESCE((
-        SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
@@ -277,12 +307,28 @@ BEGIN
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
-                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END]
-          FROM fencekit.protected pr, pg_catalog.pg_attribute a1
-         WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
-           AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-           AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped), false) THEN
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families OPERATOR(pg_catalog.&&)
+             ARRAY['date',
+               'time without time zone',
+               'timestamp without time zone',
+               'timestamp with time zone',
+               'bytea']::pg_catalog.text[]
+      INTO typed, printed
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
            CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
@@ -296,6 +342,11 @@ BEGIN
         ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM fencekit_old AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
     ELSIF NOT held THEN
@@ -328,7 +379,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=425e09fd64e88007c2481ba5f5012eecd8b8c86d1f6411babd70c668c1b1f6fc; generated, do not edit';
+  'sha256=aa9dddc79e4a08f90a01e3c986d36c02b178f0afe563d047053fe77a69222c09; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
