@@ -63,9 +63,7 @@ async def test_stale_write_rejected_with_typed_error(billing: str, events: list)
     assert type(a) is asyncpg.Connection
 
 
-async def test_each_rejection_is_counted_once_on_any_connection(
-    billing: str, events: list
-) -> None:
+async def test_each_rejection_is_counted_once_on_any_connection(billing: str, events: list) -> None:
     """Counted where asyncpg builds the error: on an installed connection (its statement runs
     as asyncpg's own coroutine) and on a plain one fenced with set_token()."""
     ahead = await asyncpg.connect(**connect_kwargs(billing))
