@@ -28,10 +28,17 @@ __all__ = ["statement_objects"]
 
 
 def _fast_path(n: Names) -> str:
-    """A row fence's common case in one expression, without a call: a well-formed token (or,
-    under on_missing = allow, none), no bypass, the right issuer (written inline for speed: it
-    is every statement's cost)."""
-    token = f"raw OPERATOR(pg_catalog.~) {TOKEN_FAST}"
+    """A row fence's common case in one expression, without a call: the token read once and
+    left where the row checks read it (``n.checked``, which ``set_config`` returns), well formed,
+    no bypass, the right issuer. One expression, because it is every statement's cost and
+    PL/pgSQL prepares each expression of a function again in every transaction. Anything else
+    goes on (in rollout mode with the token read back into ``raw``)."""
+    read = f"COALESCE({TOKEN}, '')"
+    token = (
+        f"pg_catalog.set_config({n.checked_name},\n"
+        f"       {read}, true)\n"
+        f"       OPERATOR(pg_catalog.~) {TOKEN_FAST}"
+    )
     # Rollout mode (on_missing = allow): a statement without a token goes on past this, to be
     # counted and attributed to its writer (fencekit.attribute) once, by the check.
     issuer = ""
@@ -43,13 +50,20 @@ def _fast_path(n: Names) -> str:
             f"OPERATOR(pg_catalog.=) {lit(n.spec.issuer)})"
         )
     return (
-        "  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;\n"
-        "  -- anything else goes to fencekit.statement_token, which judges the rest.\n"
+        "  -- The token, read once and left where the row checks read it (they judge each row\n"
+        "  -- by it and refuse a row that reads another). A token is a positive bigint in plain\n"
+        "  -- decimal: this settles the ones below 10^18; anything else goes to\n"
+        "  -- fencekit.statement_token, which judges the rest.\n"
         f"  IF {token}\n"
         "     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
         f"OPERATOR(pg_catalog.=) ''{issuer} THEN\n"
         "    RETURN NULL;\n"
         "  END IF;\n"
+        + (
+            f"  raw := pg_catalog.current_setting({n.checked_name}, true);\n"
+            if n.spec.on_missing == "allow"
+            else ""
+        )
     )
 
 
@@ -111,8 +125,9 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         # token). Nothing runs between this read and fencekit.statement_token's own.
         stmt = n.function(
             "stmt",
-            f"\n{title}DECLARE\n  raw pg_catalog.text := COALESCE({TOKEN}, '');\nBEGIN\n"
-            f"  PERFORM pg_catalog.set_config({n.checked_name}, raw, true);\n"
+            f"\n{title}"
+            + ("DECLARE\n  raw pg_catalog.text;\n" if n.spec.on_missing == "allow" else "")
+            + "BEGIN\n"
             + _fast_path(n)
             + rest
             + "  RETURN NULL;\nEND\n",

@@ -13,6 +13,10 @@ and CPU. Floors: the least a design can cost in PL/pgSQL, hand-written with no c
 - row floor: a BEFORE ROW PL/pgSQL trigger that returns NEW;
 - row floor + statement: the same plus a BEFORE STATEMENT PL/pgSQL trigger that does nothing
   (the row fence's shape: a statement check and a row check);
+- row design floor: the row fence's data flow and nothing else, in PL/pgSQL: a statement
+  trigger that copies the token into a transaction-local setting, and a row trigger, run when
+  the row's fence does not read as that setting (a WHEN clause), that writes it into the fence
+  column (no validation, no comparison with the old fence, no counting);
 - key design floor: an AFTER STATEMENT trigger with transition tables that reads the keys and
   share-locks their fence rows, SECURITY DEFINER with a pinned search_path;
 - key floor, advancing: the same, which raises the key's fence row (an upsert) when it does not
@@ -42,6 +46,17 @@ DROP SCHEMA IF EXISTS {S} CASCADE;
 CREATE SCHEMA {S};
 CREATE FUNCTION {S}.row_noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
 CREATE FUNCTION {S}.stmt_noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE FUNCTION {S}.row_design_stmt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM set_config('bench_one_row.checked',
+                     COALESCE(current_setting('fencekit.token', true), ''), true);
+  RETURN NULL;
+END $$;
+CREATE FUNCTION {S}.row_design_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.fence := current_setting('bench_one_row.checked')::bigint;
+  RETURN NEW;
+END $$;
 CREATE TABLE {S}.floor_fences (key text PRIMARY KEY, fence bigint NOT NULL);
 INSERT INTO {S}.floor_fences SELECT g::text, 1 FROM generate_series(1, {ROWS}) g;
 CREATE FUNCTION {S}.key_floor() RETURNS trigger LANGUAGE plpgsql
@@ -79,6 +94,12 @@ VARIANTS: dict[str, str] = {
     f"FOR EACH ROW EXECUTE FUNCTION {S}.row_noop(); "
     "CREATE TRIGGER s BEFORE UPDATE ON {t} "
     f"FOR EACH STATEMENT EXECUTE FUNCTION {S}.stmt_noop()",
+    "row design floor": "ALTER TABLE {t} ADD COLUMN fence bigint; "
+    "CREATE TRIGGER s BEFORE UPDATE ON {t} "
+    f"FOR EACH STATEMENT EXECUTE FUNCTION {S}.row_design_stmt(); "
+    "CREATE TRIGGER r BEFORE UPDATE ON {t} FOR EACH ROW "
+    "WHEN (NEW.fence::text IS DISTINCT FROM current_setting('bench_one_row.checked', true)) "
+    f"EXECUTE FUNCTION {S}.row_design_row()",
     "key fence": "key",
     "key design floor": "CREATE TRIGGER k AFTER UPDATE ON {t} "
     "REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new "
@@ -89,7 +110,7 @@ VARIANTS: dict[str, str] = {
 }
 FLOOR = {"row fence": "row floor", "key fence": "key design floor"}
 # Floors printed beside the fence they bound from below, with the fence's ratio to each.
-MORE_FLOORS = {"key fence": "key floor, advancing"}
+MORE_FLOORS = {"key fence": "key floor, advancing", "row fence": "row design floor"}
 
 
 def _table(name: str) -> str:

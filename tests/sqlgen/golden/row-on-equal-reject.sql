@@ -28,13 +28,14 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
-DECLARE
-  raw pg_catalog.text := COALESCE(pg_catalog.current_setting('fencekit.token', true), '');
 BEGIN
-  PERFORM pg_catalog.set_config('fencekit.checked_invoices_883e1d3584', raw, true);
-  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
-  -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+  -- The token, read once and left where the row checks read it (they judge each row
+  -- by it and refuse a row that reads another). A token is a positive bigint in plain
+  -- decimal: this settles the ones below 10^18; anything else goes to
+  -- fencekit.statement_token, which judges the rest.
+  IF pg_catalog.set_config('fencekit.checked_invoices_883e1d3584',
+       COALESCE(pg_catalog.current_setting('fencekit.token', true), ''), true)
+       OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
@@ -47,7 +48,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=b44457f934a1f8b7e9843b75d99d657a1294b4a60994e862df0ab7d02a84bfa0; generated, do not edit';
+  'sha256=7de6092acd92d59e3087004ff5ce4c1c3639c6ad9a293778bb3b68d9e133b714; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER

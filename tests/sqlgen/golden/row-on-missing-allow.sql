@@ -29,15 +29,19 @@ LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
 DECLARE
-  raw pg_catalog.text := COALESCE(pg_catalog.current_setting('fencekit.token', true), '');
+  raw pg_catalog.text;
 BEGIN
-  PERFORM pg_catalog.set_config('fencekit.checked_invoices_883e1d3584', raw, true);
-  -- A token is a positive bigint in plain decimal: this settles the ones below 10^18;
-  -- anything else goes to fencekit.statement_token, which judges the rest.
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+  -- The token, read once and left where the row checks read it (they judge each row
+  -- by it and refuse a row that reads another). A token is a positive bigint in plain
+  -- decimal: this settles the ones below 10^18; anything else goes to
+  -- fencekit.statement_token, which judges the rest.
+  IF pg_catalog.set_config('fencekit.checked_invoices_883e1d3584',
+       COALESCE(pg_catalog.current_setting('fencekit.token', true), ''), true)
+       OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
+  raw := pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true);
   IF raw OPERATOR(pg_catalog.=) ''
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     PERFORM pg_catalog.nextval('fencekit."invoices_883e1d3584:unfenced"'::pg_catalog.regclass);
@@ -97,7 +101,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=520bdbf360b0c8030ed8d8b36013c578ef337c3f6fe518d322824abfd8058997; generated, do not edit';
+  'sha256=0f74f76668304d16575ba22a0c6a0312d1afca2dffaba56ea10891d8c991aaec; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
