@@ -774,7 +774,10 @@ BEGIN
   IF seq IS NULL OR at_seq IS NULL THEN
     RETURN;  -- table protected by a template without these counters
   END IF;
-  PERFORM pg_catalog.setval(seq, pg_catalog.nextval(seq) + statements - 1);
+  -- Saturating: never within a billion of the sequence's maximum, where nextval would fail
+  -- every later writer's statement (the count a caller passes is at most a billion).
+  PERFORM pg_catalog.setval(seq, LEAST(pg_catalog.nextval(seq), 9223372036854775807 - 2000000000)
+                                 + LEAST(statements, 1000000000) - 1);
   PERFORM pg_catalog.setval(at_seq,
     (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()) * 1000)::bigint);
 END
@@ -820,6 +823,9 @@ BEGIN
   IF statements IS NULL OR statements < 1 THEN
     RETURN true;
   END IF;
+  -- The count is the caller's (a session's own settings): at most a billion a call, and the
+  -- sums below saturate, so no count can overflow and fail another writer's statement.
+  statements := LEAST(statements, 1000000000);
   -- A role that may write the table could as well write it without a token: its own rows
   -- are all it can add. Anyone else must be writing it now (a cascade, a definer function):
   -- only then is the server's lock table read, so a plain writer's cost never depends on the
@@ -850,7 +856,8 @@ BEGIN
     FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
   UPDATE fencekit.unfenced_writers u
      SET last_seen = GREATEST(u.last_seen, seen),
-         statements = u.statements + record_unfenced_writer.statements,
+         statements = LEAST(u.statements, 9223372036854775807 - record_unfenced_writer.statements)
+                      + record_unfenced_writer.statements,
          query_id = COALESCE(qid, u.query_id)
    WHERE u.tag = record_unfenced_writer.tag AND u.writer = w;
   IF FOUND THEN
@@ -881,7 +888,8 @@ BEGIN
   VALUES (tag, seen, seen, statements)
   ON CONFLICT ON CONSTRAINT unfenced_overflow_pkey DO UPDATE
     SET last_seen = GREATEST(o.last_seen, excluded.last_seen),
-        statements = o.statements + excluded.statements;
+        statements = LEAST(o.statements, 9223372036854775807 - excluded.statements)
+                     + excluded.statements;
   RETURN true;
 END
 $fn$;
@@ -1201,7 +1209,9 @@ $fn$;
 
 -- How a key column's values are named in fencekit.fences, or an error: the family of its
 -- type, for types whose equal values always print alike under the settings the key triggers
--- pin (see fencekit/sqlgen/key.py). Two tables sharing a named resource need equal families.
+-- print keys under (see fencekit/sqlgen/key.py). Two types share a family only when every
+-- value of one prints as the same value of the other does: a retype within a family keeps the
+-- keys' text, and two tables sharing a named resource need equal families.
 CREATE OR REPLACE FUNCTION fencekit.key_family(relid regclass, col text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -1248,17 +1258,21 @@ BEGIN
                'normalised form (e.g. lower())';
   ELSIF typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN
     RETURN 'integer';
-  ELSIF typ IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype) THEN
+  ELSIF typ IN ('text'::regtype, 'varchar'::regtype) THEN
     RETURN 'text';
+  ELSIF typ = 'bpchar'::regtype THEN
+    RETURN 'character';  -- its text drops trailing spaces, which text and varchar keep
   ELSIF typ = 'numeric'::regtype THEN
     IF typmod >= 4 THEN
       RETURN 'numeric scale ' || ((typmod - 4) & 65535);
     END IF;
     why := 'without a declared scale, equal numbers print differently (1.0 and 1.00)';
     instead := 'numeric(p,s), which stores every value with the same scale';
-  ELSIF typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'time'::regtype,
-                'timestamp'::regtype, 'timestamptz'::regtype, 'bytea'::regtype) THEN
+  ELSIF typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'bytea'::regtype) THEN
     RETURN pg_catalog.format_type(typ, NULL);
+  ELSIF typ IN ('time'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype) THEN
+    -- With its precision: a value rounded to another one prints differently.
+    RETURN pg_catalog.format_type(typ, typmod);
   ELSIF t.typtype = 'e' THEN
     why := 'an enum''s labels can be renamed (ALTER TYPE ... RENAME VALUE), which would '
            'silently give every key of that value a new fence';
@@ -1413,12 +1427,14 @@ BEGIN
          OR coll NOT IN (0, 100, 950, 951)  -- none, default, "C", "POSIX": deterministic
          OR families[i] IS DISTINCT FROM (CASE
               WHEN typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN 'integer'
-              WHEN typ IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype) THEN 'text'
+              WHEN typ IN ('text'::regtype, 'varchar'::regtype) THEN 'text'
+              WHEN typ = 'bpchar'::regtype THEN 'character'
               WHEN typ = 'numeric'::regtype AND typmod >= 4
                 THEN 'numeric scale ' || ((typmod - 4) & 65535)
-              WHEN typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'time'::regtype,
-                           'timestamp'::regtype, 'timestamptz'::regtype, 'bytea'::regtype)
+              WHEN typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'bytea'::regtype)
                 THEN pg_catalog.format_type(typ, NULL)
+              WHEN typ IN ('time'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype)
+                THEN pg_catalog.format_type(typ, typmod)
             END) THEN
         fast := false;
         EXIT;

@@ -439,8 +439,9 @@ def _totals_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
 
 def enforce_refusal(conn: Conn, table: TableName, window: timedelta) -> str | None:
     """Why ``table`` must not switch to ``on_missing = reject`` yet (None: go ahead): a
-    writer without a token inside the window, overflowed writers inside it, or a table whose
-    checks do not attribute (protected before attribution, so nobody can tell)."""
+    writer without a token inside the window, overflowed writers inside it, a table watched
+    for less than the window (a writer that runs less often may not have been seen), or a
+    table whose checks do not attribute (protected before attribution, so nobody can tell)."""
     try:
         report = rollout_report(conn, [table], window=window)
     except CatalogError:
@@ -450,8 +451,15 @@ def enforce_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
     if not report:
         raise CatalogError(f"{table} is not protected")
     t = report[0]
-    if t.verdict in ("ready", "enforced", "too_early"):
+    if t.verdict in ("ready", "enforced"):
         return None
+    if t.verdict == "too_early":
+        ready = f"; it is ready at {t.ready_at:%Y-%m-%d %H:%M:%S%z}" if t.ready_at else ""
+        return (
+            f"{table} has been watched in rollout mode only since "
+            f"{t.observed_since:%Y-%m-%d %H:%M:%S%z}, less than the window ({_human(window)}): "
+            f"a writer that runs less often than that may not have been seen yet{ready}"
+        )
     if t.verdict == "not_attributed":
         return _NOT_ATTRIBUTED.format(table=table)
     who = [

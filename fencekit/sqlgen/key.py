@@ -30,7 +30,7 @@ __all__ = ["KEY_SETTINGS", "key_expression", "key_objects"]
 #: (date, timestamp, timestamptz) and bytea_output (bytea). IntervalStyle and
 #: extra_float_digits change how no allowed key type prints (interval and floating point are
 #: refused, fencekit.key_family). The key triggers set them only while they print the keys of
-#: a table whose key families print by them (_PRINTED); a pin in the function's SET clause
+#: a table whose key families may print by them (_UNPRINTED); a pin in the SET clause
 #: would cost a save and a restore of each on every statement, integer keys included.
 KEY_SETTINGS: tuple[tuple[str, str], ...] = (
     ("timezone", "'UTC'"),
@@ -38,22 +38,21 @@ KEY_SETTINGS: tuple[tuple[str, str], ...] = (
     ("bytea_output", "'hex'"),
 )
 
-#: The key families (fencekit.key_family's names) whose text depends on KEY_SETTINGS.
-_PRINTED = (
-    "date",
-    "time without time zone",
-    "timestamp without time zone",
-    "timestamp with time zone",
-    "bytea",
-)
+#: The key families (fencekit.key_family's names) whose text depends on no setting; keys of
+#: any other family (date, time, timestamp, timestamptz, bytea, and numeric: not worth telling
+#: apart) are printed under KEY_SETTINGS.
+_UNPRINTED = ("integer", "text", "character", "uuid", "boolean")
 
 # The key families of built-in types, by type OID, as fencekit.key_family names them (a test
 # keeps the two equal): the generated triggers' fast check of the key columns' types.
 _FAMILY_OIDS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("'integer'", (20, 21, 23)),  # bigint, smallint, integer
-    ("'text'", (25, 1043, 1042)),  # text, varchar, char(n)
-    # uuid, boolean, date, time, timestamp, timestamptz, bytea: named by their type
-    ("pg_catalog.format_type({a}.atttypid, NULL)", (2950, 16, 1082, 1083, 1114, 1184, 17)),
+    ("'text'", (25, 1043)),  # text, varchar
+    ("'character'", (1042,)),  # char(n): its text drops trailing spaces
+    # uuid, boolean, date, bytea: named by their type
+    ("pg_catalog.format_type({a}.atttypid, NULL)", (2950, 16, 1082, 17)),
+    # time, timestamp, timestamptz: with their precision
+    ("pg_catalog.format_type({a}.atttypid, {a}.atttypmod)", (1083, 1114, 1184)),
 )
 # Collations whose equal strings are equal bytes: none, default, "C", "POSIX".
 _PLAIN_COLLATIONS = (0, 100, 950, 951)
@@ -151,12 +150,12 @@ def _check_types(n: Names) -> str:
         f"       AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
         for a, c in cols
     )
-    printed = ",\n               ".join(lit(f) for f in _PRINTED)
+    unprinted = ", ".join(lit(f) for f in _UNPRINTED)
     return (
         "    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[\n"
         f"          {families}],\n"
-        "           pr.key_families OPERATOR(pg_catalog.&&)\n"
-        f"             ARRAY[{printed}]::pg_catalog.text[]\n"
+        "           NOT pr.key_families OPERATOR(pg_catalog.<@)\n"
+        f"             ARRAY[{unprinted}]::pg_catalog.text[]\n"
         "      INTO typed, printed\n"
         f"      FROM fencekit.protected pr{attrs}\n"
         f"     WHERE pr.tag {eq} {n.lit_tag}{where};\n"

@@ -114,6 +114,24 @@ def test_enforce_refuses_while_a_writer_is_seen_and_switches_once_none_is(
     assert refused.value.sqlstate == "YF003"
 
 
+def test_enforce_refuses_a_table_watched_for_less_than_the_window(
+    cli: Cli, db: Conn, dsn: str
+) -> None:
+    """No writer seen yet, but watched for less than the window: a writer that runs less often
+    (a weekly job) may not have written yet. Refused unless forced, then ready once watched."""
+    _setup(db, dsn)
+    db.execute("DELETE FROM fencekit.unfenced_writers")  # as if nobody had written yet
+    db.commit()
+    r = cli("enforce", "done", "--window", "7d", "--dsn", dsn)
+    assert r.code == 1, r.out
+    assert "watched in rollout mode only since" in r.err
+    assert "less than the window (1w)" in r.err
+    assert "Nothing was changed" in r.err
+    _age(db, "done", "8 days")
+    ok = cli("enforce", "done", "--window", "7d", "--dsn", dsn)
+    assert ok.code == 0, ok.err
+
+
 def test_enforce_force_switches_past_writers(cli: Cli, db: Conn, dsn: str) -> None:
     _setup(db, dsn)
     r = cli("enforce", "jobs", "--force", "--dsn", dsn)

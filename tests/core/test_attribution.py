@@ -425,3 +425,24 @@ def test_a_busy_overflow_record_counts_its_statements_as_unattributed(
         [table],
     ).fetchone()
     assert after == (1, 2)
+
+
+def test_no_count_a_writer_passes_can_fail_another_writers_statement(
+    db: Conn, dsn: str, tables: None
+) -> None:
+    """The counts a session passes (its own settings, or a direct call) are bounded and the
+    sums saturate: a writer can make its own counts large, never make another's write fail."""
+    (tag,) = db.execute(
+        "SELECT tag FROM fencekit.protected WHERE table_name = 'a_key'"
+    ).fetchone() or ("",)
+    huge = 9223372036854775806
+    for _ in range(2):  # the same writer's row, and the counter of unattributed statements
+        db.execute("SELECT fencekit.record_unfenced_writer(%s, 'a_key'::regclass, %s)", [tag, huge])
+        db.execute("SELECT fencekit.count_unattributed(%s, %s)", [tag, huge])
+    db.commit()
+    tokenless(dsn, "INSERT INTO a_key VALUES (3, 3, 'c')", app="another-writer")
+    db.execute("SELECT fencekit.count_unattributed(%s, 1)", [tag])
+    db.commit()
+    counts = {w["application_name"]: w["statements"] for w in writers(db, "a_key")}
+    assert counts["another-writer"] == 1
+    assert max(counts.values()) <= 9223372036854775807

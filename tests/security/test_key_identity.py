@@ -502,6 +502,16 @@ def test_shared_resource_needs_matching_key_types(db: Conn, findings: Findings) 
         ("s_text2", "text", "texts", True),  # text and varchar match each other
         ("s_date2", "date", "texts", False),
         ("s_int2", "int", "texts", False),
+        # char(n) prints without its trailing spaces, which text and varchar keep
+        ("s_char", "char(5)", "texts", False),
+        ("s_char1", "char(5)", "chars", True),
+        ("s_char2", "char(8)", "chars", True),
+        # a precision rounds: 00:00:00.6 is 00:00:01 in timestamptz(0)
+        ("s_ts", "timestamptz", "times", True),
+        ("s_ts0", "timestamptz(0)", "times", False),
+        ("s_ts6", "timestamptz(6)", "times", False),
+        ("s_tsp0", "timestamptz(0)", "times0", True),
+        ("s_tsp0b", "timestamptz(0)", "times0", True),
     ]
     for table, typ, resource, accepted in cases:
         db.execute(f"CREATE TABLE {table} (k {typ} NOT NULL)")
@@ -518,6 +528,36 @@ def test_shared_resource_needs_matching_key_types(db: Conn, findings: Findings) 
             )
     db.rollback()
     findings.assert_clean()
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "value"),
+    [
+        ("timestamptz", "timestamptz(0)", "'2020-01-01 00:00:00.6+00'"),
+        ("timestamp(3)", "timestamp(1)", "'2020-01-01 00:00:00.66'"),
+        ("time", "time(0)", "'10:00:00.6'"),
+        ("varchar(10)", "char(10)", "'ab '"),
+    ],
+)
+def test_a_retype_that_changes_how_keys_print_is_refused(
+    db: Conn, before: str, after: str, value: str
+) -> None:
+    """A retype within what looks like one type (a precision, char(n) for varchar) changes the
+    text of existing keys: a stale token would meet a new, empty fence. Refused."""
+    db.execute(f"CREATE TABLE kp (id int PRIMARY KEY, k {before} NOT NULL, v int)")
+    spec = FenceSpec(TableName("public", "kp"), scope=Scope.KEY, key=("k",))
+    for stmt in protect_statements(spec):
+        db.execute(stmt.encode())
+    db.execute("SELECT set_config('fencekit.token', '100', true)")
+    db.execute(f"INSERT INTO kp VALUES (1, {value}, 0)")
+    db.commit()
+    db.execute(f"ALTER TABLE kp ALTER COLUMN k TYPE {after}")
+    db.commit()
+    db.execute("SELECT set_config('fencekit.token', '50', true)")
+    with pytest.raises(psycopg.Error) as info:
+        db.execute("UPDATE kp SET v = 1 WHERE id = 1")
+    assert info.value.sqlstate == "YF000", info.value
+    db.rollback()
 
 
 def test_key_type_changed_after_protect_is_caught(db: Conn) -> None:

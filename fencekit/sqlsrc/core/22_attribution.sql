@@ -113,7 +113,10 @@ BEGIN
   IF seq IS NULL OR at_seq IS NULL THEN
     RETURN;  -- table protected by a template without these counters
   END IF;
-  PERFORM pg_catalog.setval(seq, pg_catalog.nextval(seq) + statements - 1);
+  -- Saturating: never within a billion of the sequence's maximum, where nextval would fail
+  -- every later writer's statement (the count a caller passes is at most a billion).
+  PERFORM pg_catalog.setval(seq, LEAST(pg_catalog.nextval(seq), 9223372036854775807 - 2000000000)
+                                 + LEAST(statements, 1000000000) - 1);
   PERFORM pg_catalog.setval(at_seq,
     (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()) * 1000)::bigint);
 END
@@ -159,6 +162,9 @@ BEGIN
   IF statements IS NULL OR statements < 1 THEN
     RETURN true;
   END IF;
+  -- The count is the caller's (a session's own settings): at most a billion a call, and the
+  -- sums below saturate, so no count can overflow and fail another writer's statement.
+  statements := LEAST(statements, 1000000000);
   -- A role that may write the table could as well write it without a token: its own rows
   -- are all it can add. Anyone else must be writing it now (a cascade, a definer function):
   -- only then is the server's lock table read, so a plain writer's cost never depends on the
@@ -189,7 +195,8 @@ BEGIN
     FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
   UPDATE fencekit.unfenced_writers u
      SET last_seen = GREATEST(u.last_seen, seen),
-         statements = u.statements + record_unfenced_writer.statements,
+         statements = LEAST(u.statements, 9223372036854775807 - record_unfenced_writer.statements)
+                      + record_unfenced_writer.statements,
          query_id = COALESCE(qid, u.query_id)
    WHERE u.tag = record_unfenced_writer.tag AND u.writer = w;
   IF FOUND THEN
@@ -220,7 +227,8 @@ BEGIN
   VALUES (tag, seen, seen, statements)
   ON CONFLICT ON CONSTRAINT unfenced_overflow_pkey DO UPDATE
     SET last_seen = GREATEST(o.last_seen, excluded.last_seen),
-        statements = o.statements + excluded.statements;
+        statements = LEAST(o.statements, 9223372036854775807 - excluded.statements)
+                     + excluded.statements;
   RETURN true;
 END
 $fn$;

@@ -211,7 +211,9 @@ $fn$;
 
 -- How a key column's values are named in fencekit.fences, or an error: the family of its
 -- type, for types whose equal values always print alike under the settings the key triggers
--- pin (see fencekit/sqlgen/key.py). Two tables sharing a named resource need equal families.
+-- print keys under (see fencekit/sqlgen/key.py). Two types share a family only when every
+-- value of one prints as the same value of the other does: a retype within a family keeps the
+-- keys' text, and two tables sharing a named resource need equal families.
 CREATE OR REPLACE FUNCTION fencekit.key_family(relid regclass, col text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -258,17 +260,21 @@ BEGIN
                'normalised form (e.g. lower())';
   ELSIF typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN
     RETURN 'integer';
-  ELSIF typ IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype) THEN
+  ELSIF typ IN ('text'::regtype, 'varchar'::regtype) THEN
     RETURN 'text';
+  ELSIF typ = 'bpchar'::regtype THEN
+    RETURN 'character';  -- its text drops trailing spaces, which text and varchar keep
   ELSIF typ = 'numeric'::regtype THEN
     IF typmod >= 4 THEN
       RETURN 'numeric scale ' || ((typmod - 4) & 65535);
     END IF;
     why := 'without a declared scale, equal numbers print differently (1.0 and 1.00)';
     instead := 'numeric(p,s), which stores every value with the same scale';
-  ELSIF typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'time'::regtype,
-                'timestamp'::regtype, 'timestamptz'::regtype, 'bytea'::regtype) THEN
+  ELSIF typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'bytea'::regtype) THEN
     RETURN pg_catalog.format_type(typ, NULL);
+  ELSIF typ IN ('time'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype) THEN
+    -- With its precision: a value rounded to another one prints differently.
+    RETURN pg_catalog.format_type(typ, typmod);
   ELSIF t.typtype = 'e' THEN
     why := 'an enum''s labels can be renamed (ALTER TYPE ... RENAME VALUE), which would '
            'silently give every key of that value a new fence';

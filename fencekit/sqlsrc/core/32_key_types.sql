@@ -61,12 +61,14 @@ BEGIN
          OR coll NOT IN (0, 100, 950, 951)  -- none, default, "C", "POSIX": deterministic
          OR families[i] IS DISTINCT FROM (CASE
               WHEN typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN 'integer'
-              WHEN typ IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype) THEN 'text'
+              WHEN typ IN ('text'::regtype, 'varchar'::regtype) THEN 'text'
+              WHEN typ = 'bpchar'::regtype THEN 'character'
               WHEN typ = 'numeric'::regtype AND typmod >= 4
                 THEN 'numeric scale ' || ((typmod - 4) & 65535)
-              WHEN typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'time'::regtype,
-                           'timestamp'::regtype, 'timestamptz'::regtype, 'bytea'::regtype)
+              WHEN typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'bytea'::regtype)
                 THEN pg_catalog.format_type(typ, NULL)
+              WHEN typ IN ('time'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype)
+                THEN pg_catalog.format_type(typ, typmod)
             END) THEN
         fast := false;
         EXIT;

@@ -80,10 +80,14 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
@@ -91,19 +95,19 @@ BEGIN
                  OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a2.atttypid, NULL)
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a2.atttypid, a2.atttypmod)
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -171,7 +175,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=fc696e37e707f028615a3085a54363ead6d6e8d3cc3816b9e4741e43e4940a24; generated, do not edit';
+  'sha256=38eec0b5b2d1b0c51ae3eef128e76164e6afa6347b3bb398122bdcccbc904734; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -207,10 +211,14 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
@@ -218,19 +226,19 @@ BEGIN
                  OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a2.atttypid, NULL)
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a2.atttypid, a2.atttypmod)
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -299,7 +307,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=98015408b50e6f962a65b97682748cfff3104e66f965e45e1a8ff1a2329e152a; generated, do not edit';
+  'sha256=4b949c7e9cf2d6f4e1318cc8fbb07d2396a7f82af53d2be7e2a66ef54045d792; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -335,10 +343,14 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
@@ -346,19 +358,19 @@ BEGIN
                  OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a2.atttypid, NULL)
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a2.atttypid, a2.atttypmod)
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -426,7 +438,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=a7ac1643901aa72753b5ece152f74af25fa979ac05255b33cc104b4690b58a28; generated, do not edit';
+  'sha256=e8e7385b14bd27a2cc7cff86664b009b59ad3a4b644b077475f76098f003db76; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

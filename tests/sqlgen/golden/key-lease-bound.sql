@@ -75,19 +75,19 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -124,7 +124,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=c57c45502863b147dbdc781820c2bdcb24b31dd38973ef9a4f90af7bfecbbac8; generated, do not edit';
+  'sha256=0a8da54cb500bf763bc2fcff1727a5016e4f71f377abbf121fd1bc185e45d6ce; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -157,19 +157,19 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -207,7 +207,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=9f13715285d528dd2a264f37f884f9ae1f324409172a1ae8bc88a665d0c62aba; generated, do not edit';
+  'sha256=d0fb747298737163eda7939fbc68754d8d53eefcd930ff42fcddec53f8032192; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -240,19 +240,19 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -289,7 +289,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=114fe56e21da7815eadb97307fca27b436253a10a7e539f257d7b245900d5c0d; generated, do not edit';
+  'sha256=6fc4a87860101afb3ac338f2a41420cf9cbcbf0527024563528059d1acaa85b4; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

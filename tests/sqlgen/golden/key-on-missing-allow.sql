@@ -99,19 +99,19 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -200,7 +200,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=99e879912b909c928763cbf58c7f3a929bdc3f807e1cd511ec38277469f1748b; generated, do not edit';
+  'sha256=00684f7da810fcdc920f99b3cdc5ad12cffcf76e2bdfb468a78360f90d0049e7; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -234,19 +234,19 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -336,7 +336,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=8e29473fead4d859c32784692bc398a461554d188b22124348b8baeff64654d0; generated, do not edit';
+  'sha256=820abb0ecfd8aa2e13d93e8df0d4430119aae8f175be7d788ee145348ab20214; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -370,19 +370,19 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -471,7 +471,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=8466b06abee18a68af592f7d3f1e155a35cbbd6f18d908dcad9336d702acec3e; generated, do not edit';
+  'sha256=4d998b12041adfd3f9c528ce7424099c5d5dae9c61c73e46d93015531e0b50c9; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -76,19 +76,19 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -154,7 +154,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=8432a71bc87d0c06eb32347abe804f929a845ab98fdf488b7b435a7c2bc20562; generated, do not edit';
+  'sha256=acfe81e9381e080e2b62b03846de07017347bc53db5ea375d9b1c8782f29fe58; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -188,19 +188,19 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -267,7 +267,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=04f6e8c49658356106660838fe7fd0b206c9f39a7f59ee1505f4df44a6ff542f; generated, do not edit';
+  'sha256=2866dfb4762ce1a720dc8a6fb89e34a15eb33c699603b403e51667ef4ba0ec02; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -301,19 +301,19 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043,1042}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
                  THEN 'text'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,1083,1114,1184,17}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           pr.key_families OPERATOR(pg_catalog.&&)
-             ARRAY['date',
-               'time without time zone',
-               'timestamp without time zone',
-               'timestamp with time zone',
-               'bytea']::pg_catalog.text[]
+           NOT pr.key_families OPERATOR(pg_catalog.<@)
+             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -379,7 +379,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=aa9dddc79e4a08f90a01e3c986d36c02b178f0afe563d047053fe77a69222c09; generated, do not edit';
+  'sha256=0bfe1c920b1c95e6635c9ee07314d6bee0614572e984d794bfd92a99b8c8f6cc; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
