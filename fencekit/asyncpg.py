@@ -8,18 +8,10 @@
   ``asyncpg.create_pool()``.
 - :func:`set_token`: fence the transaction already open (one statement).
 
-How the token travels (docs/asyncpg.md has the measured costs):
-
-- **With the BEGIN, no round trip of its own.** asyncpg opens a transaction with a simple query
-  of its own (``BEGIN ISOLATION LEVEL ...``). A fenced connection sends ``BEGIN ...; SET LOCAL
-  fencekit.token = '34'; SET LOCAL fencekit.issuer = ''`` as that one query instead. Every
-  statement of the transaction, ``prepare()``, cursors and ``copy_*`` included, is then fenced.
-- **A statement without arguments outside a transaction** (simple protocol) goes as ``SET LOCAL
-  ...; <statement>``: one query, run by PostgreSQL as one implicit transaction.
-- **Where asyncpg allows neither**, a cost: a statement with arguments (the extended protocol,
-  one statement per Sync) outside a transaction is wrapped in one (two round trips more), and
-  a scope entered or left inside an open transaction sends the token (or the clear) as a
-  statement of its own (one round trip).
+How the token travels (docs/asyncpg.md has each way and its cost): in the query of asyncpg's own
+``BEGIN`` (``BEGIN ...; SET LOCAL fencekit.token = '34'``), which fences every statement of the
+transaction at no round trip of its own; else in a statement's simple query, or, where asyncpg
+allows neither, in a statement or a transaction of its own.
 
 Rejections: importing this module registers fencekit's rejection classes with asyncpg (asyncpg
 picks an error's class by its ``sqlstate``): asyncpg then raises errors that are both
@@ -87,10 +79,7 @@ class _ServerFields(dict[str, Any]):
     no statement needs a coroutine of fencekit's around it to see the error pass."""
 
     __slots__ = ("error",)
-
-    def __init__(self, error: errors.FenceError) -> None:
-        super().__init__()
-        self.error: errors.FenceError | None = error
+    error: errors.FenceError | None
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         super().update(*args, **kwargs)
@@ -104,7 +93,8 @@ class _AsyncpgRejectionError(errors.FencekitError, asyncpg.PostgresError):  # ty
 
     def __init__(self, message: str = "", *args: Any) -> None:
         Exception.__init__(self, message, *args)
-        self.__dict__ = _ServerFields(self)
+        fields = self.__dict__ = _ServerFields()
+        fields.error = self
         self.orig: BaseException | None = self  # the driver's error, as for every FenceError
 
 
@@ -186,25 +176,21 @@ def _run(
     (PostgreSQL runs it as one transaction); without it (the extended protocol: one statement,
     no room for a prefix) a statement outside a transaction is wrapped in one."""
     state = _states.get(id(conn)) or _state(conn)
-    if conn.is_in_transaction():
-        value = state.next(wire.INTRANS, wire.scope_value())
-        return call() if value is None else _sent_first(conn, state, value, call)
-    value = state.next(wire.IDLE, wire.scope_value())
+    status = wire.INTRANS if conn.is_in_transaction() else wire.IDLE
+    value = state.next(status, wire.scope_value())
     if value is None:
         return call()
-    if prefixed is not None:
+    if status == wire.IDLE and prefixed is not None:
         return prefixed(wire.set_local(value, True) + "; ")
-    return _in_transaction(conn, call)
+    return _sent_first(conn, value, call)
 
 
 async def _sent_first(
-    conn: asyncpg.Connection, state: wire.Wire, value: wire.Value, call: Callable[[], Awaitable[R]]
+    conn: asyncpg.Connection, value: wire.Value, call: Callable[[], Awaitable[R]]
 ) -> R:
-    await _send(conn, state, value)
-    return await call()
-
-
-async def _in_transaction(conn: asyncpg.Connection, call: Callable[[], Awaitable[R]]) -> R:
+    if conn.is_in_transaction():
+        await _send(conn, _state(conn), value)
+        return await call()
     async with conn.transaction():  # its BEGIN carries the token (FencedConnection.execute)
         return await call()
 
@@ -430,9 +416,7 @@ async def transaction(
                 await tx.rollback()
                 raise
             try:
-                await tx.commit()
-            except errors.FenceError:
-                raise  # a deferred check, at COMMIT (counted where asyncpg built it)
+                await tx.commit()  # a deferred check's rejection is counted where asyncpg built it
             except Exception as exc:
                 unknown = None if nested else commit_outcome_unknown(exc, scope.token, scope.issuer)
                 if unknown is not None:
