@@ -1258,8 +1258,10 @@ BEGIN
                'normalised form (e.g. lower())';
   ELSIF typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN
     RETURN 'integer';
-  ELSIF typ IN ('text'::regtype, 'varchar'::regtype) THEN
+  ELSIF typ = 'text'::regtype OR (typ = 'varchar'::regtype AND typmod < 0) THEN
     RETURN 'text';
+  ELSIF typ = 'varchar'::regtype THEN
+    RETURN pg_catalog.format_type(typ, typmod);  -- storing trims trailing spaces beyond n
   ELSIF typ = 'bpchar'::regtype THEN
     RETURN 'character';  -- its text drops trailing spaces, which text and varchar keep
   ELSIF typ = 'numeric'::regtype THEN
@@ -1427,7 +1429,9 @@ BEGIN
          OR coll NOT IN (0, 100, 950, 951)  -- none, default, "C", "POSIX": deterministic
          OR families[i] IS DISTINCT FROM (CASE
               WHEN typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN 'integer'
-              WHEN typ IN ('text'::regtype, 'varchar'::regtype) THEN 'text'
+              WHEN typ = 'text'::regtype OR (typ = 'varchar'::regtype AND typmod < 0)
+                THEN 'text'
+              WHEN typ = 'varchar'::regtype THEN pg_catalog.format_type(typ, typmod)
               WHEN typ = 'bpchar'::regtype THEN 'character'
               WHEN typ = 'numeric'::regtype AND typmod >= 4
                 THEN 'numeric scale ' || ((typmod - 4) & 65535)

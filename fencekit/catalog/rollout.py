@@ -47,6 +47,7 @@ DEFAULT_WINDOW = timedelta(days=7)
 
 _DURATION = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*(s|sec|min|m|h|d|w)?\s*$")
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+_LONGEST = timedelta(days=100 * 365)  # a window or a time beyond this is a typo
 
 
 def parse_duration(text: str) -> timedelta:
@@ -54,7 +55,10 @@ def parse_duration(text: str) -> timedelta:
     m = _DURATION.match(text)
     if not m:
         raise ValueError(f"{text!r} is not a duration like 90s, 30min, 12h, 7d or 2w")
-    return timedelta(seconds=float(m.group(1)) * _UNITS[(m.group(2) or "s").lower()])
+    seconds = float(m.group(1)) * _UNITS[(m.group(2) or "s").lower()]
+    if seconds > _LONGEST.total_seconds():
+        raise ValueError(f"{text!r} is longer than {_LONGEST.days // 365} years")
+    return timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)
@@ -420,14 +424,24 @@ def _totals_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
     (how many writers, when the last was seen) decide alike."""
     row = conn.execute(
         "SELECT t.writers, t.last_seen, pg_catalog.statement_timestamp(),"
-        " fencekit.attribution_lag() FROM fencekit.unfenced_writer_totals t"
+        " fencekit.attribution_lag(), p.protected_at FROM fencekit.unfenced_writer_totals t"
+        " JOIN fencekit.protected p ON p.schema_name OPERATOR(pg_catalog.=) t.schema_name"
+        "  AND p.table_name OPERATOR(pg_catalog.=) t.table_name"
         " WHERE t.schema_name OPERATOR(pg_catalog.=) %s"
         "   AND t.table_name OPERATOR(pg_catalog.=) %s",
         [table.schema, table.name],
     ).fetchone()
-    if row is None or row[1] is None:
+    if row is None:
         return None
-    writers, last, now, lag = row
+    writers, last, now, lag, since = row
+    if since > now - window:
+        return (
+            f"{table} has been watched in rollout mode only since {since:%Y-%m-%d %H:%M:%S%z}, "
+            f"less than the window ({_human(window)}): a writer that runs less often than that "
+            "may not have been seen yet"
+        )
+    if last is None:
+        return None
     if last + timedelta(seconds=int(lag)) > now - window:
         return (
             f"{table} was written without a token within the last {_human(window)} "

@@ -47,7 +47,13 @@ _UNPRINTED = ("integer", "text", "character", "uuid", "boolean")
 # keeps the two equal): the generated triggers' fast check of the key columns' types.
 _FAMILY_OIDS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("'integer'", (20, 21, 23)),  # bigint, smallint, integer
-    ("'text'", (25, 1043)),  # text, varchar
+    ("'text'", (25,)),
+    # varchar: with its length (storing trims trailing spaces beyond it), unbounded as text
+    (
+        "CASE WHEN {a}.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'\n"
+        "                      ELSE pg_catalog.format_type({a}.atttypid, {a}.atttypmod) END",
+        (1043,),
+    ),
     ("'character'", (1042,)),  # char(n): its text drops trailing spaces
     # uuid, boolean, date, bytea: named by their type
     ("pg_catalog.format_type({a}.atttypid, NULL)", (2950, 16, 1082, 17)),

@@ -4,6 +4,7 @@ verdict, and the one step to enforce that refuses while a writer is seen."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -238,3 +239,28 @@ def test_a_writer_whose_record_another_role_holds_keeps_the_table_not_ready(
         "SELECT spec ->> 'on_missing' FROM fencekit.protected WHERE table_name = 'legacy'"
     ).fetchone()
     assert row == ("allow",)
+
+
+def test_a_role_that_reads_only_the_totals_is_refused_too_early_as_well(
+    db: Conn, dsn: str, make_role: Any
+) -> None:
+    """enforce's check for a role that may not read the writers (the public totals) refuses a
+    table watched for less than the window, as the full report does."""
+    _setup(db, dsn)
+    db.execute("DELETE FROM fencekit.unfenced_writers")
+    db.commit()
+    app = make_role("rollout_totals", "SELECT ON ALL TABLES IN SCHEMA public")
+    with psycopg.connect(app) as conn:
+        why = enforce_refusal(conn, TableName("public", "done"), timedelta(days=7))
+    assert why is not None
+    assert "watched in rollout mode only since" in why
+    _age(db, "done", "8 days")
+    with psycopg.connect(app) as conn:
+        assert enforce_refusal(conn, TableName("public", "done"), timedelta(days=7)) is None
+
+
+def test_a_window_beyond_a_century_is_refused_as_a_typo(cli: Cli, dsn: str) -> None:
+    r = cli("rollout", "--window", "99999999w", "--dsn", dsn)
+    assert r.code == 2, r.err
+    assert "--window" in r.err
+    assert "longer than 100 years" in r.err

@@ -498,8 +498,12 @@ def test_shared_resource_needs_matching_key_types(db: Conn, findings: Findings) 
         ("s_small", "smallint", "ints", True),
         ("s_text1", "text", "ints", False),
         ("s_date1", "date", "ints", False),
-        ("s_varchar", "varchar(10)", "texts", True),
-        ("s_text2", "text", "texts", True),  # text and varchar match each other
+        ("s_varchar0", "varchar", "texts", True),
+        ("s_text2", "text", "texts", True),  # text and unbounded varchar match each other
+        # storing into varchar(n) trims trailing spaces beyond n: 'ab  ' is 'ab' there
+        ("s_varchar", "varchar(10)", "texts", False),
+        ("s_varchar1", "varchar(10)", "varchars", True),
+        ("s_varchar2", "varchar(2)", "varchars", False),
         ("s_date2", "date", "texts", False),
         ("s_int2", "int", "texts", False),
         # char(n) prints without its trailing spaces, which text and varchar keep
@@ -537,6 +541,8 @@ def test_shared_resource_needs_matching_key_types(db: Conn, findings: Findings) 
         ("timestamp(3)", "timestamp(1)", "'2020-01-01 00:00:00.66'"),
         ("time", "time(0)", "'10:00:00.6'"),
         ("varchar(10)", "char(10)", "'ab '"),
+        ("varchar(10)", "varchar(2)", "'ab  '"),
+        ("text", "varchar(2)", "'ab  '"),
     ],
 )
 def test_a_retype_that_changes_how_keys_print_is_refused(

@@ -260,8 +260,10 @@ BEGIN
                'normalised form (e.g. lower())';
   ELSIF typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN
     RETURN 'integer';
-  ELSIF typ IN ('text'::regtype, 'varchar'::regtype) THEN
+  ELSIF typ = 'text'::regtype OR (typ = 'varchar'::regtype AND typmod < 0) THEN
     RETURN 'text';
+  ELSIF typ = 'varchar'::regtype THEN
+    RETURN pg_catalog.format_type(typ, typmod);  -- storing trims trailing spaces beyond n
   ELSIF typ = 'bpchar'::regtype THEN
     RETURN 'character';  -- its text drops trailing spaces, which text and varchar keep
   ELSIF typ = 'numeric'::regtype THEN

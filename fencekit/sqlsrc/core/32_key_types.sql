@@ -61,7 +61,9 @@ BEGIN
          OR coll NOT IN (0, 100, 950, 951)  -- none, default, "C", "POSIX": deterministic
          OR families[i] IS DISTINCT FROM (CASE
               WHEN typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN 'integer'
-              WHEN typ IN ('text'::regtype, 'varchar'::regtype) THEN 'text'
+              WHEN typ = 'text'::regtype OR (typ = 'varchar'::regtype AND typmod < 0)
+                THEN 'text'
+              WHEN typ = 'varchar'::regtype THEN pg_catalog.format_type(typ, typmod)
               WHEN typ = 'bpchar'::regtype THEN 'character'
               WHEN typ = 'numeric'::regtype AND typmod >= 4
                 THEN 'numeric scale ' || ((typmod - 4) & 65535)

@@ -80,8 +80,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -95,8 +98,11 @@ BEGIN
                  OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a2.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a2.atttypid, a2.atttypmod) END
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -175,7 +181,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=38eec0b5b2d1b0c51ae3eef128e76164e6afa6347b3bb398122bdcccbc904734; generated, do not edit';
+  'sha256=9c02bac674b63363c49bc11aa776126f79722f78efa2e990c9924b173e981bda; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -211,8 +217,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -226,8 +235,11 @@ BEGIN
                  OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a2.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a2.atttypid, a2.atttypmod) END
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -307,7 +319,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=4b949c7e9cf2d6f4e1318cc8fbb07d2396a7f82af53d2be7e2a66ef54045d792; generated, do not edit';
+  'sha256=ff6e7f82b8975d9179f4ba1b4c41b4640abb04201eb372d0303da278ecdf4496; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -343,8 +355,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -358,8 +373,11 @@ BEGIN
                  OR NOT a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a2.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a2.atttypid, a2.atttypmod) END
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -438,7 +456,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=e8e7385b14bd27a2cc7cff86664b009b59ad3a4b644b077475f76098f003db76; generated, do not edit';
+  'sha256=bb92b193b8e142bf82093daf9bb0d6f93303f85b72d056b1c98c4189fbc5c72a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -75,8 +75,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -124,7 +127,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=0a8da54cb500bf763bc2fcff1727a5016e4f71f377abbf121fd1bc185e45d6ce; generated, do not edit';
+  'sha256=e70206a907928b90c71c52eefd495633bbb5e784bdb24f65a13ec7a058b8ec80; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -157,8 +160,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -207,7 +213,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=d0fb747298737163eda7939fbc68754d8d53eefcd930ff42fcddec53f8032192; generated, do not edit';
+  'sha256=6d243f0aa055dfb731c1a303c7f458f5d96867ae832c223374926fe97edb3e3c; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -240,8 +246,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -289,7 +298,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=6fc4a87860101afb3ac338f2a41420cf9cbcbf0527024563528059d1acaa85b4; generated, do not edit';
+  'sha256=9f503f079e4df7780b91e82689911ff7f0643f05d7b8240973dfdba84b60fc2e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

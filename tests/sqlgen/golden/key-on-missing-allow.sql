@@ -99,8 +99,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -200,7 +203,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=00684f7da810fcdc920f99b3cdc5ad12cffcf76e2bdfb468a78360f90d0049e7; generated, do not edit';
+  'sha256=fa6d18d558e23de47b41bf682e0e960ff234897060e312bc9a6de1d7982c0482; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -234,8 +237,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -336,7 +342,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=820abb0ecfd8aa2e13d93e8df0d4430119aae8f175be7d788ee145348ab20214; generated, do not edit';
+  'sha256=2cc279efc60d5501f5840becde13d3854db3de15eede4159f9665a6f2d66377d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -370,8 +376,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -471,7 +480,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=4d998b12041adfd3f9c528ce7424099c5d5dae9c61c73e46d93015531e0b50c9; generated, do not edit';
+  'sha256=cf01204fcb4f75fe93ef092a4295dfc2c9c8b638f676cb3daab2b292bfa0da75; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

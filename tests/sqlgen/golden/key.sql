@@ -76,8 +76,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -154,7 +157,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=acfe81e9381e080e2b62b03846de07017347bc53db5ea375d9b1c8782f29fe58; generated, do not edit';
+  'sha256=9f9149f78758687137ab67fd3b848251f8d77d19e9c619858296fe38ba9fb265; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -188,8 +191,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -267,7 +273,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=2866dfb4762ce1a720dc8a6fb89e34a15eb33c699603b403e51667ef4ba0ec02; generated, do not edit';
+  'sha256=b24884fd7c40136d32518b13021c84e02c60421508207fe8aa629ccc89dcdb5f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -301,8 +307,11 @@ BEGIN
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
                  THEN 'integer'
-               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25,1043}'::pg_catalog.oid[])
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
                  THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
                  THEN 'character'
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
@@ -379,7 +388,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=0bfe1c920b1c95e6635c9ee07314d6bee0614572e984d794bfd92a99b8c8f6cc; generated, do not edit';
+  'sha256=342961c4150120e529ca763393adef4657ce73de18cb50d757ea3dba5250b515; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
