@@ -38,10 +38,11 @@ KEY_SETTINGS: tuple[tuple[str, str], ...] = (
     ("bytea_output", "'hex'"),
 )
 
-#: The key families (fencekit.key_family's names) whose text depends on no setting; keys of
-#: any other family (date, time, timestamp, timestamptz, bytea, and numeric: not worth telling
-#: apart) are printed under KEY_SETTINGS.
+#: The key families (fencekit.key_family's names, or their beginnings) whose text depends on
+#: no setting; keys of any other family (date, time, timestamp, timestamptz, bytea) are printed
+#: under KEY_SETTINGS, and so is anything not named here.
 _UNPRINTED = ("integer", "text", "character", "uuid", "boolean")
+_UNPRINTED_PREFIXES = ("character varying(", "numeric scale ")
 
 # The key families of built-in types, by type OID, as fencekit.key_family names them (a test
 # keeps the two equal): the generated triggers' fast check of the key columns' types.
@@ -157,11 +158,18 @@ def _check_types(n: Names) -> str:
         for a, c in cols
     )
     unprinted = ", ".join(lit(f) for f in _UNPRINTED)
+    prefixes = "".join(
+        f"\n                                   OR u.f OPERATOR(pg_catalog.~~) {lit(p + '%')}"
+        for p in _UNPRINTED_PREFIXES
+    )
     return (
         "    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[\n"
         f"          {families}],\n"
-        "           NOT pr.key_families OPERATOR(pg_catalog.<@)\n"
-        f"             ARRAY[{unprinted}]::pg_catalog.text[]\n"
+        "           pr.key_families IS NULL\n"
+        "             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)\n"
+        "                         WHERE NOT (u.f OPERATOR(pg_catalog.=)\n"
+        f"                                      ANY (ARRAY[{unprinted}])"
+        f"{prefixes}))\n"
         "      INTO typed, printed\n"
         f"      FROM fencekit.protected pr{attrs}\n"
         f"     WHERE pr.tag {eq} {n.lit_tag}{where};\n"

@@ -65,7 +65,8 @@ def test_a_one_key_write_probes_by_index_after_the_fences_grew(db: Conn) -> None
 KEY_COLUMN_TYPES = (
     "smallint", "integer", "bigint", "text", "varchar(10)", "char(3)", 'text COLLATE "C"',
     'text COLLATE "POSIX"', "numeric(10,2)", "numeric(5,0)", "uuid", "boolean", "date", "time",
-    "timestamp", "timestamptz", "bytea",
+    "timestamp", "timestamptz", "bytea", "varchar", "varchar(2)", "char(10)", "time(0)",
+    "timestamp(3)", "timestamptz(0)",
 )  # fmt: skip
 
 

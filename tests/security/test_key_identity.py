@@ -164,6 +164,15 @@ KINDS: dict[str, tuple[Column, ...]] = {
             _same,
         ),
     ),
+    "k_varchar": (  # its own family, printed without the settings pinned
+        Column(
+            "varchar(8)",
+            st.text(
+                st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=6
+            ),
+            _same,
+        ),
+    ),
     "k_int": (Column("integer", st.integers(-(2**31), 2**31 - 1), _int),),
     "k_uuid": (Column("uuid", st.uuids(), _uuid),),
     "k_time": (Column("time", st.times(), _time),),

@@ -112,8 +112,12 @@ BEGIN
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -181,7 +185,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=9c02bac674b63363c49bc11aa776126f79722f78efa2e990c9924b173e981bda; generated, do not edit';
+  'sha256=b36b8444492f0a75bc5b9f2690667de8f78cc02d3c9bb95ffb27dca1a17db356; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -249,8 +253,12 @@ BEGIN
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -319,7 +327,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=ff6e7f82b8975d9179f4ba1b4c41b4640abb04201eb372d0303da278ecdf4496; generated, do not edit';
+  'sha256=92d84980bbbe4d1a81a0859eb2f167175939ce2b10a6c321f54922c791a30da3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -387,8 +395,12 @@ BEGIN
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -456,7 +468,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=bb92b193b8e142bf82093daf9bb0d6f93303f85b72d056b1c98c4189fbc5c72a; generated, do not edit';
+  'sha256=9ff3d10b76b2328ff55edfd2e8df42f5b0fba379dcc64768fb5a51221404b22b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -89,8 +89,12 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -127,7 +131,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=e70206a907928b90c71c52eefd495633bbb5e784bdb24f65a13ec7a058b8ec80; generated, do not edit';
+  'sha256=ed6d0e0ce204dd5b1c01df529e71d6728cc6668faf80e721d23026278e29b70c; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -174,8 +178,12 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -213,7 +221,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=6d243f0aa055dfb731c1a303c7f458f5d96867ae832c223374926fe97edb3e3c; generated, do not edit';
+  'sha256=d7f415bfbab69faa4704beb8a8abf7c180aaa4373320ece027779b2023ae371c; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -260,8 +268,12 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -298,7 +310,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=9f503f079e4df7780b91e82689911ff7f0643f05d7b8240973dfdba84b60fc2e; generated, do not edit';
+  'sha256=87dd74316956f0440e9722af049dc21580023bca694ffe6325d568f44c8f064d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -113,8 +113,12 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -203,7 +207,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=fa6d18d558e23de47b41bf682e0e960ff234897060e312bc9a6de1d7982c0482; generated, do not edit';
+  'sha256=48ad6c3c223d08364dcd8cabfbebd22ff0a9712689551b5bb7e088d9b5230388; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -251,8 +255,12 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -342,7 +350,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=2cc279efc60d5501f5840becde13d3854db3de15eede4159f9665a6f2d66377d; generated, do not edit';
+  'sha256=6c7c539d4c366cb378fab162725c028cedc7ba2e73ec61eecb09da351d17202f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -390,8 +398,12 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -480,7 +492,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=cf01204fcb4f75fe93ef092a4295dfc2c9c8b638f676cb3daab2b292bfa0da75; generated, do not edit';
+  'sha256=bb50d9c4246dbf4af4da828e5566187d78427d0872364d074ae4428389346c2a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -90,8 +90,12 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -157,7 +161,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=9f9149f78758687137ab67fd3b848251f8d77d19e9c619858296fe38ba9fb265; generated, do not edit';
+  'sha256=a7af43e9a301cc5e1ee89b3173d9ed35ac5d8aed4140c556fb8eb91948b24067; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -205,8 +209,12 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -273,7 +281,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=b24884fd7c40136d32518b13021c84e02c60421508207fe8aa629ccc89dcdb5f; generated, do not edit';
+  'sha256=36f86f4123135bf2962c9f41d008765ff2027c7a851206cc5c17b4321dfbf75a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -321,8 +329,12 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
-           NOT pr.key_families OPERATOR(pg_catalog.<@)
-             ARRAY['integer', 'text', 'character', 'uuid', 'boolean']::pg_catalog.text[]
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
       INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -388,7 +400,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=342961c4150120e529ca763393adef4657ce73de18cb50d757ea3dba5250b515; generated, do not edit';
+  'sha256=eea9c1df4118d0e6e0a60ec1317d4c697661863aa1c712449334c7951782d39f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
