@@ -299,11 +299,10 @@ BEGIN
       RETURN;
     END IF;
   END IF;
-  IF fencekit.record_unfenced_writer(tag, relid, pending) THEN
-    pending := 0;
-  END IF;
-  PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(pending, ':', period), false);
-  PERFORM pg_catalog.set_config(seen, pg_catalog.concat(0, ':', period), false);
+  -- Recorded, or counted as unattributed: either way the count is spent.
+  PERFORM fencekit.record_unfenced_writer(tag, relid, pending);
+  PERFORM pg_catalog.set_config(coarse, '0:' OPERATOR(pg_catalog.||) period, false);
+  PERFORM pg_catalog.set_config(seen, '0:' OPERATOR(pg_catalog.||) period, false);
 END
 $fn$;
 
