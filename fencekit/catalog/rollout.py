@@ -435,11 +435,7 @@ def _totals_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
         return None
     writers, last, now, lag, since = row
     if since > now - window:
-        return (
-            f"{table} has been watched in rollout mode only since {since:%Y-%m-%d %H:%M:%S%z}, "
-            f"less than the window ({_human(window)}): a writer that runs less often than that "
-            "may not have been seen yet"
-        )
+        return _too_early(table, since, window, since + window)
     if last is None:
         return None
     if last + timedelta(seconds=int(lag)) > now - window:
@@ -468,12 +464,7 @@ def enforce_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
     if t.verdict in ("ready", "enforced"):
         return None
     if t.verdict == "too_early":
-        ready = f"; it is ready at {t.ready_at:%Y-%m-%d %H:%M:%S%z}" if t.ready_at else ""
-        return (
-            f"{table} has been watched in rollout mode only since "
-            f"{t.observed_since:%Y-%m-%d %H:%M:%S%z}, less than the window ({_human(window)}): "
-            f"a writer that runs less often than that may not have been seen yet{ready}"
-        )
+        return _too_early(table, t.observed_since, window, t.ready_at)
     if t.verdict == "not_attributed":
         return _NOT_ATTRIBUTED.format(table=table)
     who = [
@@ -491,6 +482,15 @@ def enforce_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
     return (
         f"{table} was written without a token within the last {_human(window)} by "
         f"{len(t.blocking)} writer(s), which enforcing would break: " + "; ".join(who)
+    )
+
+
+def _too_early(table: TableName, since: datetime, window: timedelta, ready: datetime | None) -> str:
+    at = f"; it is ready at {ready:%Y-%m-%d %H:%M:%S%z}" if ready is not None else ""
+    return (
+        f"{table} has been watched in rollout mode only since {since:%Y-%m-%d %H:%M:%S%z}, "
+        f"less than the window ({_human(window)}): a writer that runs less often than that may "
+        f"not have been seen yet{at}"
     )
 
 
