@@ -600,3 +600,95 @@ def test_key_type_changed_after_protect_is_caught(db: Conn) -> None:
     assert err.sqlstate == "YF000", err
     assert "changed type" in str(err)
     db.rollback()
+
+
+def test_key_text_holds_for_a_writer_with_other_settings_on_every_write_path(
+    db: Conn, make_role: Callable[..., str]
+) -> None:
+    """The key triggers set the print settings only for keys that print by them, and only
+    while they print: a date key written by a fencekit_writer member on fresh connections
+    with hostile TimeZone, DateStyle and search_path, through a view, a foreign-key cascade
+    that moves rows between partitions, COPY, MERGE and a definer function, names one fence
+    per day (ISO text), a stale token is refused on each path, and the writer's settings are
+    its own again after every statement."""
+    db.execute("CREATE TABLE days (d date PRIMARY KEY)")
+    db.execute("INSERT INTO days VALUES ('2020-03-04'), ('2021-05-06'), ('2022-07-08')")
+    db.execute(
+        "CREATE TABLE kd (id int, d date NOT NULL REFERENCES days (d) ON UPDATE CASCADE, v int)"
+        " PARTITION BY RANGE (d)"
+    )
+    db.execute(
+        "CREATE TABLE kd_2020 PARTITION OF kd FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')"
+    )
+    db.execute("CREATE TABLE kd_later PARTITION OF kd FOR VALUES FROM ('2021-01-01') TO (MAXVALUE)")
+    db.execute("CREATE VIEW kd_view AS SELECT * FROM kd")
+    db.execute(
+        "CREATE FUNCTION bump(day date) RETURNS void LANGUAGE sql SECURITY DEFINER"
+        " SET search_path = public AS $$ UPDATE kd SET v = v + 1 WHERE d = day $$"
+    )
+    for stmt in protect_statements(
+        FenceSpec(TableName("public", "kd"), scope=Scope.KEY, key=("d",))
+    ):
+        db.execute(stmt.encode())
+    db.commit()
+    writer = make_role(
+        "kd_writer",
+        "fencekit_writer",
+        "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public",
+    )
+    db.execute("GRANT EXECUTE ON FUNCTION bump(date) TO kd_writer")
+    db.commit()
+    hostile = (
+        "SET TimeZone = 'Pacific/Chatham'; SET DateStyle = 'German'; SET bytea_output = 'escape';"
+        " SET search_path = public, pg_catalog"
+    )
+
+    def write(token: int, *stmts: str, copy: str | None = None) -> None:
+        with psycopg.connect(writer) as c:  # a connection the pool has just opened
+            c.execute(hostile)
+            c.commit()
+            before = c.execute(
+                "SELECT current_setting('DateStyle'), current_setting('TimeZone')"
+            ).fetchone()
+            c.execute("SELECT set_config('fencekit.token', %s, true)", [str(token)])
+            for s in stmts:
+                c.execute(s)
+            if copy is not None:
+                with c.cursor().copy("COPY kd (id, d, v) FROM STDIN") as cp:
+                    cp.write(copy)
+            after = c.execute(
+                "SELECT current_setting('DateStyle'), current_setting('TimeZone')"
+            ).fetchone()
+            c.commit()
+        assert after == before == ("German, DMY", "Pacific/Chatham")
+
+    write(100, "INSERT INTO kd_view VALUES (1, '2020-03-04', 0)")
+    write(101, copy="2\t2021-05-06\t0\n")
+    write(
+        102,
+        "MERGE INTO kd USING (SELECT 3 AS id, date '2022-07-08' AS d) s ON kd.id = s.id"
+        " WHEN NOT MATCHED THEN INSERT VALUES (s.id, s.d, 0)",
+    )
+    write(103, "SELECT bump('2021-05-06')")
+    # A cascade: the parent's key moves, the fenced rows follow it to the other partition.
+    write(104, "UPDATE days SET d = '2021-03-04' WHERE d = '2020-03-04'")
+    keys = dict(
+        db.execute(
+            "SELECT key, fence FROM fencekit.fences WHERE resource = 'public.kd' ORDER BY key"
+        ).fetchall()
+    )
+    db.commit()
+    assert keys == {
+        "2020-03-04": 104,
+        "2021-03-04": 104,
+        "2021-05-06": 103,
+        "2022-07-08": 102,
+    }, keys
+    for stale, stmt in (
+        (101, "UPDATE kd_view SET v = 9 WHERE d = '2021-03-04'"),
+        (102, "SELECT bump('2021-05-06')"),
+        (101, "DELETE FROM kd WHERE d = '2022-07-08'"),
+    ):
+        with pytest.raises(psycopg.Error) as refused:
+            write(stale, stmt)
+        assert refused.value.sqlstate == "YF001", (stmt, refused.value)
