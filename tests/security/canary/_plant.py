@@ -214,6 +214,7 @@ class Table:
     name: str  # in schema app
     scope: str  # row, key, table
     partitioned: bool = False
+    key: tuple[str, ...] = ("k",)  # a key fence's key columns
 
 
 def table_sql(t: Table) -> str:
@@ -223,6 +224,7 @@ def table_sql(t: Table) -> str:
     cols = """
   id int NOT NULL,
   k int NOT NULL DEFAULT 1,
+  kd date NOT NULL DEFAULT '2020-01-01',
   v int NOT NULL DEFAULT 0,
   c_default int DEFAULT app.cint('column-default'),
   c_ext int DEFAULT app.ext_member(),

@@ -29,7 +29,14 @@ FENCE = 10
 FRESH = 20
 
 #: Protected, every table planter: the tables every entry point is pointed at.
-PROTECTED = [Table("t_row", "row"), Table("t_key", "key"), Table("t_table", "table")]
+PROTECTED = [
+    Table("t_row", "row"),
+    Table("t_key", "key"),
+    # Keys that print by the key settings (a date): the key triggers set them around the key
+    # query, and set the writer's back, only for such keys.
+    Table("t_dkey", "key", key=("k", "kd")),
+    Table("t_table", "table"),
+]
 #: Protected partitioned tables (the partition-key planters).
 PARTITIONED = [
     Table("p_row", "row", partitioned=True),
@@ -45,7 +52,7 @@ SWAPPED = [Table("s_row", "row"), Table("s_key", "key"), Table("s_table", "table
 def spec_of(t: Table, name: str | None = None) -> FenceSpec:
     table = TableName("app", name or t.name)
     if t.scope == "key":
-        return FenceSpec(table, scope=Scope.KEY, key=("k",))
+        return FenceSpec(table, scope=Scope.KEY, key=t.key)
     if t.scope == "table":
         return FenceSpec(table, scope=Scope.TABLE)
     return FenceSpec(table)
