@@ -1255,6 +1255,13 @@ BEGIN
     why := 'its collation is nondeterministic: values it calls equal are different strings';
     instead := 'a deterministic collation (COLLATE "C"), or a generated column holding a '
                'normalised form (e.g. lower())';
+  ELSIF coll <> 0 AND (SELECT c.collnamespace FROM pg_catalog.pg_collation c WHERE c.oid = coll)
+                      <> 'pg_catalog'::regnamespace THEN
+    -- The key triggers sort a statement's keys under the column's collation, as the role
+    -- that ran protect: a collation someone created is not theirs to resolve through.
+    why := pg_catalog.format('its collation %s is not one of pg_catalog''s',
+                             coll::regcollation);
+    instead := 'a collation from pg_catalog (COLLATE "C", "POSIX" or the database default)';
   ELSIF typ IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN
     RETURN 'integer';
   ELSIF typ = 'text'::regtype OR (typ = 'varchar'::regtype AND typmod < 0) THEN
@@ -1272,8 +1279,9 @@ BEGIN
   ELSIF typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'bytea'::regtype) THEN
     RETURN pg_catalog.format_type(typ, NULL);
   ELSIF typ IN ('time'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype) THEN
-    -- With its precision: a value rounded to another one prints differently.
-    RETURN pg_catalog.format_type(typ, typmod);
+    -- With its precision (a value rounded to another one prints differently); 6 is the
+    -- precision of an unbounded one.
+    RETURN pg_catalog.format_type(typ, NULLIF(typmod, 6));
   ELSIF t.typtype = 'e' THEN
     why := 'an enum''s labels can be renamed (ALTER TYPE ... RENAME VALUE), which would '
            'silently give every key of that value a new fence';
@@ -1353,7 +1361,8 @@ BEGIN
                                     'are %s and theirs %s', relid, resource, other_rel,
                                     mine, theirs),
         HINT = 'Tables sharing a key fence must name their keys alike: use key columns of the '
-               'same types (integer types match each other, as do text, varchar and char).';
+               'same types (integer types match each other, as do text and unbounded varchar; a '
+               'varchar(n), a char(n), a time type''s precision and a numeric scale must be equal).';
     END IF;
   END LOOP;
 END
@@ -1437,7 +1446,7 @@ BEGIN
               WHEN typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'bytea'::regtype)
                 THEN pg_catalog.format_type(typ, NULL)
               WHEN typ IN ('time'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype)
-                THEN pg_catalog.format_type(typ, typmod)
+                THEN pg_catalog.format_type(typ, NULLIF(typmod, 6))
             END) THEN
         fast := false;
         EXIT;

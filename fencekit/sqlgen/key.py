@@ -58,8 +58,11 @@ _FAMILY_OIDS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("'character'", (1042,)),  # char(n): its text drops trailing spaces
     # uuid, boolean, date, bytea: named by their type
     ("pg_catalog.format_type({a}.atttypid, NULL)", (2950, 16, 1082, 17)),
-    # time, timestamp, timestamptz: with their precision
-    ("pg_catalog.format_type({a}.atttypid, {a}.atttypmod)", (1083, 1114, 1184)),
+    # time, timestamp, timestamptz: with their precision (6, the most, is an unbounded one's)
+    (
+        "pg_catalog.format_type({a}.atttypid, NULLIF({a}.atttypmod, 6))",
+        (1083, 1114, 1184),
+    ),
 )
 # Collations whose equal strings are equal bytes: none, default, "C", "POSIX".
 _PLAIN_COLLATIONS = (0, 100, 950, 951)

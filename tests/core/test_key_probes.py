@@ -66,7 +66,7 @@ KEY_COLUMN_TYPES = (
     "smallint", "integer", "bigint", "text", "varchar(10)", "char(3)", 'text COLLATE "C"',
     'text COLLATE "POSIX"', "numeric(10,2)", "numeric(5,0)", "uuid", "boolean", "date", "time",
     "timestamp", "timestamptz", "bytea", "varchar", "varchar(2)", "char(10)", "time(0)",
-    "timestamp(3)", "timestamptz(0)",
+    "timestamp(3)", "timestamptz(0)", "timestamp(6)", "time(6)",
 )  # fmt: skip
 
 

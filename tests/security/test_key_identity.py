@@ -522,7 +522,7 @@ def test_shared_resource_needs_matching_key_types(db: Conn, findings: Findings) 
         # a precision rounds: 00:00:00.6 is 00:00:01 in timestamptz(0)
         ("s_ts", "timestamptz", "times", True),
         ("s_ts0", "timestamptz(0)", "times", False),
-        ("s_ts6", "timestamptz(6)", "times", False),
+        ("s_ts6", "timestamptz(6)", "times", True),  # 6 digits: an unbounded one's
         ("s_tsp0", "timestamptz(0)", "times0", True),
         ("s_tsp0b", "timestamptz(0)", "times0", True),
     ]
@@ -571,6 +571,36 @@ def test_a_retype_that_changes_how_keys_print_is_refused(
     db.execute("SELECT set_config('fencekit.token', '50', true)")
     with pytest.raises(psycopg.Error) as info:
         db.execute("UPDATE kp SET v = 1 WHERE id = 1")
+    assert info.value.sqlstate == "YF000", info.value
+    db.rollback()
+
+
+def test_a_collation_someone_created_cannot_key_a_fence(db: Conn) -> None:
+    """The key triggers sort a statement's keys under the key column's collation, as the role
+    that ran protect: a collation the table's owner (or anyone) created is refused at protect,
+    and a retype to one after protect refuses every write that names a key."""
+    db.execute('CREATE COLLATION public.mine FROM "C"')
+    db.execute("CREATE TABLE kc1 (id int PRIMARY KEY, k text COLLATE public.mine NOT NULL)")
+    db.commit()
+    spec = FenceSpec(TableName("public", "kc1"), scope=Scope.KEY, key=("k",))
+    err = _try_protect(db, spec)
+    assert err is not None
+    assert err.sqlstate == "YF000", err
+    assert "not one of pg_catalog's" in str(err)
+    db.rollback()
+    db.execute("CREATE TABLE kc2 (id int PRIMARY KEY, k text NOT NULL, v int)")
+    for stmt in protect_statements(
+        FenceSpec(TableName("public", "kc2"), scope=Scope.KEY, key=("k",))
+    ):
+        db.execute(stmt.encode())
+    db.execute("SELECT set_config('fencekit.token', '10', true)")
+    db.execute("INSERT INTO kc2 VALUES (1, 'a', 0)")
+    db.commit()
+    db.execute("ALTER TABLE kc2 ALTER COLUMN k TYPE text COLLATE public.mine")
+    db.commit()
+    db.execute("SELECT set_config('fencekit.token', '11', true)")
+    with pytest.raises(psycopg.Error) as info:
+        db.execute("UPDATE kc2 SET v = 1 WHERE id = 1")
     assert info.value.sqlstate == "YF000", info.value
     db.rollback()
 

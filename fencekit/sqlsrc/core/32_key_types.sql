@@ -70,7 +70,7 @@ BEGIN
               WHEN typ IN ('uuid'::regtype, 'bool'::regtype, 'date'::regtype, 'bytea'::regtype)
                 THEN pg_catalog.format_type(typ, NULL)
               WHEN typ IN ('time'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype)
-                THEN pg_catalog.format_type(typ, typmod)
+                THEN pg_catalog.format_type(typ, NULLIF(typmod, 6))
             END) THEN
         fast := false;
         EXIT;

@@ -90,7 +90,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
@@ -108,7 +108,7 @@ BEGIN
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a2.atttypid, NULL)
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a2.atttypid, a2.atttypmod)
+                 THEN pg_catalog.format_type(a2.atttypid, NULLIF(a2.atttypmod, 6))
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -185,7 +185,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=b36b8444492f0a75bc5b9f2690667de8f78cc02d3c9bb95ffb27dca1a17db356; generated, do not edit';
+  'sha256=ad513cb5226d505b22de4267f07ea072a043fafe59865cb02735126610bfe93f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -231,7 +231,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
@@ -249,7 +249,7 @@ BEGIN
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a2.atttypid, NULL)
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a2.atttypid, a2.atttypmod)
+                 THEN pg_catalog.format_type(a2.atttypid, NULLIF(a2.atttypmod, 6))
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -327,7 +327,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=92d84980bbbe4d1a81a0859eb2f167175939ce2b10a6c321f54922c791a30da3; generated, do not edit';
+  'sha256=14e1ea7c8c63289ac65d7a1ee64d2a9c58425b9c57d4dd5a53d88208a9e539cd; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -373,7 +373,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END,
@@ -391,7 +391,7 @@ BEGIN
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a2.atttypid, NULL)
                WHEN a2.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a2.atttypid, a2.atttypmod)
+                 THEN pg_catalog.format_type(a2.atttypid, NULLIF(a2.atttypmod, 6))
                WHEN a2.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a2.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a2.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -468,7 +468,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=9ff3d10b76b2328ff55edfd2e8df42f5b0fba379dcc64768fb5a51221404b22b; generated, do not edit';
+  'sha256=b60fb645f95b5152019964bc91c646384c2e986af4d8431fdfb6e03acdf670cf; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -85,7 +85,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -131,7 +131,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=ed6d0e0ce204dd5b1c01df529e71d6728cc6668faf80e721d23026278e29b70c; generated, do not edit';
+  'sha256=ef60d6f69769ec29f2dc41271a1acd205f145db470708adfdab414e25e6fabd5; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -174,7 +174,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -221,7 +221,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=d7f415bfbab69faa4704beb8a8abf7c180aaa4373320ece027779b2023ae371c; generated, do not edit';
+  'sha256=979b37170ccffaf1b750f4e82edf8fcf83d704a1cadfb333f1a5fdf9a9934260; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -264,7 +264,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -310,7 +310,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=87dd74316956f0440e9722af049dc21580023bca694ffe6325d568f44c8f064d; generated, do not edit';
+  'sha256=78edf3d4464461bf7a7be6f1e7e58915c12bb1c80d1a9e8f3b43504b656fbdb0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

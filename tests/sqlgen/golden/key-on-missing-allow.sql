@@ -109,7 +109,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -207,7 +207,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=48ad6c3c223d08364dcd8cabfbebd22ff0a9712689551b5bb7e088d9b5230388; generated, do not edit';
+  'sha256=b8fbbd1064b6b1d3d25d2a2b733ce149461cbbccc45bb1d4878cb87e098e348e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -251,7 +251,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -350,7 +350,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=6c7c539d4c366cb378fab162725c028cedc7ba2e73ec61eecb09da351d17202f; generated, do not edit';
+  'sha256=3c6c3078a11f1d5760d306638c70697893e68c6a4f2599da320c61c6edd57e00; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -394,7 +394,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -492,7 +492,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=bb50d9c4246dbf4af4da828e5566187d78427d0872364d074ae4428389346c2a; generated, do not edit';
+  'sha256=32b780c27e738b7802a519ae3060a8d1b9da7c56ddaff1c75a6538996f7654e3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -86,7 +86,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -161,7 +161,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=a7af43e9a301cc5e1ee89b3173d9ed35ac5d8aed4140c556fb8eb91948b24067; generated, do not edit';
+  'sha256=1ae0710ab92c90e44d58bd9e78d58481a8afa38a9728d4c397eba837e8c86607; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -205,7 +205,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -281,7 +281,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=36f86f4123135bf2962c9f41d008765ff2027c7a851206cc5c17b4321dfbf75a; generated, do not edit';
+  'sha256=c640dc911c8dfe37b08e26501066b28662b54d90ebbe2685e653afac2ac25c7b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -325,7 +325,7 @@ BEGIN
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
                  THEN pg_catalog.format_type(a1.atttypid, NULL)
                WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
-                 THEN pg_catalog.format_type(a1.atttypid, a1.atttypmod)
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
                WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
                  THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
                       OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
@@ -400,7 +400,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=eea9c1df4118d0e6e0a60ec1317d4c697661863aa1c712449334c7951782d39f; generated, do not edit';
+  'sha256=4d03a9044af954f28dd05ae3f33e0e37a022212699a2238786aec2ddb17447f9; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
