@@ -65,6 +65,9 @@ _LEASE_TOKENS = "SELECT l.resource, l.holder, l.token FROM fencekit.leases AS l"
 # How long a pause may be held past its own length while nobody takes the lease over, in ttls.
 _HOLD_TTLS = 10.0
 
+# Whether a committed write already carries one of these tokens (the kit's write history).
+_WRITTEN = "SELECT EXISTS (SELECT FROM fencekit_testing.writes AS w WHERE w.token = ANY (%s))"
+
 
 class _Nemesis(Nemesis):
     """The chaos nemesis, told which of the user's workers holds a lease now: fencekit's
@@ -73,7 +76,9 @@ class _Nemesis(Nemesis):
     matters), not a worker still starting or waiting for a lease. A pause lasts until another
     worker has taken the lease over (its token moved on), not only its 1.5 to 3 ttls: on a busy
     machine the others can need longer than that to get there, and a pause that ends before
-    the takeover tests nothing. It is held at most ``_HOLD_TTLS`` ttls more.
+    the takeover tests nothing. It is held at most ``_HOLD_TTLS`` ttls more. A pause that lands
+    after the holder's write under its token has committed ends at once: it tests nothing
+    either, and the next pause comes sooner.
     """
 
     kills = True
@@ -97,6 +102,15 @@ class _Nemesis(Nemesis):
         except Exception:  # the nemesis's own connection: a failure only ends a hold early
             return []
 
+    def _written(self, tokens: list[int]) -> bool:
+        try:
+            if not tokens or self._conn is None or self._conn.closed or self._conn.broken:
+                return False
+            row = self._conn.execute(_WRITTEN, ([str(t) for t in tokens],)).fetchone()
+            return bool(row and row[0])
+        except Exception:  # the nemesis's own connection: a failure keeps the pause
+            return False
+
     def pause(self) -> None:
         if not self._holders() - set(self.paused):
             return
@@ -105,6 +119,11 @@ class _Nemesis(Nemesis):
         for name in set(self.paused) - before:
             pid = str(self.procs[name].pid)
             held = {r: t for r, h, t in self._tokens() if h and self._pid_of(str(h)) == pid}
+            if self._written(list(held.values())):
+                # The holder's write under this token is committed: a pause now can no longer
+                # make it stale. End it at once, so the next pause comes sooner.
+                self.paused[name] = time.monotonic()
+                continue
             self._held[name] = (held, self.paused[name] + _HOLD_TTLS * self.ttl)
 
     def resume_due(self, *, all_: bool = False) -> None:
