@@ -32,7 +32,7 @@ def _fast_path(n: Names) -> str:
     left where the row checks read it (``n.checked``, which ``set_config`` returns), well formed,
     no bypass, the right issuer. One expression, because it is every statement's cost and
     PL/pgSQL prepares each expression of a function again in every transaction. Anything else
-    goes on (in rollout mode with the token read back into ``raw``)."""
+    goes on."""
     read = f"COALESCE({TOKEN}, '')"
     token = (
         f"pg_catalog.set_config({n.checked_name},\n"
@@ -59,11 +59,6 @@ def _fast_path(n: Names) -> str:
         f"OPERATOR(pg_catalog.=) ''{issuer} THEN\n"
         "    RETURN NULL;\n"
         "  END IF;\n"
-        + (
-            f"  raw := pg_catalog.current_setting({n.checked_name}, true);\n"
-            if n.spec.on_missing == "allow"
-            else ""
-        )
     )
 
 
@@ -106,12 +101,16 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             counter = lit(f"fencekit.{quote_ident(n.tag + ':unfenced')}")
             rest = (
                 # Rollout mode, the common tokenless case: count and attribute the statement,
-                # once, here. Its rows pass on their triggers' WHEN clauses (row.py).
-                f"  IF raw OPERATOR(pg_catalog.=) ''\n     AND {no_bypass} THEN\n"
-                # fencekit.count_event's count, inline (a call with a pinned search_path per
-                # statement saved). The protect script that makes this function makes the
-                # counter first; the cast is resolved once, when PL/pgSQL plans the line.
-                f"    PERFORM pg_catalog.nextval({counter}::pg_catalog.regclass);\n"
+                # once, here. Its rows pass in their row checks' second expression (row.py).
+                # The count is fencekit.count_event's, inline, in the test itself: one
+                # expression, where a PERFORM would run a query (the protect script that makes
+                # this function makes the counter first; the cast is resolved once, when
+                # PL/pgSQL plans the line).
+                f"  IF (CASE WHEN {n.checked}\n"
+                "                  OPERATOR(pg_catalog.=) ''\n"
+                f"                AND {no_bypass}\n"
+                f"           THEN pg_catalog.nextval({counter}::pg_catalog.regclass) IS NOT NULL\n"
+                "           ELSE false END) THEN  -- no token, no bypass: counted\n"
                 + attribute(n, otherwise=False)
                 + "    RETURN NULL;\n  END IF;\n"
                 f"  IF {statement_token(n)} IS NULL THEN\n"
@@ -125,12 +124,7 @@ def statement_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         # token). Nothing runs between this read and fencekit.statement_token's own.
         stmt = n.function(
             "stmt",
-            f"\n{title}"
-            + ("DECLARE\n  raw pg_catalog.text;\n" if n.spec.on_missing == "allow" else "")
-            + "BEGIN\n"
-            + _fast_path(n)
-            + rest
-            + "  RETURN NULL;\nEND\n",
+            f"\n{title}" + "BEGIN\n" + _fast_path(n) + rest + "  RETURN NULL;\nEND\n",
         )
         trunc = definer_function(
             n.function,

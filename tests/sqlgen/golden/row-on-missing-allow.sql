@@ -28,8 +28,6 @@ CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_stmt() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 -- fencekit: statement check (row fence) on app.invoices. Generated; do not edit.
-DECLARE
-  raw pg_catalog.text;
 BEGIN
   -- The token, read once and left where the row checks read it (they judge each row
   -- by it and refuse a row that reads another). A token is a positive bigint in plain
@@ -41,10 +39,11 @@ BEGIN
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
-  raw := pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true);
-  IF raw OPERATOR(pg_catalog.=) ''
-     AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    PERFORM pg_catalog.nextval('fencekit."invoices_883e1d3584:unfenced"'::pg_catalog.regclass);
+  IF (CASE WHEN pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                  OPERATOR(pg_catalog.=) ''
+                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+           THEN pg_catalog.nextval('fencekit."invoices_883e1d3584:unfenced"'::pg_catalog.regclass) IS NOT NULL
+           ELSE false END) THEN  -- no token, no bypass: counted
     DECLARE
       seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
         pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
@@ -101,7 +100,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=0f74f76668304d16575ba22a0c6a0312d1afca2dffaba56ea10891d8c991aaec; generated, do not edit';
+  'sha256=37bef6af3becaab218c5425d6268bf3b5fa2cce0f35a0457f97bde500600a386; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
