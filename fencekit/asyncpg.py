@@ -31,8 +31,7 @@ from asyncpg.cursor import CursorFactory
 from asyncpg.prepared_stmt import PreparedStatement
 
 from fencekit import errors, metrics, wire
-from fencekit.context import current_issuer, current_token, fencing
-from fencekit.errors import commit_outcome_unknown, validate_token
+from fencekit.errors import commit_outcome_unknown
 
 __all__ = [
     "BypassRefusedError",
@@ -119,6 +118,7 @@ IssuerMismatchError = _CLASSES["IssuerMismatchError"]
 # asyncpg's connections have __slots__: their state lives here, by id() (a dict read before
 # every statement), for as long as the connection lives.
 _states: dict[int, wire.Wire] = {}
+_scope_now = wire.scope_now  # the current fencing() scope, read before every statement
 
 
 def _state(conn: asyncpg.Connection) -> wire.Wire:
@@ -260,26 +260,38 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
 
     __slots__ = ()
 
+    # super().execute, looked up once per class (__init_subclass__), not on every statement.
+    _fk_execute: Callable[..., Awaitable[str]] = asyncpg.Connection.execute
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._fk_execute = super().execute
+
     def execute(self, query: str, *args: Any, timeout: float | None = None) -> Awaitable[str]:
-        # A plain function: for transaction control and a BEGIN (nothing there can be rejected)
-        # it returns the driver's own coroutine, with no frame of fencekit's around it.
-        run: Callable[..., Awaitable[str]] = super().execute
+        # A plain function: when nothing is to be sent it returns the driver's own coroutine,
+        # with no frame of fencekit's around it. Read before each statement, so kept short.
         if args or not isinstance(query, str):  # the extended protocol: no room for a prefix
-            return _run(self, lambda: run(query, *args, timeout=timeout))
+            scope, state = _scope_now(), _states.get(id(self))
+            # The common case: the scope's token rode this transaction's BEGIN.
+            held = scope is not None and state is not None and state.held is scope._sent
+            if held and self._protocol.is_in_transaction():  # is_in_transaction(), no frame
+                return self._fk_execute(query, *args, timeout=timeout)
+            return _run(self, lambda: self._fk_execute(query, *args, timeout=timeout))
         kind, text = _kind(query)  # a simple query: it may hold several statements
         if kind == _CONTROL_KIND:  # COMMIT, ROLLBACK: as they are
-            return run(query, timeout=timeout)
-        if kind == _BEGIN and not self.is_in_transaction():  # asyncpg's own BEGIN, or the user's
-            state = _states.get(id(self)) or _state(self)
-            value = state.next(wire.IDLE, wire.scope_value())
-            if value is None:
-                return run(query, timeout=timeout)
+            return self._fk_execute(query, timeout=timeout)
+        if kind == _BEGIN and not self._protocol.is_in_transaction():  # asyncpg's BEGIN, or yours
+            scope, state = _scope_now(), _states.get(id(self)) or _state(self)
+            if scope is None:
+                state.next(wire.IDLE, None)  # a fresh transaction, outside any scope
+                return self._fk_execute(query, timeout=timeout)
             # Marked before it runs: should the BEGIN fail, the connection stays idle, and the
             # wire starts afresh on an idle connection.
-            state.sent(value, open_after=True)
-            return run(text + wire.set_local(value, True), timeout=timeout)  # the token rides it
+            return self._fk_execute(text + state.fresh(scope._sent), timeout=timeout)
         return _run(
-            self, lambda: run(query, timeout=timeout), lambda p: run(p + query, timeout=timeout)
+            self,
+            lambda: self._fk_execute(query, timeout=timeout),
+            lambda p: self._fk_execute(p + query, timeout=timeout),
         )
 
     async def prepare(self, query: str, **kwargs: Any) -> Any:
@@ -291,14 +303,10 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
         return _fenced_cursor(super().cursor(query, *args, **kwargs))
 
 
-_fence_calls(
-    _FencedStatement, ("fetch", "fetchval", "fetchrow", "fetchmany", "executemany", "explain")
-)
 _FETCH = ("executemany", "fetch", "fetchval", "fetchrow", "fetchmany")
-_fence_calls(
-    FencedConnection,
-    (*_FETCH, "copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table"),
-)
+_COPY = ("copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table")
+_fence_calls(_FencedStatement, (*_FETCH, "explain"))
+_fence_calls(FencedConnection, (*_FETCH, *_COPY))
 
 
 # fenced class -> the class it fences (what uninstall() puts back)
@@ -373,15 +381,6 @@ def _is_connection(conn: object) -> bool:
 # ---------------------------------------------------------------- explicit API
 
 
-def _resolve(token: int | None, issuer: str | None) -> fencing:
-    if token is None:
-        token = current_token()
-        if token is None:
-            raise errors.MissingTokenError()
-        issuer = issuer or current_issuer()
-    return fencing(validate_token(token), issuer)
-
-
 @asynccontextmanager
 async def transaction(
     conn: asyncpg.Connection,
@@ -400,7 +399,7 @@ async def transaction(
     run on ``conn`` inside it is fenced. A connection lost during the COMMIT raises
     :class:`~fencekit.errors.CommitOutcomeUnknownError` (docs/ha.md).
     """
-    scope = _resolve(token, issuer)
+    scope = wire.resolve(token, issuer)
     installed = is_installed(conn) or not _is_connection(conn)  # a proxy: its pool installs
     if not installed:
         install(conn)  # for the block only
@@ -439,7 +438,7 @@ async def set_token(
 ) -> None:
     """Fence the transaction open on ``conn``: one statement, so one round trip. Prefer
     :func:`transaction` or :func:`install`, whose BEGIN carries the token instead."""
-    scope = _resolve(token, issuer)
+    scope = wire.resolve(token, issuer)
     if not conn.is_in_transaction():
         raise asyncpg.InterfaceError(
             "set_token() needs an open transaction: outside one the setting would end with its "
