@@ -1,11 +1,9 @@
 """asyncpg adapter: carry the fencing token into each transaction.
 
-- :func:`transaction`: an asyncpg transaction block fenced with a token (also a
-  :func:`fencekit.fencing` scope).
+- :func:`transaction`: an asyncpg transaction block fenced with a token (also a scope).
 - :func:`install`: automatic mode for a connection: statements and transactions run inside a
-  :func:`fencekit.fencing` scope carry its token. For a pool, pass
-  ``connection_class=fencekit.asyncpg.FencedConnection`` (or ``init=fencekit.asyncpg.init``) to
-  ``asyncpg.create_pool()``.
+  :func:`fencekit.fencing` scope carry its token. For a pool: ``asyncpg.create_pool(...,
+  connection_class=fencekit.asyncpg.FencedConnection)`` (or ``init=fencekit.asyncpg.init``).
 - :func:`set_token`: fence the transaction already open (one statement).
 
 How the token travels (docs/asyncpg.md has each way and its cost): in the query of asyncpg's own
@@ -115,8 +113,7 @@ IssuerMismatchError = _CLASSES["IssuerMismatchError"]
 
 
 # ---------------------------------------------------------------- state
-# asyncpg's connections have __slots__: their state lives here, by id() (a dict read before
-# every statement), for as long as the connection lives.
+# asyncpg's connections have __slots__: their state lives here, by id(), while they live.
 _states: dict[int, wire.Wire] = {}
 _scope_now = wire.scope_now  # the current fencing() scope, read before every statement
 
@@ -130,6 +127,11 @@ def _state(conn: asyncpg.Connection) -> wire.Wire:
     return state
 
 
+# asyncpg's execute() of a simple query is _check_open(), then _protocol.query() when no query
+# logger is added (0.29 to 0.32): a BEGIN or COMMIT runs them directly, one coroutine fewer.
+_SLOTS = set(asyncpg.Connection.__slots__)
+_DIRECT = hasattr(asyncpg.Connection, "_check_open") and {"_protocol", "_query_loggers"} <= _SLOTS
+
 _OTHER, _BEGIN, _CONTROL_KIND = 0, 1, 2
 _BEGIN_WORDS = ("BEGIN", "START TRANSACTION")
 # Transaction control needs no token, and must run in a failed transaction, where nothing else
@@ -139,8 +141,8 @@ _CONTROL = ("COMMIT", "ROLLBACK", "END", "ABORT", "RELEASE", "SAVEPOINT", "PREPA
 
 @functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
 def _kind(query: str) -> tuple[int, str]:
-    """What a simple query is, decided once per text: transaction control, a BEGIN (with the
-    text that a SET LOCAL follows in the same query), or any other statement."""
+    """What a simple query is, once per text: transaction control, a BEGIN (with the text a SET
+    LOCAL follows in its query), or any other statement."""
     head = query.lstrip()[:20].upper()
     if head.startswith(_CONTROL):
         return _CONTROL_KIND, query
@@ -169,12 +171,10 @@ def _run(
     call: Callable[[], Awaitable[R]],
     prefixed: Callable[[str], Awaitable[R]] | None = None,
 ) -> Awaitable[R]:
-    """``call()`` on ``conn`` with exactly the scope's token (or none) in force: the driver's
-    own awaitable when there is nothing to send (the common case: the token rode the BEGIN).
-
-    ``prefixed(prefix)`` runs the statement as one simple query behind ``prefix``, where it can
-    (PostgreSQL runs it as one transaction); without it (the extended protocol: one statement,
-    no room for a prefix) a statement outside a transaction is wrapped in one."""
+    """``call()`` on ``conn`` with exactly the scope's token (or none) in force. ``prefixed(p)``
+    runs the statement as one simple query behind ``p`` (PostgreSQL runs it as one transaction);
+    without it (the extended protocol: no room for a prefix) a statement outside a transaction
+    is wrapped in one."""
     state = _states.get(id(conn)) or _state(conn)
     status = wire.INTRANS if conn.is_in_transaction() else wire.IDLE
     value = state.next(status, wire.scope_value())
@@ -185,9 +185,7 @@ def _run(
     return _sent_first(conn, value, call)
 
 
-async def _sent_first(
-    conn: asyncpg.Connection, value: wire.Value, call: Callable[[], Awaitable[R]]
-) -> R:
+async def _sent_first(conn: Any, value: wire.Value, call: Callable[[], Awaitable[R]]) -> R:
     if conn.is_in_transaction():
         await _send(conn, _state(conn), value)
         return await call()
@@ -260,16 +258,19 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
 
     __slots__ = ()
 
-    # super().execute, looked up once per class (__init_subclass__), not on every statement.
+    # super().execute, looked up once per class (__init_subclass__), not on every statement;
+    # _fk_direct: it is asyncpg's, and asyncpg's internals are as _DIRECT expects.
     _fk_execute: Callable[..., Awaitable[str]] = asyncpg.Connection.execute
+    _fk_direct = _DIRECT
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._fk_execute = super().execute
+        cls._fk_direct = _DIRECT and cls._fk_execute is asyncpg.Connection.execute
 
     def execute(self, query: str, *args: Any, timeout: float | None = None) -> Awaitable[str]:
-        # A plain function: when nothing is to be sent it returns the driver's own coroutine,
-        # with no frame of fencekit's around it. Read before each statement, so kept short.
+        # A plain function: when nothing is to be sent it returns the driver's own awaitable,
+        # with no frame of fencekit's around it. Run before each statement, so kept short.
         if args or not isinstance(query, str):  # the extended protocol: no room for a prefix
             scope, state = _scope_now(), _states.get(id(self))
             # The common case: the scope's token rode this transaction's BEGIN.
@@ -278,21 +279,23 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
                 return self._fk_execute(query, *args, timeout=timeout)
             return _run(self, lambda: self._fk_execute(query, *args, timeout=timeout))
         kind, text = _kind(query)  # a simple query: it may hold several statements
-        if kind == _CONTROL_KIND:  # COMMIT, ROLLBACK: as they are
-            return self._fk_execute(query, timeout=timeout)
         if kind == _BEGIN and not self._protocol.is_in_transaction():  # asyncpg's BEGIN, or yours
             scope, state = _scope_now(), _states.get(id(self)) or _state(self)
             if scope is None:
                 state.next(wire.IDLE, None)  # a fresh transaction, outside any scope
-                return self._fk_execute(query, timeout=timeout)
-            # Marked before it runs: should the BEGIN fail, the connection stays idle, and the
-            # wire starts afresh on an idle connection.
-            return self._fk_execute(text + state.fresh(scope._sent), timeout=timeout)
-        return _run(
-            self,
-            lambda: self._fk_execute(query, timeout=timeout),
-            lambda p: self._fk_execute(p + query, timeout=timeout),
-        )
+            else:  # the token rides the BEGIN (marked first: a failed BEGIN leaves it idle)
+                query = text + state.fresh(scope._sent)
+        elif kind != _CONTROL_KIND:
+            return _run(
+                self,
+                lambda: self._fk_execute(query, timeout=timeout),
+                lambda p: self._fk_execute(p + query, timeout=timeout),
+            )
+        # A BEGIN, COMMIT or ROLLBACK (nothing to send in these): as asyncpg's execute() runs it.
+        if self._fk_direct and not self._query_loggers:
+            self._check_open()
+            return self._protocol.query(query, timeout)  # type: ignore[no-any-return]
+        return self._fk_execute(query, timeout=timeout)
 
     async def prepare(self, query: str, **kwargs: Any) -> Any:
         statement = await super().prepare(query, **kwargs)  # Parse only: nothing runs yet
@@ -330,13 +333,11 @@ def install(conn: asyncpg.Connection, *, translate_errors: bool = True) -> None:
     """Automatic mode: ``conn`` (an ``asyncpg.Connection``) carries the current
     :func:`fencing` token in its transactions and statements. Idempotent.
 
-    asyncpg has no hook for this, so the connection becomes an instance of
-    :class:`FencedConnection` (a subclass of its class that adds no state). For a pool, pass
-    ``connection_class=FencedConnection`` or ``init=fencekit.asyncpg.init`` to
-    ``asyncpg.create_pool()``; a connection acquired from a pool is installed there.
-    ``translate_errors`` is every adapter's flag for a layer above that translates and counts
-    rejections itself; on asyncpg it changes nothing: asyncpg raises fencekit's classes on every
-    connection, and each rejection is counted once, where asyncpg builds it.
+    The connection becomes an instance of :class:`FencedConnection` (a subclass of its class
+    that adds no state: asyncpg's one hook). For a pool, pass ``connection_class=
+    FencedConnection`` or ``init=fencekit.asyncpg.init`` to ``asyncpg.create_pool()``.
+    ``translate_errors`` (every adapter's flag) changes nothing on asyncpg: it raises fencekit's
+    classes on every connection, and each rejection is counted once, where asyncpg builds it.
     """
     if not _is_connection(conn):
         if isinstance(conn, asyncpg.Pool | asyncpg.Connection):
