@@ -21,10 +21,6 @@ connection that the pool has just opened. An installed engine therefore fences e
 connection its pool hands out (the pool's ``checkout`` event, whatever made the pool open it),
 and an installed ``Connection`` fences its psycopg connection before each statement
 (``before_execute``, which also covers the connection it reopens after an invalidation).
-
-``fencekit.sqlalchemy.cooperate(Base)`` makes ORM flushes of row-fenced classes that map the fence
-column write it themselves (``SET fencekit_fence = DEFAULT``, the token): the row trigger then
-verifies them in its ``WHEN`` clause, without running PL/pgSQL (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -47,7 +43,7 @@ from fencekit._sqlalchemy_errors import _on_begin_clear, _on_commit, _outcome_un
 from fencekit.context import current_token
 from fencekit.errors import translate
 
-__all__ = ["cooperate", "install", "uninstall"]
+__all__ = ["install", "uninstall"]
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import (
@@ -396,39 +392,3 @@ def uninstall(target: Target) -> None:
                 event.remove(resolved, name, fn)
         except Exception:  # noqa: S112 - event name not valid for this target kind
             continue
-
-
-def _stamp_fence(mapper: Any, connection: Connection, target: Any) -> None:
-    """``before_update``: an object of a row-fenced table that maps the fence column writes it
-    as ``DEFAULT``, which the column's default turns into the token. The trigger's ``WHEN``
-    then lets the row through without PL/pgSQL; anything it cannot verify still runs the full
-    check, so a wrong or missing token is rejected as before."""
-    from sqlalchemy import literal_column
-
-    from fencekit.declare import declared_fence
-    from fencekit.spec import Scope
-
-    table = mapper.local_table
-    try:
-        spec = declared_fence(table)
-    except TypeError:  # not a plain Table (a join, a select): nothing declared
-        return
-    if spec is None or spec.scope is not Scope.ROW or spec.column not in table.c:
-        return
-    if current_token() is None:
-        return  # nothing to cooperate with: the trigger decides (bypass, allow, or YF003)
-    prop = mapper.get_property_by_column(table.c[spec.column])
-    setattr(target, prop.key, literal_column("DEFAULT"))
-
-
-def cooperate(target: type[Any]) -> None:
-    """Make ORM flushes of ``target`` (a mapped class, or a declarative base: every class it
-    maps) set the fence column of row-fenced tables to the token themselves.
-
-    Applies to classes whose table declares a row fence (:func:`fencekit.declare.fenced` or
-    ``declare_fence``) and maps its fence column (``fencekit_fence: Mapped[int | None] =
-    mapped_column(BigInteger)``). Their UPDATEs then skip the row trigger's PL/pgSQL, as a
-    hand-written ``SET ..., fencekit_fence = DEFAULT`` does. Idempotent.
-    """
-    if not event.contains(target, "before_update", _stamp_fence):
-        event.listen(target, "before_update", _stamp_fence, propagate=True)

@@ -114,8 +114,8 @@ def _bulk(
 ) -> list[dict[str, Any]]:
     """Bulk UPDATE of every row, new token then the same token again, on: a plain table; the
     same with a fence column and the conditional UPDATE a user writes without fencekit
-    (``SET ..., fence = :token WHERE fence <= :token``); a row fence with an ordinary UPDATE and
-    with a cooperating one (``SET ..., fencekit_fence = :token``); a key fence (1,000 keys)."""
+    (``SET ..., fence = :token WHERE fence <= :token``); a row fence; a key fence (1,000
+    keys)."""
     plain = _make_table(conn, f"{shape}_plain", shape, rows, 1000, None)
     hand = _make_table(conn, f"{shape}_hand", shape, rows, 1000, None)
     conn.execute(f"ALTER TABLE {hand} ADD COLUMN fence bigint NOT NULL DEFAULT 0")
@@ -126,13 +126,12 @@ def _bulk(
         spec = FenceSpec(TableName(SCHEMA, f"{shape}_{name}"), scope=scope, key=key)
         return _make_table(conn, f"{shape}_{name}", shape, rows, 1000, spec)
 
-    row, coop, key = fenced("row"), fenced("coop"), fenced("key", Scope.KEY)
+    row, key = fenced("row"), fenced("key", Scope.KEY)
     update = _UPDATE[shape]
     variants = {
         "plain": (plain, update),
         "hand": (hand, update + ", fence = {tok} WHERE fence <= {tok}"),
         "row": (row, update),
-        "coop": (coop, update + ", fencekit_fence = {tok}"),
         "key": (key, update),
     }
     times: dict[str, list[float]] = {}
@@ -155,13 +154,7 @@ def _bulk(
         ratio("row fence, bulk UPDATE, new token", "plain_new", "row_new", "<= 1.15x"),
         ratio("row fence, bulk UPDATE, same token", "plain_same", "row_same", "<= 1.05x"),
         ratio("hand-written conditional UPDATE (no fencekit)", "plain_new", "hand_new", "-"),
-        ratio(
-            "row fence, cooperative bulk UPDATE (SET fence = token)",
-            "plain_new",
-            "coop_new",
-            "<= 1.15x",
-        ),
-        ratio("row fence, cooperative UPDATE vs the hand-written one", "hand_new", "coop_new", "-"),
+        ratio("row fence, bulk UPDATE vs the hand-written one", "hand_new", "row_new", "-"),
         ratio("key fence, bulk UPDATE, 1,000 keys, new token", "plain_new", "key_new", "<= 1.3x"),
         ratio(
             "key fence, bulk UPDATE, 1,000 keys, same token", "plain_same", "key_same", "<= 1.3x"

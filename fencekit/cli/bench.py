@@ -14,12 +14,12 @@ DESCRIPTION = """\
 Measure what fencing costs, as ratios: each benchmark runs the same work on a protected table
 and on an identical unprotected twin, interleaved, and reports the median ratio (fenced /
 baseline for times, the other way round for throughput; see the target column). Groups: core
-(triggers in PostgreSQL: bulk and one-row writes, cooperative UPDATEs beside hand-written ones,
-the key fence against its design floor, eight same-token connections), adapters (psycopg /
-SQLAlchemy carrying the token), leases (the PostgreSQL issuer), rollout (a write without a
-token under on_missing=allow beside the same write with one, idle and with another session
-holding 1,000 locks), scaling (cost per row for 1k..1M rows; per one-row write and per bulk
-UPDATE for 1k..1M fenced keys).
+(triggers in PostgreSQL: bulk and one-row writes beside the hand-written conditional UPDATE,
+the key fence against its design floor, eight same-token connections), adapters (psycopg,
+psycopg2, asyncpg and SQLAlchemy carrying the token), leases (the PostgreSQL issuer), rollout
+(a write without a token under on_missing=allow beside the same write with one, idle and with
+another session holding 1,000 locks), scaling (cost per row for 1k..1M rows; per one-row write
+and per bulk UPDATE for 1k..1M fenced keys).
 
 Runs on a throwaway embedded PostgreSQL unless --dsn is given; with --dsn it creates a database
 of its own (the role needs CREATEDB) and drops it at the end. Progress goes to stderr. The

@@ -10,8 +10,9 @@ check sets): a row that reads another valid token is refused (YF004, changed dur
 statement), never judged by it; a lower one is refused as stale.
 
 In rollout mode (``on_missing = allow``) the statement check counts and attributes a statement
-without a token once, and its rows pass the triggers' WHEN clauses while the check's "no token"
-stands (see row_objects): a bulk write without a token runs no PL/pgSQL per row.
+without a token once, and its rows pass while the check's "no token" stands (see
+_passes_tokenless): an UPDATE's or DELETE's row in the row check's second expression, an
+INSERT's in its trigger's WHEN clause.
 """
 
 from __future__ import annotations
@@ -60,18 +61,17 @@ def _uncounted(n: Names) -> str:
     return f"COALESCE({n.checked}\n        OPERATOR(pg_catalog.<>) '', true)"
 
 
-def _tokenless(n: Names, *, token: bool = True) -> str:
-    """SQL for a WHEN clause (rollout mode): the statement check saw no token (and counted the
-    statement), and (``token``) no token is set now. The bypass is not read: a tokenless row
-    that passes here passes as written with it or without it, and whether the session may
-    bypass was judged by the statement check. Short, because PostgreSQL parses a trigger's WHEN
-    clause again for every statement (each node costs a write with a token too); qualified
-    throughout: nothing in it resolves through search_path."""
+def _tokenless(n: Names) -> str:
+    """SQL for the INSERT trigger's WHEN clause (rollout mode): the statement check saw no token
+    (and counted the statement), and no token is set now. The bypass is not read: a tokenless
+    row that passes here passes as written with it or without it, and whether the session may
+    bypass was judged by the statement check. Qualified throughout: nothing in it resolves
+    through search_path."""
     # NULL (never set) or '': no token. IS NOT FALSE rather than COALESCE: one node less.
-    now = (
-        f"\n       AND ({TOKEN} OPERATOR(pg_catalog.=) '')\n         IS NOT FALSE" if token else ""
+    return (
+        f"{n.checked}\n         OPERATOR(pg_catalog.=) ''"
+        f"\n       AND ({TOKEN} OPERATOR(pg_catalog.=) '')\n         IS NOT FALSE"
     )
-    return f"{n.checked}\n         OPERATOR(pg_catalog.=) ''{now}"
 
 
 def _checked(n: Names, accept: str) -> str:
@@ -143,6 +143,23 @@ def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
     )
 
 
+def _passes_tokenless(n: Names, unchanged: str, row: str) -> str:
+    """Rollout mode (``on_missing = allow``): a row of a statement its check let through
+    without a token (and counted, and attributed) passes as written, with no further call. An
+    UPDATE's row only while its fence column is unchanged, a DELETE's only while no token is
+    set now: like a row under the checked token, a row that writes no fence is judged by what
+    its statement check saw, and one that writes it (a fence without a token, or a token set
+    after the check) takes the slow path, which judges it as before. Under on_missing=reject
+    there is no such branch: the slow path refuses a tokenless row whatever its statement check
+    did."""
+    if n.spec.on_missing != "allow":
+        return ""
+    return (
+        f"  IF {n.checked}\n       OPERATOR(pg_catalog.=) ''\n     AND {unchanged} THEN\n"
+        f"    RETURN {row};  -- counted and attributed by the statement check\n  END IF;\n"
+    )
+
+
 def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     col = n.col
     title = n.title(f"row fence ({n.spec.column})")
@@ -151,6 +168,12 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         "upd",
         _declare(title, fast=True)
         + _checked(n, advance)
+        + _passes_tokenless(
+            n,
+            f"COALESCE(NEW.{col} OPERATOR(pg_catalog.=) OLD.{col},\n"
+            f"              NEW.{col} IS NULL AND OLD.{col} IS NULL)",
+            "NEW",
+        )
         + _slow(
             n,
             "NEW",
@@ -167,6 +190,7 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         "del",
         _declare(title, fast=True)
         + _checked(n, "    RETURN OLD;\n")
+        + _passes_tokenless(n, "(raw OPERATOR(pg_catalog.=) '') IS NOT FALSE", "OLD")
         + _slow(n, "OLD", "    RETURN OLD;\n", ""),
     )
     # Without a token the row keeps the fence it carries: a row that a tokenless UPDATE moves
@@ -179,46 +203,27 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         + _same_as_checked(n, "  ")
         + f"  NEW.{col} := tok;\n  RETURN NEW;\nEND\n",
     )
-    # A row that already carries the checked token (the one its statement check validated) as
-    # its fence needs nothing: the WHEN clause, evaluated in C, skips the trigger. A fence
-    # taken from a token swapped after the check differs, and fires it. An INSERT's row gets
-    # it from the column default; an
-    # UPDATE's from a cooperating statement (SET fence = token, as the adapters write it), or
-    # because the row's fence already is the token. A row is skipped only when its new fence's
-    # text equals the token's, which makes the token a canonical positive bigint, and (UPDATE)
-    # the token is not lower than the row's old fence (higher, under on_equal=reject). The
-    # condition is wrapped in IS NOT TRUE: a NULL anywhere (no token, no fence) fires.
-    carries_token = (
+    # An INSERT's row that already carries the checked token (the one its statement check
+    # validated) as its fence, from the column default, needs nothing: the WHEN clause skips
+    # the trigger. A fence taken from a token swapped after the check differs, and fires it. A
+    # row is skipped only when its fence's text equals the token's, which makes the token a
+    # canonical positive bigint; the condition is wrapped in IS NOT TRUE: a NULL anywhere (no
+    # token, no fence) fires. PostgreSQL parses a trigger's WHEN clause from its node text
+    # again on every statement (tens of microseconds, more than the row check's whole fast
+    # path): INSERT keeps it, because it spares a bulk INSERT a PL/pgSQL call per row; UPDATE
+    # and DELETE have none, because a one-row write is what fenced workers mostly run
+    # (docs/performance.md, "Row fences").
+    ins_when = (
         f"NEW.{col} OPERATOR(pg_catalog.>) 0\n"
         f"    AND NEW.{col}::pg_catalog.text OPERATOR(pg_catalog.=)\n      {n.checked}"
     )
-    raises = (
-        f"NEW.{col} OPERATOR(pg_catalog.{_accepts(n)}) "
-        f"COALESCE(OLD.{col}, {'0' if n.spec.on_equal == 'reject' else '1'})\n   "
-    )
-    ins_when = carries_token
-    upd_when = f"{raises} AND {carries_token}"
-    del_when = None
     if n.spec.on_missing == "allow":
-        # Rollout mode: a row of a statement its check let through without a token (and
-        # counted, and attributed) passes here too: no PL/pgSQL per row. An INSERT's or a
-        # DELETE's row only while no token is set (those rows read the token: the column
-        # default, the row check); an UPDATE's only while its fence column is unchanged: like a
-        # row that already carries the checked token, a row that writes no fence is judged by
-        # what its statement check saw, and one that writes it (a fence without a token, or a
-        # token set after the check) fires the trigger, which judges it as before. Under
-        # on_missing=reject there is no such branch: the trigger refuses a tokenless row
-        # whatever its statement check did.
-        unchanged = (
-            f"COALESCE(NEW.{col} OPERATOR(pg_catalog.=) OLD.{col},\n"
-            f"             NEW.{col} IS NULL AND OLD.{col} IS NULL)"
-        )
-        # The tokenless branch first: its rows skip the rest, a token's rows read one setting.
+        # Rollout mode: a row of a statement its check let through without a token passes here
+        # too while no token is set (the column default reads the token). The tokenless branch
+        # first: its rows skip the rest, a token's rows read one setting.
         ins_when = f"({_tokenless(n)})\n   OR ({ins_when})"
-        upd_when = f"({_tokenless(n, token=False)}\n       AND {unchanged})\n   OR ({upd_when})"
-        del_when = f"({_tokenless(n)}) IS NOT TRUE"
     return [ins, upd, dele], [
         Trigger(n.trigger("ins"), "BEFORE INSERT", "ROW", ins, when=f"({ins_when}) IS NOT TRUE"),
-        Trigger(n.trigger("upd"), "BEFORE UPDATE", "ROW", upd, when=f"({upd_when}) IS NOT TRUE"),
-        Trigger(n.trigger("del"), "BEFORE DELETE", "ROW", dele, when=del_when),
+        Trigger(n.trigger("upd"), "BEFORE UPDATE", "ROW", upd),
+        Trigger(n.trigger("del"), "BEFORE DELETE", "ROW", dele),
     ]

@@ -52,12 +52,12 @@ def test_enforce_prints_a_table_name_with_control_characters_escaped(
 ) -> None:
     table = f"jobs{ERASE_LINE_UP}"
     db.execute(f'CREATE TABLE "{table}" (id int PRIMARY KEY, status text)')
-    db.execute(f'INSERT INTO "{table}" VALUES (1, \'new\')')
+    db.execute(f"INSERT INTO \"{table}\" VALUES (1, 'new')")
     for s in protect_statements(FenceSpec(TableName("public", table), on_missing="allow")):
         db.execute(s)
     db.commit()
     with psycopg.connect(make_conninfo(dsn, application_name="w"), autocommit=True) as c:
-        c.execute(f'UPDATE "{table}" SET status = \'doing\' WHERE id = 1')
+        c.execute(f"UPDATE \"{table}\" SET status = 'doing' WHERE id = 1")
     r = cli("enforce", f'public."{table}"', "--window", "1h", "--dsn", dsn)
     assert r.code == 1
     printed = r.out + r.err

@@ -138,22 +138,24 @@ def test_counting_reads_no_lock_table(db: Conn, tables: None) -> None:
 
 
 def _row_check_calls(db: Conn, tag: str) -> dict[str, int]:
-    """Calls of a row fence's generated functions (track_functions = 'all'), by suffix."""
+    """Calls of a row fence's generated functions and of the slow path's
+    ``fencekit.statement_token`` (track_functions = 'all'), by suffix."""
     db.execute("SELECT pg_stat_force_next_flush()")
     db.execute("SELECT pg_stat_clear_snapshot()")
     got = db.execute(
         "SELECT funcname, calls FROM pg_stat_user_functions "
         "WHERE schemaname = 'fencekit' AND funcname = ANY (%s)",
-        [[f"{tag}_{s}" for s in ("stmt", "ins", "upd", "del")]],
+        [[*(f"{tag}_{s}" for s in ("stmt", "ins", "upd", "del")), "statement_token"]],
     ).fetchall()
     return {name.rsplit("_", 1)[1]: int(calls) for name, calls in got}
 
 
 @pytest.mark.pg_since(15)  # pg_stat_force_next_flush
-def test_tokenless_rows_of_a_row_fence_run_no_plpgsql(db: Conn, tables: None) -> None:
-    """The statement check judges a tokenless statement once; its rows pass on the row
-    triggers' WHEN clauses, on every write path. Fails on a template that runs each row's
-    slow path."""
+def test_tokenless_rows_of_a_row_fence_take_no_slow_path(db: Conn, tables: None) -> None:
+    """The statement check judges a tokenless statement once; its rows pass on the INSERT
+    trigger's WHEN clause and in the UPDATE and DELETE checks' second expression, on every
+    write path: no row reaches fencekit.statement_token. Fails on a template that runs each
+    row's slow path."""
     tag = one(db, "SELECT tag FROM fencekit.protected WHERE table_name = 'c_row'")
     db.rollback()
     db.autocommit = True
@@ -171,9 +173,11 @@ def test_tokenless_rows_of_a_row_fence_run_no_plpgsql(db: Conn, tables: None) ->
         copy.write_row((30, 1, 0))
         copy.write_row((31, 2, 0))
     after = _row_check_calls(db, tag)
-    ran = {k: after.get(k, 0) - before.get(k, 0) for k in ("stmt", "ins", "upd", "del")}
-    # One check per statement (two for the upsert, one for COPY); no row check at all.
-    assert ran == {"stmt": 6, "ins": 0, "upd": 0, "del": 0}
+    ran = {k: after.get(k, 0) - before.get(k, 0) for k in ("stmt", "ins", "upd", "del", "token")}
+    # One check per statement (two for the upsert, one for COPY); no INSERT row check (its
+    # WHEN clause); the UPDATE and DELETE row checks on the rows they write (2, the upsert's 2,
+    # and 10 deleted), each passing in its second expression: no slow path.
+    assert ran == {"stmt": 6, "ins": 0, "upd": 4, "del": 10, "token": 0}
     assert rejection_count(db, "c_row", "unfenced") == 6
     # Nothing moved a fence; the rows written without a token have none.
     assert rows(db, "SELECT id, fencekit_fence FROM c_row ORDER BY id") == [
@@ -248,8 +252,8 @@ def test_under_reject_every_tokenless_path_is_refused(db: Conn, table: str) -> N
 @pytest.mark.pg_since(15)  # pg_stat_force_next_flush
 def test_partitions_and_children_in_rollout_mode(db: Conn) -> None:
     """Through the parent or naming the child: each tokenless statement is counted once, by
-    the check of the table it names; its rows pass on the WHEN clauses (a row moved to another
-    partition keeps its fence), and a write of the fence column keeps the old fence."""
+    the check of the table it names; its rows pass without the slow path (a row moved to
+    another partition keeps its fence), and a write of the fence column keeps the old fence."""
     db.execute(
         "CREATE TABLE pp (id int, k int NOT NULL, v int, PRIMARY KEY (id, k)) "
         "PARTITION BY LIST (k);"
@@ -278,9 +282,13 @@ def test_partitions_and_children_in_rollout_mode(db: Conn) -> None:
     ):
         db.execute(stmt)
     after = {t: _row_check_calls(db, tags[t]) for t in ("pp", "hp")}
-    for t, n in (("pp", 4), ("hp", 3)):
-        ran = {k: after[t].get(k, 0) - before[t].get(k, 0) for k in ("stmt", "ins", "upd", "del")}
-        assert ran == {"stmt": n, "ins": 0, "upd": 0, "del": 0}, t
+    # The row checks: the moved row's UPDATE and DELETE on its old partition (its INSERT passes
+    # the WHEN clause), two rows of pp_2, one DELETE; hp's two rows twice, one DELETE. None
+    # reaches fencekit.statement_token.
+    for t, n, upd, dele in (("pp", 4, 3, 2), ("hp", 3, 4, 1)):
+        checks = ("stmt", "ins", "upd", "del", "token")
+        ran = {k: after[t].get(k, 0) - before[t].get(k, 0) for k in checks}
+        assert ran == {"stmt": n, "ins": 0, "upd": upd, "del": dele, "token": 0}, t
         assert rejection_count(db, t, "unfenced") == n, t
     assert rows(
         db, "SELECT tableoid::regclass::text, id, v, fencekit_fence FROM pp ORDER BY id"

@@ -283,14 +283,11 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_ins ON app.invoices IS
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON app.invoices
-  FOR EACH ROW WHEN ((NEW."Fence Column" OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
-    AND NEW."Fence Column" OPERATOR(pg_catalog.>) 0
-    AND NEW."Fence Column"::pg_catalog.text OPERATOR(pg_catalog.=)
-      pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)) IS NOT TRUE)
+  FOR EACH ROW
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd();
 
 COMMENT ON TRIGGER fencekit_invoices_883e1d3584_upd ON app.invoices IS
-  'fencekit trigger template=1 sha256=9bceb4db7456bb459ce5f0403bcf92031af1137ec041a646482b9ab1dac39173; '
+  'fencekit trigger template=1 sha256=68b2d9793d6797518b476e84c0472e3b7fc354530f71ba4b49ad8b2587715eff; '
   'generated, do not edit';
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON app.invoices

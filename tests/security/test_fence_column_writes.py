@@ -1,12 +1,11 @@
-"""Cooperative row writes: a statement that sets the fence column itself skips the row trigger.
+"""Writes of the fence column: a statement that sets ``fencekit_fence`` itself.
 
-An UPDATE that sets ``fencekit_fence`` to its own token (as the adapters write it, or a DBA with
-``SET fencekit_fence = DEFAULT``) is verified by the row trigger's WHEN clause, without entering
-PL/pgSQL. That clause is now the only check such a statement meets, so it is attacked as a
-class: a writer chooses the token text, the row's old fence, the value it assigns to the fence
-column and the form of the assignment; under both on_equal policies the statement must end
-exactly as the full check would end it (the same SQLSTATE, or success), and on success the
-row's fence must be the token. The oracle is computed in Python from the rules, not read from
+An UPDATE that sets the fence column (to its own token, ``SET fencekit_fence = DEFAULT``, or to
+anything else) meets the same row check as any other, and is attacked as a class: a writer
+chooses the token text, the row's old fence, the value it assigns to the fence column and the
+form of the assignment; under both on_equal policies the statement must end exactly as the
+full check would end it (the same SQLSTATE, or success), and on success the row's fence must
+be the token. The oracle is computed in Python from the rules, not read from
 the database; the same write without the assignment is run alongside as a second opinion.
 """
 
@@ -83,7 +82,7 @@ def _assignment(kind: str, token: str | None) -> str:
 
 
 @pytest.mark.parametrize("on_equal", ["accept", "reject"])
-def test_a_cooperative_update_ends_as_the_full_check_would(
+def test_an_update_of_the_fence_column_ends_as_the_full_check_would(
     db: Conn, make_role: Any, on_equal: str
 ) -> None:
     db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance int NOT NULL)")
