@@ -197,6 +197,26 @@ BEGIN
   RETURN NULL;
 END $$;
 """
+# The least a row fence can cost in its design, hand-written with no checks: a statement
+# trigger that copies the token into a transaction-local setting (the row fence's one read of
+# the token per statement) and a row trigger that writes it into the fence column (the one
+# thing a row fence must do for a write under a new token). Everything a row fence adds beyond
+# it (the token's form, the comparison with the row's old fence, bypass, counting) is the
+# price of its guarantees.
+_ROW_FLOOR_FUNCTIONS = f"""
+CREATE FUNCTION {SCHEMA}.row_floor_stmt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM set_config('fencekit_bench.checked',
+                     COALESCE(current_setting('fencekit.token', true), ''), true);
+  RETURN NULL;
+END $$;
+CREATE FUNCTION {SCHEMA}.row_floor_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.fence := current_setting('fencekit_bench.checked')::bigint;
+  RETURN NEW;
+END $$;
+"""
+_ROW_FLOOR = "row floor (design): a statement trigger and a row trigger copying the token"
 _KEY_FLOORS = (
     ("key floor: an empty AFTER STATEMENT trigger with transition tables", "after_noop"),
     ("key floor: + reading the keys and share-locking their fences", "after_lock"),
@@ -251,7 +271,16 @@ def _single_row(
     if conn.execute(
         "SELECT to_regprocedure(%s) IS NULL", [f"{SCHEMA}.after_noop()"]
     ).fetchone() == (True,):
-        conn.execute(_KEY_FLOOR_FUNCTIONS)
+        conn.execute(_KEY_FLOOR_FUNCTIONS + _ROW_FLOOR_FUNCTIONS)
+    row_floor = _make_table(conn, f"single_row_floor{suffix}", "billing", 1000, 100, None)
+    conn.execute(
+        f"ALTER TABLE {row_floor} ADD COLUMN fence bigint; "
+        f"CREATE TRIGGER s BEFORE UPDATE ON {row_floor} FOR EACH STATEMENT "
+        f"EXECUTE FUNCTION {SCHEMA}.row_floor_stmt(); "
+        f"CREATE TRIGGER r BEFORE UPDATE ON {row_floor} FOR EACH ROW "
+        f"EXECUTE FUNCTION {SCHEMA}.row_floor_row()"
+    )
+    tables.insert(1, (_ROW_FLOOR, row_floor, "-"))
     for i, (label, function) in enumerate(_KEY_FLOORS):
         t = _make_table(conn, f"single_floor{i}{suffix}", "billing", 1000, 100, None)
         conn.execute(
@@ -318,6 +347,14 @@ def _single_row(
         )
         for label, _, target in tables
     ]
+    out.append(
+        throughput(
+            f"row fence against its design floor, single-row transactions{mode}",
+            _ROW_FLOOR,
+            "row fence",
+            "-",
+        )
+    )
     out.append(
         throughput(
             f"key fence against its design floor, single-row transactions{mode}",

@@ -1,10 +1,10 @@
 """Row fences: a fence column on each row, checked and advanced by BEFORE ROW triggers.
 
-The hot path of UPDATE and DELETE is one expression (is the token canonical, and not lower than
-the row's fence); INSERT takes the fence from the column default, evaluated in
-C, and runs PL/pgSQL only when the row does not already carry the token. Everything else (no
-token, a malformed or a 19-digit token, a rejection, a bypass) goes through a slow path that
-validates the token it read itself: a statement can change the token after the statement check.
+The hot path of UPDATE and DELETE is one expression (is the token the one the statement check
+validated, and not lower than the row's fence); INSERT takes the fence from the column default,
+evaluated in C, and runs PL/pgSQL only when the row does not already carry the token. Everything
+else (no token, a token changed since the check, a rejection, a bypass) goes through a slow
+path that validates the token it read itself.
 Every row is judged by the token the statement check validated (``Names.checked``, which that
 check sets): a row that reads another valid token is refused (YF004, changed during the
 statement), never judged by it; a lower one is refused as stale.
@@ -75,21 +75,23 @@ def _tokenless(n: Names) -> str:
 
 
 def _checked(n: Names, accept: str) -> str:
-    """The fast path: a canonical token (all digits, and the bigint it casts to prints as the
-    token itself, so no sign, space or leading zero) not lower than the fence (higher, under
-    on_equal=reject). Written inline, without a call, for speed; nothing in it can raise:
-    anything else, a missing token included, falls through to the slow path, which reads the
-    token again (fencekit.statement_token) and says what is wrong. A row never fenced compares
-    as 1, so a token must be positive."""
+    """The fast path: the token the statement check validated (it leaves in ``Names.checked``
+    only a canonical positive bigint, or '' when there is none), read again now, and not lower
+    than the fence (higher, under on_equal=reject). Written inline, without a call, for speed:
+    the smaller the expression, the less PostgreSQL spends preparing it again in every
+    transaction. Anything else, a missing token or one changed since the check included, falls
+    through to the slow path, which reads the token again (fencekit.statement_token) and says
+    what is wrong. A row never fenced compares as 1, so a token must be positive. Only code
+    that writes fencekit's own checked setting, not the token, can make the cast fail: its
+    statement then fails (22P02) instead of passing."""
     return (
         # Parenthesised: PL/pgSQL ends an IF condition at the first THEN outside parentheses.
-        f"  IF (CASE WHEN NOT ({DIGITS_ONLY.format(t='raw')}) THEN false\n"
-        f"           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
+        "  IF (CASE WHEN raw OPERATOR(pg_catalog.=)\n"
+        f"                  {n.checked}\n"
+        "                AND raw OPERATOR(pg_catalog.<>) ''\n"
+        f"           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.{_accepts(n)}) "
         f"COALESCE(OLD.{n.col}, 1)\n"
-        "           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw\n"
-        "                AND raw OPERATOR(pg_catalog.=)\n"
-        f"                    {n.checked}\n"
-        "           ELSE false END) THEN  -- canonical, not below the fence, the one checked\n"
+        "           ELSE false END) THEN  -- the token checked, not below the fence\n"
         + accept.replace("tok", "raw::pg_catalog.int8")
         + "  END IF;\n"
     )

@@ -126,14 +126,11 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
-           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
-           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=)
-                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
-           ELSE false END) THEN  -- canonical, not below the fence, the one checked
+  IF (CASE WHEN raw OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.<>) ''
+           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
+           ELSE false END) THEN  -- the token checked, not below the fence
     NEW."Fence Column" := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
@@ -172,7 +169,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=b99bfe5565f9d579de7666d1332119ff8dd00cbcc76e9c4b90363247c845fa50; generated, do not edit';
+  'sha256=c9cc03f3bb1a34ebac270ddf80c9703d7ec2fa08cf81a9bafcef59fe123edb10; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -182,14 +179,11 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
-           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
-           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=)
-                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
-           ELSE false END) THEN  -- canonical, not below the fence, the one checked
+  IF (CASE WHEN raw OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.<>) ''
+           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD."Fence Column", 1)
+           ELSE false END) THEN  -- the token checked, not below the fence
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
@@ -222,7 +216,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=83f8d628242b17383bddd033b261f3ced37151b66f84d2c11335f54784dc76b1; generated, do not edit';
+  'sha256=5327be28c8cf02692108deadf1cbd29a70cb7b724e3cfdd96a1602bbf8ba6950; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -126,14 +126,11 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
-           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 1)
-           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=)
-                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
-           ELSE false END) THEN  -- canonical, not below the fence, the one checked
+  IF (CASE WHEN raw OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.<>) ''
+           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 1)
+           ELSE false END) THEN  -- the token checked, not below the fence
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
@@ -172,7 +169,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=e192c9568c6d2a3521ced1c8de15fc4453131db90ac9cdd3bb059a67fc9c2482; generated, do not edit';
+  'sha256=70424058e1243421d407dafe071535820b954103083d6c964637fd52863b39ad; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -182,14 +179,11 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
-           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 1)
-           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=)
-                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
-           ELSE false END) THEN  -- canonical, not below the fence, the one checked
+  IF (CASE WHEN raw OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.<>) ''
+           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>) COALESCE(OLD.fencekit_fence, 1)
+           ELSE false END) THEN  -- the token checked, not below the fence
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
@@ -222,7 +216,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=3f2d5bf8b159598cf16d71d859dfe4d26876caeea618931e0279f9d996e7369e; generated, do not edit';
+  'sha256=e4845ba8e546d68b56e719a841bda907eec748a7837776ddf9613de5d98c4ddd; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

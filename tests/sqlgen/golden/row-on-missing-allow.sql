@@ -202,14 +202,11 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
-           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
-           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=)
-                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
-           ELSE false END) THEN  -- canonical, not below the fence, the one checked
+  IF (CASE WHEN raw OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.<>) ''
+           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+           ELSE false END) THEN  -- the token checked, not below the fence
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
@@ -254,7 +251,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=08a1a382f79ff11b9abf5329f3f411b945b365de1a8a0721c0977124842c18ec; generated, do not edit';
+  'sha256=ac8bbb2332fbee59a84d56f888f43cfd5a28bcf750e9642ba8bde042d0186b07; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -264,14 +261,11 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
-           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
-           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=)
-                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
-           ELSE false END) THEN  -- canonical, not below the fence, the one checked
+  IF (CASE WHEN raw OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.<>) ''
+           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+           ELSE false END) THEN  -- the token checked, not below the fence
     RETURN OLD;
   END IF;
   IF pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
@@ -309,7 +303,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=1b23d9e01d7bed0834e9e59660135981e87a56bfa6f3c4b0f7c3382e5bc69c96; generated, do not edit';
+  'sha256=4dfd3649a2ad5a7a37306cb6d64c498809cec029e0de7f234bd63f540c2c9463; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

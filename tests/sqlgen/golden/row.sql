@@ -126,14 +126,11 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
-           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
-           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=)
-                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
-           ELSE false END) THEN  -- canonical, not below the fence, the one checked
+  IF (CASE WHEN raw OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.<>) ''
+           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+           ELSE false END) THEN  -- the token checked, not below the fence
     NEW.fencekit_fence := raw::pg_catalog.int8;
     RETURN NEW;
   END IF;
@@ -172,7 +169,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=2c5661dcd9593ec1da1259ee6b1ec8a8f3ab58509480c872eb7d2bf2a24bdd5c; generated, do not edit';
+  'sha256=fed709d6093285829e7b7a22feda917bdc5046a8f7ef6c6dd03f03c8ffe9f079; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -182,14 +179,11 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once, for the fast path
   tok pg_catalog.int8;
 BEGIN
-  IF (CASE WHEN NOT (pg_catalog.btrim(raw, '0123456789') OPERATOR(pg_catalog.=) ''
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.>) 0
-      AND pg_catalog.length(raw) OPERATOR(pg_catalog.<) 19) THEN false
-           WHEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
-           THEN raw::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.=) raw
-                AND raw OPERATOR(pg_catalog.=)
-                    pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
-           ELSE false END) THEN  -- canonical, not below the fence, the one checked
+  IF (CASE WHEN raw OPERATOR(pg_catalog.=)
+                  pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+                AND raw OPERATOR(pg_catalog.<>) ''
+           THEN raw::pg_catalog.int8 OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 1)
+           ELSE false END) THEN  -- the token checked, not below the fence
     RETURN OLD;
   END IF;
   tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
@@ -222,7 +216,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=9ed13b42adc0f7864fba0e708ca493e065a4803144ea38322dd53d533664e789; generated, do not edit';
+  'sha256=d41135558cc30304591f3baf1b9d8642756163f411b7ba343475e58fcd01f1e9; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
