@@ -1,11 +1,9 @@
 """asyncpg adapter: carry the fencing token into each transaction.
 
-- :func:`transaction`: an asyncpg transaction block fenced with a token (also a
-  :func:`fencekit.fencing` scope).
+- :func:`transaction`: an asyncpg transaction block fenced with a token (also a scope).
 - :func:`install`: automatic mode for a connection: statements and transactions run inside a
-  :func:`fencekit.fencing` scope carry its token. For a pool, pass
-  ``connection_class=fencekit.asyncpg.FencedConnection`` (or ``init=fencekit.asyncpg.init``) to
-  ``asyncpg.create_pool()``.
+  :func:`fencekit.fencing` scope carry its token. For a pool: ``asyncpg.create_pool(...,
+  connection_class=fencekit.asyncpg.FencedConnection)`` (or ``init=fencekit.asyncpg.init``).
 - :func:`set_token`: fence the transaction already open (one statement).
 
 How the token travels (docs/asyncpg.md has each way and its cost): in the query of asyncpg's own
@@ -31,8 +29,7 @@ from asyncpg.cursor import CursorFactory
 from asyncpg.prepared_stmt import PreparedStatement
 
 from fencekit import errors, metrics, wire
-from fencekit.context import current_issuer, current_token, fencing
-from fencekit.errors import commit_outcome_unknown, validate_token
+from fencekit.errors import commit_outcome_unknown
 
 __all__ = [
     "BypassRefusedError",
@@ -116,9 +113,9 @@ IssuerMismatchError = _CLASSES["IssuerMismatchError"]
 
 
 # ---------------------------------------------------------------- state
-# asyncpg's connections have __slots__: their state lives here, by id() (a dict read before
-# every statement), for as long as the connection lives.
+# asyncpg's connections have __slots__: their state lives here, by id(), while they live.
 _states: dict[int, wire.Wire] = {}
+_scope_now = wire.scope_now  # the current fencing() scope, read before every statement
 
 
 def _state(conn: asyncpg.Connection) -> wire.Wire:
@@ -130,6 +127,11 @@ def _state(conn: asyncpg.Connection) -> wire.Wire:
     return state
 
 
+# asyncpg's execute() of a simple query is _check_open(), then _protocol.query() when no query
+# logger is added (0.29 to 0.32): a BEGIN or COMMIT runs them directly, one coroutine fewer.
+_SLOTS = set(asyncpg.Connection.__slots__)
+_DIRECT = hasattr(asyncpg.Connection, "_check_open") and {"_protocol", "_query_loggers"} <= _SLOTS
+
 _OTHER, _BEGIN, _CONTROL_KIND = 0, 1, 2
 _BEGIN_WORDS = ("BEGIN", "START TRANSACTION")
 # Transaction control needs no token, and must run in a failed transaction, where nothing else
@@ -139,8 +141,8 @@ _CONTROL = ("COMMIT", "ROLLBACK", "END", "ABORT", "RELEASE", "SAVEPOINT", "PREPA
 
 @functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
 def _kind(query: str) -> tuple[int, str]:
-    """What a simple query is, decided once per text: transaction control, a BEGIN (with the
-    text that a SET LOCAL follows in the same query), or any other statement."""
+    """What a simple query is, once per text: transaction control, a BEGIN (with the text a SET
+    LOCAL follows in its query), or any other statement."""
     head = query.lstrip()[:20].upper()
     if head.startswith(_CONTROL):
         return _CONTROL_KIND, query
@@ -169,12 +171,10 @@ def _run(
     call: Callable[[], Awaitable[R]],
     prefixed: Callable[[str], Awaitable[R]] | None = None,
 ) -> Awaitable[R]:
-    """``call()`` on ``conn`` with exactly the scope's token (or none) in force: the driver's
-    own awaitable when there is nothing to send (the common case: the token rode the BEGIN).
-
-    ``prefixed(prefix)`` runs the statement as one simple query behind ``prefix``, where it can
-    (PostgreSQL runs it as one transaction); without it (the extended protocol: one statement,
-    no room for a prefix) a statement outside a transaction is wrapped in one."""
+    """``call()`` on ``conn`` with exactly the scope's token (or none) in force. ``prefixed(p)``
+    runs the statement as one simple query behind ``p`` (PostgreSQL runs it as one transaction);
+    without it (the extended protocol: no room for a prefix) a statement outside a transaction
+    is wrapped in one."""
     state = _states.get(id(conn)) or _state(conn)
     status = wire.INTRANS if conn.is_in_transaction() else wire.IDLE
     value = state.next(status, wire.scope_value())
@@ -185,9 +185,7 @@ def _run(
     return _sent_first(conn, value, call)
 
 
-async def _sent_first(
-    conn: asyncpg.Connection, value: wire.Value, call: Callable[[], Awaitable[R]]
-) -> R:
+async def _sent_first(conn: Any, value: wire.Value, call: Callable[[], Awaitable[R]]) -> R:
     if conn.is_in_transaction():
         await _send(conn, _state(conn), value)
         return await call()
@@ -260,27 +258,44 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
 
     __slots__ = ()
 
+    # super().execute, looked up once per class (__init_subclass__), not on every statement;
+    # _fk_direct: it is asyncpg's, and asyncpg's internals are as _DIRECT expects.
+    _fk_execute: Callable[..., Awaitable[str]] = asyncpg.Connection.execute
+    _fk_direct = _DIRECT
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._fk_execute = super().execute
+        cls._fk_direct = _DIRECT and cls._fk_execute is asyncpg.Connection.execute
+
     def execute(self, query: str, *args: Any, timeout: float | None = None) -> Awaitable[str]:
-        # A plain function: for transaction control and a BEGIN (nothing there can be rejected)
-        # it returns the driver's own coroutine, with no frame of fencekit's around it.
-        run: Callable[..., Awaitable[str]] = super().execute
+        # A plain function: when nothing is to be sent it returns the driver's own awaitable,
+        # with no frame of fencekit's around it. Run before each statement, so kept short.
         if args or not isinstance(query, str):  # the extended protocol: no room for a prefix
-            return _run(self, lambda: run(query, *args, timeout=timeout))
+            scope, state = _scope_now(), _states.get(id(self))
+            # The common case: the scope's token rode this transaction's BEGIN.
+            held = scope is not None and state is not None and state.held is scope._sent
+            if held and self._protocol.is_in_transaction():  # is_in_transaction(), no frame
+                return self._fk_execute(query, *args, timeout=timeout)
+            return _run(self, lambda: self._fk_execute(query, *args, timeout=timeout))
         kind, text = _kind(query)  # a simple query: it may hold several statements
-        if kind == _CONTROL_KIND:  # COMMIT, ROLLBACK: as they are
-            return run(query, timeout=timeout)
-        if kind == _BEGIN and not self.is_in_transaction():  # asyncpg's own BEGIN, or the user's
-            state = _states.get(id(self)) or _state(self)
-            value = state.next(wire.IDLE, wire.scope_value())
-            if value is None:
-                return run(query, timeout=timeout)
-            # Marked before it runs: should the BEGIN fail, the connection stays idle, and the
-            # wire starts afresh on an idle connection.
-            state.sent(value, open_after=True)
-            return run(text + wire.set_local(value, True), timeout=timeout)  # the token rides it
-        return _run(
-            self, lambda: run(query, timeout=timeout), lambda p: run(p + query, timeout=timeout)
-        )
+        if kind == _BEGIN and not self._protocol.is_in_transaction():  # asyncpg's BEGIN, or yours
+            scope, state = _scope_now(), _states.get(id(self)) or _state(self)
+            if scope is None:
+                state.next(wire.IDLE, None)  # a fresh transaction, outside any scope
+            else:  # the token rides the BEGIN (marked first: a failed BEGIN leaves it idle)
+                query = text + state.fresh(scope._sent)
+        elif kind != _CONTROL_KIND:
+            return _run(
+                self,
+                lambda: self._fk_execute(query, timeout=timeout),
+                lambda p: self._fk_execute(p + query, timeout=timeout),
+            )
+        # A BEGIN, COMMIT or ROLLBACK (nothing to send in these): as asyncpg's execute() runs it.
+        if self._fk_direct and not self._query_loggers:
+            self._check_open()
+            return self._protocol.query(query, timeout)  # type: ignore[no-any-return]
+        return self._fk_execute(query, timeout=timeout)
 
     async def prepare(self, query: str, **kwargs: Any) -> Any:
         statement = await super().prepare(query, **kwargs)  # Parse only: nothing runs yet
@@ -291,14 +306,10 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
         return _fenced_cursor(super().cursor(query, *args, **kwargs))
 
 
-_fence_calls(
-    _FencedStatement, ("fetch", "fetchval", "fetchrow", "fetchmany", "executemany", "explain")
-)
 _FETCH = ("executemany", "fetch", "fetchval", "fetchrow", "fetchmany")
-_fence_calls(
-    FencedConnection,
-    (*_FETCH, "copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table"),
-)
+_COPY = ("copy_from_table", "copy_from_query", "copy_to_table", "copy_records_to_table")
+_fence_calls(_FencedStatement, (*_FETCH, "explain"))
+_fence_calls(FencedConnection, (*_FETCH, *_COPY))
 
 
 # fenced class -> the class it fences (what uninstall() puts back)
@@ -322,13 +333,11 @@ def install(conn: asyncpg.Connection, *, translate_errors: bool = True) -> None:
     """Automatic mode: ``conn`` (an ``asyncpg.Connection``) carries the current
     :func:`fencing` token in its transactions and statements. Idempotent.
 
-    asyncpg has no hook for this, so the connection becomes an instance of
-    :class:`FencedConnection` (a subclass of its class that adds no state). For a pool, pass
-    ``connection_class=FencedConnection`` or ``init=fencekit.asyncpg.init`` to
-    ``asyncpg.create_pool()``; a connection acquired from a pool is installed there.
-    ``translate_errors`` is every adapter's flag for a layer above that translates and counts
-    rejections itself; on asyncpg it changes nothing: asyncpg raises fencekit's classes on every
-    connection, and each rejection is counted once, where asyncpg builds it.
+    The connection becomes an instance of :class:`FencedConnection` (a subclass of its class
+    that adds no state: asyncpg's one hook). For a pool, pass ``connection_class=
+    FencedConnection`` or ``init=fencekit.asyncpg.init`` to ``asyncpg.create_pool()``.
+    ``translate_errors`` (every adapter's flag) changes nothing on asyncpg: it raises fencekit's
+    classes on every connection, and each rejection is counted once, where asyncpg builds it.
     """
     if not _is_connection(conn):
         if isinstance(conn, asyncpg.Pool | asyncpg.Connection):
@@ -373,15 +382,6 @@ def _is_connection(conn: object) -> bool:
 # ---------------------------------------------------------------- explicit API
 
 
-def _resolve(token: int | None, issuer: str | None) -> fencing:
-    if token is None:
-        token = current_token()
-        if token is None:
-            raise errors.MissingTokenError()
-        issuer = issuer or current_issuer()
-    return fencing(validate_token(token), issuer)
-
-
 @asynccontextmanager
 async def transaction(
     conn: asyncpg.Connection,
@@ -400,7 +400,7 @@ async def transaction(
     run on ``conn`` inside it is fenced. A connection lost during the COMMIT raises
     :class:`~fencekit.errors.CommitOutcomeUnknownError` (docs/ha.md).
     """
-    scope = _resolve(token, issuer)
+    scope = wire.resolve(token, issuer)
     installed = is_installed(conn) or not _is_connection(conn)  # a proxy: its pool installs
     if not installed:
         install(conn)  # for the block only
@@ -439,7 +439,7 @@ async def set_token(
 ) -> None:
     """Fence the transaction open on ``conn``: one statement, so one round trip. Prefer
     :func:`transaction` or :func:`install`, whose BEGIN carries the token instead."""
-    scope = _resolve(token, issuer)
+    scope = wire.resolve(token, issuer)
     if not conn.is_in_transaction():
         raise asyncpg.InterfaceError(
             "set_token() needs an open transaction: outside one the setting would end with its "

@@ -22,12 +22,13 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from fencekit import errors as _errors
-from fencekit.errors import validate_token
+from fencekit.errors import BIGINT_MAX, validate_token
 
 __all__ = ["current_issuer", "current_token", "fencing"]
 
-_TOKEN: ContextVar[int | None] = ContextVar("fencekit.token", default=None)
-_ISSUER: ContextVar[str | None] = ContextVar("fencekit.issuer", default=None)
+# One variable for the whole scope: entering and leaving a scope, and the adapters' read before
+# every statement, each touch the context once.
+_SCOPE: ContextVar[fencing | None] = ContextVar("fencekit.scope", default=None)
 _ISSUER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,30}")  # as FenceSpec.issuer
 
 P = ParamSpec("P")
@@ -36,7 +37,8 @@ R = TypeVar("R")
 
 def current_token() -> int | None:
     """The token of the innermost active :func:`fencing` scope, or ``None``."""
-    return _TOKEN.get()
+    scope = _SCOPE.get()
+    return None if scope is None else scope.token
 
 
 # errors.MissingTokenError's hint tells "no token was current" from "the connection did not send
@@ -46,7 +48,8 @@ _errors._current_token = current_token
 
 def current_issuer() -> str | None:
     """The issuer named by the innermost active :func:`fencing` scope (None: untagged)."""
-    return _ISSUER.get()
+    scope = _SCOPE.get()
+    return None if scope is None else scope.issuer
 
 
 class fencing:  # lower case: reads as a function, `with fencing(34):`
@@ -59,19 +62,29 @@ class fencing:  # lower case: reads as a function, `with fencing(34):`
     an inner scope without one is untagged, whatever the outer scope said.
     """
 
-    __slots__ = ("_resets", "issuer", "token")
+    __slots__ = ("_reset", "_resets", "_sent", "issuer", "token")
 
     def __init__(self, token: int, issuer: str | None = None) -> None:
-        self.token: int = validate_token(token)
+        # A plain int in range is checked here; anything else by validate_token, which says why.
+        self.token: int = (
+            token if type(token) is int and 0 < token <= BIGINT_MAX else validate_token(token)
+        )
         if issuer is not None and (
             not isinstance(issuer, str) or not _ISSUER_NAME.fullmatch(issuer)
         ):
             raise ValueError(f"issuer must be a short lower-case name like 'etcd', not {issuer!r}")
         self.issuer: str | None = issuer
-        self._resets: list[tuple[Token[int | None], Token[str | None]]] = []
+        # (token, issuer) as the adapters send them (fencekit.wire.Value), made once per scope:
+        # they read it before every statement.
+        self._sent = (str(self.token), issuer or "")
+        self._reset: Token[fencing | None] | None = None  # what leaving the scope restores
+        self._resets: list[Token[fencing | None]] | None = None  # when entered again inside
 
     def __enter__(self) -> int:
-        self._resets.append((_TOKEN.set(self.token), _ISSUER.set(self.issuer)))
+        reset = _SCOPE.set(self)
+        if self._reset is not None:
+            self._resets = [*(self._resets or ()), self._reset]
+        self._reset = reset
         return self.token
 
     def __exit__(
@@ -80,9 +93,10 @@ class fencing:  # lower case: reads as a function, `with fencing(34):`
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        token, issuer = self._resets.pop()
-        _ISSUER.reset(issuer)
-        _TOKEN.reset(token)
+        reset, self._reset = self._reset, self._resets.pop() if self._resets else None
+        if reset is None:
+            raise RuntimeError(f"{self!r} was left without being entered")
+        _SCOPE.reset(reset)
 
     async def __aenter__(self) -> int:
         return self.__enter__()

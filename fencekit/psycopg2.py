@@ -34,8 +34,7 @@ from psycopg2 import pool as pg2_pool
 from psycopg2 import sql as pg2_sql
 
 from fencekit import errors, metrics, wire
-from fencekit.context import current_issuer, current_token, fencing
-from fencekit.errors import commit_outcome_unknown, validate_token
+from fencekit.errors import commit_outcome_unknown
 
 __all__ = [
     "BypassRefusedError",
@@ -108,6 +107,7 @@ class _State(wire.Wire):
 # psycopg2's connections take no attributes: their state lives here, by id() (a dict read
 # before every statement), for as long as the connection lives.
 _states: dict[int, _State] = {}
+_scope_now = wire.scope_now  # the current fencing() scope, read before every statement
 
 
 def _state(conn: ext.connection) -> _State:
@@ -177,19 +177,29 @@ class FencedCursor(ext.cursor):  # type: ignore[misc]  # psycopg2 ships no types
     def execute(self, query: Any, vars: Any = None) -> Any:
         if self.name is not None:  # DECLARE ... FOR <query>: no room for a prefix
             return self._synced(lambda: super(FencedCursor, self).execute(query, vars))
+        # Read before every statement, so kept short: no call of fencekit's when nothing is to
+        # be sent, one (Wire.fresh) for the token of a fresh transaction.
         conn = self.connection
         state = _states.get(id(conn)) or _state(conn)
+        scope = _scope_now()
         try:
             status = conn.get_transaction_status()
-            value = state.next(status, wire.scope_value())
-            if value is None:  # nothing to send: the scope's token is in force, or none is
-                return super().execute(query, vars)
-            prefix = wire.set_local(value, status == wire.IDLE) + "; "
+            if scope is None or status != wire.IDLE:
+                if scope is not None and state.held is scope._sent and status == wire.INTRANS:
+                    return super().execute(query, vars)  # the scope's token is in force
+                value = state.next(status, None if scope is None else scope._sent)
+                if value is None:  # nothing to send: the scope's token is in force, or none is
+                    return super().execute(query, vars)
+                prefix = wire.set_local(value) + "; "
+            else:  # a fresh transaction: marked before it runs (it starts afresh if it fails)
+                prefix = state.fresh(scope._sent) + "; "
+                value = None
             # A str (the usual query) is prefixed here; bytes and sql.Composable by _with_prefix.
             super().execute(
                 prefix + query if type(query) is str else _with_prefix(self, query, prefix), vars
             )
-            state.sent(value, open_after=conn.get_transaction_status() != wire.IDLE)
+            if value is not None:
+                state.sent(value, open_after=conn.get_transaction_status() != wire.IDLE)
         except psycopg2.Error as exc:
             if not state.translate:
                 raise
@@ -301,15 +311,6 @@ def is_installed(conn: object) -> bool:
 # ---------------------------------------------------------------- explicit API
 
 
-def _resolve(token: int | None, issuer: str | None) -> fencing:
-    if token is None:
-        token = current_token()
-        if token is None:
-            raise errors.MissingTokenError()
-        issuer = issuer or current_issuer()
-    return fencing(validate_token(token), issuer)
-
-
 @contextmanager
 def _fenced_factory(conn: ext.connection) -> Iterator[None]:
     if is_installed(conn):
@@ -334,7 +335,7 @@ def transaction(conn: C, token: int | None = None, *, issuer: str | None = None)
     transaction (autocommit is off for the block). A connection lost during the COMMIT raises
     :class:`~fencekit.errors.CommitOutcomeUnknownError` (docs/ha.md).
     """
-    scope = _resolve(token, issuer)
+    scope = wire.resolve(token, issuer)
     if conn.get_transaction_status() != wire.IDLE:
         raise psycopg2.ProgrammingError(
             "fencekit.psycopg2.transaction() needs an idle connection: commit or roll back "
@@ -372,7 +373,7 @@ def set_token(conn: ext.connection, token: int | None = None, *, issuer: str | N
     One statement, so one round trip; prefer :func:`transaction` or :func:`install`, which ride
     the next statement instead.
     """
-    scope = _resolve(token, issuer)
+    scope = wire.resolve(token, issuer)
     if conn.autocommit:
         raise psycopg2.ProgrammingError(
             "set_token() needs a transaction: in autocommit mode the setting would end with "

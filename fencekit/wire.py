@@ -27,7 +27,8 @@ import functools
 import re
 from typing import Final
 
-from fencekit.context import _ISSUER, _TOKEN, fencing
+from fencekit.context import _SCOPE, fencing
+from fencekit.errors import MissingTokenError
 
 __all__ = [
     "CLEAR",
@@ -37,6 +38,8 @@ __all__ = [
     "Value",
     "Wire",
     "checked",
+    "resolve",
+    "scope_now",
     "scope_value",
     "set_config",
     "set_local",
@@ -57,15 +60,26 @@ INERROR: Final = 3
 _ISSUER_TEXT = re.compile(r"[a-z0-9_-]{0,31}")  # fencing()'s issuer names, or '' (untagged)
 
 
-# Read before every statement: the scope's context variables, without a call in between.
-_token_now = _TOKEN.get
-_issuer_now = _ISSUER.get
+scope_now: Final = _SCOPE.get
+"""The innermost :func:`fencing` scope, or None: read before every statement, so an adapter's
+hot path takes its value as ``None if scope is None else scope._sent`` with no call between."""
 
 
 def scope_value() -> Value | None:
     """The current :func:`fencing` scope's (token, issuer) as sent; None outside any scope."""
-    token = _token_now()
-    return None if token is None else (str(token), _issuer_now() or "")
+    scope = _SCOPE.get()
+    return None if scope is None else scope._sent
+
+
+def resolve(token: int | None, issuer: str | None) -> fencing:
+    """The scope an explicit call (``transaction(conn, token)``, ``set_token``) runs in: ``token``
+    and ``issuer``, or the current scope's when ``token`` is None (none: MissingTokenError)."""
+    if token is None:
+        scope = _SCOPE.get()
+        if scope is None:
+            raise MissingTokenError()
+        token, issuer = scope.token, issuer or scope.issuer
+    return fencing(token, issuer)
 
 
 def checked(token: int, issuer: str | None) -> Value:
@@ -103,9 +117,10 @@ def set_local(value: Value, fresh: bool = False) -> str:
     ``fresh``: the transaction has set nothing yet (they follow its BEGIN), so an untagged
     token needs no issuer statement. Several statements: for a simple query.
     """
-    token, issuer = _checked_text(value)
-    if fresh and not issuer and token:
+    token, issuer = value
+    if not issuer and fresh and token.isdigit() and token.isascii():  # a new lease's token
         return f"SET LOCAL fencekit.token = '{token}'"
+    token, issuer = _checked_text(value)
     return f"SET LOCAL fencekit.token = '{token}'; SET LOCAL fencekit.issuer = '{issuer}'"
 
 
@@ -152,6 +167,19 @@ class Wire:
             self.held, self.dirty = value, bool(value[0])
         else:
             self.held, self.dirty = None, False
+
+    def fresh(self, value: Value) -> str:
+        """A fresh transaction's BEGIN carries ``value``: recorded (as :meth:`next` on an idle
+        connection and then :meth:`sent` would), and returned as the ``SET LOCAL`` to put after
+        the BEGIN in its query. Run before every BEGIN, so with no call of its own for a new
+        untagged token (a lease's next token is a new one)."""
+        if self.pinned != value:
+            self.pinned = None
+        token, issuer = self.held = value
+        self.dirty = bool(token)
+        if not issuer and token.isdigit() and token.isascii():  # set_local(value, True)
+            return f"SET LOCAL fencekit.token = '{token}'"
+        return set_local(value, True)
 
     def pin(self, value: Value) -> None:
         """A block whose BEGIN carried ``value`` starts: its statements need not resend it."""

@@ -151,6 +151,48 @@ async def test_token_rides_asyncpg_begin(billing: str) -> None:
         await conn.close()
 
 
+async def test_the_connection_class_own_execute_sees_every_statement(billing: str) -> None:
+    """install() on an application's subclass that overrides execute(): the BEGIN (with the token)
+    and the COMMIT still go through it, not past it to asyncpg's internals."""
+    seen: list[str] = []
+
+    class Logged(asyncpg.Connection):  # type: ignore[misc]
+        __slots__ = ()
+
+        def execute(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+            seen.append(query)
+            return super().execute(query, *args, timeout=timeout)
+
+    conn = await asyncpg.connect(**connect_kwargs(billing), connection_class=Logged)
+    try:
+        fkapg.install(conn)
+        async with fencing(43), conn.transaction():
+            await conn.execute(UPDATE, "subclass")
+    finally:
+        await conn.close()
+    assert len(seen) == 3
+    assert seen[0].startswith("BEGIN")
+    assert "SET LOCAL fencekit.token = '43'" in seen[0]
+    assert seen[1:] == [UPDATE, "COMMIT;"]
+    assert summary(billing) == "subclass"
+
+
+async def test_a_closed_fenced_connection_refuses_begin_and_commit(billing: str) -> None:
+    conn = await asyncpg.connect(**connect_kwargs(billing))
+    fkapg.install(conn)
+    await conn.close()
+    for query in ("BEGIN", "COMMIT"):
+        with fencing(44), pytest.raises(asyncpg.InterfaceError, match="closed"):
+            await conn.execute(query)
+
+
+def test_the_asyncpg_internals_of_the_begin_path_are_there() -> None:
+    """The BEGIN and COMMIT skip asyncpg's execute() coroutine where its internals are as
+    fencekit expects; on an asyncpg without them they run through execute() (slower)."""
+    assert fkapg._DIRECT
+    assert fkapg.FencedConnection._fk_direct
+
+
 async def test_nested_transaction_restores_outer_token(billing: str) -> None:
     conn = await asyncpg.connect(**connect_kwargs(billing))
     try:

@@ -23,6 +23,20 @@ def test_nesting_restores_outer_token() -> None:
     assert current_token() is None
 
 
+def test_one_scope_entered_inside_itself_restores_in_order() -> None:
+    scope = fencing(5)
+    with scope:
+        with fencing(6):
+            with scope:
+                assert current_token() == 5
+                with scope:
+                    assert current_token() == 5
+                assert current_token() == 5
+            assert current_token() == 6
+        assert current_token() == 5
+    assert current_token() is None
+
+
 def test_exception_inside_scope_restores() -> None:
     with pytest.raises(RuntimeError), fencing(7):
         raise RuntimeError("boom")
