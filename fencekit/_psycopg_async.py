@@ -33,7 +33,6 @@ from fencekit._psycopg_core import (
     _opens_with_begin,
     _outer_to_restore,
     _raise_if_outcome_unknown,
-    _resolve,
     _restored,
     _setter,
     _TokenBlock,
@@ -257,7 +256,7 @@ async def async_set_token(
     One statement, so one round trip (two if it also opens the transaction); prefer
     :func:`transaction` or :func:`install`, which ride the next statement instead.
     """
-    value, issuer = _resolve(token, issuer)
+    scope = wire.resolve(token, issuer)
     _check_open(conn)
-    await psycopg.AsyncCursor(conn).execute(wire.set_local(wire.checked(value, issuer)))
+    await psycopg.AsyncCursor(conn).execute(wire.set_local(scope._sent))
     _explicit(conn)

@@ -17,12 +17,10 @@ from psycopg.pq import PipelineStatus
 
 from fencekit import _psycopg_internals as _internals
 from fencekit import metrics, wire
-from fencekit.context import current_issuer, current_token, fencing
+from fencekit.context import fencing
 from fencekit.errors import (
     FenceError,
-    MissingTokenError,
     commit_outcome_unknown,
-    validate_token,
 )
 
 AnyConnection: TypeAlias = "psycopg.Connection[Any] | psycopg.AsyncConnection[Any]"
@@ -191,16 +189,6 @@ def _how(conn: AnyConnection, query: Query, params: object, shares: bool) -> str
     return "pipeline" if shares and _piggybacks(query, params) else "alone"
 
 
-def _resolve(token: int | None, issuer: str | None = None) -> tuple[int, str | None]:
-    """(token, issuer): the given ones, or the current scope's when ``token`` is None."""
-    if token is None:
-        token = current_token()
-        if token is None:
-            raise MissingTokenError()
-        issuer = issuer or current_issuer()
-    return validate_token(token), issuer
-
-
 @contextmanager
 def _fenced_factory(conn: AnyConnection, fenced: Callable[[Any], Any]) -> Iterator[None]:
     """Temporarily install the fenced cursor on a connection that is not in automatic mode."""
@@ -319,11 +307,10 @@ def _block(
 ) -> Any:
     """What :func:`transaction` returns: a ``cls`` block whose BEGIN carries the token, or,
     inside an open transaction or a pipeline, ``nested``'s block around psycopg's."""
-    value, issuer = _resolve(token, issuer)
-    scope = fencing(value, issuer)
+    scope = wire.resolve(token, issuer)
     if not _begins_with_token(conn):
         return nested(conn, scope, savepoint_name, force_rollback)
-    value_sent = (str(scope.token), scope.issuer or "")
+    value_sent = scope._sent
     tx = _token_tx(cls, conn, value_sent, savepoint_name, force_rollback)
     tx._fk_scope = scope
     tx._fk_translate = True
