@@ -17,7 +17,7 @@ INSERT's in its trigger's WHEN clause.
 
 from __future__ import annotations
 
-from fencekit.sqlgen.common import Names, statement_token
+from fencekit.sqlgen.common import Names, attribute, statement_token
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.text import TOKEN, lit
 
@@ -116,6 +116,17 @@ def _same_as_checked(n: Names, indent: str = "    ") -> str:
     )
 
 
+def _attributed_here(n: Names) -> str:
+    """Rollout mode: a row let through without a token that its statement check did not count
+    (that check saw a token, cleared since, or none ran) is counted by the slow path, per row,
+    and attributed here likewise, so that the rollout report names its writer. Empty
+    otherwise."""
+    block = attribute(n, "      ", otherwise=False)
+    if not block:
+        return ""
+    return f"    IF {_uncounted(n)} THEN\n{block}    END IF;\n"
+
+
 def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
     """The slow path: the token judged by fencekit.statement_token (NULL: none, and the write
     may go on), then compared with the row's fence; a stale write is rejected unless the
@@ -129,6 +140,7 @@ def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
         f"  tok := {statement_token(n, counted=_uncounted(n))};\n"
         "  IF tok IS NULL THEN\n"
         f"{unfenced}"
+        f"{_attributed_here(n)}"
         f"    RETURN {row};\n"
         "  END IF;\n"
         f"  IF tok OPERATOR(pg_catalog.{_accepts(n)}) COALESCE(OLD.{n.col}, 0) THEN\n"
@@ -147,13 +159,14 @@ def _slow(n: Names, row: str, accept: str, unfenced: str) -> str:
 
 def _passes_tokenless(n: Names, unchanged: str, row: str) -> str:
     """Rollout mode (``on_missing = allow``): a row of a statement its check let through
-    without a token (and counted, and attributed) passes as written, with no further call. An
-    UPDATE's row only while its fence column is unchanged, a DELETE's only while no token is
-    set now: like a row under the checked token, a row that writes no fence is judged by what
-    its statement check saw, and one that writes it (a fence without a token, or a token set
-    after the check) takes the slow path, which judges it as before. Under on_missing=reject
-    there is no such branch: the slow path refuses a tokenless row whatever its statement check
-    did."""
+    without a token (and counted, and attributed) passes as written, with no further call,
+    while no token is set now, and (UPDATE) its fence column is unchanged. A row that writes
+    its fence without a token, or reads a token set after the check, takes the slow path,
+    which judges it as before. The token is read again because the checked setting outlives
+    its statement (it is the transaction's): on a partition created since protect, which has
+    the row checks but not yet the statement check, it is what an earlier statement left.
+    Under on_missing=reject there is no such branch: the slow path refuses a tokenless row
+    whatever its statement check did."""
     if n.spec.on_missing != "allow":
         return ""
     return (
@@ -172,7 +185,8 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
         + _checked(n, advance)
         + _passes_tokenless(
             n,
-            f"COALESCE(NEW.{col} OPERATOR(pg_catalog.=) OLD.{col},\n"
+            "(raw OPERATOR(pg_catalog.=) '') IS NOT FALSE\n"
+            f"     AND COALESCE(NEW.{col} OPERATOR(pg_catalog.=) OLD.{col},\n"
             f"              NEW.{col} IS NULL AND OLD.{col} IS NULL)",
             "NEW",
         )
@@ -201,7 +215,9 @@ def row_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
     ins = n.function(
         "ins",
         _declare(title, fast=False) + f"  tok := {statement_token(n, counted=_uncounted(n))};\n"
-        "  IF tok IS NULL THEN\n    RETURN NEW;\n  END IF;\n"
+        "  IF tok IS NULL THEN\n"
+        + _attributed_here(n)
+        + "    RETURN NEW;\n  END IF;\n"
         + _same_as_checked(n, "  ")
         + f"  NEW.{col} := tok;\n  RETURN NEW;\nEND\n",
     )

@@ -114,6 +114,21 @@ def test_writes_with_a_token_or_bypassed_are_not_attributed_and_zero_row_ones_ar
     ]
 
 
+def test_rows_whose_token_was_cleared_part_way_are_attributed(db: Conn, tables: None) -> None:
+    """A statement that carried a token and clears it part-way (a function in the statement):
+    its check saw a token, so its rows are counted by the row checks, and they attribute them
+    too, or the rollout report would call the table ready while such a writer remains."""
+    db.execute(
+        "CREATE FUNCTION public.clear_token() RETURNS boolean LANGUAGE sql VOLATILE "
+        "AS $$ SELECT set_config('fencekit.token', '', true) IS NOT NULL $$"
+    )
+    db.commit()
+    write(db, 100, "UPDATE a_row SET v = 'late' WHERE public.clear_token()")
+    assert [w["statement"] for w in writers(db, "a_row")] == [
+        "UPDATE a_row SET v = ? WHERE public.clear_token()"
+    ]
+
+
 @pytest.mark.parametrize("table", list(SCOPES))
 def test_truncate_without_a_token_is_attributed(
     db: Conn, dsn: str, tables: None, table: str

@@ -175,6 +175,31 @@ BEGIN
       counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
         OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
+    IF COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true) THEN
+      DECLARE
+        seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+          pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+            E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+            pg_catalog.current_setting('application_name')),
+            E'\x1f', pg_catalog.current_query())));
+      BEGIN
+        IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                    OPERATOR(pg_catalog.=)
+                    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                      OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                  AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                      OPERATOR(pg_catalog.=) ''
+            THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                   pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                     OPERATOR(pg_catalog.+) 1,
+                   ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                     OPERATOR(pg_catalog./) 10), false) IS NULL
+            ELSE true END) THEN
+          PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+        END IF;
+      END;
+    END IF;
     RETURN NEW;
   END IF;
   IF NOT COALESCE(tok::pg_catalog.text OPERATOR(pg_catalog.=)
@@ -191,7 +216,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=18dd6e50283f300ab708b2c1901362cfd4a44b2fa9c18b092f40b517ee500bc2; generated, do not edit';
+  'sha256=795811efbdadf5e6fa7a652beadade2204255f825bd8d96f29b482f0eb741993; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -211,6 +236,7 @@ BEGIN
   END IF;
   IF pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
        OPERATOR(pg_catalog.=) ''
+     AND (raw OPERATOR(pg_catalog.=) '') IS NOT FALSE
      AND COALESCE(NEW.fencekit_fence OPERATOR(pg_catalog.=) OLD.fencekit_fence,
               NEW.fencekit_fence IS NULL AND OLD.fencekit_fence IS NULL) THEN
     RETURN NEW;  -- counted and attributed by the statement check
@@ -224,6 +250,31 @@ BEGIN
     IF NOT fencekit.bypass_allowed('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
                                    TG_NAME::pg_catalog.text) THEN
       NEW.fencekit_fence := OLD.fencekit_fence;
+    END IF;
+    IF COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true) THEN
+      DECLARE
+        seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+          pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+            E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+            pg_catalog.current_setting('application_name')),
+            E'\x1f', pg_catalog.current_query())));
+      BEGIN
+        IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                    OPERATOR(pg_catalog.=)
+                    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                      OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                  AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                      OPERATOR(pg_catalog.=) ''
+            THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                   pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                     OPERATOR(pg_catalog.+) 1,
+                   ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                     OPERATOR(pg_catalog./) 10), false) IS NULL
+            ELSE true END) THEN
+          PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+        END IF;
+      END;
     END IF;
     RETURN NEW;
   END IF;
@@ -250,7 +301,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=ac8bbb2332fbee59a84d56f888f43cfd5a28bcf750e9642ba8bde042d0186b07; generated, do not edit';
+  'sha256=f54c0e80331712fd1ba385daf3ff98ebb5b88e155c96cf1ec7eaca5e09d9a181; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -278,6 +329,31 @@ BEGIN
       counted => COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
         OPERATOR(pg_catalog.<>) '', true));
   IF tok IS NULL THEN
+    IF COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
+        OPERATOR(pg_catalog.<>) '', true) THEN
+      DECLARE
+        seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
+          pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
+            E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
+            pg_catalog.current_setting('application_name')),
+            E'\x1f', pg_catalog.current_query())));
+      BEGIN
+        IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
+                    OPERATOR(pg_catalog.=)
+                    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                      OPERATOR(pg_catalog./) 10)::pg_catalog.text
+                  AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
+                      OPERATOR(pg_catalog.=) ''
+            THEN pg_catalog.set_config(seen, pg_catalog.concat(
+                   pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
+                     OPERATOR(pg_catalog.+) 1,
+                   ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+                     OPERATOR(pg_catalog./) 10), false) IS NULL
+            ELSE true END) THEN
+          PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
+        END IF;
+      END;
+    END IF;
     RETURN OLD;
   END IF;
   IF tok OPERATOR(pg_catalog.>=) COALESCE(OLD.fencekit_fence, 0) THEN
@@ -302,7 +378,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=4dfd3649a2ad5a7a37306cb6d64c498809cec029e0de7f234bd63f540c2c9463; generated, do not edit';
+  'sha256=8388ce0c59cf36f27ed90fc0570e49c7bfaca7883060f756131311f44d7a2651; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
