@@ -127,9 +127,8 @@ def _state(conn: asyncpg.Connection) -> wire.Wire:
     return state
 
 
-# asyncpg's execute() of a simple query is _check_open(), then _protocol.query() when no query
-# logger is added (0.29 to 0.32): a BEGIN or COMMIT runs them directly, one coroutine fewer.
-_SLOTS = set(asyncpg.Connection.__slots__)
+# asyncpg's execute() of a simple query without query loggers (0.29 to 0.32), run directly:
+_SLOTS = set(asyncpg.Connection.__slots__)  # _check_open(), then _protocol.query()
 _DIRECT = hasattr(asyncpg.Connection, "_check_open") and {"_protocol", "_query_loggers"} <= _SLOTS
 
 _OTHER, _BEGIN, _CONTROL_KIND = 0, 1, 2
@@ -140,15 +139,16 @@ _CONTROL = ("COMMIT", "ROLLBACK", "END", "ABORT", "RELEASE", "SAVEPOINT", "PREPA
 
 
 @functools.lru_cache(maxsize=256)  # asyncpg's own BEGIN and COMMIT come every transaction
-def _kind(query: str) -> tuple[int, str]:
-    """What a simple query is, once per text: transaction control, a BEGIN (with the text a SET
-    LOCAL follows in its query), or any other statement."""
+def _kind(query: str) -> tuple[int, str, str]:
+    """What a simple query is, once per text: transaction control, any other statement, or a
+    BEGIN with the texts a SET LOCAL goes between (a BEGIN has no literal: ';' ends it)."""
     head = query.lstrip()[:20].upper()
     if head.startswith(_CONTROL):
-        return _CONTROL_KIND, query
+        return _CONTROL_KIND, query, ""
     if head.startswith(_BEGIN_WORDS):
-        return _BEGIN, query.rstrip().rstrip(";") + "; "
-    return _OTHER, query
+        begin, _, rest = query.partition(";")
+        return _BEGIN, begin.rstrip() + "; ", "; " + rest.strip() if rest.strip() else ""
+    return _OTHER, query, ""
 
 
 async def _send(conn: asyncpg.Connection, state: wire.Wire, value: wire.Value) -> None:
@@ -278,13 +278,13 @@ class FencedConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
             if held and self._protocol.is_in_transaction():  # is_in_transaction(), no frame
                 return self._fk_execute(query, *args, timeout=timeout)
             return _run(self, lambda: self._fk_execute(query, *args, timeout=timeout))
-        kind, text = _kind(query)  # a simple query: it may hold several statements
+        kind, text, tail = _kind(query)  # a simple query: it may hold several statements
         if kind == _BEGIN and not self._protocol.is_in_transaction():  # asyncpg's BEGIN, or yours
             scope, state = _scope_now(), _states.get(id(self)) or _state(self)
             if scope is None:
                 state.next(wire.IDLE, None)  # a fresh transaction, outside any scope
             else:  # the token rides the BEGIN (marked first: a failed BEGIN leaves it idle)
-                query = text + state.fresh(scope._sent)
+                query = text + state.fresh(scope._sent) + tail
         elif kind != _CONTROL_KIND:
             return _run(
                 self,

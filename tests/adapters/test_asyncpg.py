@@ -129,6 +129,25 @@ async def test_install_every_path_carries_the_scope_token(billing: str) -> None:
     assert summary(billing) == "simple"
 
 
+async def test_a_simple_query_that_begins_with_begin_carries_the_token(billing: str) -> None:
+    """``execute("BEGIN; UPDATE ...; COMMIT")``: the token goes right after the BEGIN, before
+    the statements that follow it in the same query."""
+    conn = await asyncpg.connect(**connect_kwargs(billing))
+    try:
+        fkapg.install(conn)
+        async with fencing(43):
+            await conn.execute(
+                "BEGIN; UPDATE billing_summary SET summary = 'in one query' "
+                "WHERE account_id = 42; COMMIT"
+            )
+            await conn.execute("START TRANSACTION ISOLATION LEVEL SERIALIZABLE ;")
+            assert await conn.fetchval(TOKEN_SQL) == "43"
+            await conn.execute("COMMIT")
+    finally:
+        await conn.close()
+    assert summary(billing) == "in one query"
+
+
 async def test_token_rides_asyncpg_begin(billing: str) -> None:
     """The fenced transaction sends as many queries as the unfenced one (server's count)."""
     conn = await asyncpg.connect(**connect_kwargs(billing))
