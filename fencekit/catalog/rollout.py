@@ -39,6 +39,7 @@ __all__ = [
     "parse_duration",
     "registered_spec",
     "rollout_report",
+    "uncovered_descendants",
 ]
 
 #: How long a table must have seen no tokenless write before it is ready to enforce, unless
@@ -447,11 +448,49 @@ def _totals_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
     return None
 
 
+def uncovered_descendants(conn: Conn, spec: FenceSpec) -> list[str]:
+    """The partitions and inheritance children of ``spec``'s table that lack one of the
+    statement checks every descendant needs (made after protect, and not covered since): a
+    statement that names one runs no statement check, so in rollout mode its tokenless writes
+    are neither counted nor attributed. Catalog reads only."""
+    from fencekit import sqlgen  # the trigger names protect gives every descendant
+
+    names = [tr.name for tr in sqlgen.table_objects(spec).triggers if tr.on_partitions]
+    rows = conn.execute(
+        "WITH RECURSIVE d(relid) AS ("
+        " SELECT i.inhrelid FROM pg_catalog.pg_inherits i"
+        "  WHERE i.inhparent OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s)"
+        " UNION SELECT i.inhrelid FROM pg_catalog.pg_inherits i"
+        "  JOIN d ON i.inhparent OPERATOR(pg_catalog.=) d.relid)"
+        " SELECT c.oid::pg_catalog.regclass::pg_catalog.text"
+        "   FROM d JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.relid"
+        "  WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::pg_catalog.char[])"
+        "    AND EXISTS (SELECT FROM pg_catalog.unnest(%s::pg_catalog.text[]) AS n(name)"
+        "                 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t"
+        "                                    WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid"
+        "                                      AND t.tgname::pg_catalog.text"
+        "                                          OPERATOR(pg_catalog.=) n.name))"
+        "  ORDER BY 1",
+        [spec.table.sql, names],
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 def enforce_refusal(conn: Conn, table: TableName, window: timedelta) -> str | None:
     """Why ``table`` must not switch to ``on_missing = reject`` yet (None: go ahead): a
     writer without a token inside the window, overflowed writers inside it, a table watched
-    for less than the window (a writer that runs less often may not have been seen), or a
+    for less than the window (a writer that runs less often may not have been seen), a
+    partition or child without its statement checks (its tokenless writes go unseen), or a
     table whose checks do not attribute (protected before attribution, so nobody can tell)."""
+    uncovered = uncovered_descendants(conn, registered_spec(conn, table))
+    if uncovered:
+        return (
+            f"{table} has partitions or children without fencekit's statement checks "
+            f"({', '.join(uncovered)}: made after protect?): a write without a token that names "
+            "one is neither counted nor attributed, so the report cannot tell who writes them; "
+            f"cover them (fencekit protect {table.dotted} again, or fencekit auto-cover), then "
+            "watch them for the window"
+        )
     try:
         report = rollout_report(conn, [table], window=window)
     except CatalogError:

@@ -264,3 +264,31 @@ def test_a_window_beyond_a_century_is_refused_as_a_typo(cli: Cli, dsn: str) -> N
     assert r.code == 2, r.err
     assert "--window" in r.err
     assert "longer than 100 years" in r.err
+
+
+def test_enforce_refuses_while_a_partition_lacks_its_statement_checks(
+    cli: Cli, db: Conn, dsn: str
+) -> None:
+    """A partition made after protect (auto-cover off) has the row checks, cloned from the
+    parent, but not its statement checks: a tokenless write that names it is neither counted
+    nor attributed, so the report cannot tell who writes it. enforce refuses until it is
+    covered."""
+    db.execute(
+        "CREATE TABLE parts (id int, k int NOT NULL, PRIMARY KEY (id, k)) PARTITION BY LIST (k);"
+        "CREATE TABLE parts_1 PARTITION OF parts FOR VALUES IN (1)"
+    )
+    spec = FenceSpec(TableName("public", "parts"), on_missing="allow")
+    for s in protect_statements(spec):
+        db.execute(s)
+    db.execute("CREATE TABLE parts_2 PARTITION OF parts FOR VALUES IN (2)")
+    db.commit()
+    _age(db, "parts", "2 hours")
+    r = cli("enforce", "parts", "--window", "1h", "--dsn", dsn)
+    assert r.code == 1, r.out
+    assert "without fencekit's statement checks (public.parts_2" in r.err
+    assert "Nothing was changed" in r.err
+    assert enforce_refusal(db, TableName("public", "parts"), timedelta(hours=1)) is not None
+    db.rollback()
+    assert cli("protect", "parts", "--on-missing", "allow", "--dsn", dsn).code == 0
+    ok = cli("enforce", "parts", "--window", "1h", "--dsn", dsn)
+    assert ok.code == 0, ok.err
