@@ -133,8 +133,7 @@ _DIRECT = hasattr(asyncpg.Connection, "_check_open") and {"_protocol", "_query_l
 
 _OTHER, _BEGIN, _CONTROL_KIND = 0, 1, 2
 _BEGIN_WORDS = ("BEGIN", "START TRANSACTION")
-# Transaction control needs no token, and must run in a failed transaction, where nothing else
-# can (asyncpg's rollback and release go through execute()).
+# Transaction control needs no token, and must run in a failed transaction (asyncpg's own too).
 _CONTROL = ("COMMIT", "ROLLBACK", "END", "ABORT", "RELEASE", "SAVEPOINT", "PREPARE TRANSACTION")
 
 
@@ -323,22 +322,23 @@ def _fenced_class(cls: type[Any]) -> type[Any]:
         return FencedConnection
     fenced = next((f for f, base in _unfenced.items() if base is cls), None)
     if fenced is None:
-        # No new slots: the instance layout stays the connection's own, so its class can change.
-        fenced = type(f"Fenced{cls.__name__}", (FencedConnection, cls), {"__slots__": ()})
+        # No new slots, so the class can change; a class with a __dict__ keeps its layout only
+        # as the first base (its own execute() then reaches fencekit's through super()).
+        bases = (FencedConnection, cls) if not cls.__dictoffset__ else (cls, FencedConnection)
+        fenced = type(f"Fenced{cls.__name__}", bases, {"__slots__": ()})
         _unfenced[fenced] = cls
     return fenced
 
 
 def install(conn: asyncpg.Connection, *, translate_errors: bool = True) -> None:
-    """Automatic mode: ``conn`` (an ``asyncpg.Connection``) carries the current
-    :func:`fencing` token in its transactions and statements. Idempotent.
+    """Automatic mode: ``conn`` carries the current :func:`fencing` token in its transactions
+    and statements. Idempotent.
 
     The connection becomes an instance of :class:`FencedConnection` (a subclass of its class
     that adds no state: asyncpg's one hook). For a pool, pass ``connection_class=
     FencedConnection`` or ``init=fencekit.asyncpg.init`` to ``asyncpg.create_pool()``.
-    ``translate_errors`` (every adapter's flag) changes nothing on asyncpg: it raises fencekit's
-    classes on every connection, and each rejection is counted once, where asyncpg builds it.
-    """
+    ``translate_errors`` (every adapter's flag) changes nothing here: fencekit's classes are
+    raised on every connection, each rejection counted once, where asyncpg builds it."""
     if not _is_connection(conn):
         if isinstance(conn, asyncpg.Pool | asyncpg.Connection):
             raise TypeError(

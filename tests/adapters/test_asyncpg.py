@@ -196,6 +196,32 @@ async def test_the_connection_class_own_execute_sees_every_statement(billing: st
     assert summary(billing) == "subclass"
 
 
+async def test_install_takes_a_connection_class_without_slots(billing: str) -> None:
+    """An application's connection class without ``__slots__`` (it has a ``__dict__``):
+    install() still fences it; its own execute() runs first, before the token is added."""
+    seen: list[str] = []
+
+    class Plain(asyncpg.Connection):  # type: ignore[misc]
+        def execute(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+            seen.append(query)
+            return super().execute(query, *args, timeout=timeout)
+
+    conn = await asyncpg.connect(**connect_kwargs(billing), connection_class=Plain)
+    try:
+        fkapg.install(conn)
+        conn.note = "an attribute of the application's"  # its __dict__ survives
+        async with fencing(44), conn.transaction():
+            assert await conn.fetchval(TOKEN_SQL) == "44"
+            await conn.execute(UPDATE, "no slots")
+        assert conn.note == "an attribute of the application's"
+        fkapg.uninstall(conn)
+        assert type(conn) is Plain
+    finally:
+        await conn.close()
+    assert seen[0].startswith("BEGIN")
+    assert summary(billing) == "no slots"
+
+
 async def test_a_closed_fenced_connection_refuses_begin_and_commit(billing: str) -> None:
     conn = await asyncpg.connect(**connect_kwargs(billing))
     fkapg.install(conn)
