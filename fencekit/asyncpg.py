@@ -445,6 +445,6 @@ async def set_token(
             "set_token() needs an open transaction: outside one the setting would end with its "
             "own statement; use fencekit.asyncpg.transaction(conn, token) instead"
         )
-    value = wire.checked(scope.token, scope.issuer)
+    value = scope._sent  # as fencing() validated it
     await asyncpg.Connection.execute(conn, wire.set_local(value))
     _state(conn).sent(value, open_after=True)

@@ -379,7 +379,7 @@ def set_token(conn: ext.connection, token: int | None = None, *, issuer: str | N
             "set_token() needs a transaction: in autocommit mode the setting would end with "
             "its own statement; use fencekit.psycopg2.transaction(conn, token) instead"
         )
-    value = wire.checked(scope.token, scope.issuer)
+    value = scope._sent  # as fencing() validated it
     with conn.cursor(cursor_factory=ext.cursor) as cur:
         cur.execute(wire.set_local(value))
     _sent(conn, value)

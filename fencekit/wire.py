@@ -37,7 +37,6 @@ __all__ = [
     "INTRANS",
     "Value",
     "Wire",
-    "checked",
     "resolve",
     "scope_now",
     "scope_value",
@@ -80,12 +79,6 @@ def resolve(token: int | None, issuer: str | None) -> fencing:
             raise MissingTokenError()
         token, issuer = scope.token, issuer or scope.issuer
     return fencing(token, issuer)
-
-
-def checked(token: int, issuer: str | None) -> Value:
-    """(token, issuer) as sent, validated as :func:`fencing` validates them."""
-    scope = fencing(token, issuer)
-    return str(scope.token), scope.issuer or ""
 
 
 def _checked_text(value: Value) -> Value:
@@ -171,14 +164,11 @@ class Wire:
     def fresh(self, value: Value) -> str:
         """A fresh transaction's BEGIN carries ``value``: recorded (as :meth:`next` on an idle
         connection and then :meth:`sent` would), and returned as the ``SET LOCAL`` to put after
-        the BEGIN in its query. Run before every BEGIN, so with no call of its own for a new
-        untagged token (a lease's next token is a new one)."""
+        the BEGIN in its query (one ``SET LOCAL`` for a new untagged token: the common case)."""
         if self.pinned != value:
             self.pinned = None
-        token, issuer = self.held = value
-        self.dirty = bool(token)
-        if not issuer and token.isdigit() and token.isascii():  # set_local(value, True)
-            return f"SET LOCAL fencekit.token = '{token}'"
+        self.held = value
+        self.dirty = bool(value[0])
         return set_local(value, True)
 
     def pin(self, value: Value) -> None:
