@@ -321,3 +321,51 @@ def test_partitions_and_children_in_rollout_mode(db: Conn) -> None:
         (10,),
         (10,),
     ]
+
+
+def test_an_uncovered_partition_judges_a_writer_role_by_its_token(db: Conn, make_role: Any) -> None:
+    """The same partition, written by a writer role (not the owner) from sessions with other
+    settings (DateStyle, TimeZone, a search_path of its own), through UPDATE, MERGE and
+    DELETE: a stale token is refused on every path. Until the partition is covered a newer
+    token is refused too, as changed during the statement (fail closed: its statement check
+    never ran, and the checked setting is what the session's earlier statement left)."""
+    db.execute(
+        "CREATE TABLE pw (id int, k int NOT NULL, v int, PRIMARY KEY (id, k)) "
+        "PARTITION BY LIST (k);"
+        "CREATE TABLE pw_1 PARTITION OF pw FOR VALUES IN (1);"
+    )
+    db.commit()
+    protect(db, "pw", on_missing="allow")
+    db.execute("CREATE TABLE pw_3 PARTITION OF pw FOR VALUES IN (3)")
+    db.commit()
+    write(db, 60, "INSERT INTO pw VALUES (1, 3, 0), (2, 3, 0)")
+    dsn = make_role("pw_writer", "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public")
+    stale = {
+        "UPDATE pw_3 SET v = 1 WHERE id = 1",
+        "MERGE INTO pw_3 t USING (SELECT 1 AS id) s ON t.id = s.id "
+        "WHEN MATCHED THEN UPDATE SET v = 2",
+        "DELETE FROM pw_3 WHERE id = 2",
+    }
+    if db.info.server_version < 150000:
+        stale.discard(next(s for s in stale if s.startswith("MERGE")))
+    with psycopg.connect(dsn, autocommit=True) as w:
+        w.execute("SET DateStyle = 'SQL, DMY'; SET TimeZone = 'Pacific/Chatham'")
+        w.execute("SET search_path = pg_temp, public")
+        w.execute("UPDATE pw SET v = 5")  # tokenless, through the parent: '' left behind
+
+        def under(token: str, stmt: str) -> None:
+            with w.transaction():
+                w.execute("SELECT set_config('fencekit.token', %s, true)", [token])
+                w.execute(stmt)
+
+        for stmt in sorted(stale):
+            with pytest.raises(psycopg.Error) as info:
+                under("3", stmt)
+            assert info.value.sqlstate == "YF001", stmt
+        with pytest.raises(psycopg.Error) as info:
+            under("70", "UPDATE pw_3 SET v = 70 WHERE id = 1")
+        assert info.value.sqlstate == MALFORMED
+    assert rows(db, "SELECT id, v, fencekit_fence FROM pw_3 ORDER BY id") == [
+        (1, 5, 60),
+        (2, 5, 60),
+    ]
