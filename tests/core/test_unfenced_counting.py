@@ -228,20 +228,25 @@ def test_a_token_set_after_a_tokenless_check_is_refused(db: Conn, tables: None) 
     ]
 
 
+def _uncovered_partition(db: Conn, name: str) -> None:
+    """``name``, partitioned, protected in rollout mode; then ``<name>_3``, made after protect
+    (auto-cover off): the row checks cloned from the parent, not the statement check."""
+    db.execute(
+        f"CREATE TABLE {name} (id int, k int NOT NULL, v int, PRIMARY KEY (id, k)) "
+        f"PARTITION BY LIST (k); CREATE TABLE {name}_1 PARTITION OF {name} FOR VALUES IN (1)"
+    )
+    db.commit()
+    protect(db, name, on_missing="allow")
+    db.execute(f"CREATE TABLE {name}_3 PARTITION OF {name} FOR VALUES IN (3)")
+    db.commit()
+
+
 def test_a_partition_without_its_statement_check_is_judged_by_the_token(db: Conn) -> None:
     """A partition created after protect (auto-cover off) has the row checks, cloned from the
     parent, but not yet the statement check. A statement naming it finds in the checked setting
     what an earlier statement of the session left ('' after a tokenless one): a stale token
-    must still be refused and a new one advance the fence, in rollout mode too."""
-    db.execute(
-        "CREATE TABLE pq (id int, k int NOT NULL, v int, PRIMARY KEY (id, k)) "
-        "PARTITION BY LIST (k);"
-        "CREATE TABLE pq_1 PARTITION OF pq FOR VALUES IN (1);"
-    )
-    db.commit()
-    protect(db, "pq", on_missing="allow")
-    db.execute("CREATE TABLE pq_3 PARTITION OF pq FOR VALUES IN (3)")
-    db.commit()
+    must still be refused, in rollout mode too."""
+    _uncovered_partition(db, "pq")
     write(db, 60, "INSERT INTO pq VALUES (1, 3, 0)")
     write(db, None, "UPDATE pq SET v = 1")  # leaves the checked setting at ''
     reject(db, "YF001", 3, "UPDATE pq_3 SET v = 44 WHERE id = 1")
@@ -329,15 +334,7 @@ def test_an_uncovered_partition_judges_a_writer_role_by_its_token(db: Conn, make
     DELETE: a stale token is refused on every path. Until the partition is covered a newer
     token is refused too, as changed during the statement (fail closed: its statement check
     never ran, and the checked setting is what the session's earlier statement left)."""
-    db.execute(
-        "CREATE TABLE pw (id int, k int NOT NULL, v int, PRIMARY KEY (id, k)) "
-        "PARTITION BY LIST (k);"
-        "CREATE TABLE pw_1 PARTITION OF pw FOR VALUES IN (1);"
-    )
-    db.commit()
-    protect(db, "pw", on_missing="allow")
-    db.execute("CREATE TABLE pw_3 PARTITION OF pw FOR VALUES IN (3)")
-    db.commit()
+    _uncovered_partition(db, "pw")
     write(db, 60, "INSERT INTO pw VALUES (1, 3, 0), (2, 3, 0)")
     dsn = make_role("pw_writer", "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public")
     stale = {
