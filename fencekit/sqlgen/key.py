@@ -15,6 +15,13 @@ The functions run as the role that ran protect (they write ``fencekit.fences``, 
 not) with pinned settings: a key's identity is its text under TimeZone=UTC, ISO dates and hex
 bytea, so two sessions with other settings always name the same key the same way. Protect
 refuses key types whose equal values can print differently (``fencekit.check_key_columns``).
+
+Two ways to a key's text, the same text. The fast one names no cast: ``format('%s', k)`` of a
+key column whose type ``pg_typeof`` finds, row by row, among a few built-in types (_FAST_TYPES)
+and equal to the types the session's last catalog check approved (a session setting; a writer
+may forge it, which lets it skip only the family comparison of its own statements, never run a
+type's code that is not built in). Anything else takes the catalog check first (_check_types),
+then the cast (key_expression): PL/pgSQL plans that statement only when it first reaches it.
 """
 
 from __future__ import annotations
@@ -67,6 +74,14 @@ _FAMILY_OIDS: tuple[tuple[str, tuple[int, ...]], ...] = (
 # Collations whose equal strings are equal bytes: none, default, "C", "POSIX".
 _PLAIN_COLLATIONS = (0, 100, 950, 951)
 
+#: The key column types of the fast path: built in, printed by an output function of their own
+#: that reads no setting, of a family named by the type alone, and with the same text from
+#: ``format('%s', k)`` as from ``k::text`` (a test keeps the two equal): bigint, smallint,
+#: integer, text, uuid. Text keys take it only in the default collation (the keys are sorted,
+#: and every path must sort them alike).
+_FAST_TYPES = (20, 21, 23, 25, 2950)
+_FAST_COLLATIONS = (0, 100)
+
 
 def key_expression(columns: tuple[str, ...], alias: str) -> str:
     """A key's identity as text: one column's text, or a record of the columns' texts (so
@@ -77,9 +92,51 @@ def key_expression(columns: tuple[str, ...], alias: str) -> str:
     return f"ROW({', '.join(cols)})::pg_catalog.text"
 
 
-def _keys(n: Names, sources: list[str]) -> str:
-    """SQL: the statement's distinct keys as text, sorted (every lock a key fence takes is
-    taken in key order, so two writers never deadlock on fences)."""
+def _types_name(n: Names) -> str:
+    """SQL literal: the session setting where a key fence keeps the type OIDs of its key
+    columns that its catalog check last approved, for the fast path to compare with."""
+    return lit(f"fencekit.key_types_{n.tag}")
+
+
+def _fast_key_expression(n: Names, alias: str) -> str:
+    """SQL: key_expression's text, or NULL unless every key column's type is one of
+    _FAST_TYPES, in the default collation (or none), and the session's approved types
+    (_types_name). It calls no cast and no
+    operator of the column's type, so its plan is safe whatever that type is: pg_typeof and
+    format take any type as it is, and format calls the type's output function only for the
+    built-in types let through."""
+    eq = "OPERATOR(pg_catalog.=)"
+    i = " " * 24
+    cols = [f"{alias}.{quote_ident(c)}" for c in n.spec.key]
+    typs = [f"pg_catalog.pg_typeof({c})::pg_catalog.oid" for c in cols]
+    fast = f"\n{i} AND ".join(
+        f"{t}\n{i}       {eq} ANY ({_oids(_FAST_TYPES)})\n"
+        f"{i} AND CASE WHEN {t}\n"
+        f"{i}                {eq} 25::pg_catalog.oid\n"
+        f"{i}           THEN pg_catalog.pg_collation_for({c})\n"
+        f"{i}                {eq} '\"default\"'\n"
+        f"{i}           ELSE true END"
+        for t, c in zip(typs, cols, strict=True)
+    )
+    seen = f",\n{i}       ".join(typs)
+    texts = [f"CASE WHEN {c} IS NOT NULL THEN pg_catalog.format('%s', {c}) END" for c in cols]
+    if len(texts) == 1:
+        text = texts[0]
+    else:
+        text = "ROW(" + f",\n{i}         ".join(texts) + f"\n{i}     )::pg_catalog.text"
+    return (
+        f"CASE\n{i}WHEN {fast}\n"
+        f"{i} AND pg_catalog.concat_ws(',',\n{i}       {seen})\n"
+        f"{i}       {eq} pg_catalog.current_setting(\n"
+        f"{i}         {_types_name(n)}, true)\n"
+        f"{i}THEN {text}\n"
+        f'{i}END COLLATE pg_catalog."default"'
+    )
+
+
+def _keys(n: Names, sources: list[str], key: str) -> str:
+    """SQL: the statement's distinct keys as text (``key``, of the rows ``x``), sorted (every
+    lock a key fence takes is taken in key order, so two writers never deadlock on fences)."""
     # Qualified: a key column may be named like a variable of the function (raw, tok).
     cols = ", ".join(f"y.{quote_ident(c)}" for c in n.spec.key)
     if len(sources) == 1:
@@ -89,10 +146,7 @@ def _keys(n: Names, sources: list[str]) -> str:
             f"SELECT {cols} FROM {s} AS y" for s in sources
         )
         rows = f"({union}) AS x"
-    return (
-        f"ARRAY(SELECT DISTINCT {key_expression(n.spec.key, 'x')}\n"
-        f"                      FROM {rows} ORDER BY 1)"
-    )
+    return f"ARRAY(SELECT DISTINCT {key}\n                      FROM {rows} ORDER BY 1)"
 
 
 def _token(n: Names) -> str:
@@ -150,10 +204,19 @@ def _check_types(n: Names) -> str:
     one catalog read here (index lookups, no call, no settings saved); anything else (a domain,
     a change, a column gone) goes to fencekit.check_key_types (32_key_types.sql), which says
     what is wrong or finds nothing is. ``printed``: whether the keys print by KEY_SETTINGS
-    (from the families protect recorded; NULL, and so pinned, when the read found no row)."""
+    (from the families protect recorded; NULL, and so pinned, when the read found no row).
+    ``types``: the key columns' type OIDs when every one is a fast path type in a fast path
+    collation; the session keeps them (_types_name) once the types are found as protect
+    recorded them, and its next statements take the fast path."""
     eq = "OPERATOR(pg_catalog.=)"
     cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
     families = ",\n          ".join(_family(a) for a, _ in cols)
+    fast = "\n             AND ".join(
+        f"{a}.atttypid {eq} ANY ({_oids(_FAST_TYPES)})\n"
+        f"             AND {a}.attcollation {eq} ANY ({_oids(_FAST_COLLATIONS)})"
+        for a, _ in cols
+    )
+    types = ", ".join(f"{a}.atttypid" for a, _ in cols)
     attrs = "".join(f", pg_catalog.pg_attribute {a}" for a, _ in cols)
     where = "".join(
         f"\n       AND {a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(c)}\n"
@@ -172,12 +235,16 @@ def _check_types(n: Names) -> str:
         "             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)\n"
         "                         WHERE NOT (u.f OPERATOR(pg_catalog.=)\n"
         f"                                      ANY (ARRAY[{unprinted}])"
-        f"{prefixes}))\n"
-        "      INTO typed, printed\n"
+        f"{prefixes})),\n"
+        f"           CASE WHEN {fast}\n"
+        f"             THEN pg_catalog.concat_ws(',', {types}) END\n"
+        "      INTO typed, printed, types\n"
         f"      FROM fencekit.protected pr{attrs}\n"
         f"     WHERE pr.tag {eq} {n.lit_tag}{where};\n"
         "    IF NOT COALESCE(typed, false) THEN\n"
         f"      PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID::pg_catalog.regclass);\n"
+        "    ELSIF types IS NOT NULL THEN\n"
+        f"      PERFORM pg_catalog.set_config({_types_name(n)}, types, false);  -- session-wide\n"
         "    END IF;\n"
     )
 
@@ -207,38 +274,56 @@ def _printing(body: str) -> str:
     )
 
 
-def _keys_and_lookup(n: Names, sources: list[str]) -> str:
-    """PL/pgSQL: ``ks``, the statement's keys; and, when it wrote one key (a one-row write, the
-    common case), ``held``: whether that key's fence holds the token, share-locked if so (writers
-    under one token never wait for each other). One statement: each costs a snapshot and an
-    executor. Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``)."""
-    keys = _keys(n, sources)
-    if n.spec.lease_bound:
-        return _printing(f"    ks := {keys};\n")
+def _select_keys(n: Names, keys: str, fast: bool) -> str:
+    """PL/pgSQL: ``ks``, the statement's keys (``keys``); on the fast path ``ok``, whether it
+    named every key (no key NULL: a NULL key, or a type it does not let through, takes the
+    catalog check); and, when the statement wrote one key (a one-row write, the common case),
+    ``held``: whether that key's fence holds the token, share-locked if so (writers under one
+    token never wait for each other). One statement: each costs a snapshot and an executor.
+    Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``)."""
     eq = "OPERATOR(pg_catalog.=)"
-    mine = ""
-    if n.spec.on_equal == "reject":
-        mine = (
-            f"\n                              AND f.writer_xact {eq} "
-            "pg_catalog.pg_current_xact_id()"
+    outs = ["k.ks"] + (["pg_catalog.array_position(k.ks, NULL) IS NULL"] if fast else [])
+    into = ["ks"] + (["ok"] if fast else [])
+    if not n.spec.lease_bound:
+        mine = ""
+        if n.spec.on_equal == "reject":
+            mine = (
+                f"\n                              AND f.writer_xact {eq} "
+                "pg_catalog.pg_current_xact_id()"
+            )
+        # COLLATE: a key column's own collation ("C") would otherwise meet fencekit.fences' in
+        # the comparison. A scalar subquery, not EXISTS: the planner costs EXISTS for its first
+        # row and picks a scan of every fence of every resource over the primary key's index.
+        outs.append(
+            f"CASE WHEN pg_catalog.cardinality(k.ks) {eq} 1 AND k.ks[1] IS NOT NULL THEN\n"
+            "             COALESCE((SELECT true FROM fencekit.fences f\n"
+            f"                      WHERE f.resource {eq} {n.resource}\n"
+            f'                        AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
+            f"                        AND f.fence {eq} tok{mine}\n"
+            "                        FOR SHARE), false) END"
         )
-    # OFFSET 0: the keys are computed once, not once per reference. COLLATE: a key column's
-    # own collation ("C") would otherwise meet fencekit.fences' in the comparison. A scalar
-    # subquery, not EXISTS: the planner costs EXISTS for its first row and picks a scan of
-    # every fence of every resource over the primary key's index.
-    return _printing(
-        "    SELECT k.ks,\n"
-        f"           CASE WHEN pg_catalog.cardinality(k.ks) {eq} 1 AND k.ks[1] IS NOT NULL THEN\n"
-        "             COALESCE((SELECT true FROM fencekit.fences f\n"
-        f"                      WHERE f.resource {eq} {n.resource}\n"
-        f'                        AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
-        f"                        AND f.fence {eq} tok{mine}\n"
-        "                        FOR SHARE), false) END\n"
-        "      INTO ks, held\n"
+        into.append("held")
+    # OFFSET 0: the keys are computed once, not once per reference.
+    sep = ",\n           "
+    return (
+        f"    SELECT {sep.join(outs)}\n"
+        f"      INTO {', '.join(into)}\n"
         "      FROM (SELECT\n"
         f"        {keys} AS ks\n"
         "              OFFSET 0) AS k;\n"
     )
+
+
+def _keys_and_lookup(n: Names, sources: list[str]) -> str:
+    """PL/pgSQL: the statement's keys (_select_keys), by the fast path when it names them all,
+    else after the catalog check (_check_types), by the cast under KEY_SETTINGS."""
+    fast = _select_keys(n, _keys(n, sources, _fast_key_expression(n, "x")), fast=True)
+    slow = _check_types(n) + _printing(
+        _select_keys(n, _keys(n, sources, key_expression(n.spec.key, "x")), fast=False)
+    )
+    # The branch is not indented further: a quoted key column name may hold a line break.
+    check = "    IF NOT ok THEN  -- the catalog check, then the cast\n"
+    return fast + check + slow + "    END IF;\n"
 
 
 def _one_key(n: Names) -> str:
@@ -279,15 +364,13 @@ def _body(n: Names, sources: list[str]) -> str:
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
-        "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n"
-        "  typed pg_catalog.bool;\n  printed pg_catalog.bool;\n  pins pg_catalog.text[];\n"
+        "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n  ok pg_catalog.bool;\n"
+        "  typed pg_catalog.bool;\n  printed pg_catalog.bool;\n  types pg_catalog.text;\n"
+        "  pins pg_catalog.text[];\n"
         + held
         + "BEGIN\n"
         + _token(n)
         + "  IF tok IS NOT NULL THEN\n"
-        # Before any key's text is computed (plpgsql plans the statement below only when it
-        # reaches it): a key column retyped to a type of the owner's would run its cast as us.
-        + _check_types(n)
         + _keys_and_lookup(n, sources)
         + _one_key(n)
         + judge_fences(n, "ks", label)

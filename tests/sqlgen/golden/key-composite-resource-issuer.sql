@@ -59,8 +59,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -75,6 +77,43 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT k.ks,
+           pg_catalog.array_position(k.ks, NULL) IS NULL,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, ok, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT CASE
+                        WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
+                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                         AND CASE WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
+                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
+                                   THEN pg_catalog.pg_collation_for(x.tenant_id)
+                                        OPERATOR(pg_catalog.=) '"default"'
+                                   ELSE true END
+                         AND pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
+                                   THEN pg_catalog.pg_collation_for(x.account_id)
+                                        OPERATOR(pg_catalog.=) '"default"'
+                                   ELSE true END
+                         AND pg_catalog.concat_ws(',',
+                               pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid,
+                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
+                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
+                                 'fencekit.key_types_invoices_883e1d3584', true)
+                        THEN ROW(CASE WHEN x.tenant_id IS NOT NULL THEN pg_catalog.format('%s', x.tenant_id) END,
+                                 CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
+                             )::pg_catalog.text
+                        END COLLATE pg_catalog."default"
+                      FROM fencekit_new AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF NOT ok THEN  -- the catalog check, then the cast
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -117,8 +156,13 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -127,6 +171,8 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -152,6 +198,7 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -185,7 +232,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=ad513cb5226d505b22de4267f07ea072a043fafe59865cb02735126610bfe93f; generated, do not edit';
+  'sha256=5acccbc15ffb9e4e3ce59dcafa0fa456650c2c7b40fb2e513f130e10a1d84822; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -200,8 +247,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -216,6 +265,44 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT k.ks,
+           pg_catalog.array_position(k.ks, NULL) IS NULL,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, ok, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT CASE
+                        WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
+                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                         AND CASE WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
+                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
+                                   THEN pg_catalog.pg_collation_for(x.tenant_id)
+                                        OPERATOR(pg_catalog.=) '"default"'
+                                   ELSE true END
+                         AND pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
+                                   THEN pg_catalog.pg_collation_for(x.account_id)
+                                        OPERATOR(pg_catalog.=) '"default"'
+                                   ELSE true END
+                         AND pg_catalog.concat_ws(',',
+                               pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid,
+                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
+                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
+                                 'fencekit.key_types_invoices_883e1d3584', true)
+                        THEN ROW(CASE WHEN x.tenant_id IS NOT NULL THEN pg_catalog.format('%s', x.tenant_id) END,
+                                 CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
+                             )::pg_catalog.text
+                        END COLLATE pg_catalog."default"
+                      FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
+                            UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF NOT ok THEN  -- the catalog check, then the cast
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -258,8 +345,13 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -268,6 +360,8 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -294,6 +388,7 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -327,7 +422,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=14e1ea7c8c63289ac65d7a1ee64d2a9c58425b9c57d4dd5a53d88208a9e539cd; generated, do not edit';
+  'sha256=a055e7e85c6c900cb0ee2e37ba8b296cbfbb60eaa73c64aed924abcb4f03ea19; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -342,8 +437,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -358,6 +455,43 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT k.ks,
+           pg_catalog.array_position(k.ks, NULL) IS NULL,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, ok, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT CASE
+                        WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
+                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                         AND CASE WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
+                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
+                                   THEN pg_catalog.pg_collation_for(x.tenant_id)
+                                        OPERATOR(pg_catalog.=) '"default"'
+                                   ELSE true END
+                         AND pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
+                                   THEN pg_catalog.pg_collation_for(x.account_id)
+                                        OPERATOR(pg_catalog.=) '"default"'
+                                   ELSE true END
+                         AND pg_catalog.concat_ws(',',
+                               pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid,
+                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
+                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
+                                 'fencekit.key_types_invoices_883e1d3584', true)
+                        THEN ROW(CASE WHEN x.tenant_id IS NOT NULL THEN pg_catalog.format('%s', x.tenant_id) END,
+                                 CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
+                             )::pg_catalog.text
+                        END COLLATE pg_catalog."default"
+                      FROM fencekit_old AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF NOT ok THEN  -- the catalog check, then the cast
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -400,8 +534,13 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -410,6 +549,8 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -435,6 +576,7 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -468,7 +610,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=b60fb645f95b5152019964bc91c646384c2e986af4d8431fdfb6e03acdf670cf; generated, do not edit';
+  'sha256=afdb0623aeb72c4675a83d267384c3b646d5b5587e44120f06eb7ba2b099e7f2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

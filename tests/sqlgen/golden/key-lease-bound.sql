@@ -57,8 +57,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
+  types pg_catalog.text;
   pins pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -70,6 +72,27 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT k.ks,
+           pg_catalog.array_position(k.ks, NULL) IS NULL
+      INTO ks, ok
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT CASE
+                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
+                                   THEN pg_catalog.pg_collation_for(x.account_id)
+                                        OPERATOR(pg_catalog.=) '"default"'
+                                   ELSE true END
+                         AND pg_catalog.concat_ws(',',
+                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
+                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
+                                 'fencekit.key_types_invoices_883e1d3584', true)
+                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
+                        END COLLATE pg_catalog."default"
+                      FROM fencekit_new AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF NOT ok THEN  -- the catalog check, then the cast
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -94,14 +117,19 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -111,12 +139,17 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1);
+    SELECT k.ks
+      INTO ks
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_new AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
@@ -131,7 +164,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=ef60d6f69769ec29f2dc41271a1acd205f145db470708adfdab414e25e6fabd5; generated, do not edit';
+  'sha256=8849c4b566f36eefe0588aacff2586396ff9f31cdc213480364dd9be60f7e7b2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -146,8 +179,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
+  types pg_catalog.text;
   pins pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -159,6 +194,28 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT k.ks,
+           pg_catalog.array_position(k.ks, NULL) IS NULL
+      INTO ks, ok
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT CASE
+                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
+                                   THEN pg_catalog.pg_collation_for(x.account_id)
+                                        OPERATOR(pg_catalog.=) '"default"'
+                                   ELSE true END
+                         AND pg_catalog.concat_ws(',',
+                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
+                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
+                                 'fencekit.key_types_invoices_883e1d3584', true)
+                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
+                        END COLLATE pg_catalog."default"
+                      FROM (SELECT y.account_id FROM fencekit_new AS y
+                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF NOT ok THEN  -- the catalog check, then the cast
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -183,14 +240,19 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -200,13 +262,18 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+    SELECT k.ks
+      INTO ks
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1);
+                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
@@ -221,7 +288,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=979b37170ccffaf1b750f4e82edf8fcf83d704a1cadfb333f1a5fdf9a9934260; generated, do not edit';
+  'sha256=2759c8db2905c0bffbcdc30146ef622d570a68c2cbbda4ad32ca56ddd61d2460; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -236,8 +303,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
+  types pg_catalog.text;
   pins pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -249,6 +318,27 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT k.ks,
+           pg_catalog.array_position(k.ks, NULL) IS NULL
+      INTO ks, ok
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT CASE
+                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
+                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
+                                   THEN pg_catalog.pg_collation_for(x.account_id)
+                                        OPERATOR(pg_catalog.=) '"default"'
+                                   ELSE true END
+                         AND pg_catalog.concat_ws(',',
+                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
+                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
+                                 'fencekit.key_types_invoices_883e1d3584', true)
+                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
+                        END COLLATE pg_catalog."default"
+                      FROM fencekit_old AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF NOT ok THEN  -- the catalog check, then the cast
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -273,14 +363,19 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -290,12 +385,17 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1);
+    SELECT k.ks
+      INTO ks
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_old AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
     END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
@@ -310,7 +410,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=78edf3d4464461bf7a7be6f1e7e58915c12bb1c80d1a9e8f3b43504b656fbdb0; generated, do not edit';
+  'sha256=aefac7b70e03ae16561ca29da144fe39b7615375519935d4ffd16d82ef353f5f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
