@@ -16,12 +16,13 @@ not) with pinned settings: a key's identity is its text under TimeZone=UTC, ISO 
 bytea, so two sessions with other settings always name the same key the same way. Protect
 refuses key types whose equal values can print differently (``fencekit.check_key_columns``).
 
-Two ways to a key's text, the same text. The fast one names no cast: ``format('%s', k)`` of a
-key column whose type ``pg_typeof`` finds, row by row, among a few built-in types (_FAST_TYPES)
-and equal to the types the session's last catalog check approved (a session setting; a writer
-may forge it, which lets it skip only the family comparison of its own statements, never run a
-type's code that is not built in). Anything else takes the catalog check first (_check_types),
-then the cast (key_expression): PL/pgSQL plans that statement only when it first reaches it.
+Before any statement names a key column, the trigger proves from the catalogs that each key
+name is still a live column of a type whose text is built-in code (PL/pgSQL plans a statement
+only when it first reaches it: a key column retyped to a type of the owner's would run its cast
+as the definer, and a name that is no column any more would be read as a function of the whole
+row). The fast path (_fast_check) reads pg_attribute only, for keys of a few built-in types
+(_FAST_TYPES) the session's last full check found as protect recorded them; anything else takes
+the full check (_check_types), which also compares the types with the families protect recorded.
 """
 
 from __future__ import annotations
@@ -74,11 +75,9 @@ _FAMILY_OIDS: tuple[tuple[str, tuple[int, ...]], ...] = (
 # Collations whose equal strings are equal bytes: none, default, "C", "POSIX".
 _PLAIN_COLLATIONS = (0, 100, 950, 951)
 
-#: The key column types of the fast path: built in, printed by an output function of their own
-#: that reads no setting, of a family named by the type alone, and with the same text from
-#: ``format('%s', k)`` as from ``k::text`` (a test keeps the two equal): bigint, smallint,
-#: integer, text, uuid. Text keys take it only in the default collation (the keys are sorted,
-#: and every path must sort them alike).
+#: The key column types of the fast path: built in, printed by output functions of their own
+#: that read no setting, and of a family named by the type alone: bigint, smallint, integer,
+#: text (in the default collation), uuid.
 _FAST_TYPES = (20, 21, 23, 25, 2950)
 _FAST_COLLATIONS = (0, 100)
 
@@ -98,45 +97,40 @@ def _types_name(n: Names) -> str:
     return lit(f"fencekit.key_types_{n.tag}")
 
 
-def _fast_key_expression(n: Names, alias: str) -> str:
-    """SQL: key_expression's text, or NULL unless every key column's type is one of
-    _FAST_TYPES, in the default collation (or none), and the session's approved types
-    (_types_name). It calls no cast and no
-    operator of the column's type, so its plan is safe whatever that type is: pg_typeof and
-    format take any type as it is, and format calls the type's output function only for the
-    built-in types let through."""
+def _fast_check(n: Names) -> str:
+    """PL/pgSQL: ``ok``: every key name is still a live column of one of _FAST_TYPES, in a fast
+    collation, not generated virtually, and of the very types the session's last full check
+    found as protect recorded them (the session setting _types_name; anyone may set it, and a
+    wrong value only costs the full check). One read of pg_attribute by its index: no call, no
+    registry row, no family computed."""
     eq = "OPERATOR(pg_catalog.=)"
-    i = " " * 24
-    cols = [f"{alias}.{quote_ident(c)}" for c in n.spec.key]
-    typs = [f"pg_catalog.pg_typeof({c})::pg_catalog.oid" for c in cols]
-    fast = f"\n{i} AND ".join(
-        f"{t}\n{i}       {eq} ANY ({_oids(_FAST_TYPES)})\n"
-        f"{i} AND CASE WHEN {t}\n"
-        f"{i}                {eq} 25::pg_catalog.oid\n"
-        f"{i}           THEN pg_catalog.pg_collation_for({c})\n"
-        f"{i}                {eq} '\"default\"'\n"
-        f"{i}           ELSE true END"
-        for t, c in zip(typs, cols, strict=True)
+    cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
+    fast = "\n           AND ".join(
+        f"{a}.atttypid {eq} ANY ({_oids(_FAST_TYPES)})\n"
+        f"           AND {a}.attcollation {eq} ANY ({_oids(_FAST_COLLATIONS)})\n"
+        f"           AND NOT {a}.attgenerated {eq} 'v'"
+        for a, _ in cols
     )
-    seen = f",\n{i}       ".join(typs)
-    texts = [f"CASE WHEN {c} IS NOT NULL THEN pg_catalog.format('%s', {c}) END" for c in cols]
-    if len(texts) == 1:
-        text = texts[0]
-    else:
-        text = "ROW(" + f",\n{i}         ".join(texts) + f"\n{i}     )::pg_catalog.text"
+    attrs = ", ".join(f"pg_catalog.pg_attribute {a}" for a, _ in cols)
+    where = "\n       AND ".join(
+        f"{a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(c)}\n"
+        f"       AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
+        for a, c in cols
+    )
+    types = ", ".join(f"{a}.atttypid" for a, _ in cols)
     return (
-        f"CASE\n{i}WHEN {fast}\n"
-        f"{i} AND pg_catalog.concat_ws(',',\n{i}       {seen})\n"
-        f"{i}       {eq} pg_catalog.current_setting(\n"
-        f"{i}         {_types_name(n)}, true)\n"
-        f"{i}THEN {text}\n"
-        f'{i}END COLLATE pg_catalog."default"'
+        f"    SELECT pg_catalog.concat_ws(',', {types})\n"
+        f"             {eq} pg_catalog.current_setting({_types_name(n)}, true)\n"
+        f"           AND {fast}\n"
+        "      INTO ok\n"
+        f"      FROM {attrs}\n"
+        f"     WHERE {where};\n"
     )
 
 
-def _keys(n: Names, sources: list[str], key: str) -> str:
-    """SQL: the statement's distinct keys as text (``key``, of the rows ``x``), sorted (every
-    lock a key fence takes is taken in key order, so two writers never deadlock on fences)."""
+def _keys(n: Names, sources: list[str]) -> str:
+    """SQL: the statement's distinct keys as text, sorted (every lock a key fence takes is
+    taken in key order, so two writers never deadlock on fences)."""
     # Qualified: a key column may be named like a variable of the function (raw, tok).
     cols = ", ".join(f"y.{quote_ident(c)}" for c in n.spec.key)
     if len(sources) == 1:
@@ -146,7 +140,10 @@ def _keys(n: Names, sources: list[str], key: str) -> str:
             f"SELECT {cols} FROM {s} AS y" for s in sources
         )
         rows = f"({union}) AS x"
-    return f"ARRAY(SELECT DISTINCT {key}\n                      FROM {rows} ORDER BY 1)"
+    return (
+        f"ARRAY(SELECT DISTINCT {key_expression(n.spec.key, 'x')}\n"
+        f"                      FROM {rows} ORDER BY 1)"
+    )
 
 
 def _token(n: Names) -> str:
@@ -274,56 +271,46 @@ def _printing(body: str) -> str:
     )
 
 
-def _select_keys(n: Names, keys: str, fast: bool) -> str:
-    """PL/pgSQL: ``ks``, the statement's keys (``keys``); on the fast path ``ok``, whether it
-    named every key (no key NULL: a NULL key, or a type it does not let through, takes the
-    catalog check); and, when the statement wrote one key (a one-row write, the common case),
-    ``held``: whether that key's fence holds the token, share-locked if so (writers under one
-    token never wait for each other). One statement: each costs a snapshot and an executor.
-    Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``)."""
+def _keys_and_lookup(n: Names, sources: list[str]) -> str:
+    """PL/pgSQL: ``ks``, the statement's keys; and, when it wrote one key (a one-row write, the
+    common case), ``held``: whether that key's fence holds the token, share-locked if so (writers
+    under one token never wait for each other). One statement: each costs a snapshot and an
+    executor. Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``).
+    First the key columns' check: the fast one, else the full one."""
+    check = (
+        _fast_check(n)
+        + "    IF NOT COALESCE(ok, false) THEN  -- the full check\n"
+        # Not indented further: a quoted key column name may hold a line break.
+        + _check_types(n)
+        + "    END IF;\n"
+    )
+    keys = _keys(n, sources)
+    if n.spec.lease_bound:
+        return check + _printing(f"    ks := {keys};\n")
     eq = "OPERATOR(pg_catalog.=)"
-    outs = ["k.ks"] + (["pg_catalog.array_position(k.ks, NULL) IS NULL"] if fast else [])
-    into = ["ks"] + (["ok"] if fast else [])
-    if not n.spec.lease_bound:
-        mine = ""
-        if n.spec.on_equal == "reject":
-            mine = (
-                f"\n                              AND f.writer_xact {eq} "
-                "pg_catalog.pg_current_xact_id()"
-            )
-        # COLLATE: a key column's own collation ("C") would otherwise meet fencekit.fences' in
-        # the comparison. A scalar subquery, not EXISTS: the planner costs EXISTS for its first
-        # row and picks a scan of every fence of every resource over the primary key's index.
-        outs.append(
-            f"CASE WHEN pg_catalog.cardinality(k.ks) {eq} 1 AND k.ks[1] IS NOT NULL THEN\n"
-            "             COALESCE((SELECT true FROM fencekit.fences f\n"
-            f"                      WHERE f.resource {eq} {n.resource}\n"
-            f'                        AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
-            f"                        AND f.fence {eq} tok{mine}\n"
-            "                        FOR SHARE), false) END"
+    mine = ""
+    if n.spec.on_equal == "reject":
+        mine = (
+            f"\n                              AND f.writer_xact {eq} "
+            "pg_catalog.pg_current_xact_id()"
         )
-        into.append("held")
-    # OFFSET 0: the keys are computed once, not once per reference.
-    sep = ",\n           "
-    return (
-        f"    SELECT {sep.join(outs)}\n"
-        f"      INTO {', '.join(into)}\n"
+    # OFFSET 0: the keys are computed once, not once per reference. COLLATE: a key column's
+    # own collation ("C") would otherwise meet fencekit.fences' in the comparison. A scalar
+    # subquery, not EXISTS: the planner costs EXISTS for its first row and picks a scan of
+    # every fence of every resource over the primary key's index.
+    return check + _printing(
+        "    SELECT k.ks,\n"
+        f"           CASE WHEN pg_catalog.cardinality(k.ks) {eq} 1 AND k.ks[1] IS NOT NULL THEN\n"
+        "             COALESCE((SELECT true FROM fencekit.fences f\n"
+        f"                      WHERE f.resource {eq} {n.resource}\n"
+        f'                        AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
+        f"                        AND f.fence {eq} tok{mine}\n"
+        "                        FOR SHARE), false) END\n"
+        "      INTO ks, held\n"
         "      FROM (SELECT\n"
         f"        {keys} AS ks\n"
         "              OFFSET 0) AS k;\n"
     )
-
-
-def _keys_and_lookup(n: Names, sources: list[str]) -> str:
-    """PL/pgSQL: the statement's keys (_select_keys), by the fast path when it names them all,
-    else after the catalog check (_check_types), by the cast under KEY_SETTINGS."""
-    fast = _select_keys(n, _keys(n, sources, _fast_key_expression(n, "x")), fast=True)
-    slow = _check_types(n) + _printing(
-        _select_keys(n, _keys(n, sources, key_expression(n.spec.key, "x")), fast=False)
-    )
-    # The branch is not indented further: a quoted key column name may hold a line break.
-    check = "    IF NOT ok THEN  -- the catalog check, then the cast\n"
-    return fast + check + slow + "    END IF;\n"
 
 
 def _one_key(n: Names) -> str:
@@ -365,7 +352,8 @@ def _body(n: Names, sources: list[str]) -> str:
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
         "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n  ok pg_catalog.bool;\n"
-        "  typed pg_catalog.bool;\n  printed pg_catalog.bool;\n  types pg_catalog.text;\n"
+        "  typed pg_catalog.bool;\n  printed pg_catalog.bool := false;\n"
+        "  types pg_catalog.text;\n"
         "  pins pg_catalog.text[];\n"
         + held
         + "BEGIN\n"

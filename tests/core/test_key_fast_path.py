@@ -1,8 +1,8 @@
-"""A key fence's fast path names every key as the cast to text does, and reads no registry.
+"""A key fence's fast path reads no registry, and names every key as the full check's path does.
 
 A session's first write to a key-fenced table checks the key column types in the catalogs
 (``fencekit.protected`` among them) and keeps the types it found in a session setting; its
-next writes compute the keys' text with ``format('%s', k)`` and read neither. Whether a write
+next writes read only pg_attribute before they compute the keys' text. Whether a write
 read ``fencekit.protected`` is counted with ``pg_stat_xact_user_tables`` (the backend's own
 scans, before and after the write in one transaction), so nothing here depends on time.
 """
@@ -15,9 +15,9 @@ import pytest
 
 from tests.core.helpers import Conn, one, protect, rows, write
 
-# Values whose text a cast and format('%s') could disagree on, if they ever did: signs, the
-# extremes, quotes, commas, parentheses, backslashes, spaces, the empty string, non-ASCII, and
-# an upper-case uuid (its text is lower case).
+# Values at the edges of each type's text: signs, the extremes, quotes, commas, parentheses,
+# backslashes, spaces, the empty string, non-ASCII, and an upper-case uuid (its text is lower
+# case).
 VALUES: dict[str, list[str]] = {
     "smallint": ["-32768", "0", "7", "32767"],
     "integer": ["-2147483648", "-1", "42", "2147483647"],
@@ -57,7 +57,7 @@ def _tag(db: Conn, table: str) -> str:
 
 
 @pytest.mark.parametrize("typ", sorted(VALUES))
-def test_the_fast_path_names_keys_as_the_cast_does(db: Conn, typ: str) -> None:
+def test_the_fast_path_reads_no_registry_and_names_keys_alike(db: Conn, typ: str) -> None:
     db.execute(f"CREATE TABLE kf (id serial PRIMARY KEY, k {typ} NOT NULL, v int)")
     db.commit()
     protect(db, "kf", "key", key=("k",))
@@ -77,7 +77,7 @@ def test_the_fast_path_names_keys_as_the_cast_does(db: Conn, typ: str) -> None:
     assert got == want
 
 
-def test_the_fast_path_names_composite_keys_as_the_cast_does(db: Conn) -> None:
+def test_the_fast_path_names_composite_keys_alike(db: Conn) -> None:
     """A key of several columns is the record of their texts; a NULL part prints as nothing."""
     db.execute("CREATE TABLE kc (id serial PRIMARY KEY, a bigint, b text, c uuid, v int)")
     db.commit()

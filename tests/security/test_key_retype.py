@@ -14,8 +14,9 @@ tries to make the owner a superuser). Two ways: ``ALTER COLUMN ... TYPE``, and `
   old key's text as the DBA. Now the move is refused and changes nothing.
 
 The same holds for a session whose key fence had taken the fast path before the retype (it
-names keys with no catalog read, by the types its session setting keeps), and for one that
-forged that setting.
+reads only pg_attribute, and compares the types there with the ones its session setting
+keeps), for one that forged that setting, and for a key column renamed or dropped (a name that
+is no column any more would read as a function of the whole row).
 
 After each: the owner is not a superuser and its cast never ran. A retype within the protected
 family (int to bigint) and a domain over the protected type still work; a retype to another
@@ -146,8 +147,9 @@ def test_a_session_on_the_fast_path_is_refused_after_a_retype(
     db: Conn, owner: str, how: str, write: str, where: str
 ) -> None:
     """The owner's session wrote first: its key fence keeps the key column's type (integer)
-    for the session and names its keys with no catalog read. Then the column is retyped (by
-    that session or another): its next write is refused as a fresh session's is."""
+    for the session, and its next writes read only pg_attribute before they name their keys.
+    Then the column is retyped (by that session or another): its next write is refused as a
+    fresh session's is."""
     setting = _types_setting(db)
     with psycopg.connect(owner) as conn:
         conn.execute("SET fencekit.token = '20'")
@@ -169,12 +171,56 @@ def test_a_session_on_the_fast_path_is_refused_after_a_retype(
     db.rollback()
 
 
+@pytest.mark.parametrize("name", ["to_json", "row_to_json"])
+@pytest.mark.parametrize("how", ["rename", "drop"])
+def test_a_key_name_that_is_no_column_any_more_runs_no_function_of_the_row(
+    db: Conn, owner: str, name: str, how: str
+) -> None:
+    """``x.<name>``, where ``<name>`` is no column of ``x``, reads as ``<name>(x)``: to_json
+    of the whole row, which runs each column type's cast to json, an owner's among them. The
+    owner's session wrote first (its key fence keeps the key column's type for the session),
+    then renamed or dropped the key column and added one of an enum with its own cast to json:
+    its next write is refused before any statement names the key column."""
+    db.execute(
+        f'CREATE TABLE public.kr_j (id int PRIMARY KEY, "{name}" int NOT NULL, v int NOT NULL)'
+    )
+    protect(db, FenceSpec(TableName("public", "kr_j"), scope=Scope.KEY, key=(name,)))
+    db.execute(f"ALTER TABLE kr_j OWNER TO {OWNER}")
+    db.commit()
+    with psycopg.connect(owner) as conn:
+        conn.execute("SET fencekit.token = '20'")
+        conn.execute(f'INSERT INTO kr_j (id, "{name}", v) VALUES (1, 1, 0)')
+        conn.commit()
+        conn.execute(
+            "CREATE TYPE kr.e AS ENUM ('a');"
+            " CREATE FUNCTION kr.e_json(kr.e) RETURNS json LANGUAGE plpgsql AS $$"
+            " BEGIN PERFORM nextval('kr.ran');"
+            f" BEGIN EXECUTE 'ALTER ROLE {OWNER} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;"
+            " RETURN '1'::json; END $$;"
+            " CREATE CAST (kr.e AS json) WITH FUNCTION kr.e_json(kr.e)"
+        )
+        if how == "rename":
+            conn.execute(f'ALTER TABLE kr_j RENAME COLUMN "{name}" TO n')
+        else:
+            conn.execute(f'ALTER TABLE kr_j DROP COLUMN "{name}"')
+        conn.execute("ALTER TABLE kr_j ADD COLUMN e kr.e NOT NULL DEFAULT 'a'")
+        conn.commit()
+        insert = "INSERT INTO kr_j (id, v) VALUES (2, 0)"
+        if how == "rename":
+            insert = "INSERT INTO kr_j (id, n, v) VALUES (2, 2, 0)"
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute(insert)
+    assert caught.value.sqlstate == "YF000", caught.value
+    assert f"key column {name} of public.kr_j" in str(caught.value), caught.value
+    _clean(db, f"a write after the key column was {how}d")
+
+
 @pytest.mark.parametrize("forged", ["own type", "23", "23,23", "20", ""])
 def test_a_forged_type_setting_runs_no_cast(db: Conn, owner: str, forged: str) -> None:
     """After the retype the owner sets the session setting the fast path compares with: to its
     own type's OID, or to the integer's it replaced. The fast path lets through only the
-    built-in types it names, by the type of each key it reads, so every write is refused by
-    the catalog check and the owner's cast never runs."""
+    built-in types it names, as pg_attribute has them, so every write is refused by the full
+    check and the owner's cast never runs."""
     setting = _types_setting(db)
     _retype(owner, "alter_type")
     with psycopg.connect(owner) as conn:

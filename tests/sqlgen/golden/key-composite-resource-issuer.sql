@@ -61,7 +61,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
@@ -77,43 +77,21 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
-      INTO ks, ok, held
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.tenant_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid,
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN ROW(CASE WHEN x.tenant_id IS NOT NULL THEN pg_catalog.format('%s', x.tenant_id) END,
-                                 CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                             )::pg_catalog.text
-                        END COLLATE pg_catalog."default"
-                      FROM fencekit_new AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -174,6 +152,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -198,7 +177,6 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -232,7 +210,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=5acccbc15ffb9e4e3ce59dcafa0fa456650c2c7b40fb2e513f130e10a1d84822; generated, do not edit';
+  'sha256=d2d7f672a06628f80cc9da811e199bb093cbc3c4ba5fa64af69271a70f37cb19; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -249,7 +227,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
@@ -265,44 +243,21 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
-      INTO ks, ok, held
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.tenant_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid,
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN ROW(CASE WHEN x.tenant_id IS NOT NULL THEN pg_catalog.format('%s', x.tenant_id) END,
-                                 CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                             )::pg_catalog.text
-                        END COLLATE pg_catalog."default"
-                      FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -363,6 +318,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -388,7 +344,6 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -422,7 +377,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=a055e7e85c6c900cb0ee2e37ba8b296cbfbb60eaa73c64aed924abcb4f03ea19; generated, do not edit';
+  'sha256=a6b98ce9ce778c4e5c9a7f8a4ee3cd62e7382369fb6a357719454297b1a4336e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -439,7 +394,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
@@ -455,43 +410,21 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
-      INTO ks, ok, held
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.tenant_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.tenant_id)::pg_catalog.oid,
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN ROW(CASE WHEN x.tenant_id IS NOT NULL THEN pg_catalog.format('%s', x.tenant_id) END,
-                                 CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                             )::pg_catalog.text
-                        END COLLATE pg_catalog."default"
-                      FROM fencekit_old AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -552,6 +485,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -576,7 +510,6 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -610,7 +543,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=afdb0623aeb72c4675a83d267384c3b646d5b5587e44120f06eb7ba2b099e7f2; generated, do not edit';
+  'sha256=42f546c2cf5fbc9b15e5de1ecb4a8ac5fbda9ff5403f78b90de6e8b284c6fe75; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

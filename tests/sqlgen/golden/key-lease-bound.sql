@@ -59,7 +59,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
 BEGIN
@@ -72,27 +72,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL
-      INTO ks, ok
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                        END COLLATE pg_catalog."default"
-                      FROM fencekit_new AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -131,6 +120,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -139,17 +129,12 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    SELECT k.ks
-      INTO ks
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
+    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_new AS x ORDER BY 1);
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
@@ -164,7 +149,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=8849c4b566f36eefe0588aacff2586396ff9f31cdc213480364dd9be60f7e7b2; generated, do not edit';
+  'sha256=1b4037007db76a5289588e8e615624856a3de9ae6968cdf7df48666c023820cd; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -181,7 +166,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
 BEGIN
@@ -194,28 +179,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL
-      INTO ks, ok
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                        END COLLATE pg_catalog."default"
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -254,6 +227,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -262,18 +236,13 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    SELECT k.ks
-      INTO ks
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
                       FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
+                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1);
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
@@ -288,7 +257,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=2759c8db2905c0bffbcdc30146ef622d570a68c2cbbda4ad32ca56ddd61d2460; generated, do not edit';
+  'sha256=fe2c69e40dd6f10f57878287bda2649a3c5ce2fae62524ed53ea2ce38e3ec8f2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -305,7 +274,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
 BEGIN
@@ -318,27 +287,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL
-      INTO ks, ok
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                        END COLLATE pg_catalog."default"
-                      FROM fencekit_old AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -377,6 +335,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -385,17 +344,12 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    SELECT k.ks
-      INTO ks
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
+    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM fencekit_old AS x ORDER BY 1);
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text,
@@ -410,7 +364,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=aefac7b70e03ae16561ca29da144fe39b7615375519935d4ffd16d82ef353f5f; generated, do not edit';
+  'sha256=adb6a318be6438b6b9cb0728c5b44529396742db45b27ce045255a583878b55a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -82,7 +82,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
@@ -96,33 +96,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
-      INTO ks, ok, held
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                        END COLLATE pg_catalog."default"
-                      FROM fencekit_new AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -161,6 +144,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -185,7 +169,6 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -242,7 +225,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=76b9a1fce90bba621c367f5abb6b171b58cb4f2c9536267fdbd85aef2b5a090b; generated, do not edit';
+  'sha256=85aa2b89b4e37b4f1daed8d5bd3f94e1902444ff267f8dbfbef2d0cadf6752c9; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -259,7 +242,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
@@ -273,34 +256,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
-      INTO ks, ok, held
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                        END COLLATE pg_catalog."default"
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -339,6 +304,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -364,7 +330,6 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -421,7 +386,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=5d79775094cf46163bce5b4b5fce3389303f68b66abffd98c67f7997d4cba3d5; generated, do not edit';
+  'sha256=aaaa4caebddbaa67c39e8527d1568777365734d69b21080816b11a1ec2c87b37; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -438,7 +403,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
@@ -452,33 +417,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
-      INTO ks, ok, held
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                        END COLLATE pg_catalog."default"
-                      FROM fencekit_old AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -517,6 +465,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -541,7 +490,6 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -598,7 +546,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=7fc6d8b5186276eb7677e38a39a756bc2685062490f1507e3aa2467cc8c46a80; generated, do not edit';
+  'sha256=83b3860d551098ac697f2afc21c4fd254bbfa31633f9ce718776979f771984fc; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

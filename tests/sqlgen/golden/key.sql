@@ -59,7 +59,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
@@ -73,33 +73,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
-      INTO ks, ok, held
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                        END COLLATE pg_catalog."default"
-                      FROM fencekit_new AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -138,6 +121,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -162,7 +146,6 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -196,7 +179,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=9e271f9ec39f490d1e704da48c49db82adc02bdb105d2ccb54cf82f4caa16c5a; generated, do not edit';
+  'sha256=1368acef4e131fa6ce64272c9945536e2e301982d4f32db8622f770a701a6e3d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -213,7 +196,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
@@ -227,34 +210,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
-      INTO ks, ok, held
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                        END COLLATE pg_catalog."default"
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -293,6 +258,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -318,7 +284,6 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -352,7 +317,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=d741f31533251921d657070fedc4c81873fb4aa69aa2a3e26da0296f34c05eb0; generated, do not edit';
+  'sha256=580991a779ecea5bf792e2c77a2043e051069c452b7b347ae88dc63fd9f95379; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -369,7 +334,7 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
@@ -383,33 +348,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
-    SELECT k.ks,
-           pg_catalog.array_position(k.ks, NULL) IS NULL,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
-      INTO ks, ok, held
-      FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE
-                        WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                               OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-                         AND CASE WHEN pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid
-                                        OPERATOR(pg_catalog.=) 25::pg_catalog.oid
-                                   THEN pg_catalog.pg_collation_for(x.account_id)
-                                        OPERATOR(pg_catalog.=) '"default"'
-                                   ELSE true END
-                         AND pg_catalog.concat_ws(',',
-                               pg_catalog.pg_typeof(x.account_id)::pg_catalog.oid)
-                               OPERATOR(pg_catalog.=) pg_catalog.current_setting(
-                                 'fencekit.key_types_invoices_883e1d3584', true)
-                        THEN CASE WHEN x.account_id IS NOT NULL THEN pg_catalog.format('%s', x.account_id) END
-                        END COLLATE pg_catalog."default"
-                      FROM fencekit_old AS x ORDER BY 1) AS ks
-              OFFSET 0) AS k;
-    IF NOT ok THEN  -- the catalog check, then the cast
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -448,6 +396,7 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
+    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -472,7 +421,6 @@ BEGIN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
-    END IF;
     END IF;
     IF held THEN
       RETURN NULL;  -- the key's fence holds the token, and is share-locked
@@ -506,7 +454,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=4e40d21430bff69add138bb8c5172a2d2c51809a40d4790da7b9f38338ee7db8; generated, do not edit';
+  'sha256=d7f3d7ee2bcef0e397a5deef234d3b1a4066d958e11a954e47ee49d1c51baa86; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
