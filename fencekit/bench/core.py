@@ -360,7 +360,7 @@ def _single_row(
             f"key fence against its design floor, single-row transactions{mode}",
             _DESIGN_FLOOR,
             "key fence (account_id)",
-            "-",
+            ">= 0.92x" if synchronous_commit else "-",
         )
     )
     return out
