@@ -31,8 +31,9 @@ def register(subparsers: Any) -> None:
         "rule and column type on a protected table that runs code fencekit did not generate, "
         "with the sha256 of the code it runs (a trigger: its function's language, body, "
         "arguments and security mode, the trigger's arguments and WHEN clause; never a name). "
-        "Once you have read that code and know it never sets fencekit.token (nor a row fence's "
-        "column), allow its hash: status stops reporting it on every table and under every "
+        "Once you have read that code and know it never sets a fencekit.* setting "
+        "(fencekit.token, fencekit.key_types_<tag> ...) nor a row fence's column, allow its "
+        "hash: status stops reporting it on every table and under every "
         "name, until the code changes. Only hashes status reports now are accepted. Writes "
         "fencekit.allowed_code, which only members of fencekit_admin may change.",
         epilog="examples:\n"

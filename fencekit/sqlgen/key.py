@@ -15,6 +15,14 @@ The functions run as the role that ran protect (they write ``fencekit.fences``, 
 not) with pinned settings: a key's identity is its text under TimeZone=UTC, ISO dates and hex
 bytea, so two sessions with other settings always name the same key the same way. Protect
 refuses key types whose equal values can print differently (``fencekit.check_key_columns``).
+
+Before any statement names a key column, the trigger proves from the catalogs that each key
+name is still a live column of a type whose text is built-in code (PL/pgSQL plans a statement
+only when it first reaches it: a key column retyped to a type of the owner's would run its cast
+as the definer, and a name that is no column any more would be read as a function of the whole
+row). The fast path (_fast_check) reads pg_attribute only, for keys of a few built-in types
+(_FAST_TYPES) the session's last full check found as protect recorded them; anything else takes
+the full check (_check_types), which also compares the types with the families protect recorded.
 """
 
 from __future__ import annotations
@@ -67,6 +75,12 @@ _FAMILY_OIDS: tuple[tuple[str, tuple[int, ...]], ...] = (
 # Collations whose equal strings are equal bytes: none, default, "C", "POSIX".
 _PLAIN_COLLATIONS = (0, 100, 950, 951)
 
+#: The key column types of the fast path: built in, printed by output functions of their own
+#: that read no setting, and of a family named by the type alone: bigint, smallint, integer,
+#: text (in the default collation), uuid.
+_FAST_TYPES = (20, 21, 23, 25, 2950)
+_FAST_COLLATIONS = (0, 100)
+
 
 def key_expression(columns: tuple[str, ...], alias: str) -> str:
     """A key's identity as text: one column's text, or a record of the columns' texts (so
@@ -75,6 +89,43 @@ def key_expression(columns: tuple[str, ...], alias: str) -> str:
     if len(cols) == 1:
         return cols[0]
     return f"ROW({', '.join(cols)})::pg_catalog.text"
+
+
+def _types_name(n: Names) -> str:
+    """SQL literal: the session setting where a key fence keeps the type OIDs of its key
+    columns that its catalog check last approved, for the fast path to compare with."""
+    return lit(f"fencekit.key_types_{n.tag}")
+
+
+def _fast_check(n: Names) -> str:
+    """PL/pgSQL: ``ok``: every key name is still a live column of one of _FAST_TYPES, in a fast
+    collation, not generated virtually, and of the very types the session's last full check
+    found as protect recorded them (the session setting _types_name; anyone may set it, and a
+    wrong value only costs the full check). One read of pg_attribute by its index: no call, no
+    registry row, no family computed."""
+    eq = "OPERATOR(pg_catalog.=)"
+    cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
+    fast = "\n           AND ".join(
+        f"{a}.atttypid {eq} ANY ({_oids(_FAST_TYPES)})\n"
+        f"           AND {a}.attcollation {eq} ANY ({_oids(_FAST_COLLATIONS)})\n"
+        f"           AND NOT {a}.attgenerated {eq} 'v'"
+        for a, _ in cols
+    )
+    attrs = ", ".join(f"pg_catalog.pg_attribute {a}" for a, _ in cols)
+    where = "\n       AND ".join(
+        f"{a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(c)}\n"
+        f"       AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
+        for a, c in cols
+    )
+    types = ", ".join(f"{a}.atttypid" for a, _ in cols)
+    return (
+        f"    SELECT pg_catalog.concat_ws(',', {types})\n"
+        f"             {eq} pg_catalog.current_setting({_types_name(n)}, true)\n"
+        f"           AND {fast}\n"
+        "      INTO ok\n"
+        f"      FROM {attrs}\n"
+        f"     WHERE {where};\n"
+    )
 
 
 def _keys(n: Names, sources: list[str]) -> str:
@@ -150,10 +201,19 @@ def _check_types(n: Names) -> str:
     one catalog read here (index lookups, no call, no settings saved); anything else (a domain,
     a change, a column gone) goes to fencekit.check_key_types (32_key_types.sql), which says
     what is wrong or finds nothing is. ``printed``: whether the keys print by KEY_SETTINGS
-    (from the families protect recorded; NULL, and so pinned, when the read found no row)."""
+    (from the families protect recorded; NULL, and so pinned, when the read found no row).
+    ``types``: the key columns' type OIDs when every one is a fast path type in a fast path
+    collation; the session keeps them (_types_name) once the types are found as protect
+    recorded them, and its next statements take the fast path."""
     eq = "OPERATOR(pg_catalog.=)"
     cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
     families = ",\n          ".join(_family(a) for a, _ in cols)
+    fast = "\n             AND ".join(
+        f"{a}.atttypid {eq} ANY ({_oids(_FAST_TYPES)})\n"
+        f"             AND {a}.attcollation {eq} ANY ({_oids(_FAST_COLLATIONS)})"
+        for a, _ in cols
+    )
+    types = ", ".join(f"{a}.atttypid" for a, _ in cols)
     attrs = "".join(f", pg_catalog.pg_attribute {a}" for a, _ in cols)
     where = "".join(
         f"\n       AND {a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(c)}\n"
@@ -172,12 +232,16 @@ def _check_types(n: Names) -> str:
         "             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)\n"
         "                         WHERE NOT (u.f OPERATOR(pg_catalog.=)\n"
         f"                                      ANY (ARRAY[{unprinted}])"
-        f"{prefixes}))\n"
-        "      INTO typed, printed\n"
+        f"{prefixes})),\n"
+        f"           CASE WHEN {fast}\n"
+        f"             THEN pg_catalog.concat_ws(',', {types}) END\n"
+        "      INTO typed, printed, types\n"
         f"      FROM fencekit.protected pr{attrs}\n"
         f"     WHERE pr.tag {eq} {n.lit_tag}{where};\n"
         "    IF NOT COALESCE(typed, false) THEN\n"
         f"      PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID::pg_catalog.regclass);\n"
+        "    ELSIF types IS NOT NULL THEN\n"
+        f"      PERFORM pg_catalog.set_config({_types_name(n)}, types, false);  -- session-wide\n"
         "    END IF;\n"
     )
 
@@ -211,10 +275,18 @@ def _keys_and_lookup(n: Names, sources: list[str]) -> str:
     """PL/pgSQL: ``ks``, the statement's keys; and, when it wrote one key (a one-row write, the
     common case), ``held``: whether that key's fence holds the token, share-locked if so (writers
     under one token never wait for each other). One statement: each costs a snapshot and an
-    executor. Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``)."""
+    executor. Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``).
+    First the key columns' check: the fast one, else the full one."""
+    check = (
+        _fast_check(n)
+        + "    IF NOT COALESCE(ok, false) THEN  -- the full check\n"
+        # Not indented further: a quoted key column name may hold a line break.
+        + _check_types(n)
+        + "    END IF;\n"
+    )
     keys = _keys(n, sources)
     if n.spec.lease_bound:
-        return _printing(f"    ks := {keys};\n")
+        return check + _printing(f"    ks := {keys};\n")
     eq = "OPERATOR(pg_catalog.=)"
     mine = ""
     if n.spec.on_equal == "reject":
@@ -226,7 +298,7 @@ def _keys_and_lookup(n: Names, sources: list[str]) -> str:
     # own collation ("C") would otherwise meet fencekit.fences' in the comparison. A scalar
     # subquery, not EXISTS: the planner costs EXISTS for its first row and picks a scan of
     # every fence of every resource over the primary key's index.
-    return _printing(
+    return check + _printing(
         "    SELECT k.ks,\n"
         f"           CASE WHEN pg_catalog.cardinality(k.ks) {eq} 1 AND k.ks[1] IS NOT NULL THEN\n"
         "             COALESCE((SELECT true FROM fencekit.fences f\n"
@@ -279,15 +351,14 @@ def _body(n: Names, sources: list[str]) -> str:
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
-        "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n"
-        "  typed pg_catalog.bool;\n  printed pg_catalog.bool;\n  pins pg_catalog.text[];\n"
+        "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n  ok pg_catalog.bool;\n"
+        "  typed pg_catalog.bool;\n  printed pg_catalog.bool := false;\n"
+        "  types pg_catalog.text;\n"
+        "  pins pg_catalog.text[];\n"
         + held
         + "BEGIN\n"
         + _token(n)
         + "  IF tok IS NOT NULL THEN\n"
-        # Before any key's text is computed (plpgsql plans the statement below only when it
-        # reaches it): a key column retyped to a type of the owner's would run its cast as us.
-        + _check_types(n)
         + _keys_and_lookup(n, sources)
         + _one_key(n)
         + judge_fences(n, "ks", label)

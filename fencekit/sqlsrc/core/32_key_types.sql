@@ -3,9 +3,11 @@
 -- Refuses (YF000) unless every key column of a key-fenced table still has a type whose text
 -- is computed by built-in code only, and of the family protect recorded (fencekit.protected.
 -- key_families). The key fence's SECURITY DEFINER trigger functions (fencekit/sqlgen/key.py)
--- make the same check before they compute any key's text (k::text): for key columns of
--- built-in types, one catalog read of their own, with no call; they call this function when
--- that read does not settle it (a domain, a change, a column gone). `fencekit move` calls it
+-- make the same check before they compute a key's text with a cast (k::text): for key columns
+-- of built-in types, one catalog read of their own, with no call; they call this function when
+-- that read does not settle it (a domain, a change, a column gone). Their fast path reads
+-- pg_attribute only, for key columns of a few built-in types the session's last full check
+-- found as protect recorded them. `fencekit move` calls it
 -- before it computes an old key's text. The table's owner may retype a key column after
 -- protect (ALTER COLUMN ... TYPE, or DROP COLUMN and ADD COLUMN again) to a type of its own
 -- whose cast to text is its own code, which must never run with the rights of the role that

@@ -59,8 +59,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -75,6 +77,21 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -117,8 +134,13 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -127,6 +149,9 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -185,7 +210,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=ad513cb5226d505b22de4267f07ea072a043fafe59865cb02735126610bfe93f; generated, do not edit';
+  'sha256=d2d7f672a06628f80cc9da811e199bb093cbc3c4ba5fa64af69271a70f37cb19; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -200,8 +225,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -216,6 +243,21 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -258,8 +300,13 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -268,6 +315,9 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -327,7 +377,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=14e1ea7c8c63289ac65d7a1ee64d2a9c58425b9c57d4dd5a53d88208a9e539cd; generated, do not edit';
+  'sha256=a6b98ce9ce778c4e5c9a7f8a4ee3cd62e7382369fb6a357719454297b1a4336e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -342,8 +392,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -358,6 +410,21 @@ BEGIN
       issuer => 'etcd'::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
+       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -400,8 +467,13 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -410,6 +482,9 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -468,7 +543,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=b60fb645f95b5152019964bc91c646384c2e986af4d8431fdfb6e03acdf670cf; generated, do not edit';
+  'sha256=42f546c2cf5fbc9b15e5de1ecb4a8ac5fbda9ff5403f78b90de6e8b284c6fe75; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -57,8 +57,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -70,6 +72,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -94,14 +106,20 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -131,7 +149,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=ef60d6f69769ec29f2dc41271a1acd205f145db470708adfdab414e25e6fabd5; generated, do not edit';
+  'sha256=1b4037007db76a5289588e8e615624856a3de9ae6968cdf7df48666c023820cd; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -146,8 +164,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -159,6 +179,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -183,14 +213,20 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -221,7 +257,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=979b37170ccffaf1b750f4e82edf8fcf83d704a1cadfb333f1a5fdf9a9934260; generated, do not edit';
+  'sha256=fe2c69e40dd6f10f57878287bda2649a3c5ce2fae62524ed53ea2ce38e3ec8f2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -236,8 +272,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
@@ -249,6 +287,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -273,14 +321,20 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -310,7 +364,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=78edf3d4464461bf7a7be6f1e7e58915c12bb1c80d1a9e8f3b43504b656fbdb0; generated, do not edit';
+  'sha256=adb6a318be6438b6b9cb0728c5b44529396742db45b27ce045255a583878b55a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -80,8 +80,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -94,6 +96,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -118,14 +130,20 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -207,7 +225,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=b8fbbd1064b6b1d3d25d2a2b733ce149461cbbccc45bb1d4878cb87e098e348e; generated, do not edit';
+  'sha256=85aa2b89b4e37b4f1daed8d5bd3f94e1902444ff267f8dbfbef2d0cadf6752c9; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -222,8 +240,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -236,6 +256,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -260,14 +290,20 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -350,7 +386,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=3c6c3078a11f1d5760d306638c70697893e68c6a4f2599da320c61c6edd57e00; generated, do not edit';
+  'sha256=aaaa4caebddbaa67c39e8527d1568777365734d69b21080816b11a1ec2c87b37; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -365,8 +401,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -379,6 +417,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -403,14 +451,20 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -492,7 +546,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=32b780c27e738b7802a519ae3060a8d1b9da7c56ddaff1c75a6538996f7654e3; generated, do not edit';
+  'sha256=83b3860d551098ac697f2afc21c4fd254bbfa31633f9ce718776979f771984fc; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

@@ -57,8 +57,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -71,6 +73,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -95,14 +107,20 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -161,7 +179,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=1ae0710ab92c90e44d58bd9e78d58481a8afa38a9728d4c397eba837e8c86607; generated, do not edit';
+  'sha256=1368acef4e131fa6ce64272c9945536e2e301982d4f32db8622f770a701a6e3d; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -176,8 +194,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -190,6 +210,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -214,14 +244,20 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -281,7 +317,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=c640dc911c8dfe37b08e26501066b28662b54d90ebbe2685e653afac2ac25c7b; generated, do not edit';
+  'sha256=580991a779ecea5bf792e2c77a2043e051069c452b7b347ae88dc63fd9f95379; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -296,8 +332,10 @@ DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
   ks pg_catalog.text[];
+  ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
@@ -310,6 +348,16 @@ BEGIN
       issuer => NULL::pg_catalog.text);
   END IF;
   IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -334,14 +382,20 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -400,7 +454,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=4d03a9044af954f28dd05ae3f33e0e37a022212699a2238786aec2ddb17447f9; generated, do not edit';
+  'sha256=d7f3d7ee2bcef0e397a5deef234d3b1a4066d958e11a954e47ee49d1c51baa86; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
