@@ -23,6 +23,8 @@ from fencekit.context import current_token, fencing
 from fencekit.errors import MissingTokenError
 from tests.adapters.conftest import TOKEN_SQL, protect, sa_url
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 THREADS = 4
 PER_WORKER = 750  # 4 workers x 750 = 3000 transactions per test
 WRITE = "UPDATE slots SET v = v + 1 WHERE id = %s"

@@ -12,6 +12,8 @@ import pytest
 from fencekit.alembic_plugin.grants import GrantWriterOp, RevokeWriterOp
 from tests.alembic.conftest import Project
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 APP = "fk_grant_app"
 MODELS = """
 from sqlalchemy import Column, Integer, MetaData, Table, Text

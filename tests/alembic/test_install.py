@@ -9,6 +9,8 @@ from fencekit import sqlgen
 from tests.alembic.conftest import Project
 from tests.alembic.test_roundtrip import MODELS, write
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 
 def test_core_install_first_and_env_without_filters(raw_project: Project) -> None:
     project = raw_project

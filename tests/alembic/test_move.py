@@ -10,6 +10,8 @@ import pytest
 from tests.alembic.conftest import Project
 from tests.alembic.test_roundtrip import registry, write
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 ROW = """
 from sqlalchemy import Column, Integer, MetaData, Table, Text
 from fencekit.declare import declare_fence

@@ -14,6 +14,8 @@ from psycopg import sql
 from tests.alembic.conftest import Project
 from tests.alembic.test_roundtrip import MODELS
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 
 @pytest.fixture
 def spare_dsn(raw_project: Project, target_server) -> Iterator[str]:

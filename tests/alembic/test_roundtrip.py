@@ -7,6 +7,8 @@ import pytest
 
 from tests.alembic.conftest import Project
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 MODELS = """
 from sqlalchemy import Column, Integer, MetaData, Table, Text
 from fencekit.declare import declare_fence

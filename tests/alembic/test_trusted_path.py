@@ -15,9 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from tests.alembic.conftest import Project
+
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
 
 CANARY = """
 CREATE SCHEMA canary;

@@ -18,6 +18,8 @@ from fencekit.spec import FenceSpec, Scope, TableName
 
 from .conftest import Cli
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 APP = "fk_status_app"  # an application role (cluster-wide: make_role drops it after the test)
 
 

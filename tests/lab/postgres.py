@@ -16,6 +16,8 @@ They return handles with ``host``, ``port``, ``user``, ``dsn``, ``dsn_for(db, us
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import pwd
 import shutil
@@ -172,6 +174,56 @@ def start_release(major: int) -> ClusterServer:
     return start_cluster(bindir, f"PostgreSQL {pg_binaries.RELEASES[major]}")
 
 
+_INITDB_OPTIONS = ("-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
+
+
+def _run_initdb(bindir: Path, datadir: Path, os_user: str) -> None:
+    subprocess.run(
+        [*_as_user_prefix(os_user), str(bindir / "initdb"), "-D", str(datadir), *_INITDB_OPTIONS],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def _initdb_cache(bindir: Path, os_user: str) -> Path | None:
+    """Where the pristine cluster of ``bindir`` is kept: one directory per initdb binary
+    (path, size, mtime) and OS user, in a directory of ours that nobody else can write."""
+    initdb = bindir / "initdb"
+    st = initdb.stat()
+    key = hashlib.sha256(
+        f"{initdb.resolve()}|{st.st_size}|{st.st_mtime_ns}|{os_user}|{_INITDB_OPTIONS}".encode()
+    ).hexdigest()[:16]
+    root = Path(tempfile.gettempdir()) / f"fencekit-initdb-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o700)
+    info = root.lstat()
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077 or not root.is_dir():
+        return None  # not ours alone: run initdb every time
+    return root / key
+
+
+def _initdb(bindir: Path, datadir: Path, os_user: str) -> None:
+    """``datadir`` (empty, ``os_user``'s) becomes a fresh cluster: a copy of one initdb made once
+    per binary and cached across runs and pytest workers. initdb cost about a second of CPU
+    per cluster, and the suite starts dozens (each worker's six targets, every chaos run);
+    a copy is a tenth of that. The copies share initdb's system identifier: they are never
+    each other's replicas (Patroni's clusters run their own initdb)."""
+    cached = _initdb_cache(bindir, os_user)
+    if cached is None:
+        _run_initdb(bindir, datadir, os_user)
+        return
+    with open(f"{cached}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker makes it; the others wait, then copy
+        if not (cached / "PG_VERSION").exists():
+            made = datadir.parent / "initdb"
+            made.mkdir(mode=0o700)
+            _chown_tree(made, os_user)
+            _run_initdb(bindir, made, os_user)
+            shutil.rmtree(cached, ignore_errors=True)
+            made.rename(cached)  # both in the temp directory: one file system
+    datadir.rmdir()
+    subprocess.run(["cp", "-a", str(cached), str(datadir)], check=True, capture_output=True)
+
+
 def start_cluster(
     bindir: Path, label: str, *, durable: bool = False, env: dict[str, str] | None = None
 ) -> ClusterServer:
@@ -195,23 +247,7 @@ def start_cluster(
     prefix = _as_user_prefix(os_user)
 
     try:
-        subprocess.run(
-            [
-                *prefix,
-                str(bindir / "initdb"),
-                "-D",
-                str(datadir),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-sync",
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        _initdb(bindir, datadir, os_user)
         # trust only for loopback TCP and the private socket dir; nothing else listens.
         (datadir / "pg_hba.conf").write_text(
             "local all all trust\nhost  all all 127.0.0.1/32 trust\n"
@@ -272,16 +308,31 @@ def start_cluster(
     return server
 
 
-def _ensure_dead(pid: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _exited(pid: int) -> bool:
+    """True once ``pid`` no longer runs: absent, or a zombie. The postmaster is not our child
+    (pg_ctl daemonises it), so init reaps it, and some inits (a container's, a microVM's) reap
+    only every few seconds: signal 0 still reaches a zombie, which held every stop for ~2 s."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc: ask the kernel whether the pid exists
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return
+            return True
         except PermissionError:
             pass
-        time.sleep(0.05)
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _ensure_dead(pid: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _exited(pid):
+            return
+        time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
 

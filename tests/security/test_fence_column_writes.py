@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from fencekit.spec import FenceSpec, TableName
 from tests.security.conftest import APP, DML, Conn, outcome, protect
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 STALE, REUSED, MISSING, MALFORMED = "YF001", "YF002", "YF003", "YF004"
 BIGINT_MAX = 2**63 - 1
 

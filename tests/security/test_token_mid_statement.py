@@ -45,6 +45,8 @@ from tests.security.conftest import (
     protect,
 )
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 SCHEMA = """
 -- Switches the token to what sec.flip says ('to:<value>'); does nothing when sec.flip is unset.
 CREATE FUNCTION flip() RETURNS text LANGUAGE plpgsql AS $$

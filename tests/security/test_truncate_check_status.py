@@ -20,6 +20,8 @@ from fencekit.cli import main
 from fencekit.spec import FenceSpec, Scope, TableName
 from tests.security.conftest import Conn, protect
 
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
+
 #: A row fence on a plain and on a partitioned table (the TRUNCATE check exists only for row
 #: fences), and the other scopes for a change that every generated definer function can take.
 TABLES = {

@@ -7,10 +7,13 @@ The functions and triggers are read from pg_proc and pg_trigger after protect, n
 from __future__ import annotations
 
 import psycopg
+import pytest
 
 from tests.security.canary._builders import definer_calls, trigger_writes
 from tests.security.canary._cells import Matrix
 from tests.security.canary.conftest import FRESH, Planted
+
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
 
 DEFINERS = """
 SELECT p.proname, p.oid::regprocedure::text, p.prorettype = 'trigger'::regtype

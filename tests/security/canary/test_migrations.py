@@ -5,10 +5,14 @@ writer."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.security.canary import _migrations as mig
 from tests.security.canary._builders import TARGETS
 from tests.security.canary._cells import Matrix
 from tests.security.canary.conftest import Planted
+
+pytestmark = pytest.mark.slow  # scheduled first (tests/conftest.py)
 
 
 def test_alembic_operations(planted: Planted) -> None:
