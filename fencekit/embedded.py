@@ -151,13 +151,22 @@ def _import_pgserver() -> Any:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs. A zombie does not: the postmaster is not our child (pg_ctl
+    daemonises it), so init reaps it, and some inits (a container's, a microVM's) reap only
+    every few seconds, while signal 0 still reaches the zombie."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
         return False
-    except PermissionError:  # exists, owned by someone else
+    except (OSError, IndexError):  # no /proc: ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # exists, owned by someone else
+            return True
         return True
-    return True
+    return fields[0] != "Z"
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
