@@ -84,11 +84,18 @@ _FAST_COLLATIONS = (0, 100)
 
 def key_expression(columns: tuple[str, ...], alias: str) -> str:
     """A key's identity as text: one column's text, or a record of the columns' texts (so
-    integer and text columns of different widths name a shared resource's keys alike)."""
-    cols = [f"{alias}.{quote_ident(c)}::pg_catalog.text" for c in columns]
-    if len(cols) == 1:
-        return cols[0]
-    return f"ROW({', '.join(cols)})::pg_catalog.text"
+    integer and text columns of different widths name a shared resource's keys alike). NULL
+    when a key column is (key columns must be NOT NULL; fencekit.judge_fences refuses a NULL
+    key): a record would print a NULL part as nothing, a key of its own. A stored generated
+    column reads NULL in the transition table of an INSERT that a partitioned table routed to a
+    partition whose columns lie otherwise (PostgreSQL fills it in only later)."""
+    refs = [f"{alias}.{quote_ident(c)}" for c in columns]
+    if len(refs) == 1:
+        return f"{refs[0]}::pg_catalog.text"
+    i = " " * 28
+    known = f"\n{i}  AND ".join(f"{r} IS NOT NULL" for r in refs)
+    texts = f",\n{i}       ".join(f"{r}::pg_catalog.text" for r in refs)
+    return f"CASE WHEN {known}\n{i}THEN ROW({texts})::pg_catalog.text END"
 
 
 def _types_name(n: Names) -> str:

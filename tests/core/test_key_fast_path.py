@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from tests.core.helpers import Conn, one, protect, rows, write
+from tests.core.helpers import USAGE, Conn, one, protect, reject, rows, write
 
 # Values at the edges of each type's text: signs, the extremes, quotes, commas, parentheses,
 # backslashes, spaces, the empty string, non-ASCII, and an upper-case uuid (its text is lower
@@ -78,7 +78,8 @@ def test_the_fast_path_reads_no_registry_and_names_keys_alike(db: Conn, typ: str
 
 
 def test_the_fast_path_names_composite_keys_alike(db: Conn) -> None:
-    """A key of several columns is the record of their texts; a NULL part prints as nothing."""
+    """A key of several columns is the record of their texts; a key with a NULL part is no key
+    (key columns must be NOT NULL): refused, on the fast path as on the full one."""
     db.execute("CREATE TABLE kc (id serial PRIMARY KEY, a bigint, b text, c uuid, v int)")
     db.commit()
     protect(db, "kc", "key", key=("a", "b", "c"))
@@ -87,16 +88,16 @@ def test_the_fast_path_names_composite_keys_alike(db: Conn) -> None:
     assert _write_and_count(db, 10, insert, first) > 0
     parts: list[tuple[str | None, str | None, str | None]] = [
         ("-5", "x,y", "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A12"),
-        ("7", '"(q)"', None),
-        (None, "", "00000000-0000-0000-0000-000000000000"),
-        ("9", None, None),
+        ("7", '"(q)"', "00000000-0000-0000-0000-000000000001"),
+        ("0", "", "00000000-0000-0000-0000-000000000000"),
     ]
     for a, b, c in parts:
         assert _write_and_count(db, 10, insert, [a, b, c]) == 0, (a, b, c)
     got = {k for (k,) in rows(db, "SELECT key FROM fencekit.fences WHERE resource = 'public.kc'")}
     want = {k for (k,) in rows(db, "SELECT DISTINCT ROW(a::text, b::text, c::text)::text FROM kc")}
-    db.rollback()
     assert got == want
+    for part in ([None, "x", first[2]], ["1", None, first[2]], ["1", "x", None]):
+        reject(db, USAGE, 10, insert, part)
 
 
 @pytest.mark.parametrize(

@@ -170,7 +170,10 @@ BEGIN
                         FOR SHARE), false) END
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
+        ARRAY(SELECT DISTINCT CASE WHEN x.tenant_id IS NOT NULL
+                              AND x.account_id IS NOT NULL
+                            THEN ROW(x.tenant_id::pg_catalog.text,
+                                   x.account_id::pg_catalog.text)::pg_catalog.text END
                       FROM fencekit_new AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
@@ -210,7 +213,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=d2d7f672a06628f80cc9da811e199bb093cbc3c4ba5fa64af69271a70f37cb19; generated, do not edit';
+  'sha256=f93e58b8b7c2b520c957edfef1468244e30e693ff6c3eb9e3d0508997a432893; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -336,7 +339,10 @@ BEGIN
                         FOR SHARE), false) END
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
+        ARRAY(SELECT DISTINCT CASE WHEN x.tenant_id IS NOT NULL
+                              AND x.account_id IS NOT NULL
+                            THEN ROW(x.tenant_id::pg_catalog.text,
+                                   x.account_id::pg_catalog.text)::pg_catalog.text END
                       FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
                             UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
@@ -377,7 +383,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=a6b98ce9ce778c4e5c9a7f8a4ee3cd62e7382369fb6a357719454297b1a4336e; generated, do not edit';
+  'sha256=155188d1836dfef1e978fc2ca03b48fa7cf42d1de5e446708ea87c12263e2f94; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -503,7 +509,10 @@ BEGIN
                         FOR SHARE), false) END
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT ROW(x.tenant_id::pg_catalog.text, x.account_id::pg_catalog.text)::pg_catalog.text
+        ARRAY(SELECT DISTINCT CASE WHEN x.tenant_id IS NOT NULL
+                              AND x.account_id IS NOT NULL
+                            THEN ROW(x.tenant_id::pg_catalog.text,
+                                   x.account_id::pg_catalog.text)::pg_catalog.text END
                       FROM fencekit_old AS x ORDER BY 1) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
@@ -543,7 +552,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=42f546c2cf5fbc9b15e5de1ecb4a8ac5fbda9ff5403f78b90de6e8b284c6fe75; generated, do not edit';
+  'sha256=5aac059cd1dca61dc3fbef63cd03850dda6a160d5ead40178d6d3237b7a00f7b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
