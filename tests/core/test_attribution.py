@@ -210,6 +210,22 @@ def test_the_cap_bounds_writers_per_table_and_counts_the_overflow(
     assert totals == (2, 2, True)
 
 
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_a_writer_with_standard_conforming_strings_off_is_let_through_and_attributed(
+    db: Conn, dsn: str, tables: None, table: str
+) -> None:
+    """fencekit.statement_shape's patterns are read when a session first runs it, under the
+    session's standard_conforming_strings: off, a backslash in a '' string was an escape, a
+    pattern turned invalid, and the tokenless write it attributed failed."""
+    legacy = make_conninfo(
+        dsn, application_name="legacy", options="-c standard_conforming_strings=off"
+    )
+    with psycopg.connect(legacy, autocommit=True) as c:
+        c.execute(f"UPDATE {table} SET v = 'y' WHERE id = 1 AND k IN (1, 2, 3)")
+    (w,) = writers(db, table)
+    assert w["statement"] == f"UPDATE {table} SET v = ? WHERE id = ? AND k IN (?, ...)"
+
+
 SECRET_TEXT, SECRET_NUMBER = "s3cr3t-card-4111", "987654321"
 
 

@@ -64,7 +64,10 @@ $fn$;
 -- A statement's text with every literal replaced by '?': quoted strings, numbers and comments
 -- go; an IN list of placeholders becomes one. Anything it cannot lex for sure (a backslash,
 -- which E'' strings and standard_conforming_strings = off use as an escape, a dollar quote, an
--- unterminated quote) ends the text there with '...', so that no literal is ever kept.
+-- unterminated quote) ends the text there with '...', so that no literal is ever kept. Its
+-- patterns are E'' strings: PL/pgSQL reads a function's literals when a session first runs it,
+-- under that session's standard_conforming_strings, and off, a backslash in a '' string would
+-- be an escape (a pattern turned invalid, and the tokenless write it attributes failed).
 CREATE OR REPLACE FUNCTION fencekit.statement_shape(q text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -75,7 +78,7 @@ BEGIN
     RETURN '';
   END IF;
   -- A dollar sign not starting a parameter ($1) may open a dollar quote.
-  cut := pg_catalog.strpos(pg_catalog.regexp_replace(s, '\$[0-9]', '__', 'g'), '$');
+  cut := pg_catalog.strpos(pg_catalog.regexp_replace(s, E'\\$[0-9]', '__', 'g'), '$');
   IF pg_catalog.strpos(s, E'\\') > 0
      AND (cut = 0 OR pg_catalog.strpos(s, E'\\') < cut) THEN
     cut := pg_catalog.strpos(s, E'\\');
@@ -86,13 +89,14 @@ BEGIN
   -- One left-to-right pass: a quote inside a comment is the comment's, a comment marker
   -- inside a string the string's.
   s := pg_catalog.regexp_replace(s,
-         '''([^'']|'''')*''|--[^\n]*|/\*([^*]|\*+[^*/])*\*+/|(?<!\$)\m[0-9][0-9A-Za-z_.]*', '?', 'g');
+         E'''([^'']|'''')*''|--[^\\n]*|/\\*([^*]|\\*+[^*/])*\\*+/|(?<!\\$)\\m[0-9][0-9A-Za-z_.]*',
+         '?', 'g');
   cut := pg_catalog.strpos(s, '''');
   IF cut > 0 THEN
     s := pg_catalog.left(s, cut - 1) || ' ...';
   END IF;
-  s := pg_catalog.regexp_replace(s, '\?(\s*,\s*\?)+', '?, ...', 'g');
-  s := pg_catalog.btrim(pg_catalog.regexp_replace(s, '\s+', ' ', 'g'));
+  s := pg_catalog.regexp_replace(s, E'\\?(\\s*,\\s*\\?)+', '?, ...', 'g');
+  s := pg_catalog.btrim(pg_catalog.regexp_replace(s, E'\\s+', ' ', 'g'));
   RETURN pg_catalog.left(s, 2000);
 END
 $fn$;
