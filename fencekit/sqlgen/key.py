@@ -82,6 +82,24 @@ _FAST_TYPES = (20, 21, 23, 25, 2950)
 _FAST_COLLATIONS = (0, 100)
 
 
+def _live(a: str, column: str) -> str:
+    """SQL: ``a`` (a pg_attribute row) is the live column ``column`` of the trigger's table."""
+    eq = "OPERATOR(pg_catalog.=)"
+    return (
+        f"{a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(column)}\n"
+        f"       AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
+    )
+
+
+def _fast_type(a: str, pad: str) -> str:
+    """SQL: the column ``a`` (a pg_attribute row) is of a fast path type and collation."""
+    eq = "OPERATOR(pg_catalog.=)"
+    return (
+        f"{a}.atttypid {eq} ANY ({_oids(_FAST_TYPES)})\n"
+        f"{pad}AND {a}.attcollation {eq} ANY ({_oids(_FAST_COLLATIONS)})"
+    )
+
+
 def key_expression(columns: tuple[str, ...], alias: str) -> str:
     """A key's identity as text: one column's text, or a record of the columns' texts (so
     integer and text columns of different widths name a shared resource's keys alike). NULL
@@ -112,18 +130,12 @@ def _fast_check(n: Names) -> str:
     registry row, no family computed."""
     eq = "OPERATOR(pg_catalog.=)"
     cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
-    fast = "\n           AND ".join(
-        f"{a}.atttypid {eq} ANY ({_oids(_FAST_TYPES)})\n"
-        f"           AND {a}.attcollation {eq} ANY ({_oids(_FAST_COLLATIONS)})\n"
-        f"           AND NOT {a}.attgenerated {eq} 'v'"
-        for a, _ in cols
+    pad = " " * 11
+    fast = f"\n{pad}AND ".join(
+        f"{_fast_type(a, pad)}\n{pad}AND NOT {a}.attgenerated {eq} 'v'" for a, _ in cols
     )
     attrs = ", ".join(f"pg_catalog.pg_attribute {a}" for a, _ in cols)
-    where = "\n       AND ".join(
-        f"{a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(c)}\n"
-        f"       AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
-        for a, c in cols
-    )
+    where = "\n       AND ".join(_live(a, c) for a, c in cols)
     types = ", ".join(f"{a}.atttypid" for a, _ in cols)
     return (
         f"    SELECT pg_catalog.concat_ws(',', {types})\n"
@@ -215,18 +227,11 @@ def _check_types(n: Names) -> str:
     eq = "OPERATOR(pg_catalog.=)"
     cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
     families = ",\n          ".join(_family(a) for a, _ in cols)
-    fast = "\n             AND ".join(
-        f"{a}.atttypid {eq} ANY ({_oids(_FAST_TYPES)})\n"
-        f"             AND {a}.attcollation {eq} ANY ({_oids(_FAST_COLLATIONS)})"
-        for a, _ in cols
-    )
+    pad = " " * 13
+    fast = f"\n{pad}AND ".join(_fast_type(a, pad) for a, _ in cols)
     types = ", ".join(f"{a}.atttypid" for a, _ in cols)
     attrs = "".join(f", pg_catalog.pg_attribute {a}" for a, _ in cols)
-    where = "".join(
-        f"\n       AND {a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(c)}\n"
-        f"       AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
-        for a, c in cols
-    )
+    where = "".join(f"\n       AND {_live(a, c)}" for a, c in cols)
     unprinted = ", ".join(lit(f) for f in _UNPRINTED)
     prefixes = "".join(
         f"\n                                   OR u.f OPERATOR(pg_catalog.~~) {lit(p + '%')}"
