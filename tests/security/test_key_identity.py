@@ -31,6 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements
@@ -635,6 +636,63 @@ def test_a_generated_key_part_the_transition_table_lacks_is_refused(db: Conn, th
     else:
         assert info.value.sqlstate == "YF000", info.value
         assert "a key column of a key fence is NULL" in str(info.value), info.value
+    keys = db.execute("SELECT key, fence FROM fencekit.fences WHERE resource = 'public.ord'")
+    assert keys.fetchall() == [("(eu,10)", 10)]
+    db.rollback()
+
+
+WRITE_PATHS = {
+    "insert": "INSERT INTO public.ord (region, n) VALUES ('eu', 1)",
+    "on conflict": "INSERT INTO public.ord (region, n) VALUES ('eu', 1) ON CONFLICT DO NOTHING",
+    "view": "INSERT INTO public.ord_v (region, n) VALUES ('eu', 1)",
+    "copy": "COPY public.ord (region, n) FROM STDIN",
+    "merge": "MERGE INTO public.ord o USING (VALUES ('eu', 1)) AS s(region, n) ON false"
+    " WHEN NOT MATCHED THEN INSERT (region, n) VALUES (s.region, s.n)",
+}
+
+
+def _write(conn: Conn, path: str) -> None:
+    if path == "copy":
+        with conn.cursor().copy(WRITE_PATHS[path]) as copy:
+            copy.write_row(("eu", 1))
+    else:
+        conn.execute(WRITE_PATHS[path])
+
+
+@pytest.mark.parametrize("path", sorted(WRITE_PATHS))
+def test_a_writer_cannot_reach_a_second_fence_through_the_parent(
+    db: Conn, make_role: Callable[..., str], path: str
+) -> None:
+    """The same hole as above, as the application's role on a connection just opened with other
+    settings (TimeZone, DateStyle, search_path), by every way a row reaches a partition through
+    its partitioned table: INSERT, ON CONFLICT, an updatable view, COPY and MERGE. Each stale
+    write is refused, and no second fence appears."""
+    if path == "merge" and db.info.server_version < 150000:
+        pytest.skip("MERGE is PostgreSQL 15+")
+    db.execute(
+        "CREATE TABLE ord (legacy int, region text NOT NULL, n int NOT NULL,"
+        " k bigint GENERATED ALWAYS AS (n * 10) STORED) PARTITION BY LIST (region);"
+        " ALTER TABLE ord DROP COLUMN legacy;"
+        " CREATE TABLE ord_eu PARTITION OF ord FOR VALUES IN ('eu');"
+        " CREATE VIEW ord_v AS SELECT region, n FROM ord"
+    )
+    for stmt in protect_statements(
+        FenceSpec(TableName("public", "ord"), scope=Scope.KEY, key=("region", "k"))
+    ):
+        db.execute(stmt.encode())
+    db.execute("SELECT set_config('fencekit.token', '10', true)")
+    db.execute("INSERT INTO ord_eu (region, n) VALUES ('eu', 1)")
+    db.commit()
+    writer = make_conninfo(
+        make_role(APP, DML),
+        options="-c TimeZone=Pacific/Chatham -c DateStyle=German,DMY -c search_path=pg_temp",
+    )
+    with psycopg.connect(writer) as conn:
+        conn.execute("SELECT set_config('fencekit.token', '5', true)")
+        with pytest.raises(psycopg.Error) as info:
+            _write(conn, path)
+    assert info.value.sqlstate == "YF000", info.value
+    assert "a key column of a key fence is NULL" in str(info.value), info.value
     keys = db.execute("SELECT key, fence FROM fencekit.fences WHERE resource = 'public.ord'")
     assert keys.fetchall() == [("(eu,10)", 10)]
     db.rollback()
