@@ -724,8 +724,9 @@ $fn$;
 
 -- A statement's text with every literal replaced by '?': quoted strings, numbers and comments
 -- go; an IN list of placeholders becomes one. Anything it cannot lex for sure (a backslash,
--- which E'' strings and standard_conforming_strings = off use as an escape, a dollar quote, an
--- unterminated quote) ends the text there with '...', so that no literal is ever kept. Its
+-- which E'' strings and standard_conforming_strings = off use as an escape, a dollar quote, a
+-- nested comment, an unterminated quote) ends the text there with '...', so that no literal
+-- is ever kept. Its
 -- patterns are E'' strings: PL/pgSQL reads a function's literals when a session first runs it,
 -- under that session's standard_conforming_strings, and off, a backslash in a '' string would
 -- be an escape (a pattern turned invalid, and the tokenless write it attributes failed).
@@ -734,6 +735,7 @@ LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   s text := q;
   cut integer;
+  odd text;
 BEGIN
   IF s IS NULL THEN
     RETURN '';
@@ -744,17 +746,27 @@ BEGIN
      AND (cut = 0 OR pg_catalog.strpos(s, E'\\') < cut) THEN
     cut := pg_catalog.strpos(s, E'\\');
   END IF;
+  -- A block comment nested in another (PostgreSQL's ends at the outer */, the pass below's
+  -- at the first) is not lexed below either: cut there.
+  odd := pg_catalog.substring(s, E'/\\*(?:[^*]|\\*+[^*/])*/\\*');
+  IF odd IS NOT NULL AND (cut = 0 OR pg_catalog.strpos(s, odd) < cut) THEN
+    cut := pg_catalog.strpos(s, odd);
+  END IF;
   IF cut > 0 THEN
     s := pg_catalog.left(s, cut - 1) || ' ...';
   END IF;
-  -- One left-to-right pass: a quote inside a comment is the comment's, a comment marker
-  -- inside a string the string's.
+  -- One left-to-right pass: a quote inside a comment or a quoted identifier ("o'x") is
+  -- theirs, a comment marker inside a string the string's. A quoted identifier is kept (with
+  -- a '?' after it, taken off next: the replacement is one for every kind of match).
   s := pg_catalog.regexp_replace(s,
-         E'''([^'']|'''')*''|--[^\\n]*|/\\*([^*]|\\*+[^*/])*\\*+/|(?<!\\$)\\m[0-9][0-9A-Za-z_.]*',
-         '?', 'g');
-  cut := pg_catalog.strpos(s, '''');
-  IF cut > 0 THEN
-    s := pg_catalog.left(s, cut - 1) || ' ...';
+         E'("(?:[^"]|"")*")|''(?:[^'']|'''')*''|--[^\\n]*|/\\*(?:[^*]|\\*+[^*/])*\\*+/'
+         '|(?<!\\$)\\m[0-9][0-9A-Za-z_.]*',  -- continues the E'' string: its escapes too
+         E'\\1?', 'g');
+  s := pg_catalog.regexp_replace(s, E'("(?:[^"]|"")*")\\?', E'\\1', 'g');
+  -- A quote left outside the quoted identifiers opened a string that did not end: cut at the
+  -- first quote (one inside an identifier before it only makes the shape shorter).
+  IF pg_catalog.strpos(pg_catalog.regexp_replace(s, '"(?:[^"]|"")*"', '', 'g'), '''') > 0 THEN
+    s := pg_catalog.left(s, pg_catalog.strpos(s, '''') - 1) || ' ...';
   END IF;
   s := pg_catalog.regexp_replace(s, E'\\?(\\s*,\\s*\\?)+', '?, ...', 'g');
   s := pg_catalog.btrim(pg_catalog.regexp_replace(s, E'\\s+', ' ', 'g'));
