@@ -182,15 +182,43 @@ _DESCENDANTS = (
 
 def cover_function(objs: TableObjects, n: Names) -> Function:
     """``fencekit.<tag>_cover()``: put the table's triggers on every partition and inheritance
-    child that lacks them (``fencekit.cover_descendants``, 47_protect.sql, copies the root's).
+    child that lacks them, and drop the ``fencekit_<tag>_*`` triggers its template does not
+    make (``fencekit.cover_descendants`` and ``fencekit.cover_trigger``, 47_protect.sql).
     Protect calls it; so does the optional auto-cover event trigger when a child is created or
     attached later (PostgreSQL fires a parent's statement triggers only for statements naming
-    the parent, and clones row triggers to partitions but not to inheritance children)."""
+    the parent, and clones row triggers to partitions but not to inheritance children). Each
+    trigger's definition is written here by the generator, as the protect script writes the
+    root's: nothing is read back from the catalogs and made into SQL."""
     root = f"{lit(objs.spec.table.sql)}::pg_catalog.regclass"
+    keep = ",\n          ".join(lit(tr.name) for tr in objs.triggers)
+    calls = {False: "", True: ""}
+    for tr in objs.triggers:
+        # The root guard stays on the root; the row checks of rows crossing partitions reach
+        # partitions as PostgreSQL's clones (a partitioned tree has no inheritance child).
+        if tr.root_only or (tr.partitioned_only and tr.level == "ROW"):
+            continue
+        if tr.level == "ROW" and tr.referencing:
+            continue
+        on_rows = "true" if tr.level == "ROW" else "false"
+        pad = "    " if tr.partitioned_only else "  "
+        calls[tr.partitioned_only] += (
+            f"{pad}PERFORM fencekit.cover_trigger({root},\n"
+            f"{pad}  {lit(tr.name)},\n"
+            f"{pad}  {lit_lines(trigger_stamp(tr), pad + '  ')},\n"
+            f"{pad}  {lit(_format_template(tr))}, {on_rows});\n"
+        )
+    partitioned = ""
+    if calls[True]:
+        partitioned = (
+            "  IF EXISTS (SELECT FROM pg_catalog.pg_class c\n"
+            f"              WHERE c.oid = {root} AND c.relkind = 'p') THEN\n"
+            + calls[True]
+            + "  END IF;\n"
+        )
     body = (
         "\n" + n.title("partition and child coverage") + "BEGIN\n"
-        f"  PERFORM fencekit.cover_descendants({root}, {lit(f'fencekit_{n.tag}_')});\n"
-        "END\n"
+        f"  PERFORM fencekit.cover_descendants({root}, {lit(f'fencekit_{n.tag}_')},\n"
+        f"    ARRAY[{keep}]);\n" + calls[False] + partitioned + "END\n"
     )
     # Not on the hot path (protect and the auto-cover event trigger call it): it pins its
     # search_path rather than qualify every operator.

@@ -10,7 +10,8 @@ create tables in its own schema) and the table's owner (not an admin) then:
   denied for function <tag>_cover" for every one of them);
 - alter an unrelated table and the protected table itself (a new column): both work;
 - the owner creates a partition of its protected table: refused with YF000 and the hint (row
-  fences: PostgreSQL's own 42501, cloning the row triggers before any event trigger runs), and
+  fences and partitioned key fences: PostgreSQL's own 42501, cloning the row triggers before
+  any event trigger runs), and
   the partition does not exist (a partition nobody fences is never left behind);
 - the superuser creating one gets it covered.
 """

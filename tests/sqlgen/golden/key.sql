@@ -462,13 +462,60 @@ SET search_path TO pg_catalog, pg_temp
 AS $fn$
 -- fencekit: partition and child coverage on app.invoices. Generated; do not edit.
 BEGIN
-  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_');
+  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
+    ARRAY['fencekit_invoices_883e1d3584_trunc',
+          'fencekit_invoices_883e1d3584_ins',
+          'fencekit_invoices_883e1d3584_upd',
+          'fencekit_invoices_883e1d3584_del',
+          'fencekit_invoices_883e1d3584_cross_out',
+          'fencekit_invoices_883e1d3584_cross_in',
+          'fencekit_invoices_883e1d3584_updating',
+          'fencekit_invoices_883e1d3584_root']);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_trunc',
+    'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_ins',
+    'fencekit trigger template=1 sha256=2a153e037f474560f13c6eca01f6a456c31999665fbb2589bac4e2b82f6b6558; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
+  REFERENCING NEW TABLE AS fencekit_new FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_upd',
+    'fencekit trigger template=1 sha256=cdec902b1cfabfe6733bbb016e1d345cc4e28b9d338591b81d76e19a01e8b8d4; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
+  REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_del',
+    'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
+  REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', false);
+  IF EXISTS (SELECT FROM pg_catalog.pg_class c
+              WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p') THEN
+    PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+      'fencekit_invoices_883e1d3584_updating',
+      'fencekit trigger template=1 sha256=64f310ccb6b7bb4f57e2a37dc7fd059f3b0a197e3d958ea6b98b0073799a36b0; '
+      'generated, do not edit',
+      'CREATE TRIGGER fencekit_invoices_883e1d3584_updating BEFORE UPDATE ON %s
+  FOR EACH STATEMENT WHEN (pg_catalog.set_config(
+    ''fencekit.cross_invoices_883e1d3584'', ''on'', true) IS NULL)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
+  END IF;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
   'fencekit function template=1 '
-  'sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
+  'sha256=a97b897b93c41cfa42221b8aa9ffcb09543121b9e2c8cf83343cd270e91c2d51; generated, do not edit';
 
 REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_stmt(),
@@ -809,44 +856,29 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
   'generated, do not edit';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_cross_out',
-      'fencekit trigger template=1 sha256=c4c8e69f63cb3042580b8be1ecce63eca1d0242f782123f12adcb9201a85528b; '
+      'fencekit trigger template=1 sha256=3558407ee87c7713ef51a5c9fdbdea20248acd2f36e0f19e6a93c18ceb8410ac; '
       'generated, do not edit',
       'CREATE TRIGGER fencekit_invoices_883e1d3584_cross_out AFTER DELETE ON %s
-  FOR EACH ROW WHEN (pg_catalog.concat(''0'', pg_catalog.current_setting(
-    ''fencekit.cross_invoices_883e1d3584'', true))::pg_catalog.int4
-  OPERATOR(pg_catalog.>) 0)
+  FOR EACH ROW WHEN (pg_catalog.current_setting(''fencekit.cross_invoices_883e1d3584'', true)
+  OPERATOR(pg_catalog.=) ''on'')
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_cross_out()')
   FROM pg_catalog.pg_class c WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p';
 
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_cross_in',
-      'fencekit trigger template=1 sha256=71dd21c9cf1a2a062c5b0f568ae2e11f2adf6e3e7295d83304202c78691bfd4d; '
+      'fencekit trigger template=1 sha256=25a8b68fc11b6a31f8f36fcb31148d1f52c84026cd0f4c0add81284844374cf6; '
       'generated, do not edit',
       'CREATE TRIGGER fencekit_invoices_883e1d3584_cross_in AFTER INSERT ON %s
-  FOR EACH ROW WHEN (pg_catalog.concat(''0'', pg_catalog.current_setting(
-    ''fencekit.cross_invoices_883e1d3584'', true))::pg_catalog.int4
-  OPERATOR(pg_catalog.>) 0)
+  FOR EACH ROW WHEN (pg_catalog.current_setting(''fencekit.cross_invoices_883e1d3584'', true)
+  OPERATOR(pg_catalog.=) ''on'')
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_cross_in()')
   FROM pg_catalog.pg_class c WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p';
 
-SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_upd_begins',
-      'fencekit trigger template=1 sha256=8737548bb1672a6824d1754724b8f06b38ad68c56e5a90eef11d0b61ce8fb125; '
+SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_updating',
+      'fencekit trigger template=1 sha256=64f310ccb6b7bb4f57e2a37dc7fd059f3b0a197e3d958ea6b98b0073799a36b0; '
       'generated, do not edit',
-      'CREATE TRIGGER fencekit_invoices_883e1d3584_upd_begins BEFORE UPDATE ON %s
-  FOR EACH STATEMENT WHEN (pg_catalog.set_config(''fencekit.cross_invoices_883e1d3584'',
-    (pg_catalog.concat(''0'', pg_catalog.current_setting(
-    ''fencekit.cross_invoices_883e1d3584'', true))::pg_catalog.int4
-      OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true) IS NULL)
-  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
-  FROM pg_catalog.pg_class c WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p';
-
-SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_upd_ends',
-      'fencekit trigger template=1 sha256=548608b0ae109bb54ca0313b15889f6b03949fa179cf1b4f74e9a8beb09d83f3; '
-      'generated, do not edit',
-      'CREATE TRIGGER fencekit_invoices_883e1d3584_upd_ends AFTER UPDATE ON %s
-  FOR EACH STATEMENT WHEN (pg_catalog.set_config(''fencekit.cross_invoices_883e1d3584'',
-    (pg_catalog.concat(''0'', pg_catalog.current_setting(
-    ''fencekit.cross_invoices_883e1d3584'', true))::pg_catalog.int4
-      OPERATOR(pg_catalog.-) 1)::pg_catalog.text, true) IS NULL)
+      'CREATE TRIGGER fencekit_invoices_883e1d3584_updating BEFORE UPDATE ON %s
+  FOR EACH STATEMENT WHEN (pg_catalog.set_config(
+    ''fencekit.cross_invoices_883e1d3584'', ''on'', true) IS NULL)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
   FROM pg_catalog.pg_class c WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p';
 
@@ -870,8 +902,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          'fencekit_invoices_883e1d3584_root',
          'fencekit_invoices_883e1d3584_trunc',
          'fencekit_invoices_883e1d3584_upd',
-         'fencekit_invoices_883e1d3584_upd_begins',
-         'fencekit_invoices_883e1d3584_upd_ends']),
+         'fencekit_invoices_883e1d3584_updating']),
        fencekit.drop_other_functions('invoices_883e1d3584_',
          ARRAY['invoices_883e1d3584_stmt',
          'invoices_883e1d3584_ins',
