@@ -8,9 +8,8 @@ once (one global read).
 
 Under the kit, the worker process connects once to its test's socket and:
 
-- sends each checkpoint it reaches, with its process id and the fencing token current there,
-  and waits for the test's answer (the test holds it there when it asked to pause the worker
-  at that checkpoint, else answers at once);
+- sends each checkpoint it reaches and waits for the test's answer (the test holds it there
+  when it asked to pause the worker at that checkpoint, else answers at once);
 - forwards every client-side metric event (:mod:`fencekit.metrics`: rejections with their
   token and fence, unfenced writes) as it happens, and the totals when the process exits.
 
@@ -119,13 +118,8 @@ def checkpoint(name: str) -> None:
     ch = _connect()
     if ch is None:
         return
-    from fencekit.context import current_token
-
-    # The token the worker's writes would carry now: the many-worker run watches its lease.
-    message = {"type": "checkpoint", "name": str(name), "pid": os.getpid(),
-               "token": current_token()}  # fmt: skip
     with contextlib.suppress(OSError):
-        ch.send(message, answer=True)
+        ch.send({"type": "checkpoint", "name": str(name), "pid": os.getpid()}, answer=True)
 
 
 def report(kind: str, **data: Any) -> None:

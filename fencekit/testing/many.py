@@ -70,8 +70,13 @@ class ManyResult:
         return f"{format_report(self.report)}\n  rejected by fencekit (counted): {counted}"
 
 
-# The leases now, held or not: a released lease keeps its holder NULL and its last token.
-_LEASES = "SELECT l.resource, l.holder, l.token FROM fencekit.leases AS l"
+# The leases held now (expired ones too, until taken over), and whose connection was granted each.
+_LEASES = """
+SELECT l.resource, l.holder, l.token, g.app FROM fencekit.leases AS l
+LEFT JOIN fencekit_testing.grants AS g
+  ON g.resource = l.resource AND g.token = l.token AND g.event = 'acquire'
+WHERE l.holder IS NOT NULL
+"""
 
 # Whether a newer holder of one of these leases has committed a write: the kit's write history
 # holds a write carrying a token granted later for the same resource.
@@ -161,7 +166,7 @@ class _Nemesis(Nemesis):
                 sigstop(proc.pid)
             except ProcessLookupError:
                 return False
-            leases = self._leases(str(proc.pid), msg.get("token"))
+            leases = self._leases(name, str(proc.pid))
             seconds = self.ttl * (_HOLD_TTLS if leases else _PLAIN_TTLS)
             self.paused[name] = time.monotonic() + seconds
             self._held[name] = leases
@@ -180,12 +185,16 @@ class _Nemesis(Nemesis):
             self._conn = None
             return []
 
-    def _leases(self, pid: str, token: Any) -> dict[str, int]:
-        """The leases whose token the worker's writes would carry: the one of its current
-        token, else those its process holds (fencekit's default holder names)."""
-        rows = [(str(r), h, int(t)) for r, h, t in self._query(_LEASES)]
-        mine = {r: t for r, _h, t in rows if t == token}
-        return mine or {r: t for r, h, t in rows if h and _pid_of(str(h)) == pid}
+    def _leases(self, name: str, pid: str) -> dict[str, int]:
+        """The leases the worker holds: granted to its connections (their application_name
+        names it, as the history records), or held under its process id (fencekit's default
+        holder names)."""
+        app = f"fencekit-worker:{name}"
+        return {
+            str(r): int(t)
+            for r, h, t, a in self._query(_LEASES)
+            if a == app or _pid_of(str(h)) == pid
+        }
 
     def _overtaken(self, leases: dict[str, int]) -> bool:
         rows = self._query(_OVERTAKEN, (list(leases), list(leases.values())))
