@@ -138,7 +138,8 @@ def test_run_many_pauses_at_the_checkpoint_until_a_newer_write(jobs_db: FencedDa
     pauses = [e for e in result.events if e["type"] == "pause"]
     assert pauses
     assert {e["at"] for e in pauses} == {"computing"}
-    assert result.rejections["public.jobs"].get("stale", 0) >= 1, result.summary()
+    # Each pause's write was rejected (more stale writes: a worker the machine starved).
+    assert result.rejections["public.jobs"]["stale"] >= len(pauses), result.summary()
 
 
 def test_run_many_says_when_no_worker_reached_the_checkpoint(jobs_db: FencedDatabase) -> None:
