@@ -37,7 +37,7 @@ def table_objects(spec: FenceSpec) -> TableObjects:
     if spec.scope is Scope.ROW:
         more = row_objects(n)
     elif spec.scope is Scope.KEY:
-        more = key_objects(n)
+        more = key_objects(n, functions[0])
     else:
         more = ([], [])
     triggers += [*more[1], root_guard(n, functions[0])]
@@ -116,6 +116,22 @@ def _grants_sql(functions: tuple[Function, ...]) -> list[str]:
     ]
 
 
+def _partitioned_functions_sql(functions: tuple[Function, ...], table: str) -> str:
+    """A DO block that makes ``functions`` (and their grants) only when ``table`` is
+    partitioned: like the triggers that call them (Trigger.partitioned_only), they have no
+    use anywhere else."""
+    statements = [s for f in functions for s in _create_function_sql(f)]
+    statements += _grants_sql(functions)
+    body = "".join(f"    EXECUTE {dollar(s, 'sql')};\n" for s in statements)
+    return do(
+        "\nBEGIN\n"
+        "  IF EXISTS (SELECT FROM pg_catalog.pg_class c\n"
+        f"              WHERE c.oid = {lit(table)}::pg_catalog.regclass AND c.relkind = 'p') THEN\n"
+        + body
+        + "  END IF;\nEND\n"
+    )
+
+
 def _guard(spec: FenceSpec) -> str:
     """Refuse fencekit's own tables, and a structural change over an existing protection
     (``fencekit.protect_guard``, 47_protect.sql).
@@ -191,7 +207,7 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
     cover = next(f for f in objs.functions if f.returns == "void")
     out = []
     for tr in objs.triggers:
-        if tr.root_only:
+        if tr.root_only or tr.partitioned_only:
             continue
         out.append(
             create_trigger_sql(tr, t.sql).replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1)
@@ -208,6 +224,11 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
                 f"  FROM pg_catalog.pg_class c\n"
                 f" WHERE c.oid = {root} AND c.relkind = 'r' AND NOT c.relispartition\n"
                 "   AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid)"
+            )
+        elif tr.partitioned_only:
+            out.append(
+                f"SELECT {_ensure(tr, 'c.oid::pg_catalog.regclass')}\n"
+                f"  FROM pg_catalog.pg_class c WHERE c.oid = {root} AND c.relkind = 'p'"
             )
     out.append(f"SELECT {cover.sql_name}()")
     # What an older template made and this one does not: dropped, so none keeps firing.
@@ -243,7 +264,8 @@ def protect_statements(spec: FenceSpec) -> list[str]:
         issuer = lit(spec.issuer) if spec.issuer else "NULL"
         out.append(f"SELECT fencekit.bind_resource({n.resource}, {issuer})")
     out.append(create_counters_quietly(n.tag))
-    for f in objs.functions:
+    everywhere = tuple(f for f in objs.functions if not f.partitioned_only)
+    for f in everywhere:
         out += _create_function_sql(f)
         if f.table_owner:
             # Reads the table: runs as its owner, whose code that read runs (objects.Function).
@@ -252,7 +274,10 @@ def protect_statements(spec: FenceSpec) -> list[str]:
                 f"{lit(f.sql_name + '()')}::pg_catalog.regprocedure,\n"
                 f"  {lit(t.sql)}::pg_catalog.regclass)"
             )
-    out += _grants_sql(objs.functions)
+    out += _grants_sql(everywhere)
+    partitioned = tuple(f for f in objs.functions if f.partitioned_only)
+    if partitioned:
+        out.append(_partitioned_functions_sql(partitioned, t.sql))
     out += _triggers_sql(objs, n)
     resource = n.resource if spec.scope is not Scope.ROW else "NULL"
     families = "NULL"
