@@ -22,7 +22,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -39,6 +38,7 @@ from fencekit.chaos.history import Event, HistoryWriter, read_events
 from fencekit.chaos.nemesis import Nemesis
 from fencekit.errors import FencingAssertionError, WorkerError
 from fencekit.testing._bootstrap import UNTIL_ENV
+from fencekit.testing._listen import listen
 from fencekit.testing.assertions import current_database, describe
 from fencekit.testing.channel import CHANNEL_ENV
 from fencekit.testing.workers import sigstop
@@ -124,31 +124,14 @@ class _Nemesis(Nemesis):
         self._running = True
         self._held: dict[str, dict[str, int]] = {}  # paused worker -> its leases (resource: token)
         self._dir = Path(tempfile.mkdtemp(prefix="fk-many-"))  # short: a unix socket's path
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(str(self._dir / "ch"))
-        self._server.listen(16)
+        self._server = listen(str(self._dir / "ch"), 16, "fencekit-many", self._message)
         self.worker_env[CHANNEL_ENV] = str(self._dir / "ch")
-        threading.Thread(target=self._accept, daemon=True, name="fencekit-many").start()
 
     # ------------------------------------------------------------ the workers' checkpoints
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        f = conn.makefile("rwb", buffering=0)
-        with contextlib.suppress(OSError, ValueError):
-            for line in f:
-                msg = json.loads(line)
-                if msg.get("type") == "checkpoint" and not self._checkpoint(msg, f):
-                    f.write(b"go\n")
-        with contextlib.suppress(OSError):
-            conn.close()
+    def _message(self, msg: dict[str, Any], f: Any) -> None:
+        if msg.get("type") == "checkpoint" and not self._checkpoint(msg, f):
+            f.write(b"go\n")
 
     def _checkpoint(self, msg: dict[str, Any], f: Any) -> bool:
         """Pause the worker that reported ``msg`` if the checkpoint is armed; True if paused

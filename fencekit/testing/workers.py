@@ -16,13 +16,11 @@ sleep in the test.
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing
 import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -35,6 +33,7 @@ from typing import Any, Protocol
 
 from fencekit.errors import WorkerError
 from fencekit.testing import _bootstrap
+from fencekit.testing._listen import listen
 from fencekit.testing.channel import CHANNEL_ENV, WORKER_ENV
 
 __all__ = ["Outcome", "Worker", "spawn", "spawn_command"]
@@ -105,10 +104,7 @@ class Worker:
         self._on_exit = on_exit
         #: The fenced database that started it (set by ``FencedDatabase.spawn``), if any.
         self.db: Any = None
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(str(self._dir / "ch"))
-        self._server.listen(8)
-        threading.Thread(target=self._accept, daemon=True, name=f"fk-{name}").start()
+        self._server = listen(str(self._dir / "ch"), 8, f"fk-{name}", self._handle)
 
     # ------------------------------------------------------------ channel
 
@@ -119,23 +115,6 @@ class Worker:
             WORKER_ENV: self.name,
             "PGAPPNAME": f"fencekit-worker:{self.name}",
         }
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        f = conn.makefile("rwb", buffering=0)
-        with contextlib.suppress(OSError, ValueError):
-            for line in f:
-                msg = json.loads(line)
-                self._handle(msg, f)
-        with contextlib.suppress(OSError):
-            conn.close()
 
     def _handle(self, msg: dict[str, Any], f: _Writable) -> None:
         kind = msg.get("type")
