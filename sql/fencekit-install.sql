@@ -1937,25 +1937,15 @@ $fn$;
 -- protect or the cover function, with that role's rights; anyone may call them, and they can
 -- do nothing the caller could not do with the DDL they run.
 
--- Make trigger `name` on `rel` the one `definition` creates (a CREATE TRIGGER whose only format
--- placeholder, %s, is the table) and stamped `stamp`: drop one with another stamp, create one
--- that is missing, leave a current one alone.
+-- Make trigger `name` on `rel` the one `definition` creates (a CREATE OR REPLACE TRIGGER whose
+-- only format placeholder, %s, is the table), stamped `stamp`: replaced whatever is there, since
+-- a trigger of that name and stamp may be another of fencekit's that the table's owner renamed
+-- and stamped (the owner may comment its own triggers, and stamps are no secret).
 CREATE OR REPLACE FUNCTION fencekit.ensure_trigger(rel regclass, name text, stamp text,
                                                    definition text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-  have text;
 BEGIN
-  SELECT pg_catalog.obj_description(t.oid, 'pg_trigger') INTO have
-    FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = name;
-  IF FOUND AND have IS NOT DISTINCT FROM stamp THEN
-    RETURN;
-  END IF;
-  IF FOUND THEN
-    -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
-    EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', name, rel);
-  END IF;
   -- dynamic SQL: the trigger definition and its table come from the caller (a regclass, quoted)
   EXECUTE pg_catalog.format(definition, rel);
   EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', name, rel, stamp);

@@ -161,7 +161,10 @@ def table_drift(
     insp.start_table()
     out += foreign_trigger_drift(conn, insp, oid, t.sql, pt.spec, objs, allowed)
     out += foreign_code_drift(conn, insp, oid, t.sql, pt.spec, allowed)
-    for desc in _descendants(conn, oid):
+    descendants = _descendants(conn, oid)
+    if pt.spec.scope is not Scope.ROW:
+        out += _other_parent_drift(conn, oid, descendants)
+    for desc in descendants:
         out += _descendant_drift(conn, desc, objs, protect, partitioned)
         out += foreign_trigger_drift(
             conn, insp, desc.oid, desc.sql, pt.spec, objs, allowed, clones=False
@@ -260,12 +263,16 @@ def _key_type_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:
     ]
 
 
-def _triggers_of(conn: Conn, oid: int) -> dict[str, tuple[str, str]]:
-    """name -> (tgenabled, function as schema.name) of a relation's user triggers."""
+def _triggers_of(
+    conn: Conn, oid: int
+) -> dict[str, tuple[str, str, tuple[int, bool, str | None, str | None]]]:
+    """name -> (tgenabled, function as schema.name, shape as Trigger.shape) of a relation's
+    user triggers."""
     return {
-        name: (enabled, func)
-        for name, enabled, func in conn.execute(
-            "SELECT t.tgname, t.tgenabled::text, n.nspname || '.' || p.proname "
+        name: (enabled, func, (int(tgtype), bool(when), old, new))
+        for name, enabled, func, tgtype, when, old, new in conn.execute(
+            "SELECT t.tgname, t.tgenabled::text, n.nspname || '.' || p.proname, t.tgtype,"
+            " t.tgqual IS NOT NULL, t.tgoldtable::text, t.tgnewtable::text "
             "FROM pg_catalog.pg_trigger t "
             "JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid "
             "JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
@@ -302,7 +309,18 @@ def _trigger_drift(
                 )
             )
             continue
-        enabled, func = found
+        enabled, func, shape = found
+        if shape != tr.shape:
+            out.append(
+                Drift(
+                    DriftKind.TRIGGER_CHANGED,
+                    obj,
+                    f"trigger {tr.name} is not the trigger fencekit makes under that name (its "
+                    "events, timing, level, WHEN clause or transition tables differ)",
+                    f"DROP TRIGGER {quote_ident(tr.name)} ON {table_sql}; then {REPROTECT}",
+                    command=protect,
+                )
+            )
         if enabled in _ENABLED:
             kind, what, fix = _ENABLED[enabled]
             out.append(
@@ -582,6 +600,33 @@ def _descendant_drift(
     for d in _trigger_drift(conn, desc.oid, desc.sql, label, tuple(usable), protect, there):
         out.append(replace(d, message=f"on {label}: {d.message}"))
     return out
+
+
+def _other_parent_drift(conn: Conn, oid: int, descendants: list[_Descendant]) -> list[Drift]:
+    """Inheritance children of a key- or table-fenced table that also inherit from a table
+    outside its tree (``ALTER TABLE child INHERIT other``): a statement that names the other
+    parent writes the child's rows and fires only that parent's statement triggers, so this
+    table's checks, all statement-level, do not run (a protected other parent judges them by
+    its own fences). A row fence's row triggers fire on the child whatever the statement names."""
+    tree = [oid] + [d.oid for d in descendants]
+    rows = conn.execute(
+        "SELECT i.inhrelid::pg_catalog.regclass::pg_catalog.text,"
+        " i.inhparent::pg_catalog.regclass::pg_catalog.text"
+        " FROM pg_catalog.pg_inherits i"
+        " WHERE i.inhrelid = ANY (%s::pg_catalog.oid[])"
+        " AND NOT i.inhparent = ANY (%s::pg_catalog.oid[]) ORDER BY 1, 2",
+        (tree[1:], tree),
+    ).fetchall()
+    return [
+        Drift(
+            DriftKind.CHILD_OTHER_PARENT,
+            f"child table {child}: parent {parent}",
+            f"child table {child} also inherits from {parent}, outside the protected tree: "
+            f"statements that name {parent} write {child}'s rows without its statement checks",
+            f"ALTER TABLE {child} NO INHERIT {parent}",
+        )
+        for child, parent in rows
+    ]
 
 
 def _ancestor_drift(conn: Conn, oid: int, label: str) -> list[Drift]:

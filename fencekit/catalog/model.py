@@ -70,6 +70,7 @@ class DriftKind(str, Enum):
     PARTITION_TRIGGERS_MISSING = "partition_triggers_missing"
     CHILD_TRIGGERS_MISSING = "child_triggers_missing"
     UNPROTECTED_ANCESTOR = "unprotected_ancestor"
+    CHILD_OTHER_PARENT = "child_other_parent"
     # code fencekit did not generate
     FOREIGN_TRIGGER_FIRST = "foreign_trigger_first"
     FOREIGN_TRIGGER_FENCE_COLUMN = "foreign_trigger_fence_column"

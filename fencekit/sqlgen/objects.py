@@ -69,6 +69,26 @@ class Trigger:
     partitioned_only: bool = False
 
     @property
+    def shape(self) -> tuple[int, bool, str | None, str | None]:
+        """What the trigger is, as pg_trigger stores it: ``tgtype`` (its level, timing and
+        events), whether it has a WHEN clause, and its OLD and NEW transition tables' names.
+        Status compares it, so that one of fencekit's triggers renamed onto another's name is
+        no longer taken for it."""
+        words = self.timing.split(" ", 1)
+        bits = (1 if self.level == "ROW" else 0) | (2 if words[0] == "BEFORE" else 0)
+        for event in words[1].split(" OR "):
+            bits |= {"INSERT": 4, "DELETE": 8, "UPDATE": 16, "TRUNCATE": 32}[event]
+        old = new = None
+        if self.referencing:
+            parts = self.referencing.split()
+            for i, word in enumerate(parts):
+                if word == "AS" and parts[i - 2] == "OLD":
+                    old = parts[i + 1]
+                elif word == "AS" and parts[i - 2] == "NEW":
+                    new = parts[i + 1]
+        return bits, self.when is not None, old, new
+
+    @property
     def on_partitions(self) -> bool:
         """Statement triggers go on every partition and child: PostgreSQL fires a parent's
         statement triggers only for statements that name the parent."""

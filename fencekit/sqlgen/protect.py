@@ -81,9 +81,11 @@ def create_trigger_sql(trigger: Trigger, on: str) -> str:
 
 
 def _format_template(trigger: Trigger) -> str:
-    """CREATE TRIGGER as a format() template whose only placeholder is the table (a name in a
-    WHEN clause may hold a %)."""
-    return create_trigger_sql(trigger, "\x00").replace("%", "%%").replace("\x00", "%s")
+    """CREATE OR REPLACE TRIGGER as a format() template whose only placeholder is the table (a
+    name in a WHEN clause may hold a %)."""
+    sql = create_trigger_sql(trigger, "\x00")
+    sql = sql.replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1)
+    return sql.replace("%", "%%").replace("\x00", "%s")
 
 
 def trigger_stamp(trigger: Trigger) -> str:
@@ -152,7 +154,7 @@ def _guard(spec: FenceSpec) -> str:
 
 def _ensure(tr: Trigger, on: str) -> str:
     """SQL: ``fencekit.ensure_trigger`` for ``tr`` on ``on`` (an expression yielding a
-    regclass): replaced when its stamp differs, created when missing (47_protect.sql)."""
+    regclass): created, or replaced whatever is there (47_protect.sql)."""
     return (
         f"fencekit.ensure_trigger({on}, {lit(tr.name)},\n"
         f"      {lit_lines(trigger_stamp(tr), '      ')},\n"

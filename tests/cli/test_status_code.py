@@ -521,3 +521,32 @@ def test_triggers_running_postgresqls_own_functions_are_not_reported(
     code, doc = _status(cli, dsn)
     assert code == 1
     assert [d["object"] for d in _drift(doc)] == ["public.accounts: trigger aaa_fence"]
+
+
+@pytest.mark.parametrize("scope", ["table"])  # a key fence's child cannot take a second parent
+def test_a_child_that_also_inherits_from_outside_the_tree_is_reported(
+    cli: Cli, dsn: str, scope: str
+) -> None:
+    """A covered inheritance child given a second parent: statements that name that parent
+    write the child's rows and fire only its statement triggers, so the key or table fence's
+    checks (all statement-level) never see them. Status names it, and the statement that
+    undoes it."""
+    _sql(
+        dsn,
+        "CREATE TABLE tp (id bigint NOT NULL, account_id bigint NOT NULL)",
+        "CREATE TABLE tc () INHERITS (tp)",
+        "CREATE TABLE side (id bigint NOT NULL, account_id bigint NOT NULL)",
+    )
+    extra = ["--scope", scope] + (["--key", "account_id"] if scope == "key" else [])
+    assert cli("protect", "tp", *extra, "--dsn", dsn).code == 0
+    assert _status(cli, dsn)[0] == 0
+    _sql(dsn, "ALTER TABLE tc INHERIT side")
+    code, doc = _status(cli, dsn)
+    assert code == 1
+    (d,) = _drift(doc)
+    assert (d["kind"], d["object"]) == (
+        "child_other_parent",
+        "child table public.tc: parent public.side",
+    )
+    _sql(dsn, d["fix"])
+    assert _status(cli, dsn)[0] == 0

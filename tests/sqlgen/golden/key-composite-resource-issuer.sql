@@ -573,28 +573,28 @@ BEGIN
     'fencekit_invoices_883e1d3584_trunc',
     'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
   PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
     'fencekit_invoices_883e1d3584_ins',
     'fencekit trigger template=1 sha256=2a153e037f474560f13c6eca01f6a456c31999665fbb2589bac4e2b82f6b6558; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
   REFERENCING NEW TABLE AS fencekit_new FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins()', false);
   PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
     'fencekit_invoices_883e1d3584_upd',
     'fencekit trigger template=1 sha256=cdec902b1cfabfe6733bbb016e1d345cc4e28b9d338591b81d76e19a01e8b8d4; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
   REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', false);
   PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
     'fencekit_invoices_883e1d3584_del',
     'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', false);
   IF EXISTS (SELECT FROM pg_catalog.pg_class c
@@ -603,7 +603,7 @@ BEGIN
       'fencekit_invoices_883e1d3584_updating',
       'fencekit trigger template=1 sha256=64f310ccb6b7bb4f57e2a37dc7fd059f3b0a197e3d958ea6b98b0073799a36b0; '
       'generated, do not edit',
-      'CREATE TRIGGER fencekit_invoices_883e1d3584_updating BEFORE UPDATE ON %s
+      'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_updating BEFORE UPDATE ON %s
   FOR EACH STATEMENT WHEN (pg_catalog.set_config(
     ''fencekit.cross_invoices_883e1d3584'', ''on'', true) IS NULL)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
@@ -613,7 +613,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
   'fencekit function template=1 '
-  'sha256=a97b897b93c41cfa42221b8aa9ffcb09543121b9e2c8cf83343cd270e91c2d51; generated, do not edit';
+  'sha256=ca6c5021c9cb539af18026ca8fb3ef1dcdeae4d32dfdc3bf26b9e3977662b916; generated, do not edit';
 
 REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_stmt(),
@@ -1020,7 +1020,7 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_cross_out',
       'fencekit trigger template=1 sha256=3558407ee87c7713ef51a5c9fdbdea20248acd2f36e0f19e6a93c18ceb8410ac; '
       'generated, do not edit',
-      'CREATE TRIGGER fencekit_invoices_883e1d3584_cross_out AFTER DELETE ON %s
+      'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_cross_out AFTER DELETE ON %s
   FOR EACH ROW WHEN (pg_catalog.current_setting(''fencekit.cross_invoices_883e1d3584'', true)
   OPERATOR(pg_catalog.=) ''on'')
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_cross_out()')
@@ -1029,7 +1029,7 @@ SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_88
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_cross_in',
       'fencekit trigger template=1 sha256=25a8b68fc11b6a31f8f36fcb31148d1f52c84026cd0f4c0add81284844374cf6; '
       'generated, do not edit',
-      'CREATE TRIGGER fencekit_invoices_883e1d3584_cross_in AFTER INSERT ON %s
+      'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_cross_in AFTER INSERT ON %s
   FOR EACH ROW WHEN (pg_catalog.current_setting(''fencekit.cross_invoices_883e1d3584'', true)
   OPERATOR(pg_catalog.=) ''on'')
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_cross_in()')
@@ -1038,7 +1038,7 @@ SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_88
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_updating',
       'fencekit trigger template=1 sha256=64f310ccb6b7bb4f57e2a37dc7fd059f3b0a197e3d958ea6b98b0073799a36b0; '
       'generated, do not edit',
-      'CREATE TRIGGER fencekit_invoices_883e1d3584_updating BEFORE UPDATE ON %s
+      'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_updating BEFORE UPDATE ON %s
   FOR EACH STATEMENT WHEN (pg_catalog.set_config(
     ''fencekit.cross_invoices_883e1d3584'', ''on'', true) IS NULL)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
@@ -1047,7 +1047,7 @@ SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_88
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
       'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; '
       'generated, do not edit',
-      'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
+      'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
   FROM pg_catalog.pg_class c

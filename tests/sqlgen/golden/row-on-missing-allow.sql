@@ -397,21 +397,21 @@ BEGIN
     'fencekit_invoices_883e1d3584_stmt',
     'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
   PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
     'fencekit_invoices_883e1d3584_trunc',
     'fencekit trigger template=1 sha256=a99640b8b0c0c4e32a7c8e8efda6d696179199a509fca95e6212b27bfc3157f5; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_trunc()', false);
   PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
     'fencekit_invoices_883e1d3584_ins',
     'fencekit trigger template=1 sha256=d200d99ffdd1ac3d5d554b8b6803b3dde4d03d9a80ef4185878a7d6c32f3d4f1; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
   FOR EACH ROW WHEN (((pg_catalog.current_setting(''fencekit.checked_invoices_883e1d3584'', true)
          OPERATOR(pg_catalog.=) ''''
        AND (pg_catalog.current_setting(''fencekit.token'', true) OPERATOR(pg_catalog.=) '''')
@@ -424,14 +424,14 @@ BEGIN
     'fencekit_invoices_883e1d3584_upd',
     'fencekit trigger template=1 sha256=68b2d9793d6797518b476e84c0472e3b7fc354530f71ba4b49ad8b2587715eff; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
   FOR EACH ROW
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', true);
   PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
     'fencekit_invoices_883e1d3584_del',
     'fencekit trigger template=1 sha256=86059e4f4ad8956c119956ecacf782119ca8b4c09da6bcf225a0ec66723438d7; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
   FOR EACH ROW
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', true);
 END
@@ -439,7 +439,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
   'fencekit function template=1 '
-  'sha256=1cfc678f4d172633be2d497da8e7e3fc561b8c72ad4f31a73fc597cc8c469bba; generated, do not edit';
+  'sha256=43fd5017ac1b8ae2a6131708493f380cc0b77aaf7f9ce9cb55022459d081e970; generated, do not edit';
 
 REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_stmt(),
@@ -508,7 +508,7 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
       'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; '
       'generated, do not edit',
-      'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
+      'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
   FROM pg_catalog.pg_class c

@@ -55,14 +55,14 @@ BEGIN
     'fencekit_invoices_883e1d3584_stmt',
     'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
   PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
     'fencekit_invoices_883e1d3584_trunc',
     'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; '
     'generated, do not edit',
-    'CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
   FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
 END
@@ -70,7 +70,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
   'fencekit function template=1 '
-  'sha256=6e721187dade17a361e412d08e238cdf3d5b0a629fc7e2899005f2085691f24f; generated, do not edit';
+  'sha256=41220328a6b200bac4aee3418693eea9be942c71658ca05cbbde86fbb51833a8; generated, do not edit';
 
 REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_stmt(),
@@ -101,7 +101,7 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_trunc ON app.invoices IS
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
       'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; '
       'generated, do not edit',
-      'CREATE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
+      'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_root AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH ROW WHEN (false)
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
   FROM pg_catalog.pg_class c
