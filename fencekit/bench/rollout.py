@@ -89,9 +89,14 @@ def _table(
 
 def _without_attribution(stmt: str) -> str:
     """The same protection with its attribution left out (the block sqlgen's ``attribute()``
-    writes: the inline hit and the ``fencekit.attribute`` call): the baseline of what
+    writes: the inline test and its ``fencekit.attribute`` call): the baseline of what
     attribution costs (an empty ELSE branch is valid PL/pgSQL)."""
-    return re.sub(r"\n *DECLARE\n *seen pg_catalog\.text.*?\n *END;", "", stmt, flags=re.S)
+    return re.sub(
+        r"\n *IF \(pg_catalog\.current_setting\('fencekit\.seen_.*?\n *END IF;",
+        "",
+        stmt,
+        flags=re.S,
+    )
 
 
 def _specs() -> list[tuple[str, FenceSpec]]:

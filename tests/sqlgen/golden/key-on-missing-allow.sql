@@ -36,28 +36,17 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => NULL::pg_catalog.text,
       keys => NULL);
   ELSE
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
+       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
+            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -65,7 +54,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=d3b0edc674906e87d9a2bafaadc74a3a5551851326a6ce029eeaa96878b945b3; generated, do not edit';
+  'sha256=a3527c72eaff7aee6fa46a941ed17aaa464128e2679042494aea0497c8e05c15; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -196,28 +185,17 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ks);
   ELSE
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
+       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
+            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -225,7 +203,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=85aa2b89b4e37b4f1daed8d5bd3f94e1902444ff267f8dbfbef2d0cadf6752c9; generated, do not edit';
+  'sha256=acdf572e8012c72b73c72b993b409de8d7531156f7f9d96924ed18e2bebea45a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -357,28 +335,17 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ks);
   ELSE
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
+       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
+            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -386,7 +353,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=aaaa4caebddbaa67c39e8527d1568777365734d69b21080816b11a1ec2c87b37; generated, do not edit';
+  'sha256=58834050e2c9931a796636481eaff3bbeb21fdf9f872ef39e014400dac6f4472; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -517,28 +484,17 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ks);
   ELSE
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
+       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
+            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -546,7 +502,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=83b3860d551098ac697f2afc21c4fd254bbfa31633f9ce718776979f771984fc; generated, do not edit';
+  'sha256=9a4935af249b29887283f608e53cec9457fb209cba0d8f671d5d905299e5a7da; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
