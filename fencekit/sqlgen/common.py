@@ -177,11 +177,11 @@ def attribute(n: Names, indent: str = "    ", *, otherwise: bool = True) -> str:
     The hit is one expression that writes nothing: a backend that recorded this statement (the
     session's identity and the statement's text, hashed into the name of a session setting,
     ``fencekit.seen_<tag>_<hash>``) in this 10-second period goes on. Anything else (a new
-    statement or period), and one statement in 64 of the rest (by the microsecond of its
-    start: the sample that counts them), goes to ``fencekit.attribute`` (22_attribution.sql),
-    which records or counts it. One expression because PL/pgSQL prepares each expression again
-    in every transaction, each function in it too, and a block, a variable or a count written
-    per statement cost more than the test itself."""
+    statement or period) goes to ``fencekit.attribute`` (22_attribution.sql), which records
+    it. One expression, and no count: PL/pgSQL prepares each expression again in every
+    transaction, each function in it too, so a block, a variable or a count written per
+    statement would cost more than the test itself (a writer's count is coarse; see
+    ``fencekit.attribute``)."""
     if n.spec.on_missing != "allow":
         return ""
     i = indent
@@ -196,10 +196,7 @@ def attribute(n: Names, indent: str = "    ", *, otherwise: bool = True) -> str:
     )
     return (
         f"{head}{i}IF (pg_catalog.current_setting({seen}, true)\n"
-        f"{i}      OPERATOR(pg_catalog.=) {_PERIOD.format(i=i)}) IS NOT TRUE\n"
-        f"{i}   OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())"
-        "::pg_catalog.int4\n"
-        f"{i}        OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN\n"
+        f"{i}      OPERATOR(pg_catalog.=) {_PERIOD.format(i=i)}) IS NOT TRUE THEN\n"
         f"{i}  PERFORM fencekit.attribute({n.lit_tag}, TG_RELID);\n"
         f"{i}END IF;\n"
     )

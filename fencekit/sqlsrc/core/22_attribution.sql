@@ -12,18 +12,18 @@
 -- - at most `attribution_cap` writers per table (fencekit.meta, default 50); statements of
 --   writers beyond it are counted in fencekit.unfenced_overflow;
 -- - no hot row: a backend remembers what it recorded in session settings (fencekit.seen_*)
---   and writes a writer's row at most once per 10 seconds per statement it runs, adding the
---   statements it counted in between; a row another transaction is recording is skipped
---   (pg_try_advisory_xact_lock), never waited for, and its statements counted as unattributed
---   (the table's sequences '<tag>:unattributed' and '<tag>:last_at:unattributed'): any role
---   can take that lock, so a busy record must never lose a write from the report, and a
---   sequence neither waits nor is a row others lock;
+--   and writes a writer's row at most once per 10 seconds per statement it runs; a row
+--   another transaction is recording is skipped (pg_try_advisory_xact_lock), never waited
+--   for, and its statements counted as unattributed (the table's sequences
+--   '<tag>:unattributed' and '<tag>:last_at:unattributed'): any role can take that lock, so a
+--   busy record must never lose a write from the report, and a sequence neither waits nor is
+--   a row others lock;
 -- - writers cannot erase or rewrite another writer's row: only fencekit.record_unfenced_writer
 --   writes these tables, and only the row of the identity it reads from the session itself.
 --
--- The count of a writer is approximate (sampled, see fencekit.attribute; what a backend counted
--- after its last record is added when it next records that statement); the last time a writer
--- was seen is at most 10 seconds behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
+-- The count of a writer is coarse (see fencekit.attribute: a statement repeated with parameters
+-- counts once per period per backend); the last time a writer was seen is at most 10 seconds
+-- behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
 -- exact count of statements allowed without a token, on every scope.
 
 CREATE TABLE IF NOT EXISTS fencekit.unfenced_writers (
@@ -259,19 +259,20 @@ $fn$;
 --
 -- What a backend remembers, in session settings named by the session's identity and a
 -- statement key: fencekit.seen_<tag>_<hash> = the 10-second period (epoch / 10) in which it
--- last recorded the statement, and fencekit.pending_<tag>_<hash> = the statements it counted
--- since. Two keys: the exact text of the top-level statement (clients that send parameters,
--- $1, repeat it; the check tests it inline and calls this only for a new statement or period,
--- or to count), and on a miss a coarse one, the text before its first quote or digit (clients
--- that write literals into the text: no setting is made per distinct text). Statements that
--- share a coarse key are recorded, one per period, in turn; one can wait behind another only
--- while that other keeps writing without a token, so a table never looks ready early.
+-- last recorded the statement. Two keys: the exact text of the top-level statement (clients
+-- that send parameters, $1, repeat it; the check tests it inline, writes nothing on a hit, and
+-- calls this only for a new statement or period), and on a miss a coarse one, the text before
+-- its first quote or digit (clients that write literals into the text), which also keeps a
+-- count, fencekit.pending_<tag>_<hash>: the statements under it since its last record.
+-- Statements that share a coarse key are recorded, one per period, in turn; one can wait
+-- behind another only while that other keeps writing without a token, so a table never looks
+-- ready early. A statement counted under a coarse key makes no setting of its own.
 --
--- The count is sampled: the inline test writes nothing on a hit, and calls this for one hit
--- in 64 (the microsecond of the statement's start), which adds 64; every miss adds 1. So a
--- writer's count is its statements to within a few times 64, and at least one for each period
--- in which a backend ran it; fencekit.rejections' 'unfenced' counter stays exact. A session
--- that sets these settings itself hides only its own statements; 'unfenced' still counts them.
+-- So a writer's count is coarse: statements repeated with parameters count one for each
+-- period in which a backend ran them (the inline test counts nothing, which is what keeps it
+-- cheap), statements with literals each count one; fencekit.rejections' 'unfenced' counter
+-- stays the exact total. A session that sets these settings itself hides only its own
+-- statements; 'unfenced' still counts them.
 --
 -- Written like the generated hot path: no SET clause (a function's `SET search_path` costs
 -- more than the rest of it), every function, operator and type qualified, its one pattern
@@ -298,16 +299,9 @@ BEGIN
      AND fencekit.bypass_allowed(tag, relid, NULL) THEN
     RETURN;
   END IF;
-  v := pg_catalog.current_setting('fencekit.pending_' OPERATOR(pg_catalog.||) key, true);
-  IF v OPERATOR(pg_catalog.~) '^[0-9]{1,10}$' THEN
-    pending := pending OPERATOR(pg_catalog.+) v::pg_catalog.int8;
-  END IF;
   IF pg_catalog.current_setting('fencekit.seen_' OPERATOR(pg_catalog.||) key, true)
        OPERATOR(pg_catalog.=) period THEN
-    -- A hit the inline test sampled: it stands for 64 (it is the 1 counted above, and 63).
-    PERFORM pg_catalog.set_config('fencekit.pending_' OPERATOR(pg_catalog.||) key,
-      LEAST(pending OPERATOR(pg_catalog.+) 63, 1000000000)::pg_catalog.text, false);
-    RETURN;
+    RETURN;  -- recorded in this period
   END IF;
   -- The text before the first quote or digit.
   coarse := tag OPERATOR(pg_catalog.||) '_' OPERATOR(pg_catalog.||)
@@ -317,16 +311,13 @@ BEGIN
     pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(q, '''', 1),
     '0', 1), '1', 1), '2', 1), '3', 1), '4', 1), '5', 1), '6', 1), '7', 1), '8', 1), '9', 1))));
   IF coarse OPERATOR(pg_catalog.<>) key THEN
-    IF v OPERATOR(pg_catalog.<>) '0' THEN  -- the exact key's count moves to the coarse one
-      PERFORM pg_catalog.set_config('fencekit.pending_' OPERATOR(pg_catalog.||) key, '0', false);
-    END IF;
     v := pg_catalog.current_setting('fencekit.pending_' OPERATOR(pg_catalog.||) coarse, true);
     IF v OPERATOR(pg_catalog.~) '^[0-9]{1,10}$' THEN
       pending := pending OPERATOR(pg_catalog.+) v::pg_catalog.int8;
     END IF;
     IF pg_catalog.current_setting('fencekit.seen_' OPERATOR(pg_catalog.||) coarse, true)
          OPERATOR(pg_catalog.=) period THEN
-      -- Recorded in this period under the coarse key: counted there, no setting per text.
+      -- Recorded in this period under the coarse key: counted there.
       PERFORM pg_catalog.set_config('fencekit.pending_' OPERATOR(pg_catalog.||) coarse,
         LEAST(pending, 1000000000)::pg_catalog.text, false);
       RETURN;
@@ -337,7 +328,6 @@ BEGIN
   -- Recorded, or counted as unattributed: either way the count is spent.
   PERFORM fencekit.record_unfenced_writer(tag, relid, pending);
   PERFORM pg_catalog.set_config('fencekit.seen_' OPERATOR(pg_catalog.||) key, period, false);
-  PERFORM pg_catalog.set_config('fencekit.pending_' OPERATOR(pg_catalog.||) key, '0', false);
 END
 $fn$;
 

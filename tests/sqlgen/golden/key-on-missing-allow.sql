@@ -42,9 +42,7 @@ BEGIN
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
           OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
   END IF;
@@ -54,7 +52,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=a3527c72eaff7aee6fa46a941ed17aaa464128e2679042494aea0497c8e05c15; generated, do not edit';
+  'sha256=7d1da21f70a8610963ea1d25e467addd26c3205fc6f1bec76bc1be75bdf6b8df; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -191,9 +189,7 @@ BEGIN
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
           OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
   END IF;
@@ -203,7 +199,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=acdf572e8012c72b73c72b993b409de8d7531156f7f9d96924ed18e2bebea45a; generated, do not edit';
+  'sha256=d651865252d95aca7762c8aabe722ee9627b22cdb2e6854d200b963f1cbd344b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -341,9 +337,7 @@ BEGIN
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
           OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
   END IF;
@@ -353,7 +347,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=58834050e2c9931a796636481eaff3bbeb21fdf9f872ef39e014400dac6f4472; generated, do not edit';
+  'sha256=1106053ea75d65a67d3e23d85711728b53ed8ef69a91a4a85f41cd04ab53e394; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -490,9 +484,7 @@ BEGIN
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
           OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
   END IF;
@@ -502,7 +494,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=9a4935af249b29887283f608e53cec9457fb209cba0d8f671d5d905299e5a7da; generated, do not edit';
+  'sha256=7a319aab82cf6cb02d8f5d777422a3b730f96d7d490e897dee2d70ebaffd3d5b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

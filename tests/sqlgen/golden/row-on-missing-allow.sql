@@ -50,9 +50,7 @@ BEGIN
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
           OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
     RETURN NULL;
@@ -66,9 +64,7 @@ BEGIN
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
           OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
   END IF;
@@ -78,7 +74,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=a2ac1a93c102f9252e2fd1192414c3252565f281dfdc1dd3f15bbda719853abf; generated, do not edit';
+  'sha256=dba73d9eafb43665c36232fcabdfbe1f4caccb351202e9a1df3c091f7ecfb29e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -112,9 +108,7 @@ BEGIN
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
           OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-       OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-            OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
   END IF;
@@ -124,7 +118,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
   'fencekit function template=1 '
-  'sha256=9767e2cd47599cdc05fd71d4c3d4dfe9910d926ed4975014de6b2d3cf3887ffc; generated, do not edit';
+  'sha256=ec0144a71af87b5bc909d8a6b538d04c6b9d978a543586f6de2435aa45ed36df; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure,
   'app.invoices'::pg_catalog.regclass);
@@ -150,9 +144,7 @@ BEGIN
                pg_catalog.current_setting('application_name'),
                pg_catalog.current_query()))), true)
             OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-              OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-         OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-              OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+              OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
         PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
       END IF;
     END IF;
@@ -172,7 +164,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=84aa677741daa0038115a858665b13c28c396f29cf8e509d631f8eabb784338c; generated, do not edit';
+  'sha256=e43290696c4112379f38263f4483fee240c1ce46ec1a3500c524f74f06342aff; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -215,9 +207,7 @@ BEGIN
                pg_catalog.current_setting('application_name'),
                pg_catalog.current_query()))), true)
             OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-              OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-         OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-              OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+              OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
         PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
       END IF;
     END IF;
@@ -246,7 +236,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=09262f6566d11aabee68a6ff9ef66cec2a68f3e160abf105a1508e4cc6e6d543; generated, do not edit';
+  'sha256=3e0affd458f5df902a59993286eddaebf2d7882a26b87f7a086dee28d8b89df0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -282,9 +272,7 @@ BEGIN
                pg_catalog.current_setting('application_name'),
                pg_catalog.current_query()))), true)
             OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-              OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE
-         OR pg_catalog.date_part('microseconds', pg_catalog.statement_timestamp())::pg_catalog.int4
-              OPERATOR(pg_catalog.%) 64 OPERATOR(pg_catalog.=) 0 THEN
+              OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
         PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
       END IF;
     END IF;
@@ -312,7 +300,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=03a1eafeeb60d0596600cb0f6cf6e886303586dea570770cbc761936a9022f4e; generated, do not edit';
+  'sha256=9d5935bded472ddca6f8a02f29104e273e43d433de3924d8421af7412ded8d14; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
