@@ -251,7 +251,7 @@ def _single_row(
                 100,
                 FenceSpec(TableName(SCHEMA, f"single_row{suffix}")),
             ),
-            ">= 0.95x",
+            ">= 0.90x" if synchronous_commit else "-",
         ),
         (
             "key fence (account_id)",

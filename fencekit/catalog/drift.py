@@ -135,18 +135,24 @@ def table_drift(
             )
         ]
     oid = row[0]
-    # The root guard exists only where PostgreSQL allows it (sqlgen.protect.root_guard).
-    guarded = conn.execute(
+    # The root guard exists only where PostgreSQL allows it (sqlgen.protect.root_guard); the
+    # triggers of rows crossing partitions only in a partitioned tree (sqlgen.crossing).
+    kind = conn.execute(
         "SELECT c.relkind = 'r' AND NOT c.relispartition AND NOT EXISTS "
-        "(SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid) "
+        "(SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid), c.relkind = 'p' "
         "FROM pg_catalog.pg_class c WHERE c.oid = %s",
         (oid,),
     ).fetchone()
+    guarded, partitioned = (bool(kind[0]), bool(kind[1])) if kind is not None else (False, False)
     root_triggers = tuple(
-        tr for tr in objs.triggers if not tr.root_only or (guarded is not None and guarded[0])
+        tr
+        for tr in objs.triggers
+        if (not tr.root_only or guarded) and (not tr.partitioned_only or partitioned)
     )
     out += _trigger_drift(conn, oid, t.sql, t.dotted, root_triggers, protect)
-    out += _function_drift(conn, objs.functions, protect)
+    out += _function_drift(
+        conn, tuple(f for f in objs.functions if partitioned or not f.partitioned_only), protect
+    )
     if pt.spec.scope is Scope.ROW:
         out += _column_drift(conn, oid, pt.spec)
     if pt.spec.scope is Scope.KEY:
@@ -156,7 +162,7 @@ def table_drift(
     out += foreign_trigger_drift(conn, insp, oid, t.sql, pt.spec, objs, allowed)
     out += foreign_code_drift(conn, insp, oid, t.sql, pt.spec, allowed)
     for desc in _descendants(conn, oid):
-        out += _descendant_drift(conn, desc, objs, protect)
+        out += _descendant_drift(conn, desc, objs, protect, partitioned)
         out += foreign_trigger_drift(
             conn, insp, desc.oid, desc.sql, pt.spec, objs, allowed, clones=False
         )
@@ -526,7 +532,7 @@ def _descendants(conn: Conn, oid: int) -> list[_Descendant]:
 
 
 def _descendant_drift(
-    conn: Conn, desc: _Descendant, objs: sqlgen.TableObjects, protect: Command
+    conn: Conn, desc: _Descendant, objs: sqlgen.TableObjects, protect: Command, partitioned: bool
 ) -> list[Drift]:
     """fencekit triggers a descendant lacks, has disabled or has rewired.
 
@@ -538,7 +544,9 @@ def _descendant_drift(
     usable = [
         tr
         for tr in objs.triggers
-        if not tr.root_only and not (desc.relkind == "f" and "TRUNCATE" in tr.timing)
+        if not tr.root_only
+        and (partitioned or not tr.partitioned_only)
+        and not (desc.relkind == "f" and "TRUNCATE" in tr.timing)
     ]
     wanted = {tr.name for tr in usable if tr.level == "STATEMENT" or not desc.is_partition}
     present = _triggers_of(conn, desc.oid)

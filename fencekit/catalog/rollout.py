@@ -455,7 +455,13 @@ def uncovered_descendants(conn: Conn, spec: FenceSpec) -> list[str]:
     are neither counted nor attributed. Catalog reads only."""
     from fencekit import sqlgen  # the trigger names protect gives every descendant
 
-    names = [tr.name for tr in sqlgen.table_objects(spec).triggers if tr.on_partitions]
+    # The statement checks, not the counting triggers of rows crossing partitions (status
+    # reports those missing).
+    names = [
+        tr.name
+        for tr in sqlgen.table_objects(spec).triggers
+        if tr.on_partitions and not tr.partitioned_only
+    ]
     rows = conn.execute(
         "WITH RECURSIVE d(relid) AS ("
         " SELECT i.inhrelid FROM pg_catalog.pg_inherits i"

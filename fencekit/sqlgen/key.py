@@ -27,8 +27,11 @@ the full check (_check_types), which also compares the types with the families p
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fencekit.ident import quote_ident
 from fencekit.sqlgen.common import Names, attribute, definer_function, judge_fences, statement_token
+from fencekit.sqlgen.crossing import crossing_triggers
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, comment, lit
 
@@ -165,11 +168,13 @@ def _keys(n: Names, sources: list[str]) -> str:
     )
 
 
-def _token(n: Names) -> str:
+def _token(n: Names, *, counted: bool = True) -> str:
     """PL/pgSQL: ``tok``, the statement's token. The common case (a canonical token below
     10^18, no bypass asked for, the right issuer) is one inline condition on the value read
     once into ``raw``; anything else is judged by ``fencekit.statement_token``, which reads
-    the token itself and says what is wrong (a call, with its settings, per statement saved)."""
+    the token itself and says what is wrong (a call, with its settings, per statement saved).
+    ``counted``: a write let through without a token is counted here (not by a row check of
+    crossing rows: the statement's own trigger counts it)."""
     issuer = ""
     if n.spec.issuer is not None:
         issuer = (
@@ -184,7 +189,7 @@ def _token(n: Names) -> str:
         f"OPERATOR(pg_catalog.=) ''{issuer} THEN\n"
         "    tok := raw::pg_catalog.int8;\n"
         "  ELSE\n"
-        f"    tok := {statement_token(n)};\n"
+        f"    tok := {statement_token(n, counted=None if counted else 'false')};\n"
         "  END IF;\n"
     )
 
@@ -355,13 +360,19 @@ def _one_key(n: Names) -> str:
     )
 
 
-def _body(n: Names, sources: list[str]) -> str:
+def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
+    """The key function over ``sources`` (the statement's transition tables). ``row``: the row
+    check of a row that crossed partitions (crossing.py), whose one source is the row: it
+    neither counts nor attributes a write without a token, which the statement's own key
+    trigger does."""
     spec = n.spec
     key_cols = ", ".join(quote_ident(c) for c in spec.key)
     label = spec.key[0] if len(spec.key) == 1 else f"({', '.join(spec.key)})"
     held = "" if spec.lease_bound else "  held pg_catalog.bool;\n"
+    what = "-- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).\n"
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
+        + (what if row else "")
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
         "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n  ok pg_catalog.bool;\n"
         "  typed pg_catalog.bool;\n  printed pg_catalog.bool := false;\n"
@@ -369,14 +380,25 @@ def _body(n: Names, sources: list[str]) -> str:
         "  pins pg_catalog.text[];\n"
         + held
         + "BEGIN\n"
-        + _token(n)
+        + _token(n, counted=not row)
         + "  IF tok IS NOT NULL THEN\n"
         + _keys_and_lookup(n, sources)
         + _one_key(n)
         + judge_fences(n, "ks", label)
-        + attribute(n)
+        + ("" if row else attribute(n))
         + "  END IF;\n  RETURN NULL;\nEND\n"
     )
+
+
+def _row_function(n: Names, suffix: str, record: str) -> Function:
+    """The key function of one row, ``record`` (OLD or NEW of a row trigger): judges the row's
+    key as the statement function judges a statement's. Its key columns are named only after
+    the check, as fields of the record (PL/pgSQL reads ``OLD.k`` as a field or fails: never
+    as a function of the row)."""
+    cols = ", ".join(f"{record}.{quote_ident(c)} AS {quote_ident(c)}" for c in n.spec.key)
+    body = _body(n, [f"(SELECT {cols})"], row=True)
+    function = definer_function(n.function, suffix, body, _PLAN_SETTINGS)
+    return replace(function, partitioned_only=True)
 
 
 #: The key functions' plans are cached from their first statements, when fencekit.fences may
@@ -385,14 +407,19 @@ def _body(n: Names, sources: list[str]) -> str:
 _PLAN_SETTINGS: tuple[tuple[str, str], ...] = (("enable_seqscan", "off"),)
 
 
-def key_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
+def key_objects(n: Names, never: Function) -> tuple[list[Function], list[Trigger]]:
+    """The key functions and triggers; ``never``: a function for triggers that never run it
+    (crossing.py's)."""
+
     def fn(suffix: str, sources: list[str]) -> Function:
         return definer_function(n.function, suffix, _body(n, sources), _PLAN_SETTINGS)
 
     ins = fn("ins", ["fencekit_new"])
     upd = fn("upd", ["fencekit_new", "fencekit_old"])
     dele = fn("del", ["fencekit_old"])
-    return [ins, upd, dele], [
+    cross_out = _row_function(n, "cross_out", "OLD")
+    cross_in = _row_function(n, "cross_in", "NEW")
+    return [ins, upd, dele, cross_out, cross_in], [
         Trigger(
             n.trigger("ins"),
             "AFTER INSERT",
@@ -414,4 +441,5 @@ def key_objects(n: Names) -> tuple[list[Function], list[Trigger]]:
             dele,
             referencing="OLD TABLE AS fencekit_old",
         ),
+        *crossing_triggers(n, cross_out, cross_in, never),
     ]

@@ -41,6 +41,8 @@ class Function:
     #: "the rule").
     table_owner: bool = False
     returns: str = "trigger"
+    #: Made only for a partitioned table, as the triggers that call it (Trigger.partitioned_only).
+    partitioned_only: bool = False
 
     @property
     def sql_name(self) -> str:
@@ -62,6 +64,9 @@ class Trigger:
     #: Only on the protected table itself, and only where PostgreSQL allows it (see
     #: protect.root_guard): never on a descendant.
     root_only: bool = False
+    #: Only in a partitioned tree: on the protected table when it is partitioned, and from
+    #: there on every descendant like any other (rows cross partitions nowhere else).
+    partitioned_only: bool = False
 
     @property
     def on_partitions(self) -> bool:

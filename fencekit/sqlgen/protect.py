@@ -37,7 +37,7 @@ def table_objects(spec: FenceSpec) -> TableObjects:
     if spec.scope is Scope.ROW:
         more = row_objects(n)
     elif spec.scope is Scope.KEY:
-        more = key_objects(n)
+        more = key_objects(n, functions[0])
     else:
         more = ([], [])
     triggers += [*more[1], root_guard(n, functions[0])]
@@ -116,6 +116,22 @@ def _grants_sql(functions: tuple[Function, ...]) -> list[str]:
     ]
 
 
+def _partitioned_functions_sql(functions: tuple[Function, ...], table: str) -> str:
+    """A DO block that makes ``functions`` (and their grants) only when ``table`` is
+    partitioned: like the triggers that call them (Trigger.partitioned_only), they have no
+    use anywhere else."""
+    statements = [s for f in functions for s in _create_function_sql(f)]
+    statements += _grants_sql(functions)
+    body = "".join(f"    EXECUTE {dollar(s, 'sql')};\n" for s in statements)
+    return do(
+        "\nBEGIN\n"
+        "  IF EXISTS (SELECT FROM pg_catalog.pg_class c\n"
+        f"              WHERE c.oid = {lit(table)}::pg_catalog.regclass AND c.relkind = 'p') THEN\n"
+        + body
+        + "  END IF;\nEND\n"
+    )
+
+
 def _guard(spec: FenceSpec) -> str:
     """Refuse fencekit's own tables, and a structural change over an existing protection
     (``fencekit.protect_guard``, 47_protect.sql).
@@ -166,15 +182,43 @@ _DESCENDANTS = (
 
 def cover_function(objs: TableObjects, n: Names) -> Function:
     """``fencekit.<tag>_cover()``: put the table's triggers on every partition and inheritance
-    child that lacks them (``fencekit.cover_descendants``, 47_protect.sql, copies the root's).
+    child that lacks them, and drop the ``fencekit_<tag>_*`` triggers its template does not
+    make (``fencekit.cover_descendants`` and ``fencekit.cover_trigger``, 47_protect.sql).
     Protect calls it; so does the optional auto-cover event trigger when a child is created or
     attached later (PostgreSQL fires a parent's statement triggers only for statements naming
-    the parent, and clones row triggers to partitions but not to inheritance children)."""
+    the parent, and clones row triggers to partitions but not to inheritance children). Each
+    trigger's definition is written here by the generator, as the protect script writes the
+    root's: nothing is read back from the catalogs and made into SQL."""
     root = f"{lit(objs.spec.table.sql)}::pg_catalog.regclass"
+    keep = ",\n          ".join(lit(tr.name) for tr in objs.triggers)
+    calls = {False: "", True: ""}
+    for tr in objs.triggers:
+        # The root guard stays on the root; the row checks of rows crossing partitions reach
+        # partitions as PostgreSQL's clones (a partitioned tree has no inheritance child).
+        if tr.root_only or (tr.partitioned_only and tr.level == "ROW"):
+            continue
+        if tr.level == "ROW" and tr.referencing:
+            continue
+        on_rows = "true" if tr.level == "ROW" else "false"
+        pad = "    " if tr.partitioned_only else "  "
+        calls[tr.partitioned_only] += (
+            f"{pad}PERFORM fencekit.cover_trigger({root},\n"
+            f"{pad}  {lit(tr.name)},\n"
+            f"{pad}  {lit_lines(trigger_stamp(tr), pad + '  ')},\n"
+            f"{pad}  {lit(_format_template(tr))}, {on_rows});\n"
+        )
+    partitioned = ""
+    if calls[True]:
+        partitioned = (
+            "  IF EXISTS (SELECT FROM pg_catalog.pg_class c\n"
+            f"              WHERE c.oid = {root} AND c.relkind = 'p') THEN\n"
+            + calls[True]
+            + "  END IF;\n"
+        )
     body = (
         "\n" + n.title("partition and child coverage") + "BEGIN\n"
-        f"  PERFORM fencekit.cover_descendants({root}, {lit(f'fencekit_{n.tag}_')});\n"
-        "END\n"
+        f"  PERFORM fencekit.cover_descendants({root}, {lit(f'fencekit_{n.tag}_')},\n"
+        f"    ARRAY[{keep}]);\n" + calls[False] + partitioned + "END\n"
     )
     # Not on the hot path (protect and the auto-cover event trigger call it): it pins its
     # search_path rather than qualify every operator.
@@ -191,7 +235,7 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
     cover = next(f for f in objs.functions if f.returns == "void")
     out = []
     for tr in objs.triggers:
-        if tr.root_only:
+        if tr.root_only or tr.partitioned_only:
             continue
         out.append(
             create_trigger_sql(tr, t.sql).replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1)
@@ -208,6 +252,11 @@ def _triggers_sql(objs: TableObjects, n: Names) -> list[str]:
                 f"  FROM pg_catalog.pg_class c\n"
                 f" WHERE c.oid = {root} AND c.relkind = 'r' AND NOT c.relispartition\n"
                 "   AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid)"
+            )
+        elif tr.partitioned_only:
+            out.append(
+                f"SELECT {_ensure(tr, 'c.oid::pg_catalog.regclass')}\n"
+                f"  FROM pg_catalog.pg_class c WHERE c.oid = {root} AND c.relkind = 'p'"
             )
     out.append(f"SELECT {cover.sql_name}()")
     # What an older template made and this one does not: dropped, so none keeps firing.
@@ -243,7 +292,8 @@ def protect_statements(spec: FenceSpec) -> list[str]:
         issuer = lit(spec.issuer) if spec.issuer else "NULL"
         out.append(f"SELECT fencekit.bind_resource({n.resource}, {issuer})")
     out.append(create_counters_quietly(n.tag))
-    for f in objs.functions:
+    everywhere = tuple(f for f in objs.functions if not f.partitioned_only)
+    for f in everywhere:
         out += _create_function_sql(f)
         if f.table_owner:
             # Reads the table: runs as its owner, whose code that read runs (objects.Function).
@@ -252,7 +302,10 @@ def protect_statements(spec: FenceSpec) -> list[str]:
                 f"{lit(f.sql_name + '()')}::pg_catalog.regprocedure,\n"
                 f"  {lit(t.sql)}::pg_catalog.regclass)"
             )
-    out += _grants_sql(objs.functions)
+    out += _grants_sql(everywhere)
+    partitioned = tuple(f for f in objs.functions if f.partitioned_only)
+    if partitioned:
+        out.append(_partitioned_functions_sql(partitioned, t.sql))
     out += _triggers_sql(objs, n)
     resource = n.resource if spec.scope is not Scope.ROW else "NULL"
     families = "NULL"

@@ -5,7 +5,7 @@ its log file, connects the checkpoint channel, calls the user's function (runnin
 ``asyncio.run`` when it is a coroutine function) and reports how it ended. ``python -m
 fencekit.testing._bootstrap module:function [JSON args]`` does the same from a command line (the
 many-workers run starts its copies that way, under the chaos nemesis), calling the function
-again and again until ``FENCEKIT_TESTING_UNTIL`` (epoch seconds) when that is set.
+again and again until ``FENCEKIT_TESTING_UNTIL`` (epoch seconds) when that is set, at least once.
 
 Before the user's code is imported, the worker runs its framework's setup: a Django project's
 worker (``DJANGO_SETTINGS_MODULE`` in its environment) gets ``fencekit.django.testing:
@@ -157,12 +157,15 @@ def main(argv: list[str]) -> int:
     until = os.environ.get(UNTIL_ENV)
     if not until:
         return _run(fn, args, kwargs)
-    # Many copies under the nemesis: one job after another until the run's end. A job that
+    # Many copies under the nemesis: one job after another until the run's end, and at least
+    # one: a replacement started late still takes a paused worker's lease over. A job that
     # fails (a rejection, a lost lease) is what the run is about: note it and go on.
     deadline = float(until)
     _cp._connect()
     code = 0
-    while time.time() < deadline:
+    first = True
+    while first or time.time() < deadline:
+        first = False
         try:
             _call(fn, args, kwargs)
         except (TypeError, AttributeError, NameError, ImportError):

@@ -1,36 +1,47 @@
 """Many workers, faults, a verdict: the chaos run for the user's own worker and tables.
 
 :func:`run_many` starts ``copies`` processes that each run the user's worker function again and
-again for ``seconds``, while the nemesis of ``fencekit chaos`` (:class:`fencekit.chaos.nemesis.
-Nemesis`) pauses them past their leases (SIGSTOP for 1.5 to 3 lease ttls, and until another
-worker has taken the lease over) and kills them (a replacement starts under a new name). The
-database's write history (what each table accepted, under which token:
-:mod:`fencekit.testing.history`) and the grants of fencekit's issuer then go to the chaos
-checker, which gives the same verdict ``fencekit chaos`` gives for fencekit's own register:
-lease safety, and per resource (a table's key) committed tokens that never go down, no write
-accepted without a token. On a violation the run fails with the checker's report and writes the
-HTML timeline (:mod:`fencekit.chaos.report`).
+again for ``seconds``, under the nemesis of ``fencekit chaos`` (:class:`fencekit.chaos.nemesis.
+Nemesis`). It pauses a worker exactly at its checkpoint (``at``: ``computing``, after the lease
+and the read, before the write), with SIGSTOP, until another worker has taken the lease over and
+committed a write under the newer token; the paused worker then sends its write with its old
+token: every pause makes a stale write, and a run with at least one pause has one. The nemesis
+also kills workers (a replacement starts under a new name). The database's write history (what
+each table accepted, under which token: :mod:`fencekit.testing.history`) and the grants of
+fencekit's issuer then go to the chaos checker, which gives the same verdict ``fencekit chaos``
+gives for fencekit's own register: lease safety, and per resource (a table's key) committed
+tokens that never go down, no write accepted without a token. On a violation the run fails with
+the checker's report and writes the HTML timeline (:mod:`fencekit.chaos.report`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import shutil
+import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 from fencekit.chaos.checker import Report, check, format_report
 from fencekit.chaos.history import Event, HistoryWriter, read_events
 from fencekit.chaos.nemesis import Nemesis
-from fencekit.errors import FencingAssertionError
+from fencekit.errors import FencingAssertionError, WorkerError
 from fencekit.testing._bootstrap import UNTIL_ENV
 from fencekit.testing.assertions import current_database, describe
+from fencekit.testing.channel import CHANNEL_ENV
+from fencekit.testing.workers import sigstop
 
 if TYPE_CHECKING:
     from fencekit.testing.database import FencedDatabase
@@ -59,89 +70,194 @@ class ManyResult:
         return f"{format_report(self.report)}\n  rejected by fencekit (counted): {counted}"
 
 
-# The token of every lease now, held or not (a released lease keeps its last token).
-_LEASE_TOKENS = "SELECT l.resource, l.holder, l.token FROM fencekit.leases AS l"
+# The leases held now (expired ones too, until taken over), and whose connection was granted each.
+_LEASES = """
+SELECT l.resource, l.holder, l.token, g.app FROM fencekit.leases AS l
+LEFT JOIN fencekit_testing.grants AS g
+  ON g.resource = l.resource AND g.token = l.token AND g.event = 'acquire'
+WHERE l.holder IS NOT NULL
+"""
 
-# How long a pause may be held past its own length while nobody takes the lease over, in ttls.
+# Whether a newer holder of one of these leases has committed a write: the kit's write history
+# holds a write carrying a token granted later for the same resource.
+_OVERTAKEN = """
+SELECT EXISTS (
+  SELECT FROM unnest(%s::text[], %s::bigint[]) AS h(resource, token)
+  JOIN fencekit_testing.grants AS g
+    ON g.resource = h.resource AND g.event = 'acquire' AND g.token > h.token
+  JOIN fencekit_testing.writes AS w ON w.token = g.token::text)
+"""
+
+# The longest pause, in ttls: the others had that long to take the lease over and write.
 _HOLD_TTLS = 10.0
 
-# Whether a committed write already carries one of these tokens (the kit's write history).
-_WRITTEN = "SELECT EXISTS (SELECT FROM fencekit_testing.writes AS w WHERE w.token = ANY (%s))"
+# A pause of a worker that holds no lease at its checkpoint (nothing to wait for), in ttls.
+_PLAIN_TTLS = 2.0
+
+
+def _pid_of(holder: str) -> str | None:
+    """The process id in fencekit's default holder name, ``host:pid:random``."""
+    return holder.split("#", 1)[0].split(":")[-2] if holder.count(":") >= 2 else None
 
 
 class _Nemesis(Nemesis):
-    """The chaos nemesis, told which of the user's workers holds a lease now: fencekit's
-    default holder names are ``host:pid:random``, so a holder is matched by its process id.
-    It pauses only holders (a pause then lands between a read and its write, the pause that
-    matters), not a worker still starting or waiting for a lease. A pause lasts until another
-    worker has taken the lease over (its token moved on), not only its 1.5 to 3 ttls: on a busy
-    machine the others can need longer than that to get there, and a pause that ends before
-    the takeover tests nothing. It is held at most ``_HOLD_TTLS`` ttls more. A pause that lands
-    after the holder's write under its token has committed ends at once: it tests nothing
-    either, and the next pause comes sooner.
+    """The chaos nemesis, pausing the user's workers at their checkpoint ``at``.
+
+    Its pause action arms the checkpoint; the first worker to report it then is stopped there
+    (SIGSTOP: its lease renewal stops too) and let past it (it reads the go-ahead once it runs
+    again). It is resumed (SIGCONT) once another worker has taken its lease over and committed
+    a write under the newer token, at most ``_HOLD_TTLS`` ttls after the pause: its write, next,
+    carries a token older than one already written, every time. One worker is paused at a
+    time (the others are there to take its lease over), a kill never takes the paused worker
+    (that would lose its stale write), and at the run's end a paused worker still waits for
+    its takeover while another worker is running.
     """
 
     kills = True
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, at: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._held: dict[str, tuple[dict[str, int], float]] = {}
+        self.at = at
+        self.reached = False  # a worker reported the checkpoint at all
+        self._lock = threading.RLock()  # the channel's threads pause workers, the run resumes
+        self._armed = False
+        self._running = True
+        self._held: dict[str, dict[str, int]] = {}  # paused worker -> its leases (resource: token)
+        self._dir = Path(tempfile.mkdtemp(prefix="fk-many-"))  # short: a unix socket's path
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(self._dir / "ch"))
+        self._server.listen(16)
+        self.worker_env[CHANNEL_ENV] = str(self._dir / "ch")
+        threading.Thread(target=self._accept, daemon=True, name="fencekit-many").start()
 
-    def _pid_of(self, holder: str) -> str | None:
-        return holder.split("#", 1)[0].split(":")[-2] if holder.count(":") >= 2 else None
+    # ------------------------------------------------------------ the workers' checkpoints
 
-    def _holders(self) -> set[str]:
-        pids = {self._pid_of(h) for h in super()._holders()}
-        return {name for name, proc in self.procs.items() if str(proc.pid) in pids}
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
-    def _tokens(self) -> list[tuple[str, str | None, int]]:
+    def _serve(self, conn: socket.socket) -> None:
+        f = conn.makefile("rwb", buffering=0)
+        with contextlib.suppress(OSError, ValueError):
+            for line in f:
+                msg = json.loads(line)
+                if msg.get("type") == "checkpoint" and not self._checkpoint(msg, f):
+                    f.write(b"go\n")
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def _checkpoint(self, msg: dict[str, Any], f: Any) -> bool:
+        """Pause the worker that reported ``msg`` if the checkpoint is armed; True if paused
+        (its go-ahead is sent)."""
+        if msg.get("name") != self.at:
+            return False
+        with self._lock:
+            self.reached = True
+            name = next((n for n, p in self.procs.items() if p.pid == msg.get("pid")), None)
+            proc = None if name is None else self.procs[name]
+            if not self._armed or name is None or proc is None or proc.poll() is not None:
+                return False
+            self._armed = False
+            try:
+                sigstop(proc.pid)
+            except ProcessLookupError:
+                return False
+            leases = self._leases(name, str(proc.pid))
+            seconds = self.ttl * (_HOLD_TTLS if leases else _PLAIN_TTLS)
+            self.paused[name] = time.monotonic() + seconds
+            self._held[name] = leases
+            self.history.append("pause", worker=name, seconds=round(seconds, 3), at=self.at)
+            f.write(b"go\n")  # buffered: the worker reads it when it runs again
+            return True
+
+    # ------------------------------------------------------------ the database
+
+    def _query(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         try:
             if self._conn is None or self._conn.closed or self._conn.broken:
-                return []
-            return [(str(r), h, int(t)) for r, h, t in self._conn.execute(_LEASE_TOKENS)]
-        except Exception:  # the nemesis's own connection: a failure only ends a hold early
+                self._conn = psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=2)
+            return self._conn.execute(query, params).fetchall()
+        except psycopg.Error:  # the nemesis's own connection: a pause then lasts its longest
+            self._conn = None
             return []
 
-    def _written(self, tokens: list[int]) -> bool:
-        try:
-            if not tokens or self._conn is None or self._conn.closed or self._conn.broken:
-                return False
-            row = self._conn.execute(_WRITTEN, ([str(t) for t in tokens],)).fetchone()
-            return bool(row and row[0])
-        except Exception:  # the nemesis's own connection: a failure keeps the pause
-            return False
+    def _leases(self, name: str, pid: str) -> dict[str, int]:
+        """The leases the worker holds: granted to its connections (their application_name
+        names it, as the history records), or held under its process id (fencekit's default
+        holder names)."""
+        app = f"fencekit-worker:{name}"
+        return {
+            str(r): int(t)
+            for r, h, t, a in self._query(_LEASES)
+            if a == app or _pid_of(str(h)) == pid
+        }
+
+    def _overtaken(self, leases: dict[str, int]) -> bool:
+        rows = self._query(_OVERTAKEN, (list(leases), list(leases.values())))
+        return bool(rows and rows[0][0])
+
+    # ------------------------------------------------------------ the nemesis's actions
+
+    def spawn(self, slot: str) -> None:
+        with self._lock:
+            super().spawn(slot)
 
     def pause(self) -> None:
-        if not self._holders() - set(self.paused):
-            return
-        before = set(self.paused)
-        super().pause()
-        for name in set(self.paused) - before:
-            pid = str(self.procs[name].pid)
-            held = {r: t for r, h, t in self._tokens() if h and self._pid_of(str(h)) == pid}
-            if self._written(list(held.values())):
-                # The holder's write under this token is committed: a pause now can no longer
-                # make it stale. End it at once, so the next pause comes sooner.
-                self.paused[name] = time.monotonic()
-                continue
-            self._held[name] = (held, self.paused[name] + _HOLD_TTLS * self.ttl)
+        with self._lock:
+            if self._running and not self.paused:
+                self._armed = True
 
     def resume_due(self, *, all_: bool = False) -> None:
-        if not all_:
+        if all_ and self._running:
+            self._drain()
+        with self._lock:
             now = time.monotonic()
-            tokens = {r: t for r, _h, t in self._tokens()}
-            for name, at in list(self.paused.items()):
-                held, until = self._held.get(name, ({}, 0.0))
-                waiting = any(tokens.get(r, t) <= t for r, t in held.items())
-                if at <= now < until and waiting:
-                    self.paused[name] = now + 0.1  # not taken over yet: look again soon
-        super().resume_due(all_=all_)
-        for name in [n for n in self._held if n not in self.paused]:
-            del self._held[name]
+            for name in list(self.paused):
+                leases = self._held.get(name)
+                if leases and self._overtaken(leases):
+                    self.paused[name] = now
+            super().resume_due(all_=all_)
+            for name in [n for n in self._held if n not in self.paused]:
+                del self._held[name]
+
+    def _drain(self) -> None:
+        """The run's end: the workers start no new job, but one waiting for the paused
+        worker's lease still takes it over and writes. Resume the paused worker after that,
+        as during the run, not at once: else the last pause would test nothing."""
+        with self._lock:
+            self._armed = self._running = False
+        while True:
+            with self._lock:  # not while sleeping: the taking-over worker reports its checkpoint
+                if not self.paused or all(n in self.paused for n in self._alive()):
+                    return
+                self.resume_due()
+            time.sleep(0.05)
 
     def kill(self) -> None:
-        if self.kills:
-            super().kill()
+        if not self.kills:
+            return
+        with self._lock:
+            alive = [n for n in self._alive() if n not in self.paused]
+            if not alive:
+                return
+            name = self.rng.choice(alive)
+            proc = self.procs[name]
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            self.history.append("kill", worker=name)
+            self.spawn(name.split(".", 1)[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._armed = self._running = False
+            super().close()
+        self._server.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _target(fn: Callable[..., Any] | str) -> str:
@@ -160,6 +276,7 @@ def run_many(
     seconds: float = 20.0,
     ttl: float = 1.5,
     kills: bool = True,
+    at: str = "computing",
     tables: tuple[str, ...] = (),
     seed: int | None = None,
     db: FencedDatabase | None = None,
@@ -170,8 +287,10 @@ def run_many(
     the nemesis, then check the history; raise :class:`FencingAssertionError` on a violation.
 
     ``fn``: a module-level function (or ``"module:function"``); arguments must be JSON-able
-    (a DSN, ids). ``ttl``: the worker's lease ttl (the nemesis pauses for 1.5 to 3 of them).
-    ``kills=False``: pauses only. ``tables``: tables to judge although they have no fence
+    (a DSN, ids). ``ttl``: the worker's lease ttl (a pause lasts at most 10 of them).
+    ``kills=False``: pauses only. ``at``: the checkpoint the nemesis pauses workers at (after the
+    lease, before the write); a run whose workers never reach it raises :class:`WorkerError`,
+    since it would test nothing. ``tables``: tables to judge although they have no fence
     (fenced tables are always judged). Files (worker output, history, the HTML timeline on failure)
     go to ``workdir`` (default: a new temporary directory).
     """
@@ -194,7 +313,7 @@ def run_many(
 
     path = os.pathsep.join(p for p in sys.path if p)
     nemesis = _Nemesis(
-        rng=rng, ttl=ttl, command=command, workdir=work, history=history, admin_dsn=d.dsn,
+        at=at, rng=rng, ttl=ttl, command=command, workdir=work, history=history, admin_dsn=d.dsn,
         progress=lambda _msg: None,
         worker_env={
             UNTIL_ENV: str(time.time() + seconds), "PYTHONPATH": path,
@@ -215,17 +334,27 @@ def run_many(
     result = ManyResult(report, events, rejections, work, None, time.monotonic() - started)
     if report.violations:
         result.html = _timeline(events, report, work, target)
-        logs = "\n".join(
-            f"--- {p.stem}\n" + p.read_text(errors="replace")[-1500:]
-            for p in sorted(work.glob("*.log"))[:6]
-        )
         raise FencingAssertionError(
             f"{len(report.violations)} violation(s) in {copies} copies of {target} over "
             f"{seconds:g}s under pauses{' and kills' if kills else ''}:\n{format_report(report)}"
             f"\ntimeline: {result.html or '(plotly missing: pip install pg-fencekit[chaos])'}"
-            f"\n{describe(d, lines=5)}\n{logs}"
+            f"\n{describe(d, lines=5)}\n{_logs(work)}"
+        )
+    if not nemesis.reached:
+        raise WorkerError(
+            f"no worker of {copies} copies of {target} reached checkpoint {at!r} in {seconds:g}s, "
+            f"so none was paused and the run tested nothing: call fencekit.testing.checkpoint"
+            f"({at!r}) in the worker after it took its lease, before its write\n"
+            f"{describe(d, lines=5)}\n{_logs(work)}"
         )
     return result
+
+
+def _logs(work: Path) -> str:
+    return "\n".join(
+        f"--- {p.stem}\n" + p.read_text(errors="replace")[-1500:]
+        for p in sorted(work.glob("*.log"))[:6]
+    )
 
 
 def _timeline(events: list[Event], report: Report, work: Path, target: str) -> Path | None:

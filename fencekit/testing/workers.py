@@ -225,18 +225,8 @@ class Worker:
     def stop(self) -> None:
         """SIGSTOP: every thread of the worker stops, its lease renewal included. Returns once
         the kernel shows the process stopped (a signal is delivered asynchronously)."""
-        os.kill(self.pid, signal.SIGSTOP)
+        sigstop(self.pid)
         self._stopped = True
-        stat = Path(f"/proc/{self.pid}/stat")
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            try:
-                state = stat.read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                return  # no /proc (not Linux) or the process is gone
-            if state in ("T", "t", "Z", "X"):
-                return
-            time.sleep(0.001)
 
     def cont(self) -> None:
         """SIGCONT."""
@@ -356,6 +346,22 @@ class Worker:
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} pid={getattr(self._proc, 'pid', None)} {self.describe_end()}>"
+
+
+def sigstop(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once the kernel shows it stopped (a signal is delivered
+    asynchronously: a go-ahead sent before that could still be read and acted on)."""
+    os.kill(pid, signal.SIGSTOP)
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return  # no /proc (not Linux) or the process is gone
+        if state in ("T", "t", "Z", "X"):
+            return
+        time.sleep(0.001)
 
 
 def spawn(

@@ -256,7 +256,8 @@ def test_key_fence_drift_uses_the_generators_object_names(cli: Cli, dsn: str) ->
     assert st.tables[0].spec == spec
     assert not st.has_drift
     for fn in sqlgen.table_objects(spec).functions:
-        _sql(dsn, f"DROP FUNCTION {fn.sql_name}() CASCADE")
+        if not fn.partitioned_only:  # t is not partitioned: it has none of those
+            _sql(dsn, f"DROP FUNCTION {fn.sql_name}() CASCADE")
     with psycopg.connect(dsn) as conn:
         kinds = {d.kind for d in catalog.status(conn).tables[0].drift}
     assert kinds == {"function_missing", "trigger_missing"}

@@ -162,7 +162,10 @@ def test_an_upgrade_to_a_synthetic_version_2_reports_drift_and_brings_everything
             "ORDER BY 1",
             [spec.table.sql],
         )
-        assert [t for (t,) in triggers] == sorted(tr.name for tr in objs.triggers)
+        # The tables are not partitioned: none of the triggers of rows crossing partitions.
+        assert [t for (t,) in triggers] == sorted(
+            tr.name for tr in objs.triggers if not tr.partitioned_only
+        )
         bodies = rows(
             db,
             "SELECT prosrc FROM pg_proc WHERE pronamespace = 'fencekit'::regnamespace "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from fencekit import catalog
 from tests.core.helpers import (
     BYPASS_REFUSED,
     MISSING,
@@ -146,6 +147,256 @@ def test_token_switched_in_merge_returning(
         assert write(db, 12, stmt) == 1
         assert rows(db, "SELECT v FROM m WHERE id = 1") == [("switched",)]
         assert _fence_of(db, scope, 1, 1) == 12
+
+
+# ------------------------------------------------------------ MERGE moving rows across partitions
+
+# MERGE ... WHEN MATCHED THEN UPDATE that moves row 1 from partition 'eu' to 'us': PostgreSQL
+# puts a MERGE's moved rows in no UPDATE transition table, only in the DELETE and INSERT ones,
+# whose statement triggers fire only for a MERGE with such actions. Each shape: the moving
+# UPDATE alone, and with the other actions (matching no row).
+_INSERT = " WHEN NOT MATCHED THEN INSERT VALUES (s.id, 'eu', 7, 'new')"
+_DELETE = " WHEN MATCHED AND s.id = 99 THEN DELETE"
+_MOVES = {
+    "update": "{u}",
+    "update and insert": "{u}" + _INSERT,
+    "update and delete": _DELETE + "{u}",
+    "all three": _DELETE + "{u}" + _INSERT,
+}
+
+
+def _moving_merge(shape: str) -> str:
+    update = " WHEN MATCHED THEN UPDATE SET region = 'us', v = 'moved'"
+    actions = _MOVES[shape].format(u=update)
+    return f"MERGE INTO pm USING (VALUES (1)) AS s(id) ON pm.id = s.id{actions}"
+
+
+def _partitioned(db: Conn, scope: str, key: tuple[str, ...]) -> None:
+    """Table ``pm`` partitioned by region: 'eu' a leaf, 'us' partitioned again by k. Row 1
+    (eu, k 1) and row 2 (us, k 2) written at 10; key fences on ``key``."""
+    db.execute(
+        "CREATE TABLE pm (id int NOT NULL, region text NOT NULL, k int NOT NULL, v text)"
+        " PARTITION BY LIST (region);"
+        " CREATE TABLE pm_eu PARTITION OF pm FOR VALUES IN ('eu');"
+        " CREATE TABLE pm_us PARTITION OF pm FOR VALUES IN ('us') PARTITION BY RANGE (k);"
+        " CREATE TABLE pm_us_lo PARTITION OF pm_us FOR VALUES FROM (0) TO (100);"
+        " CREATE TABLE pm_us_hi PARTITION OF pm_us FOR VALUES FROM (100) TO (MAXVALUE)"
+    )
+    protect(db, "pm", scope, **({"key": key} if scope == "key" else {}))
+    write(db, 10, "INSERT INTO pm VALUES (1, 'eu', 1, 'a'), (2, 'us', 2, 'b')")
+
+
+@pytest.mark.pg_since(15)
+@pytest.mark.parametrize("shape", sorted(_MOVES))
+@pytest.mark.parametrize(
+    ("scope", "key"), [("key", ("k",)), ("key", ("region", "k")), ("row", ()), ("table", ())]
+)
+def test_a_merge_that_moves_a_row_to_another_partition_is_fenced(
+    db: Conn, scope: str, key: tuple[str, ...], shape: str
+) -> None:
+    """A stale MERGE that moves a row to another partition is refused, whatever other actions
+    it has, with a key that keeps its value across the move (k) or changes it (region, k); a
+    fresh one moves the row and raises the fences of both keys."""
+    _partitioned(db, scope, key)
+    stmt = _moving_merge(shape)
+    write(db, 20, "UPDATE pm SET v = 'later' WHERE id = 1")  # row 1's key, or the table, at 20
+    reject(db, STALE, 15, stmt)
+    assert rows(db, "SELECT id, region, v FROM pm ORDER BY id") == [
+        (1, "eu", "later"),
+        (2, "us", "b"),
+    ]
+    assert write(db, 21, stmt) == 1
+    assert rows(db, "SELECT tableoid::regclass::text, v FROM pm WHERE id = 1") == [
+        ("pm_us_lo", "moved")
+    ]
+    if scope == "key":
+        keys = ["1"] if key == ("k",) else ["(eu,1)", "(us,1)"]
+        assert [key_fence(db, "public.pm", k) for k in keys] == [21] * len(keys)
+    reject(db, STALE, 20, "UPDATE pm SET v = 'x' WHERE id = 1")
+
+
+@pytest.mark.pg_since(15)
+def test_a_merge_on_a_partitioned_partition_that_moves_a_row_is_fenced(db: Conn, make_role) -> None:
+    """The same, run by an application role on the partition that is partitioned again (its
+    own statement triggers), moving a row between its partitions."""
+    _partitioned(db, "key", ("region", "k"))
+    write(db, 20, "UPDATE pm SET v = 'later' WHERE id = 2")
+    db.commit()
+    stmt = (
+        "MERGE INTO pm_us USING (VALUES (2)) AS s(id) ON pm_us.id = s.id"
+        " WHEN MATCHED THEN UPDATE SET k = 200"
+    )
+    with psycopg.connect(make_app_role(make_role, "mx_crossing_app")) as app:
+        reject(app, STALE, 15, stmt)
+        assert write(app, 21, stmt) == 1
+    assert key_fence(db, "public.pm", "(us,200)") == 21
+    assert key_fence(db, "public.pm", "(us,2)") == 21
+
+
+_UPSERT = "ON CONFLICT (id, region, k) DO UPDATE SET v = excluded.v"
+
+
+@pytest.mark.pg_since(15)
+def test_the_row_checks_of_crossing_rows_run_only_in_statements_that_update(db: Conn) -> None:
+    """The row checks of crossing rows run once an UPDATE began on the table in the
+    transaction: an INSERT, an INSERT ... ON CONFLICT DO NOTHING, a DELETE, and an UPDATE or
+    an upsert that moves and inserts nothing run none. A row an upsert or a MERGE inserts is
+    judged twice (nothing tells it from a row a MERGE moved); a moved row once leaving and once
+    arriving. Counted with pg_stat_xact_user_functions in each writing transaction."""
+    _partitioned(db, "key", ("k",))
+    writes = {
+        "INSERT INTO pm VALUES (3, 'eu', 3, 'c')": 0,
+        "INSERT INTO pm VALUES (4, 'us', 4, 'd') ON CONFLICT DO NOTHING": 0,
+        "UPDATE pm SET v = 'x' WHERE id = 1": 0,
+        "DELETE FROM pm WHERE id = 3": 0,
+        f"INSERT INTO pm VALUES (1, 'eu', 1, 'y') {_UPSERT}": 0,
+        f"INSERT INTO pm VALUES (6, 'eu', 6, 'f') {_UPSERT}": 1,
+        "MERGE INTO pm USING (VALUES (1), (5)) AS s(id) ON pm.id = s.id"
+        " WHEN MATCHED THEN UPDATE SET v = 'y'"
+        " WHEN NOT MATCHED THEN INSERT VALUES (s.id, 'eu', 5, 'e')": 1,
+        _moving_merge("update"): 2,
+    }
+    calls = (
+        "SELECT COALESCE(sum(calls), 0)::int FROM pg_stat_xact_user_functions"
+        " WHERE schemaname = 'fencekit' AND funcname LIKE '%cross%'"
+    )
+    db.execute("CREATE UNIQUE INDEX ON pm (id, region, k)")
+    db.commit()
+    db.execute("SET track_functions = 'pl'")
+    tag = _tag(db, "pm")
+    for stmt, expected in writes.items():
+        db.execute("SELECT set_config('fencekit.token', '11', true)")
+        # A delta: the view counts earlier transactions' calls until they are flushed.
+        before = _int(db, calls)
+        db.execute(stmt)
+        got = (_int(db, calls) - before,)
+        db.commit()
+        left = db.execute(
+            f"SELECT COALESCE(current_setting('fencekit.cross_{tag}', true), '')"
+        ).fetchone()
+        assert (got, left) == ((expected,), ("",)), stmt  # the setting ends with its transaction
+
+
+@pytest.mark.pg_since(15)
+@pytest.mark.parametrize(
+    "stmt",
+    [
+        # A writable CTE that updates the table ends before the MERGE moves its rows.
+        "WITH u AS (UPDATE pm SET v = v WHERE false RETURNING id)"
+        " MERGE INTO pm USING (SELECT 1 AS id FROM (SELECT count(*) FROM u) c) AS s"
+        " ON pm.id = s.id WHEN MATCHED THEN UPDATE SET region = 'us'",
+        "WITH u AS (UPDATE pm SET v = v WHERE false RETURNING id),"
+        " w AS (UPDATE pm SET v = v WHERE false RETURNING id)"
+        " MERGE INTO pm USING (SELECT 1 AS id FROM (SELECT count(*) FROM u, w) c) AS s"
+        " ON pm.id = s.id WHEN MATCHED THEN UPDATE SET region = 'us'",
+    ],
+    ids=["one cte", "two ctes"],
+)
+def test_a_merge_under_writable_ctes_that_moves_a_row_is_fenced(db: Conn, stmt: str) -> None:
+    """PostgreSQL fires a BEFORE STATEMENT trigger once per table and query level, and
+    evaluates an AFTER STATEMENT trigger's WHEN once per write in the query: a count kept by
+    the two was back at zero (or below) while the MERGE moved rows. The setting the row checks
+    read stays set for the transaction; the fresh write passes, and so do later ones."""
+    _partitioned(db, "key", ("region", "k"))
+    write(db, 20, "UPDATE pm SET v = 'later' WHERE id = 1")
+    reject(db, STALE, 15, stmt)
+    db.execute("SELECT set_config('fencekit.token', '21', true)")
+    db.execute(stmt)
+    db.execute("INSERT INTO pm VALUES (9, 'eu', 9, 'after')")  # the same transaction
+    db.commit()
+    assert key_fence(db, "public.pm", "(us,1)") == 21
+    assert key_fence(db, "public.pm", "(eu,9)") == 21
+
+
+@pytest.mark.pg_since(15)
+def test_a_stale_move_out_of_a_partition_made_after_protect_is_stale(db: Conn) -> None:
+    """A partition made after protect has PostgreSQL's clones of the row checks before it is
+    covered; a stale MERGE moving a row out of it is refused as stale (YF001, counted), not as
+    a caller fencekit.reject does not know (42501)."""
+    _partitioned(db, "key", ("k",))
+    db.execute("CREATE TABLE pm_x PARTITION OF pm FOR VALUES IN ('x')")
+    db.commit()
+    write(db, 50, "INSERT INTO pm VALUES (7, 'x', 7, 'late')")
+    err = reject(
+        db,
+        STALE,
+        10,
+        "MERGE INTO pm USING (VALUES (7)) AS s(id) ON pm.id = s.id"
+        " WHEN MATCHED THEN UPDATE SET region = 'eu'",
+    )
+    assert detail(err)["fence"] == 50
+
+
+def test_the_triggers_of_crossing_rows_are_on_partitioned_tables_only(db: Conn) -> None:
+    """A table that is not partitioned moves no rows: it gets neither the row checks of
+    crossing rows nor their counting triggers, and pays nothing for them. A partitioned one has
+    them on every level, and status finds one missing."""
+    _protected(db, "key")
+    _partitioned(db, "key", ("k",))
+    crossing = (
+        "SELECT tgrelid::regclass::text, count(*) FILTER (WHERE tgparentid = 0)::int,"
+        " count(*)::int FROM pg_trigger"
+        " WHERE tgname ~ '_(cross_in|cross_out|updating)$'"
+        " GROUP BY 1 ORDER BY 1"
+    )
+    # The root's three; the statement trigger on every descendant (statements may name it), the
+    # row checks as the clones PostgreSQL makes on each partition.
+    assert rows(db, crossing) == [
+        ("pm", 3, 3),
+        ("pm_eu", 1, 3),
+        ("pm_us", 1, 3),
+        ("pm_us_hi", 1, 3),
+        ("pm_us_lo", 1, 3),
+    ]
+    assert not catalog.status(db).all_drift()
+    db.rollback()
+    db.execute(f"DROP TRIGGER fencekit_{_tag(db, 'pm')}_updating ON pm_us")
+    db.commit()
+    found = {(d.kind.value, d.object) for d in catalog.status(db).all_drift()}
+    db.rollback()
+    assert found == {("partition_triggers_missing", "partition pm_us")}, found
+
+
+def _int(db: Conn, query: str) -> int:
+    """The one integer ``query`` returns, read in the current transaction."""
+    row = db.execute(query).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _tag(db: Conn, table: str) -> str:
+    return str(one(db, "SELECT tag FROM fencekit.protected WHERE table_name = %s", (table,)))
+
+
+@pytest.mark.pg_since(16)
+@pytest.mark.parametrize("how", ["update", "merge"])
+def test_a_row_moved_to_a_partition_that_computes_its_key_otherwise_is_fenced(
+    db: Conn, how: str
+) -> None:
+    """Since 16 a partition may compute a stored generated column by an expression of its own.
+    A row moved into it is, in the statement's transition tables, the row its old partition
+    computed: key 10 here, where the new partition stores 100. The row check of the arriving
+    row judges the key it is stored with, so a stale write to key 100 is refused."""
+    db.execute(
+        "CREATE TABLE pg (region text NOT NULL, n int NOT NULL,"
+        " k int GENERATED ALWAYS AS (n * 10) STORED) PARTITION BY LIST (region);"
+        " CREATE TABLE pg_eu PARTITION OF pg FOR VALUES IN ('eu');"
+        " CREATE TABLE pg_us (region text NOT NULL, n int NOT NULL,"
+        " k int GENERATED ALWAYS AS (n * 100) STORED);"
+        " ALTER TABLE pg ATTACH PARTITION pg_us FOR VALUES IN ('us')"
+    )
+    protect(db, "pg", "key", key=("k",))
+    write(db, 10, "INSERT INTO pg VALUES ('eu', 1), ('us', 2)")  # keys 10 and 200
+    write(db, 50, "UPDATE pg SET n = 1 WHERE region = 'us'")  # key 100, at 50
+    stmt = {
+        "update": "UPDATE pg SET region = 'us' WHERE region = 'eu'",
+        "merge": "MERGE INTO pg USING (VALUES (1)) AS s(n) ON pg.n = s.n AND pg.region = 'eu'"
+        " WHEN MATCHED THEN UPDATE SET region = 'us'",
+    }[how]
+    err = reject(db, STALE, 20, stmt)
+    assert detail(err)["fence"] == 50
+    assert write(db, 60, stmt) == 1
+    assert key_fence(db, "public.pg", "100") == 60
 
 
 # ---------------------------------------------------------------- RETURNING OLD/NEW (18)

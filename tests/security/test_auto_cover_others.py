@@ -10,7 +10,8 @@ create tables in its own schema) and the table's owner (not an admin) then:
   denied for function <tag>_cover" for every one of them);
 - alter an unrelated table and the protected table itself (a new column): both work;
 - the owner creates a partition of its protected table: refused with YF000 and the hint (row
-  fences: PostgreSQL's own 42501, cloning the row triggers before any event trigger runs), and
+  fences and partitioned key fences: PostgreSQL's own 42501, cloning the row triggers before
+  any event trigger runs), and
   the partition does not exist (a partition nobody fences is never left behind);
 - the superuser creating one gets it covered.
 """
@@ -86,9 +87,10 @@ def test_the_owner_alters_its_tables_and_cannot_add_an_unfenced_partition(
     with psycopg.connect(owner) as conn:
         with pytest.raises(psycopg.Error) as info:
             conn.execute(f"CREATE TABLE {name}_2 PARTITION OF {name} FOR VALUES IN (2)")
-        if scope == "row":
-            # PostgreSQL clones a row fence's row triggers to a new partition itself, before
-            # any event trigger runs, and refuses a role that may not execute their functions.
+        if scope in ("row", "key"):
+            # PostgreSQL clones row triggers (a row fence's; a partitioned key fence's checks of
+            # rows crossing partitions) to a new partition itself, before any event trigger
+            # runs, and refuses a role that may not execute their functions.
             assert info.value.sqlstate == "42501", info.value
         else:
             assert info.value.sqlstate == "YF000", info.value

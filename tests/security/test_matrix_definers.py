@@ -106,6 +106,13 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
     "write-update": lambda t: f"UPDATE {t.table} SET v = v + 1 WHERE id = '1'",
     "write-delete": lambda t: f"DELETE FROM {t.table} WHERE id = '1'",
     "write-truncate": lambda t: f"TRUNCATE {t.table}",
+    # A MERGE that moves row 1 to another partition (key fences' tables are partitioned).
+    "write-move": lambda t: (
+        f"MERGE INTO {t.table} USING (VALUES (1)) AS s(x) ON {t.table}.id = '1'"
+        " WHEN MATCHED THEN UPDATE SET v = v + 1"
+        if t.scope == "key"
+        else None
+    ),
     # Fires the sql_drop event trigger fencekit_forget_dropped (as the installer).
     "drop-table": lambda t: f"DROP TABLE {t.table}",
 }
@@ -125,6 +132,8 @@ DEFINERS = {
     "<tag>_ins": "write-insert",
     "<tag>_upd": "write-update",
     "<tag>_del": "write-delete",
+    "<tag>_cross_in": "write-move",  # a partitioned key fence's rows crossing partitions
+    "<tag>_cross_out": "write-move",
     "<tag>_stmt": "write-update",
     "<tag>_trunc": "write-truncate",  # a row fence's TRUNCATE check (reads every row's fence)
     "judge_fences": "judge_fences",
@@ -220,7 +229,17 @@ _TYPES = {"domain": "evil.dkey", "cast": "evil.ekey", "operator": "evil.okey"}
 def _table_sql(kind: str, table: str) -> str:
     typ = _TYPES.get(kind, "int")
     default = " DEFAULT evil.payload_int('default')" if kind == "default" else " DEFAULT 0"
-    out = f"CREATE TABLE {table} (id {typ} PRIMARY KEY, k {typ} NOT NULL, v int{default});"
+    if table.startswith("key_"):
+        # Partitioned by v: "write-update" and "write-move" move row 1 to the other partition,
+        # which fires a partitioned key fence's row checks of crossing rows.
+        out = (
+            f"CREATE TABLE {table} (id {typ} NOT NULL, k {typ} NOT NULL, v int{default},"
+            f" PRIMARY KEY (id, v)) PARTITION BY LIST (v);"
+            f"CREATE TABLE {table}_0 PARTITION OF {table} FOR VALUES IN (0);"
+            f"CREATE TABLE {table}_rest PARTITION OF {table} DEFAULT;"
+        )
+    else:
+        out = f"CREATE TABLE {table} (id {typ} PRIMARY KEY, k {typ} NOT NULL, v int{default});"
     if kind == "trigger":
         out += (
             f"CREATE TRIGGER evil_b BEFORE INSERT OR UPDATE OR DELETE ON {table} "

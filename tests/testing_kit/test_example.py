@@ -70,7 +70,7 @@ unfenced_db = fenced_database(schema=tables_without_fences)
 def test_many_without_fencing(unfenced_db):
     with unfenced_db.connect() as conn:
         conn.execute("INSERT INTO invoices (account_id, amount_cents) VALUES (1, 100)")
-    run_many(rebuild_summary, unfenced_db.app_url, 1, copies=3, seconds=20, kills=False,
+    run_many(rebuild_summary, unfenced_db.app_url, 1, copies=3, seconds=8, kills=False,
              tables=("billing_summary",))
 """
 
@@ -81,7 +81,7 @@ def test_many_workers_without_fencing_get_the_checkers_verdict(example: pytest.P
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*violation(s) in 3 copies of billing.worker:rebuild_summary over 20s under pauses:",
+            "*violation(s) in 3 copies of billing.worker:rebuild_summary over 8s under pauses:",
             "*stale writes attempted*accepted*",
             "*VIOLATIONS: stale write accepted x*",
             "*stale write accepted on public.billing_summary:1: write * with token * committed "

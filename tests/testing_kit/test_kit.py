@@ -25,6 +25,7 @@ from fencekit.testing import (
     assert_no_rejections,
     assert_rejections,
     paused,
+    run_many,
     takeover,
 )
 from pytest_fencekit import fenced_database
@@ -128,6 +129,22 @@ def test_paused_resumes_the_worker_when_the_block_fails(jobs_db: FencedDatabase)
     assert seen == ["T"]  # it was stopped inside the block
     assert _state(a.pid) != "T"
     assert a.join().ok
+
+
+def test_run_many_pauses_at_the_checkpoint_until_a_newer_write(jobs_db: FencedDatabase) -> None:
+    # Each pause holds a worker at "computing" until another worker has written under a newer
+    # token: its own write then goes stale, and the fence rejects it.
+    result = run_many(write_job, jobs_db.app_dsn, 10, copies=3, seconds=4, ttl=1.0, kills=False)
+    pauses = [e for e in result.events if e["type"] == "pause"]
+    assert pauses
+    assert {e["at"] for e in pauses} == {"computing"}
+    # Each pause's write was rejected (more stale writes: a worker the machine starved).
+    assert result.rejections["public.jobs"]["stale"] >= len(pauses), result.summary()
+
+
+def test_run_many_says_when_no_worker_reached_the_checkpoint(jobs_db: FencedDatabase) -> None:
+    with pytest.raises(WorkerError, match="reached checkpoint 'elsewhere' in 2s, so none was"):
+        run_many(write_job, jobs_db.app_dsn, 11, copies=2, seconds=2, kills=False, at="elsewhere")
 
 
 def _state(pid: int) -> str:

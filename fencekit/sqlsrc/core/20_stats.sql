@@ -84,6 +84,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
                     -- The exact names of the table's generated trigger functions (sqlgen), not
                     -- a prefix: another table named '<tag>_x' has functions '<tag>_x_<hash>_*'.
                     AND p.proname = ANY (ARRAY[tag || '_ins', tag || '_upd', tag || '_del',
+                                               tag || '_cross_in', tag || '_cross_out',
                                                tag || '_stmt', tag || '_trunc']))
 $fn$;
 

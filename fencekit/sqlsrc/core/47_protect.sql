@@ -64,65 +64,53 @@ BEGIN
 END
 $fn$;
 
--- Give `child` (a partition or inheritance child of the protected table `root`) the root's
--- fencekit triggers named `prefix`*: each statement trigger, and each row trigger when
--- `with_row` (an inheritance child: PostgreSQL clones row triggers to partitions itself). A
--- child's trigger is the root's, its definition as PostgreSQL prints it with the child put in
--- place of the root, stamped as the root's is; a missing one is created, one with another stamp
--- replaced, and a `prefix`* trigger the root does not have dropped. The root's row triggers
--- with transition tables (<tag>_root, which keeps the root from becoming a child) stay there.
-CREATE OR REPLACE FUNCTION fencekit.cover_child(root regclass, child regclass, prefix text,
-                                                with_row boolean)
+-- Every partition and inheritance child of `root`, at any depth (tables only: foreign ones take
+-- no fencekit trigger), and whether it is a partition.
+CREATE OR REPLACE FUNCTION fencekit.descendants(root regclass)
+RETURNS TABLE (child regclass, is_partition boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH RECURSIVE d(relid) AS (
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root
+    UNION
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
+  SELECT c.oid::regclass, c.relispartition FROM d
+    JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p')
+$fn$;
+
+-- What each protected table's fencekit.<tag>_cover() does first (protect runs it, and so does
+-- the auto-cover event trigger when a child is created or attached later): drop from every
+-- descendant of `root` the triggers named `prefix`* that are not in `keep`, the names its
+-- template makes (another release made them). Clones PostgreSQL made go with their parent's.
+CREATE OR REPLACE FUNCTION fencekit.cover_descendants(root regclass, prefix text, keep text[])
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-  t record;
-  def text;
-  pos integer;
-  here text := ' ON ' || root::text || ' ';
+  d record;
 BEGIN
-  PERFORM fencekit.drop_other_triggers(child, prefix,
-    ARRAY(SELECT r.tgname::text FROM pg_catalog.pg_trigger r
-           WHERE r.tgrelid = root AND pg_catalog.starts_with(r.tgname::text, prefix)));
-  FOR t IN SELECT r.oid, r.tgname::text AS name,
-                  pg_catalog.obj_description(r.oid, 'pg_trigger') AS stamp
-             FROM pg_catalog.pg_trigger r
-            WHERE r.tgrelid = root AND NOT r.tgisinternal
-              AND pg_catalog.starts_with(r.tgname::text, prefix)
-              AND (r.tgtype & 1 = 0
-                   OR (with_row AND r.tgoldtable IS NULL AND r.tgnewtable IS NULL)) LOOP
-    -- The definition names the root once, after the events: put the child there (as the
-    -- format() placeholder ensure_trigger fills, every other % escaped).
-    def := pg_catalog.pg_get_triggerdef(t.oid);
-    pos := pg_catalog.strpos(def, here);
-    IF pos = 0 THEN
-      RAISE EXCEPTION 'fencekit: cannot read the definition of trigger % on %', t.name, root;
-    END IF;
-    def := pg_catalog.replace(pg_catalog.left(def, pos - 1), '%', '%%') || ' ON %s '
-           || pg_catalog.replace(pg_catalog.substr(def, pos + pg_catalog.length(here)), '%', '%%');
-    PERFORM fencekit.ensure_trigger(child, t.name, t.stamp, def);
+  FOR d IN SELECT * FROM fencekit.descendants(root) LOOP
+    PERFORM fencekit.drop_other_triggers(d.child, prefix, keep);
   END LOOP;
 END
 $fn$;
 
--- cover_child for every partition and inheritance child of `root`, at any depth: what each
--- protected table's fencekit.<tag>_cover() does (protect runs it, and so does the auto-cover
--- event trigger when a child is created or attached later).
-CREATE OR REPLACE FUNCTION fencekit.cover_descendants(root regclass, prefix text)
+-- Then, for each of the table's triggers that its descendants need: put trigger `name`
+-- (stamped `stamp`, made by `definition`, a CREATE TRIGGER whose only format placeholder is the
+-- table) on every descendant of `root`: a statement trigger on each partition and child, a row
+-- trigger (`on_rows`) on each inheritance child (PostgreSQL clones row triggers to partitions
+-- itself). The definition is the generator's, passed by the generated function: never text
+-- read back from the catalogs, where a trigger name the table's owner chose could turn the
+-- text into other SQL.
+CREATE OR REPLACE FUNCTION fencekit.cover_trigger(root regclass, name text, stamp text,
+                                                  definition text, on_rows boolean)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-  child regclass;
-  is_partition boolean;
+  d record;
 BEGIN
-  FOR child, is_partition IN
-      WITH RECURSIVE d(relid) AS (
-        SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root
-        UNION
-        SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
-      SELECT c.oid::regclass, c.relispartition FROM d
-        JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p') LOOP
-    PERFORM fencekit.cover_child(root, child, prefix, NOT is_partition);
+  FOR d IN SELECT * FROM fencekit.descendants(root) LOOP
+    IF NOT (on_rows AND d.is_partition) THEN
+      PERFORM fencekit.ensure_trigger(d.child, name, stamp, definition);
+    END IF;
   END LOOP;
 END
 $fn$;

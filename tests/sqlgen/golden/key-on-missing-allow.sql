@@ -502,13 +502,60 @@ SET search_path TO pg_catalog, pg_temp
 AS $fn$
 -- fencekit: partition and child coverage on app.invoices. Generated; do not edit.
 BEGIN
-  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_');
+  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
+    ARRAY['fencekit_invoices_883e1d3584_trunc',
+          'fencekit_invoices_883e1d3584_ins',
+          'fencekit_invoices_883e1d3584_upd',
+          'fencekit_invoices_883e1d3584_del',
+          'fencekit_invoices_883e1d3584_cross_out',
+          'fencekit_invoices_883e1d3584_cross_in',
+          'fencekit_invoices_883e1d3584_updating',
+          'fencekit_invoices_883e1d3584_root']);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_trunc',
+    'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_ins',
+    'fencekit trigger template=1 sha256=2a153e037f474560f13c6eca01f6a456c31999665fbb2589bac4e2b82f6b6558; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_ins AFTER INSERT ON %s
+  REFERENCING NEW TABLE AS fencekit_new FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_upd',
+    'fencekit trigger template=1 sha256=cdec902b1cfabfe6733bbb016e1d345cc4e28b9d338591b81d76e19a01e8b8d4; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_upd AFTER UPDATE ON %s
+  REFERENCING OLD TABLE AS fencekit_old NEW TABLE AS fencekit_new FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_del',
+    'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
+  REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', false);
+  IF EXISTS (SELECT FROM pg_catalog.pg_class c
+              WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p') THEN
+    PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+      'fencekit_invoices_883e1d3584_updating',
+      'fencekit trigger template=1 sha256=64f310ccb6b7bb4f57e2a37dc7fd059f3b0a197e3d958ea6b98b0073799a36b0; '
+      'generated, do not edit',
+      'CREATE TRIGGER fencekit_invoices_883e1d3584_updating BEFORE UPDATE ON %s
+  FOR EACH STATEMENT WHEN (pg_catalog.set_config(
+    ''fencekit.cross_invoices_883e1d3584'', ''on'', true) IS NULL)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
+  END IF;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
   'fencekit function template=1 '
-  'sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
+  'sha256=a97b897b93c41cfa42221b8aa9ffcb09543121b9e2c8cf83343cd270e91c2d51; generated, do not edit';
 
 REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_stmt(),
@@ -525,6 +572,296 @@ GRANT EXECUTE ON FUNCTION
   fencekit.invoices_883e1d3584_del(),
   fencekit.invoices_883e1d3584_cover()
   TO fencekit_admin;
+
+DO $do$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.pg_class c
+              WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p') THEN
+    EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_out() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+SET enable_seqscan TO off
+AS $fn$
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   enable_seqscan=off
+-- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+-- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+DECLARE
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  ok pg_catalog.bool;
+  typed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
+  pins pg_catalog.text[];
+  held pg_catalog.bool;
+BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text,
+      counted => false);
+  END IF;
+  IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM (SELECT OLD.account_id AS account_id) AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('app.invoices', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
+      keys => ks);
+  END IF;
+  RETURN NULL;
+END
+$fn$$sql$;
+    EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
+  'fencekit function template=1 '
+  'sha256=01306f545d3246eb23191f36b01225e5190230d9681a973d927913d1446b0aed; generated, do not edit'$sql$;
+    EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+SET enable_seqscan TO off
+AS $fn$
+-- SECURITY DEFINER; pinned:
+--   search_path=pg_catalog, pg_temp
+--   enable_seqscan=off
+-- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+-- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+DECLARE
+  raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
+  tok pg_catalog.int8;
+  ks pg_catalog.text[];
+  ok pg_catalog.bool;
+  typed pg_catalog.bool;
+  printed pg_catalog.bool := false;
+  types pg_catalog.text;
+  pins pg_catalog.text[];
+  held pg_catalog.bool;
+BEGIN
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    tok := raw::pg_catalog.int8;
+  ELSE
+    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => true,
+      issuer => NULL::pg_catalog.text,
+      counted => false);
+  END IF;
+  IF tok IS NOT NULL THEN
+    SELECT pg_catalog.concat_ws(',', a1.atttypid)
+             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+      INTO ok
+      FROM pg_catalog.pg_attribute a1
+     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(ok, false) THEN  -- the full check
+    SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
+          CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+                 OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23}'::pg_catalog.oid[])
+                 THEN 'integer'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{25}'::pg_catalog.oid[])
+                 THEN 'text'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1043}'::pg_catalog.oid[])
+                 THEN CASE WHEN a1.atttypmod OPERATOR(pg_catalog.<) 0 THEN 'text'
+                      ELSE pg_catalog.format_type(a1.atttypid, a1.atttypmod) END
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1042}'::pg_catalog.oid[])
+                 THEN 'character'
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{2950,16,1082,17}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULL)
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{1083,1114,1184}'::pg_catalog.oid[])
+                 THEN pg_catalog.format_type(a1.atttypid, NULLIF(a1.atttypmod, 6))
+               WHEN a1.atttypid OPERATOR(pg_catalog.=) 1700::pg_catalog.oid AND a1.atttypmod OPERATOR(pg_catalog.>=) 4
+                 THEN 'numeric scale ' OPERATOR(pg_catalog.||) ((a1.atttypmod OPERATOR(pg_catalog.-) 4)
+                      OPERATOR(pg_catalog.&) 65535)::pg_catalog.text END],
+           pr.key_families IS NULL
+             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)
+                         WHERE NOT (u.f OPERATOR(pg_catalog.=)
+                                      ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
+                                   OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+      INTO typed, printed, types
+      FROM fencekit.protected pr, pg_catalog.pg_attribute a1
+     WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
+       AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+    IF NOT COALESCE(typed, false) THEN
+      PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    ELSIF types IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    END IF;
+    IF printed IS NOT FALSE THEN
+      pins := ARRAY[pg_catalog.current_setting('timezone'),
+                     pg_catalog.current_setting('datestyle'),
+                     pg_catalog.current_setting('bytea_output')];
+      PERFORM pg_catalog.set_config('timezone', 'UTC', true),
+              pg_catalog.set_config('datestyle', 'ISO, YMD', true),
+              pg_catalog.set_config('bytea_output', 'hex', true);
+    END IF;
+    SELECT k.ks,
+           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
+             COALESCE((SELECT true FROM fencekit.fences f
+                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+                        AND f.fence OPERATOR(pg_catalog.=) tok
+                        FOR SHARE), false) END
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
+                      FROM (SELECT NEW.account_id AS account_id) AS x ORDER BY 1) AS ks
+              OFFSET 0) AS k;
+    IF printed IS NOT FALSE THEN
+      PERFORM pg_catalog.set_config('timezone', pins[1], true),
+              pg_catalog.set_config('datestyle', pins[2], true),
+              pg_catalog.set_config('bytea_output', pins[3], true);
+    END IF;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    ELSIF NOT held THEN
+      -- A key without a fence starts at the resource's floor (35_floors.sql).
+      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+      VALUES ('app.invoices', ks[1],
+              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+         SET fence = tok, writer_xact = excluded.writer_xact,
+             updated_at = pg_catalog.now()
+       WHERE f.fence OPERATOR(pg_catalog.<) tok
+      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+      IF held THEN
+        RETURN NULL;  -- raised to the token by this write, and exclusively locked
+      END IF;
+      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+    END IF;
+    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text,
+      resource => 'app.invoices'::pg_catalog.text, token => tok,
+      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
+      keys => ks);
+  END IF;
+  RETURN NULL;
+END
+$fn$$sql$;
+    EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
+  'fencekit function template=1 '
+  'sha256=3dc588eaf1c5edeb790ff0b1b0268a317782e8dca789c5a39b70775227d3c949; generated, do not edit'$sql$;
+    EXECUTE $sql$REVOKE ALL ON FUNCTION
+  fencekit.invoices_883e1d3584_cross_out(),
+  fencekit.invoices_883e1d3584_cross_in()
+  FROM PUBLIC$sql$;
+    EXECUTE $sql$GRANT EXECUTE ON FUNCTION
+  fencekit.invoices_883e1d3584_cross_out(),
+  fencekit.invoices_883e1d3584_cross_in()
+  TO fencekit_admin$sql$;
+  END IF;
+END
+$do$;
 
 CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON app.invoices
   FOR EACH STATEMENT
@@ -558,6 +895,33 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
   'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; '
   'generated, do not edit';
 
+SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_cross_out',
+      'fencekit trigger template=1 sha256=3558407ee87c7713ef51a5c9fdbdea20248acd2f36e0f19e6a93c18ceb8410ac; '
+      'generated, do not edit',
+      'CREATE TRIGGER fencekit_invoices_883e1d3584_cross_out AFTER DELETE ON %s
+  FOR EACH ROW WHEN (pg_catalog.current_setting(''fencekit.cross_invoices_883e1d3584'', true)
+  OPERATOR(pg_catalog.=) ''on'')
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_cross_out()')
+  FROM pg_catalog.pg_class c WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p';
+
+SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_cross_in',
+      'fencekit trigger template=1 sha256=25a8b68fc11b6a31f8f36fcb31148d1f52c84026cd0f4c0add81284844374cf6; '
+      'generated, do not edit',
+      'CREATE TRIGGER fencekit_invoices_883e1d3584_cross_in AFTER INSERT ON %s
+  FOR EACH ROW WHEN (pg_catalog.current_setting(''fencekit.cross_invoices_883e1d3584'', true)
+  OPERATOR(pg_catalog.=) ''on'')
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_cross_in()')
+  FROM pg_catalog.pg_class c WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p';
+
+SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_updating',
+      'fencekit trigger template=1 sha256=64f310ccb6b7bb4f57e2a37dc7fd059f3b0a197e3d958ea6b98b0073799a36b0; '
+      'generated, do not edit',
+      'CREATE TRIGGER fencekit_invoices_883e1d3584_updating BEFORE UPDATE ON %s
+  FOR EACH STATEMENT WHEN (pg_catalog.set_config(
+    ''fencekit.cross_invoices_883e1d3584'', ''on'', true) IS NULL)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()')
+  FROM pg_catalog.pg_class c WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p';
+
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_root',
       'fencekit trigger template=1 sha256=cc64882dbab4f929315d66a2404b80d20b22aaf667a7872748471c7f5d2fcdd0; '
       'generated, do not edit',
@@ -571,16 +935,21 @@ SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_88
 SELECT fencekit.invoices_883e1d3584_cover();
 
 SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
-         ARRAY['fencekit_invoices_883e1d3584_del',
+         ARRAY['fencekit_invoices_883e1d3584_cross_in',
+         'fencekit_invoices_883e1d3584_cross_out',
+         'fencekit_invoices_883e1d3584_del',
          'fencekit_invoices_883e1d3584_ins',
          'fencekit_invoices_883e1d3584_root',
          'fencekit_invoices_883e1d3584_trunc',
-         'fencekit_invoices_883e1d3584_upd']),
+         'fencekit_invoices_883e1d3584_upd',
+         'fencekit_invoices_883e1d3584_updating']),
        fencekit.drop_other_functions('invoices_883e1d3584_',
          ARRAY['invoices_883e1d3584_stmt',
          'invoices_883e1d3584_ins',
          'invoices_883e1d3584_upd',
          'invoices_883e1d3584_del',
+         'invoices_883e1d3584_cross_out',
+         'invoices_883e1d3584_cross_in',
          'invoices_883e1d3584_cover']);
 
 SELECT fencekit.register_table('app', 'invoices', 'invoices_883e1d3584'::pg_catalog.text, 'app.invoices',

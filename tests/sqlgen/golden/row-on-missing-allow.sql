@@ -308,13 +308,60 @@ SET search_path TO pg_catalog, pg_temp
 AS $fn$
 -- fencekit: partition and child coverage on app.invoices. Generated; do not edit.
 BEGIN
-  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_');
+  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
+    ARRAY['fencekit_invoices_883e1d3584_stmt',
+          'fencekit_invoices_883e1d3584_trunc',
+          'fencekit_invoices_883e1d3584_ins',
+          'fencekit_invoices_883e1d3584_upd',
+          'fencekit_invoices_883e1d3584_del',
+          'fencekit_invoices_883e1d3584_root']);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_stmt',
+    'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_trunc',
+    'fencekit trigger template=1 sha256=a99640b8b0c0c4e32a7c8e8efda6d696179199a509fca95e6212b27bfc3157f5; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_trunc()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_ins',
+    'fencekit trigger template=1 sha256=d200d99ffdd1ac3d5d554b8b6803b3dde4d03d9a80ef4185878a7d6c32f3d4f1; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_ins BEFORE INSERT ON %s
+  FOR EACH ROW WHEN (((pg_catalog.current_setting(''fencekit.checked_invoices_883e1d3584'', true)
+         OPERATOR(pg_catalog.=) ''''
+       AND (pg_catalog.current_setting(''fencekit.token'', true) OPERATOR(pg_catalog.=) '''')
+         IS NOT FALSE)
+   OR (NEW.fencekit_fence OPERATOR(pg_catalog.>) 0
+    AND NEW.fencekit_fence::pg_catalog.text OPERATOR(pg_catalog.=)
+      pg_catalog.current_setting(''fencekit.checked_invoices_883e1d3584'', true))) IS NOT TRUE)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_ins()', true);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_upd',
+    'fencekit trigger template=1 sha256=68b2d9793d6797518b476e84c0472e3b7fc354530f71ba4b49ad8b2587715eff; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_upd BEFORE UPDATE ON %s
+  FOR EACH ROW
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_upd()', true);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_del',
+    'fencekit trigger template=1 sha256=86059e4f4ad8956c119956ecacf782119ca8b4c09da6bcf225a0ec66723438d7; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_del BEFORE DELETE ON %s
+  FOR EACH ROW
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', true);
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
   'fencekit function template=1 '
-  'sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
+  'sha256=1cfc678f4d172633be2d497da8e7e3fc561b8c72ad4f31a73fc597cc8c469bba; generated, do not edit';
 
 REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_stmt(),

@@ -47,13 +47,30 @@ SET search_path TO pg_catalog, pg_temp
 AS $fn$
 -- fencekit: partition and child coverage on app.invoices. Generated; do not edit.
 BEGIN
-  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_');
+  PERFORM fencekit.cover_descendants('app.invoices'::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_',
+    ARRAY['fencekit_invoices_883e1d3584_stmt',
+          'fencekit_invoices_883e1d3584_trunc',
+          'fencekit_invoices_883e1d3584_root']);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_stmt',
+    'fencekit trigger template=1 sha256=f2a118e8dc76a165fd23b8f6b1d8170721d017b5fff1651acc78851c366cff83; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_trunc',
+    'fencekit trigger template=1 sha256=62571bce72759bfa2422ec17ca0da832dcdfcc1a8c095612edc47e7d7bfbc770; '
+    'generated, do not edit',
+    'CREATE TRIGGER fencekit_invoices_883e1d3584_trunc BEFORE TRUNCATE ON %s
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
   'fencekit function template=1 '
-  'sha256=4592dd0400d6b162ed73ee629a349fd9cf77a11d356d85bb297f06592bbffdda; generated, do not edit';
+  'sha256=6e721187dade17a361e412d08e238cdf3d5b0a629fc7e2899005f2085691f24f; generated, do not edit';
 
 REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_stmt(),
