@@ -161,8 +161,11 @@ def statement_token(n: Names, *, counted: str | None = None) -> str:
     )
 
 
-#: The epoch second of the statement: its 10-second period (attribution_lag()) is this / 10.
-_EPOCH = "pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8"
+#: The statement's 10-second period (attribution_lag()): its epoch second / 10.
+_PERIOD = (
+    "(pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8\n"
+    "{i}        OPERATOR(pg_catalog./) 10)::pg_catalog.text"
+)
 
 
 def attribute(n: Names, indent: str = "    ", *, otherwise: bool = True) -> str:
@@ -171,40 +174,31 @@ def attribute(n: Names, indent: str = "    ", *, otherwise: bool = True) -> str:
     on_missing = reject. Empty otherwise: a table that rejects tokenless writes pays nothing.
     ``otherwise`` puts it in the ELSE of an ``IF tok IS NOT NULL`` block.
 
-    The hit is inline: a backend that recorded this statement (its identity and text, hashed
-    into the name of a session setting, ``fencekit.seen_<hash>``) in this 10-second period adds
-    one to the count that setting keeps. Anything else (a new statement or period, a bypass
-    asked for) goes to ``fencekit.attribute`` (22_attribution.sql), which records it. Inline
-    because every tokenless statement runs it, and PL/pgSQL prepares each expression of a
-    function again in every transaction: a call and its body cost more than the hit itself."""
+    The hit is one expression that writes nothing: a backend that recorded this statement (the
+    session's identity and the statement's text, hashed into the name of a session setting,
+    ``fencekit.seen_<tag>_<hash>``) in this 10-second period goes on. Anything else (a new
+    statement or period) goes to ``fencekit.attribute`` (22_attribution.sql), which records
+    it. One expression, and no count: PL/pgSQL prepares each expression again in every
+    transaction, each function in it too, so a block, a variable or a count written per
+    statement would cost more than the test itself (a writer's count is coarse; see
+    ``fencekit.attribute``)."""
     if n.spec.on_missing != "allow":
         return ""
     i = indent
-    seen = "pg_catalog.current_setting(seen, true)"
     head = f"{i[2:]}ELSE\n" if otherwise else ""
+    seen = (
+        f"'fencekit.seen_{n.tag}_'\n"
+        f"{i}       OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext("
+        "pg_catalog.concat_ws(\n"
+        f"{i}         E'\\x1f', session_user, pg_catalog.current_setting('role'),\n"
+        f"{i}         pg_catalog.current_setting('application_name'),\n"
+        f"{i}         pg_catalog.current_query())))"
+    )
     return (
-        f"{head}{i}DECLARE\n"
-        f"{i}  seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)\n"
-        f"{i}    pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(\n"
-        f"{i}      E'\\x1f', {n.lit_tag}, session_user, pg_catalog.current_setting('role'),\n"
-        f"{i}      pg_catalog.current_setting('application_name')),\n"
-        f"{i}      E'\\x1f', pg_catalog.current_query())));\n"
-        f"{i}BEGIN\n"
-        f"{i}  IF (CASE WHEN pg_catalog.split_part({seen}, ':', 2)\n"
-        f"{i}              OPERATOR(pg_catalog.=)\n"
-        f"{i}              ({_EPOCH}\n"
-        f"{i}                OPERATOR(pg_catalog./) 10)::pg_catalog.text\n"
-        f"{i}            AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')\n"
-        f"{i}                OPERATOR(pg_catalog.=) ''\n"
-        f"{i}      THEN pg_catalog.set_config(seen, pg_catalog.concat(\n"
-        f"{i}             pg_catalog.split_part({seen}, ':', 1)::pg_catalog.int8\n"
-        f"{i}               OPERATOR(pg_catalog.+) 1,\n"
-        f"{i}             ':', {_EPOCH}\n"
-        f"{i}               OPERATOR(pg_catalog./) 10), false) IS NULL\n"
-        f"{i}      ELSE true END) THEN\n"
-        f"{i}    PERFORM fencekit.attribute({n.lit_tag}, TG_RELID, seen);\n"
-        f"{i}  END IF;\n"
-        f"{i}END;\n"
+        f"{head}{i}IF (pg_catalog.current_setting({seen}, true)\n"
+        f"{i}      OPERATOR(pg_catalog.=) {_PERIOD.format(i=i)}) IS NOT TRUE THEN\n"
+        f"{i}  PERFORM fencekit.attribute({n.lit_tag}, TG_RELID);\n"
+        f"{i}END IF;\n"
     )
 
 

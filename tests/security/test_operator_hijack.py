@@ -393,7 +393,7 @@ def test_installed_functions_pin_or_qualify(db: Conn, dsn: str) -> None:
     # and <tag>_cover() pin their path.
     hot = ("_stmt()", "_ins()", "_upd()", "_del()")
     assert unpinned
-    slow = "fencekit.attribute(text,oid,text)"
+    slow = "fencekit.attribute(text,oid)"
     assert all((s.startswith("fencekit.oh_") and s.endswith(hot)) or s == slow for s in unpinned), (
         unpinned
     )

@@ -12,18 +12,18 @@
 -- - at most `attribution_cap` writers per table (fencekit.meta, default 50); statements of
 --   writers beyond it are counted in fencekit.unfenced_overflow;
 -- - no hot row: a backend remembers what it recorded in session settings (fencekit.seen_*)
---   and writes a writer's row at most once per 10 seconds per statement it runs, adding the
---   statements it counted in between; a row another transaction is recording is skipped
---   (pg_try_advisory_xact_lock), never waited for, and its statements counted as unattributed
---   (the table's sequences '<tag>:unattributed' and '<tag>:last_at:unattributed'): any role
---   can take that lock, so a busy record must never lose a write from the report, and a
---   sequence neither waits nor is a row others lock;
+--   and writes a writer's row at most once per 10 seconds per statement it runs; a row
+--   another transaction is recording is skipped (pg_try_advisory_xact_lock), never waited
+--   for, and its statements counted as unattributed (the table's sequences
+--   '<tag>:unattributed' and '<tag>:last_at:unattributed'): any role can take that lock, so a
+--   busy record must never lose a write from the report, and a sequence neither waits nor is
+--   a row others lock;
 -- - writers cannot erase or rewrite another writer's row: only fencekit.record_unfenced_writer
 --   writes these tables, and only the row of the identity it reads from the session itself.
 --
--- The count of a writer is approximate (statements a backend ran after its last record are
--- added when it next records that statement); the last time a writer was seen is at most 10
--- seconds behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
+-- The count of a writer is coarse (see fencekit.attribute: a statement repeated with parameters
+-- counts once per period per backend); the last time a writer was seen is at most 10 seconds
+-- behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
 -- exact count of statements allowed without a token, on every scope.
 
 CREATE TABLE IF NOT EXISTS fencekit.unfenced_writers (
@@ -257,68 +257,77 @@ $fn$;
 -- an earlier 10-second period (attribution_lag()): then fencekit.record_unfenced_writer
 -- records it. A bypassed write is not attributed (it is audited as 'bypassed').
 --
--- What a backend remembers: a session setting fencekit.seen_<hash> = '<count>:<period>', the
--- statements it counted since it last recorded a statement and the 10-second period (epoch /
--- 10) of that record, under two keys, both with the session's identity: the exact text of the
--- top-level statement (`seen`, which the check computed: clients that send parameters, $1,
--- repeat it; the check counts a hit on it itself), and on a miss a coarse one, the text before
--- its first quote or digit (clients that write literals into the text). Statements that share
--- a coarse key are recorded, one per period, in turn; one can wait behind another only while
--- that other keeps writing without a token, so a table never looks ready early. A session that
--- sets these settings itself (or passes another `seen`) hides only its own statements; the
--- 'unfenced' counter still counts them.
+-- What a backend remembers, in session settings named by the session's identity and a
+-- statement key: fencekit.seen_<tag>_<hash> = the 10-second period (epoch / 10) in which it
+-- last recorded the statement. Two keys: the exact text of the top-level statement (clients
+-- that send parameters, $1, repeat it; the check tests it inline, writes nothing on a hit, and
+-- calls this only for a new statement or period), and on a miss a coarse one, the text before
+-- its first quote or digit (clients that write literals into the text), which also keeps a
+-- count, fencekit.pending_<tag>_<hash>: the statements under it since its last record.
+-- Statements that share a coarse key are recorded, one per period, in turn; one can wait
+-- behind another only while that other keeps writing without a token, so a table never looks
+-- ready early. A statement counted under a coarse key makes no setting of its own.
+--
+-- So a writer's count is coarse: statements repeated with parameters count one for each
+-- period in which a backend ran them (the inline test counts nothing, which is what keeps it
+-- cheap), statements with literals each count one; fencekit.rejections' 'unfenced' counter
+-- stays the exact total. A session that sets these settings itself hides only its own
+-- statements; 'unfenced' still counts them.
 --
 -- Written like the generated hot path: no SET clause (a function's `SET search_path` costs
--- more than the rest of it), every function, operator and type qualified, no regular
--- expression. The period (10 s) is written in, for the same reason; attribution_lag() says it.
-CREATE OR REPLACE FUNCTION fencekit.attribute(tag pg_catalog.text, relid pg_catalog.oid,
-                                              seen pg_catalog.text)
+-- more than the rest of it), every function, operator and type qualified, its one pattern
+-- free of backslashes (read alike under any standard_conforming_strings). The period (10 s)
+-- is written in, for the same reason; attribution_lag() says it.
+CREATE OR REPLACE FUNCTION fencekit.attribute(tag pg_catalog.text, relid pg_catalog.oid)
 RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
   period pg_catalog.text :=
     (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
        OPERATOR(pg_catalog./) 10)::pg_catalog.text;
-  q pg_catalog.text;
+  who pg_catalog.text := pg_catalog.concat_ws(E'\x1f', session_user,
+    pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name'));
+  q pg_catalog.text := pg_catalog.current_query();
+  -- The inline test's key: the same identity and text, hashed alike.
+  key pg_catalog.text := tag OPERATOR(pg_catalog.||) '_' OPERATOR(pg_catalog.||)
+    pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(E'\x1f', who, q)));
   coarse pg_catalog.text;
+  pending pg_catalog.int8 := 1;
   v pg_catalog.text;
-  pending pg_catalog.int8;
 BEGIN
   IF COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.<>) ''
      AND fencekit.bypass_allowed(tag, relid, NULL) THEN
     RETURN;
   END IF;
-  v := pg_catalog.current_setting(seen, true);
-  IF pg_catalog.split_part(v, ':', 2) OPERATOR(pg_catalog.=) period THEN
-    PERFORM pg_catalog.set_config(seen, pg_catalog.concat(
-      pg_catalog.split_part(v, ':', 1)::pg_catalog.int8 OPERATOR(pg_catalog.+) 1, ':', period),
-      false);
-    RETURN;
+  IF pg_catalog.current_setting('fencekit.seen_' OPERATOR(pg_catalog.||) key, true)
+       OPERATOR(pg_catalog.=) period THEN
+    RETURN;  -- recorded in this period
   END IF;
   -- The text before the first quote or digit.
-  q := pg_catalog.current_query();
-  coarse := 'fencekit.seen_' OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(
-    pg_catalog.concat(pg_catalog.concat_ws(E'\x1f', tag, session_user,
-    pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name')), E'\x1f',
+  coarse := tag OPERATOR(pg_catalog.||) '_' OPERATOR(pg_catalog.||)
+    pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(E'\x1f', who,
     pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
     pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(
     pg_catalog.split_part(pg_catalog.split_part(pg_catalog.split_part(q, '''', 1),
     '0', 1), '1', 1), '2', 1), '3', 1), '4', 1), '5', 1), '6', 1), '7', 1), '8', 1), '9', 1))));
-  pending := 1 OPERATOR(pg_catalog.+) CASE WHEN v OPERATOR(pg_catalog.<>) ''
-    THEN pg_catalog.split_part(v, ':', 1)::pg_catalog.int8 ELSE 0 END;
-  v := pg_catalog.current_setting(coarse, true);
-  IF v OPERATOR(pg_catalog.<>) '' THEN
-    pending := pending OPERATOR(pg_catalog.+) pg_catalog.split_part(v, ':', 1)::pg_catalog.int8;
-    IF pg_catalog.split_part(v, ':', 2) OPERATOR(pg_catalog.=) period THEN
-      PERFORM pg_catalog.set_config(coarse, pg_catalog.concat(pending, ':', period), false);
-      PERFORM pg_catalog.set_config(seen, '', false);
+  IF coarse OPERATOR(pg_catalog.<>) key THEN
+    v := pg_catalog.current_setting('fencekit.pending_' OPERATOR(pg_catalog.||) coarse, true);
+    IF v OPERATOR(pg_catalog.~) '^[0-9]{1,10}$' THEN
+      pending := pending OPERATOR(pg_catalog.+) v::pg_catalog.int8;
+    END IF;
+    IF pg_catalog.current_setting('fencekit.seen_' OPERATOR(pg_catalog.||) coarse, true)
+         OPERATOR(pg_catalog.=) period THEN
+      -- Recorded in this period under the coarse key: counted there.
+      PERFORM pg_catalog.set_config('fencekit.pending_' OPERATOR(pg_catalog.||) coarse,
+        LEAST(pending, 1000000000)::pg_catalog.text, false);
       RETURN;
     END IF;
+    PERFORM pg_catalog.set_config('fencekit.seen_' OPERATOR(pg_catalog.||) coarse, period, false);
+    PERFORM pg_catalog.set_config('fencekit.pending_' OPERATOR(pg_catalog.||) coarse, '0', false);
   END IF;
   -- Recorded, or counted as unattributed: either way the count is spent.
   PERFORM fencekit.record_unfenced_writer(tag, relid, pending);
-  PERFORM pg_catalog.set_config(coarse, '0:' OPERATOR(pg_catalog.||) period, false);
-  PERFORM pg_catalog.set_config(seen, '0:' OPERATOR(pg_catalog.||) period, false);
+  PERFORM pg_catalog.set_config('fencekit.seen_' OPERATOR(pg_catalog.||) key, period, false);
 END
 $fn$;
 
@@ -346,5 +355,4 @@ GRANT SELECT ON fencekit.unfenced_writer_totals TO PUBLIC;
 -- call attribute, which calls record_unfenced_writer; that acts only for a transaction writing
 -- the table it names.
 GRANT EXECUTE ON FUNCTION fencekit.record_unfenced_writer(text, oid, bigint) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.attribute(pg_catalog.text, pg_catalog.oid, pg_catalog.text)
-  TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.attribute(pg_catalog.text, pg_catalog.oid) TO PUBLIC;

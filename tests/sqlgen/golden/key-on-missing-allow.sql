@@ -36,28 +36,15 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => NULL::pg_catalog.text,
       keys => NULL);
   ELSE
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -65,7 +52,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=d3b0edc674906e87d9a2bafaadc74a3a5551851326a6ce029eeaa96878b945b3; generated, do not edit';
+  'sha256=7d1da21f70a8610963ea1d25e467addd26c3205fc6f1bec76bc1be75bdf6b8df; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -196,28 +183,15 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ks);
   ELSE
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -225,7 +199,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=85aa2b89b4e37b4f1daed8d5bd3f94e1902444ff267f8dbfbef2d0cadf6752c9; generated, do not edit';
+  'sha256=d651865252d95aca7762c8aabe722ee9627b22cdb2e6854d200b963f1cbd344b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -357,28 +331,15 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ks);
   ELSE
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -386,7 +347,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=aaaa4caebddbaa67c39e8527d1568777365734d69b21080816b11a1ec2c87b37; generated, do not edit';
+  'sha256=1106053ea75d65a67d3e23d85711728b53ed8ef69a91a4a85f41cd04ab53e394; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -517,28 +478,15 @@ BEGIN
       key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
       keys => ks);
   ELSE
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -546,7 +494,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=83b3860d551098ac697f2afc21c4fd254bbfa31633f9ce718776979f771984fc; generated, do not edit';
+  'sha256=7a319aab82cf6cb02d8f5d777422a3b730f96d7d490e897dee2d70ebaffd3d5b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

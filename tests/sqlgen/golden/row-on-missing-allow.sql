@@ -44,55 +44,29 @@ BEGIN
                 AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
            THEN pg_catalog.nextval('fencekit."invoices_883e1d3584:unfenced"'::pg_catalog.regclass) IS NOT NULL
            ELSE false END) THEN  -- no token, no bypass: counted
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
     RETURN NULL;
   END IF;
   IF fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
       issuer => NULL::pg_catalog.text) IS NULL THEN
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -100,7 +74,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=37bef6af3becaab218c5425d6268bf3b5fa2cce0f35a0457f97bde500600a386; generated, do not edit';
+  'sha256=dba73d9eafb43665c36232fcabdfbe1f4caccb351202e9a1df3c091f7ecfb29e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -128,28 +102,15 @@ BEGIN
     PERFORM fencekit.judge_row_truncate('invoices_883e1d3584'::pg_catalog.text, TG_RELID,
       TG_NAME::pg_catalog.text, tok, fence);
   ELSE
-    DECLARE
-      seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-        pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-          E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-          pg_catalog.current_setting('application_name')),
-          E'\x1f', pg_catalog.current_query())));
-    BEGIN
-      IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                  OPERATOR(pg_catalog.=)
-                  (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                    OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                    OPERATOR(pg_catalog.=) ''
-          THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                 pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                   OPERATOR(pg_catalog.+) 1,
-                 ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                   OPERATOR(pg_catalog./) 10), false) IS NULL
-          ELSE true END) THEN
-        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-      END IF;
-    END;
+    IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+           OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+             E'\x1f', session_user, pg_catalog.current_setting('role'),
+             pg_catalog.current_setting('application_name'),
+             pg_catalog.current_query()))), true)
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+      PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -157,7 +118,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
   'fencekit function template=1 '
-  'sha256=bf37e9219176e19a8fff90989ec06d99b1428a3fbe29cbef585cbffc30823d21; generated, do not edit';
+  'sha256=ec0144a71af87b5bc909d8a6b538d04c6b9d978a543586f6de2435aa45ed36df; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure,
   'app.invoices'::pg_catalog.regclass);
@@ -177,28 +138,15 @@ BEGIN
   IF tok IS NULL THEN
     IF COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
         OPERATOR(pg_catalog.<>) '', true) THEN
-      DECLARE
-        seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-          pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-            E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-            pg_catalog.current_setting('application_name')),
-            E'\x1f', pg_catalog.current_query())));
-      BEGIN
-        IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                    OPERATOR(pg_catalog.=)
-                    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                      OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                  AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                      OPERATOR(pg_catalog.=) ''
-            THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                   pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                     OPERATOR(pg_catalog.+) 1,
-                   ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                     OPERATOR(pg_catalog./) 10), false) IS NULL
-            ELSE true END) THEN
-          PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-        END IF;
-      END;
+      IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+             OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+               E'\x1f', session_user, pg_catalog.current_setting('role'),
+               pg_catalog.current_setting('application_name'),
+               pg_catalog.current_query()))), true)
+            OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+              OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+      END IF;
     END IF;
     RETURN NEW;
   END IF;
@@ -216,7 +164,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=795811efbdadf5e6fa7a652beadade2204255f825bd8d96f29b482f0eb741993; generated, do not edit';
+  'sha256=e43290696c4112379f38263f4483fee240c1ce46ec1a3500c524f74f06342aff; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -253,28 +201,15 @@ BEGIN
     END IF;
     IF COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
         OPERATOR(pg_catalog.<>) '', true) THEN
-      DECLARE
-        seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-          pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-            E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-            pg_catalog.current_setting('application_name')),
-            E'\x1f', pg_catalog.current_query())));
-      BEGIN
-        IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                    OPERATOR(pg_catalog.=)
-                    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                      OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                  AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                      OPERATOR(pg_catalog.=) ''
-            THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                   pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                     OPERATOR(pg_catalog.+) 1,
-                   ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                     OPERATOR(pg_catalog./) 10), false) IS NULL
-            ELSE true END) THEN
-          PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-        END IF;
-      END;
+      IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+             OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+               E'\x1f', session_user, pg_catalog.current_setting('role'),
+               pg_catalog.current_setting('application_name'),
+               pg_catalog.current_query()))), true)
+            OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+              OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+      END IF;
     END IF;
     RETURN NEW;
   END IF;
@@ -301,7 +236,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=f54c0e80331712fd1ba385daf3ff98ebb5b88e155c96cf1ec7eaca5e09d9a181; generated, do not edit';
+  'sha256=3e0affd458f5df902a59993286eddaebf2d7882a26b87f7a086dee28d8b89df0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -331,28 +266,15 @@ BEGIN
   IF tok IS NULL THEN
     IF COALESCE(pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584', true)
         OPERATOR(pg_catalog.<>) '', true) THEN
-      DECLARE
-        seen pg_catalog.text := 'fencekit.seen_' OPERATOR(pg_catalog.||)
-          pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat(pg_catalog.concat_ws(
-            E'\x1f', 'invoices_883e1d3584'::pg_catalog.text, session_user, pg_catalog.current_setting('role'),
-            pg_catalog.current_setting('application_name')),
-            E'\x1f', pg_catalog.current_query())));
-      BEGIN
-        IF (CASE WHEN pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 2)
-                    OPERATOR(pg_catalog.=)
-                    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                      OPERATOR(pg_catalog./) 10)::pg_catalog.text
-                  AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '')
-                      OPERATOR(pg_catalog.=) ''
-            THEN pg_catalog.set_config(seen, pg_catalog.concat(
-                   pg_catalog.split_part(pg_catalog.current_setting(seen, true), ':', 1)::pg_catalog.int8
-                     OPERATOR(pg_catalog.+) 1,
-                   ':', pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
-                     OPERATOR(pg_catalog./) 10), false) IS NULL
-            ELSE true END) THEN
-          PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID, seen);
-        END IF;
-      END;
+      IF (pg_catalog.current_setting('fencekit.seen_invoices_883e1d3584_'
+             OPERATOR(pg_catalog.||) pg_catalog.to_hex(pg_catalog.hashtext(pg_catalog.concat_ws(
+               E'\x1f', session_user, pg_catalog.current_setting('role'),
+               pg_catalog.current_setting('application_name'),
+               pg_catalog.current_query()))), true)
+            OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+              OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
+        PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
+      END IF;
     END IF;
     RETURN OLD;
   END IF;
@@ -378,7 +300,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=8388ce0c59cf36f27ed90fc0570e49c7bfaca7883060f756131311f44d7a2651; generated, do not edit';
+  'sha256=9d5935bded472ddca6f8a02f29104e273e43d433de3924d8421af7412ded8d14; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
