@@ -153,7 +153,7 @@ def test_the_migrations_reverse_and_apply_again() -> None:
     sql = io.StringIO()
     call_command("sqlmigrate", "shop", "0001", stdout=sql)
     assert "SET LOCAL lock_timeout = '5s'" in sql.getvalue()
-    assert "CREATE TRIGGER" in sql.getvalue()
+    assert "CREATE OR REPLACE TRIGGER" in sql.getvalue()
 
 
 @pytest.fixture
