@@ -262,8 +262,9 @@ def _attributed(conn: Conn, tag: str) -> bool:
         " OPERATOR(pg_catalog.>) 0)"
         " FROM pg_catalog.pg_proc p"
         " WHERE p.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace"
-        "   AND pg_catalog.starts_with(p.proname::pg_catalog.text, %s)",
-        [tag + "_"],
+        # The exact names: another table's tag may begin with this one's.
+        "   AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.text[])",
+        [[f"{tag}_{suffix}" for suffix in ("stmt", "trunc", "ins", "upd", "del")]],
     ).fetchone()
     return bool(row and row[0])
 

@@ -161,9 +161,10 @@ def statement_token(n: Names, *, counted: str | None = None) -> str:
     )
 
 
-#: The statement's 10-second period (attribution_lag()): its epoch second / 10.
+#: The current 10-second period (attribution_lag()): the epoch second / 10, by the clock, not
+#: the statement's start (which stays put for a whole CALL, across its COMMITs).
 _PERIOD = (
-    "(pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8\n"
+    "(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8\n"
     "{i}        OPERATOR(pg_catalog./) 10)::pg_catalog.text"
 )
 

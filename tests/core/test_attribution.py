@@ -501,3 +501,19 @@ def test_no_count_a_writer_passes_can_fail_another_writers_statement(
     counts = {w["application_name"]: w["statements"] for w in writers(db, "a_key")}
     assert counts["another-writer"] == 1
     assert max(counts.values()) <= 9223372036854775807
+
+
+@pytest.mark.parametrize("table", list(SCOPES))
+def test_a_write_late_in_a_long_message_is_seen_when_it_happens(
+    db: Conn, dsn: str, tables: None, table: str
+) -> None:
+    """statement_timestamp() is the time the client's message arrived: it stays put across a
+    message of several statements, and across a CALL's COMMITs. Attribution took its time and
+    its 10-second period from it, so a writer's later writes kept an old last_seen and the
+    report could say "ready to enforce" while the writer still wrote. The time is the clock's."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        start = c.execute("SELECT clock_timestamp()").fetchone()
+        assert start is not None
+        c.execute(f"SELECT pg_sleep(1.5); UPDATE {table} SET v = 'late' WHERE id = 1")
+    (w,) = writers(db, table)
+    assert (w["last_seen"] - start[0]).total_seconds() >= 1.5, (w["last_seen"], start[0])

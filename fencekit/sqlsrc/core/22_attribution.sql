@@ -133,8 +133,11 @@ BEGIN
   -- every later writer's statement (the count a caller passes is at most a billion).
   PERFORM pg_catalog.setval(seq, LEAST(pg_catalog.nextval(seq), 9223372036854775807 - 2000000000)
                                  + LEAST(statements, 1000000000) - 1);
-  PERFORM pg_catalog.setval(at_seq,
-    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()) * 1000)::bigint);
+  -- The time now (not the statement's start: a CALL that commits runs for hours), and never
+  -- back: another caller's older time must not hide a later unattributed write.
+  PERFORM pg_catalog.setval(at_seq, GREATEST(
+    COALESCE(pg_catalog.pg_sequence_last_value(at_seq), 0),
+    (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint));
 END
 $fn$;
 REVOKE ALL ON FUNCTION fencekit.count_unattributed(text, bigint) FROM PUBLIC;
@@ -173,7 +176,9 @@ DECLARE
   qid bigint;
   cap integer;
   n integer;
-  seen timestamptz := pg_catalog.statement_timestamp();
+  -- The time now: statement_timestamp() stays at the start of a CALL, across its COMMITs,
+  -- and of a message holding several statements.
+  seen timestamptz := pg_catalog.clock_timestamp();
 BEGIN
   IF statements IS NULL OR statements < 1 THEN
     RETURN true;
@@ -283,7 +288,7 @@ RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
   period pg_catalog.text :=
-    (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+    (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
        OPERATOR(pg_catalog./) 10)::pg_catalog.text;
   who pg_catalog.text := pg_catalog.concat_ws(E'\x1f', session_user,
     pg_catalog.current_setting('role'), pg_catalog.current_setting('application_name'));

@@ -41,7 +41,7 @@ BEGIN
              E'\x1f', session_user, pg_catalog.current_setting('role'),
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
-          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
             OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
@@ -52,7 +52,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=7d1da21f70a8610963ea1d25e467addd26c3205fc6f1bec76bc1be75bdf6b8df; generated, do not edit';
+  'sha256=71899e47875f429d038ec2a3f712b21262c956a9410aef6281f966ff7dc021b2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_ins() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -188,7 +188,7 @@ BEGIN
              E'\x1f', session_user, pg_catalog.current_setting('role'),
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
-          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
             OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
@@ -199,7 +199,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=d651865252d95aca7762c8aabe722ee9627b22cdb2e6854d200b963f1cbd344b; generated, do not edit';
+  'sha256=26d811b2d4254aa3a056493965dee4a236f56d31635693e9736e4a5513acd251; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -336,7 +336,7 @@ BEGIN
              E'\x1f', session_user, pg_catalog.current_setting('role'),
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
-          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
             OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
@@ -347,7 +347,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=1106053ea75d65a67d3e23d85711728b53ed8ef69a91a4a85f41cd04ab53e394; generated, do not edit';
+  'sha256=5747f13d36f1488ef96babf26856f5d768856b74bc50632961bdd3c0804e065c; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -483,7 +483,7 @@ BEGIN
              E'\x1f', session_user, pg_catalog.current_setting('role'),
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
-          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
             OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
@@ -494,7 +494,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=7a319aab82cf6cb02d8f5d777422a3b730f96d7d490e897dee2d70ebaffd3d5b; generated, do not edit';
+  'sha256=f5984721868d6bf29ea63b7a0b7e6cb99d6a51babb2a99955a47642e4f1d4c13; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql

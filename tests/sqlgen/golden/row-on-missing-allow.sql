@@ -49,7 +49,7 @@ BEGIN
              E'\x1f', session_user, pg_catalog.current_setting('role'),
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
-          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
             OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
@@ -63,7 +63,7 @@ BEGIN
              E'\x1f', session_user, pg_catalog.current_setting('role'),
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
-          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
             OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
@@ -74,7 +74,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=dba73d9eafb43665c36232fcabdfbe1f4caccb351202e9a1df3c091f7ecfb29e; generated, do not edit';
+  'sha256=d2b5cd9c664d799151302f1a5eff8b9cefff6cd00b00a1417f8a7a2db8794afe; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -107,7 +107,7 @@ BEGIN
              E'\x1f', session_user, pg_catalog.current_setting('role'),
              pg_catalog.current_setting('application_name'),
              pg_catalog.current_query()))), true)
-          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+          OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
             OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
       PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
     END IF;
@@ -118,7 +118,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_trunc() IS
   'fencekit function template=1 '
-  'sha256=ec0144a71af87b5bc909d8a6b538d04c6b9d978a543586f6de2435aa45ed36df; generated, do not edit';
+  'sha256=f126eb721e8a8c7ab315393e7831b0e8f51ada43090cd836686599c8d931660d; generated, do not edit';
 
 SELECT fencekit.give_to_table_owner('fencekit.invoices_883e1d3584_trunc()'::pg_catalog.regprocedure,
   'app.invoices'::pg_catalog.regclass);
@@ -143,7 +143,7 @@ BEGIN
                E'\x1f', session_user, pg_catalog.current_setting('role'),
                pg_catalog.current_setting('application_name'),
                pg_catalog.current_query()))), true)
-            OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
               OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
         PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
       END IF;
@@ -164,7 +164,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=e43290696c4112379f38263f4483fee240c1ce46ec1a3500c524f74f06342aff; generated, do not edit';
+  'sha256=767b6800a110ab82134234d9143770c22d5a49c2d12fe46af6e4ee6fd8363154; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql
@@ -206,7 +206,7 @@ BEGIN
                E'\x1f', session_user, pg_catalog.current_setting('role'),
                pg_catalog.current_setting('application_name'),
                pg_catalog.current_query()))), true)
-            OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
               OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
         PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
       END IF;
@@ -236,7 +236,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=3e0affd458f5df902a59993286eddaebf2d7882a26b87f7a086dee28d8b89df0; generated, do not edit';
+  'sha256=9941e1b442fd85f665a077b65f3501088244924fdb3725cac4f961f76eda6208; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql
@@ -271,7 +271,7 @@ BEGIN
                E'\x1f', session_user, pg_catalog.current_setting('role'),
                pg_catalog.current_setting('application_name'),
                pg_catalog.current_query()))), true)
-            OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.statement_timestamp())::pg_catalog.int8
+            OPERATOR(pg_catalog.=) (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())::pg_catalog.int8
               OPERATOR(pg_catalog./) 10)::pg_catalog.text) IS NOT TRUE THEN
         PERFORM fencekit.attribute('invoices_883e1d3584'::pg_catalog.text, TG_RELID);
       END IF;
@@ -300,7 +300,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=9d5935bded472ddca6f8a02f29104e273e43d433de3924d8421af7412ded8d14; generated, do not edit';
+  'sha256=d791b25b76dbf4100852b600f77de5cca19c20b2c24a68122fd22bc5bcfc52f9; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
