@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from fencekit import catalog
 from tests.core.helpers import (
@@ -325,6 +326,44 @@ def test_a_stale_move_out_of_a_partition_made_after_protect_is_stale(db: Conn) -
         " WHEN MATCHED THEN UPDATE SET region = 'eu'",
     )
     assert detail(err)["fence"] == 50
+
+
+_WRITER_PATHS = {
+    "merge": "MERGE INTO public.pm USING (VALUES (1)) AS s(id) ON pm.id = s.id"
+    " WHEN MATCHED THEN UPDATE SET region = 'us'",
+    "a definer function": "SELECT public.pm_move(1)",
+    "a writable cte": "WITH u AS (UPDATE public.pm SET v = v WHERE false RETURNING id)"
+    " MERGE INTO public.pm USING (SELECT 1 AS id FROM (SELECT count(*) FROM u) c) AS s"
+    " ON pm.id = s.id WHEN MATCHED THEN UPDATE SET region = 'us'",
+}
+
+
+@pytest.mark.pg_since(15)
+@pytest.mark.parametrize("path", sorted(_WRITER_PATHS))
+def test_a_writer_on_a_fresh_connection_with_other_settings_cannot_move_a_row_stale(
+    db: Conn, make_role, path: str
+) -> None:
+    """The application's role (DML and fencekit_writer, nothing of the owner's), on a
+    connection just opened with other TimeZone, DateStyle and search_path, moves a row to
+    another partition with a stale token: by MERGE, through a SECURITY DEFINER function of
+    the owner's, and under a writable CTE. Each is refused; the fence and the row stay."""
+    _partitioned(db, "key", ("region", "k"))
+    db.execute(
+        "CREATE FUNCTION public.pm_move(i int) RETURNS void LANGUAGE sql SECURITY DEFINER"
+        " SET search_path = pg_catalog AS $$ MERGE INTO public.pm USING (VALUES (i)) AS s(id)"
+        " ON pm.id = s.id WHEN MATCHED THEN UPDATE SET region = 'us' $$"
+    )
+    db.commit()
+    write(db, 20, "UPDATE pm SET v = 'later' WHERE id = 1")
+    writer = make_conninfo(
+        make_app_role(make_role, "mx_move_app"),
+        options="-c TimeZone=Pacific/Chatham -c DateStyle=German,DMY -c search_path=pg_temp",
+    )
+    with psycopg.connect(writer) as app:
+        err = reject(app, STALE, 15, _WRITER_PATHS[path])
+    assert detail(err)["fence"] == 20
+    assert rows(db, "SELECT id, region, v FROM pm WHERE id = 1") == [(1, "eu", "later")]
+    assert key_fence(db, "public.pm", "(us,1)") is None
 
 
 def test_the_triggers_of_crossing_rows_are_on_partitioned_tables_only(db: Conn) -> None:
