@@ -196,12 +196,12 @@ def cover_function(objs: TableObjects, n: Names) -> Function:
     calls = {False: "", True: ""}
     for tr in objs.triggers:
         # The root guard stays on the root; the row checks of rows crossing partitions reach
-        # partitions as PostgreSQL's clones (a partitioned tree has no inheritance child).
-        if tr.root_only or (tr.partitioned_only and tr.level == "ROW"):
+        # partitions as PostgreSQL's clones (a partitioned tree has no inheritance child); a
+        # row trigger with transition tables cannot go on a child.
+        row = tr.level == "ROW"
+        if tr.root_only or (row and (tr.partitioned_only or tr.referencing)):
             continue
-        if tr.level == "ROW" and tr.referencing:
-            continue
-        on_rows = "true" if tr.level == "ROW" else "false"
+        on_rows = "true" if row else "false"
         pad = "    " if tr.partitioned_only else "  "
         calls[tr.partitioned_only] += (
             f"{pad}PERFORM fencekit.cover_trigger({root},\n"
