@@ -267,10 +267,18 @@ def start_cluster(
         shutil.rmtree(tmp, ignore_errors=True)
         raise EmbeddedServerError(f"{label}: initdb failed: {exc.stderr}") from exc
 
+    # The server's environment (libfaketime) is given to pg_ctl by env(1), after runuser has
+    # become the server's user: preloaded into runuser, libfaketime made its shared memory as
+    # root and handed its name to pg_ctl, which could not open it, nor make its own when a
+    # root process of the same pid had left one behind ("sem_open failed ... Permission
+    # denied").
+    extra = [f"{k}={v}" for k, v in (env or {}).items()]
+    launch = [*prefix, "env", *extra] if extra else prefix
+
     def pg_ctl(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*prefix, str(bindir / "pg_ctl"), "-D", str(datadir), *args],
-            capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+            [*launch, str(bindir / "pg_ctl"), "-D", str(datadir), *args],
+            capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
     port = 0
