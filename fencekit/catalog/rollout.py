@@ -282,11 +282,21 @@ def rollout_report(
     ``fencekit.unfenced_writers``: fencekit_admin."""
     readable = conn.execute(
         "SELECT pg_catalog.has_table_privilege('fencekit.unfenced_writers', 'SELECT')"
+        " AND pg_catalog.has_function_privilege('fencekit.fold_unfenced_log()', 'EXECUTE')"
     ).fetchone()
     if not (readable and readable[0]):
         raise CatalogError(
             "reading who writes without a token needs fencekit_admin (the statements and "
             "client addresses are the application's): GRANT fencekit_admin TO <you>"
+        )
+    # What transactions at REPEATABLE READ or SERIALIZABLE recorded waits in a log until a
+    # fold moves it into the writers' table (22_attribution.sql).
+    folded = conn.execute("SELECT fencekit.fold_unfenced_log()").fetchone()
+    if not (folded and folded[0]):
+        raise CatalogError(
+            "reading who writes without a token folds fencekit.unfenced_log, which a "
+            "SERIALIZABLE transaction would lock against every writer's record: run it at "
+            "READ COMMITTED"
         )
     now, lag = conn.execute(
         "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"
