@@ -292,3 +292,44 @@ def test_enforce_refuses_while_a_partition_lacks_its_statement_checks(
     assert cli("protect", "parts", "--on-missing", "allow", "--dsn", dsn).code == 0
     ok = cli("enforce", "parts", "--window", "1h", "--dsn", dsn)
     assert ok.code == 0, ok.err
+
+
+@pytest.mark.parametrize("level", ["repeatable read", "serializable"])
+def test_a_writer_at_repeatable_read_or_serializable_is_reported_and_holds_enforce_back(
+    cli: Cli, db: Conn, dsn: str, make_role: Any, level: str
+) -> None:
+    """Such a writer's record waits in fencekit.unfenced_log until the report side folds it:
+    the report names it, enforce refuses, and so do the gates of a role that reads only the
+    public totals and of an admin whose own transaction is SERIALIZABLE (it may not fold)."""
+    db.execute("CREATE TABLE ledger (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO ledger VALUES (1, 'a')")
+    for s in protect_statements(FenceSpec(TableName("public", "ledger"), on_missing="allow")):
+        db.execute(s)
+    db.commit()
+    _age(db, "ledger", "2 hours")
+    with psycopg.connect(make_conninfo(dsn, application_name="batch")) as w:
+        w.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        w.execute("UPDATE ledger SET v = 'b' WHERE id = 1")
+    table, window = TableName("public", "ledger"), parse_duration("1h")
+    reader = make_role("rollout_ledger_totals")
+    with psycopg.connect(reader) as m:
+        why = enforce_refusal(m, table, window)
+    assert why is not None and "1 writer(s)" in why
+    with psycopg.connect(dsn) as admin:
+        admin.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        why = enforce_refusal(admin, table, window)
+    assert why is not None and "written without a token" in why
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (1,)
+    db.commit()
+    r = cli("rollout", "ledger", "--json", "--window", "1h", "--dsn", dsn)
+    assert r.code == 1, r.err
+    (t,) = json.loads(r.out)["tables"]
+    assert t["verdict"] == "not_ready"
+    assert [(w["application_name"], w["statement"]) for w in t["writers"]] == [
+        ("batch", "UPDATE ledger SET v = ? WHERE id = ?")
+    ]
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (0,)
+    db.commit()
+    refused = cli("enforce", "ledger", "--window", "1h", "--dsn", dsn)
+    assert refused.code == 1, refused.out
+    assert "application_name 'batch'" in refused.err
