@@ -282,29 +282,33 @@ def rollout_report(
     ``fencekit.unfenced_writers``: fencekit_admin."""
     readable = conn.execute(
         "SELECT pg_catalog.has_table_privilege('fencekit.unfenced_writers', 'SELECT')"
-        " AND pg_catalog.has_function_privilege('fencekit.fold_unfenced_log()', 'EXECUTE')"
+        " AND pg_catalog.has_function_privilege('fencekit.fold_unfenced_log(text[])',"
+        " 'EXECUTE')"
     ).fetchone()
     if not (readable and readable[0]):
         raise CatalogError(
             "reading who writes without a token needs fencekit_admin (the statements and "
             "client addresses are the application's): GRANT fencekit_admin TO <you>"
         )
-    # What transactions at REPEATABLE READ or SERIALIZABLE recorded waits in a log until a
-    # fold moves it into the writers' table (22_attribution.sql).
-    folded = conn.execute("SELECT fencekit.fold_unfenced_log()").fetchone()
-    if not (folded and folded[0]):
-        raise CatalogError(
-            "reading who writes without a token folds fencekit.unfenced_log, which a "
-            "SERIALIZABLE transaction would lock against every writer's record: run it at "
-            "READ COMMITTED"
-        )
-    now, lag = conn.execute(
-        "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"
-    ).fetchone() or (None, 0)
     registry = conn.execute(
         "SELECT p.schema_name, p.table_name, p.tag, p.spec::pg_catalog.text, p.protected_at"
         " FROM fencekit.protected p ORDER BY p.schema_name, p.table_name"
     ).fetchall()
+    wanted = {(t.schema, t.name) for t in tables} if tables is not None else None
+    # What transactions at REPEATABLE READ or SERIALIZABLE recorded waits in a log until a
+    # fold moves it into the writers' table (22_attribution.sql): the tables named, or all.
+    tags = None if wanted is None else [r[2] for r in registry if (r[0], r[1]) in wanted]
+    folded = conn.execute("SELECT fencekit.fold_unfenced_log(%s::pg_catalog.text[])", [tags])
+    if not (folded.fetchone() or (False,))[0]:
+        raise CatalogError(
+            "reading who writes without a token folds fencekit.unfenced_log first, which "
+            "needs a read-write transaction that is not SERIALIZABLE (a SERIALIZABLE reader "
+            "of the log would take part in every writer's serialization conflicts): run it "
+            "at READ COMMITTED, on the primary"
+        )
+    now, lag = conn.execute(
+        "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"
+    ).fetchone() or (None, 0)
     rows = conn.execute(
         "SELECT u.tag, u.session_user_name, u.current_user_name, u.application_name,"
         " pg_catalog.host(u.client_addr), u.query_id, u.fingerprint, u.statement,"
@@ -323,7 +327,6 @@ def rollout_report(
     ).fetchone()
     assert now is not None
     texts = _pgss_texts(conn, sorted({int(r[5]) for r in rows if r[5] is not None}))
-    wanted = {(t.schema, t.name) for t in tables} if tables is not None else None
     out = []
     for schema, name, tag, raw_spec, protected_at in registry:
         try:

@@ -53,7 +53,7 @@ def _connect(dsn: str, level: str, app: str = "iso-app") -> Conn:
 
 def fold(db: Conn) -> None:
     db.commit()
-    db.execute("SELECT fencekit.fold_unfenced_log()")
+    db.execute("SELECT fencekit.fold_unfenced_log(NULL)")
     db.commit()
 
 
@@ -157,7 +157,7 @@ def test_a_serializable_writer_takes_no_predicate_lock_on_attribution(
         w.commit()
         reader = w
         reader.execute("SELECT * FROM fencekit.unfenced_writer_totals").fetchall()
-        assert reader.execute("SELECT fencekit.fold_unfenced_log()").fetchone() == (False,)
+        assert reader.execute("SELECT fencekit.fold_unfenced_log(NULL)").fetchone() == (False,)
         held = reader.execute(
             "SELECT l.relation::regclass::text FROM pg_locks l"
             " WHERE l.mode = 'SIReadLock' AND l.pid = pg_backend_pid()"
@@ -334,7 +334,7 @@ def test_a_writer_cannot_forge_or_erase_log_rows(
             "INSERT INTO fencekit.unfenced_log (tag, writer, session_user_name,"
             " current_user_name, application_name, fingerprint, statement, seen, statements)"
             " VALUES ('x', 'x', 'x', 'x', 'x', 'x', 'x', now(), 1)",
-            "SELECT fencekit.fold_unfenced_log()",
+            "SELECT fencekit.fold_unfenced_log(NULL)",
             "SELECT fencekit.merge_unfenced_writer(u) FROM fencekit.unfenced_writers u",
             f"SELECT setval(format('fencekit.%I', '{tag}' || ':folded'), 1000000)",
             f"SELECT nextval(format('fencekit.%I', '{tag}' || ':logged'))",
@@ -350,3 +350,32 @@ def test_a_writer_cannot_forge_or_erase_log_rows(
     assert after[: len(before)] == before
     new = after[len(before) :]
     assert [(r[2], r[3], r[4], r[10]) for r in new] == [("iso_app", "iso_app", "victim", 5)]
+
+
+def test_a_fold_takes_about_the_cap_in_locks_however_many_writers_the_log_names(
+    db: Conn, dsn: str, tables: None
+) -> None:
+    """The server's lock table is shared: a fold that took an advisory lock per writer the log
+    names (a writer may use as many application names as it likes) could fill it and fail
+    other sessions. Writers beyond the cap go to the overflow as one record."""
+    db.execute("INSERT INTO fencekit.meta VALUES ('attribution_cap', '2')")
+    db.commit()
+    tag = _tag(db, "i_table")
+    with psycopg.connect(dsn) as c:
+        c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for i in range(40):
+            c.execute("SELECT set_config('application_name', %s, true)", [f"app-{i}"])
+            c.execute("SELECT fencekit.record_unfenced_writer(%s, 'i_table'::regclass, 1)", [tag])
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (40,)
+    assert db.execute("SELECT fencekit.fold_unfenced_log(NULL)").fetchone() == (True,)
+    (locks,) = db.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    ).fetchone() or (0,)
+    db.commit()
+    assert locks <= 2 + 2
+    got = db.execute(
+        "SELECT (SELECT count(*) FROM fencekit.unfenced_writers),"
+        " (SELECT statements FROM fencekit.unfenced_overflow)"
+    ).fetchone()
+    db.commit()
+    assert got == (2, 38)

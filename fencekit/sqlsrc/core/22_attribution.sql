@@ -199,16 +199,18 @@ $fn$;
 REVOKE ALL ON FUNCTION fencekit.count_unattributed(text, bigint, timestamptz) FROM PUBLIC;
 
 -- Add one record `r` (a writer's identity, statement, first and last seen and a count) to
--- fencekit.unfenced_writers: its row's last_seen and count grow, or a new row is made while
--- the table has fewer than `attribution_cap` writers, else the statements go to the table's
--- overflow row. The one way a record enters the table: fencekit.record_unfenced_writer's at
--- READ COMMITTED, and fencekit.fold_unfenced_log's for what the other levels appended. When
+-- fencekit.unfenced_writers: its row's times and count grow, or a new row is made while the
+-- table has fewer than `attribution_cap` writers, else the statements go to the table's
+-- overflow row (directly for a record without a writer: a fold's sum of writers beyond the
+-- cap). The one way a record enters those tables: fencekit.record_unfenced_writer's at READ
+-- COMMITTED, and fencekit.fold_unfenced_log's for what the other levels appended. When
 -- another transaction holds the writer's (or the overflow's) advisory lock, which any role can
--- take, the statements are counted as unattributed instead (fencekit.count_unattributed),
--- so that `fencekit rollout` still sees them. Runs as its caller: record_unfenced_writer's
--- owner, or a member of fencekit_admin folding; nobody else may run it.
+-- take, the statements are counted as unattributed instead (fencekit.count_unattributed), so
+-- that `fencekit rollout` still sees them. False when the record went to the overflow (the
+-- table's writers are at the cap). Runs as its caller: record_unfenced_writer's owner, or a
+-- member of fencekit_admin folding; nobody else may run it.
 CREATE OR REPLACE FUNCTION fencekit.merge_unfenced_writer(r fencekit.unfenced_writers)
-RETURNS void
+RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   cap integer;
@@ -216,35 +218,37 @@ DECLARE
   -- The sums below saturate, so no count can overflow and fail another writer's statement.
   add bigint := GREATEST(COALESCE(r.statements, 1), 1);
 BEGIN
-  -- One recorder per writer at a time; the others skip rather than wait behind its
-  -- transaction. The first key is fencekit's class of advisory locks ('fencekit.attribution').
-  IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
-                                              pg_catalog.hashtext(r.tag || ' ' || r.writer)) THEN
-    PERFORM fencekit.count_unattributed(r.tag, add, r.last_seen);
-    RETURN;
-  END IF;
-  UPDATE fencekit.unfenced_writers u
-     SET first_seen = LEAST(u.first_seen, r.first_seen),
-         last_seen = GREATEST(u.last_seen, r.last_seen),
-         statements = LEAST(u.statements, 9223372036854775807 - add) + add,
-         query_id = COALESCE(r.query_id, u.query_id)
-   WHERE u.tag = r.tag AND u.writer = r.writer;
-  IF FOUND THEN
-    RETURN;
-  END IF;
-  SELECT pg_catalog.int4(m.value) INTO cap FROM fencekit.meta m
-   WHERE m.key = 'attribution_cap' AND m.value ~ '^[0-9]{1,9}$';
-  SELECT pg_catalog.count(*) INTO n FROM fencekit.unfenced_writers u WHERE u.tag = r.tag;
-  IF n < COALESCE(cap, 50) THEN
-    r.statements := add;
-    INSERT INTO fencekit.unfenced_writers SELECT (r).*
-    ON CONFLICT ON CONSTRAINT unfenced_writers_pkey DO NOTHING;
-    RETURN;
+  IF r.writer IS NOT NULL THEN
+    -- One recorder per writer at a time; the others skip rather than wait behind its
+    -- transaction. The first key is fencekit's class of advisory locks ('fencekit.attribution').
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
+                                                pg_catalog.hashtext(r.tag || ' ' || r.writer)) THEN
+      PERFORM fencekit.count_unattributed(r.tag, add, r.last_seen);
+      RETURN true;
+    END IF;
+    UPDATE fencekit.unfenced_writers u
+       SET first_seen = LEAST(u.first_seen, r.first_seen),
+           last_seen = GREATEST(u.last_seen, r.last_seen),
+           statements = LEAST(u.statements, 9223372036854775807 - add) + add,
+           query_id = COALESCE(r.query_id, u.query_id)
+     WHERE u.tag = r.tag AND u.writer = r.writer;
+    IF FOUND THEN
+      RETURN true;
+    END IF;
+    SELECT pg_catalog.int4(m.value) INTO cap FROM fencekit.meta m
+     WHERE m.key = 'attribution_cap' AND m.value ~ '^[0-9]{1,9}$';
+    SELECT pg_catalog.count(*) INTO n FROM fencekit.unfenced_writers u WHERE u.tag = r.tag;
+    IF n < COALESCE(cap, 50) THEN
+      r.statements := add;
+      INSERT INTO fencekit.unfenced_writers SELECT (r).*
+      ON CONFLICT ON CONSTRAINT unfenced_writers_pkey DO NOTHING;
+      RETURN true;
+    END IF;
   END IF;
   IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
                                               pg_catalog.hashtext(r.tag)) THEN
     PERFORM fencekit.count_unattributed(r.tag, add, r.last_seen);
-    RETURN;
+    RETURN false;
   END IF;
   INSERT INTO fencekit.unfenced_overflow AS o (tag, first_seen, last_seen, statements)
   VALUES (r.tag, r.first_seen, r.last_seen, add)
@@ -253,6 +257,7 @@ BEGIN
         last_seen = GREATEST(o.last_seen, excluded.last_seen),
         statements = LEAST(o.statements, 9223372036854775807 - excluded.statements)
                      + excluded.statements;
+  RETURN false;
 END
 $fn$;
 REVOKE ALL ON FUNCTION fencekit.merge_unfenced_writer(fencekit.unfenced_writers) FROM PUBLIC;
@@ -359,73 +364,112 @@ END
 $fn$;
 
 -- Fold what transactions at REPEATABLE READ or SERIALIZABLE appended to fencekit.unfenced_log
--- into fencekit.unfenced_writers: per table, the rows committed so far are taken out of the
--- log and added per writer (first and last seen, the count summed) through
--- fencekit.merge_unfenced_writer, the direct record's own code (same cap, same overflow, an
--- advisory lock busy counts as unattributed), and the table's '<tag>:folded' mark moves to
--- the appends numbered before it started, freeing the log's cap. Rows of transactions still
--- open stay for the next fold. `fencekit rollout` and the enforce gates run it before they
--- read the writers (fencekit.catalog.rollout).
+-- for the tables protected under `tags` (NULL: every table) into fencekit.unfenced_writers:
+-- the rows committed so far are taken out of the log and added per writer (first and last
+-- seen, the count summed) through fencekit.merge_unfenced_writer, the direct record's own
+-- code (same cap, same overflow, a busy advisory lock counted as unattributed), and each
+-- table's '<tag>:folded' mark moves to the appends numbered before the fold read the log,
+-- which frees the log's cap. Rows of transactions still open stay for the next fold.
+-- `fencekit rollout` and the enforce gates run it before they read the writers
+-- (fencekit.catalog.rollout).
 --
--- Returns false, and reads nothing, in a SERIALIZABLE transaction: there its read of the log
--- would take a predicate lock that every append of a SERIALIZABLE writer meets, making the
--- writer part of read-write conflicts it never had. Run it at READ COMMITTED (or REPEATABLE
--- READ, where a fold racing another fold may fail the folding transaction, never a writer).
+-- Its advisory locks are bounded like the table it writes: per table, the writers the log
+-- holds that have a row already come first, then new ones until the cap is reached; the rest
+-- go to the overflow as one record. So a fold takes about `attribution_cap` + 2 locks per
+-- table however many writers (application names, say) the log names: the server's lock table
+-- is shared, and a fold must not fill it.
+--
+-- Returns false, and reads nothing, in a SERIALIZABLE transaction (its read of the log would
+-- take a predicate lock that every SERIALIZABLE writer's append meets, making the writer part
+-- of read-write conflicts it never had) or a read-only one (a standby): run it in a
+-- read-write transaction at READ COMMITTED, or REPEATABLE READ (where a fold racing another
+-- fold may fail the folding transaction, never a writer).
 --
 -- Runs as its caller, a member of fencekit_admin (it deletes from the log and writes the
 -- writers' tables and the folded marks, which only fencekit_admin may); it reads only
 -- fencekit's tables and sequences, built-in types, with a pinned search_path.
-CREATE OR REPLACE FUNCTION fencekit.fold_unfenced_log() RETURNS boolean
+CREATE OR REPLACE FUNCTION fencekit.fold_unfenced_log(tags text[]) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-  t text;
-  upto bigint;
-  folded regclass;
-  r fencekit.unfenced_writers;
+  marks text[];
+  uptos bigint[];
   records fencekit.unfenced_writers[];
+  r fencekit.unfenced_writers;
+  spill fencekit.unfenced_writers;  -- the table's writers beyond the cap, as one record
+  spilled boolean := false;         -- (a row IS NULL only when every field is)
+  this text;
+  room boolean;
+  folded regclass;
 BEGIN
-  IF pg_catalog.current_setting('transaction_isolation') = 'serializable' THEN
+  IF pg_catalog.current_setting('transaction_isolation') = 'serializable'
+     OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
     RETURN false;
   END IF;
-  FOR t IN SELECT p.tag FROM fencekit.protected p
-           UNION SELECT l.tag FROM fencekit.unfenced_log l LOOP
-    -- The number of the last append before the rows are read: every append numbered up to it
-    -- either is read below, or belongs to a transaction still open, whose rows stay.
-    upto := fencekit.counter_value(t, 'logged');
-    WITH gone AS (
-      DELETE FROM fencekit.unfenced_log l WHERE l.tag = t RETURNING l.*
-    ), per_writer AS (
-      -- A writer's identity is the same in each of its rows (the writer is its hash): the
-      -- first row's statement (the text itself differs when literals are kept), the last
-      -- query id known.
-      SELECT g.writer, pg_catalog.min(g.session_user_name) AS su,
-             pg_catalog.min(g.current_user_name) AS cu, pg_catalog.min(g.application_name) AS app,
-             pg_catalog.min(g.client_addr) AS addr, pg_catalog.min(g.fingerprint) AS fp,
-             (pg_catalog.array_agg(g.statement ORDER BY g.seen))[1] AS stmt,
-             (pg_catalog.array_agg(g.query_id ORDER BY g.seen DESC)
-                FILTER (WHERE g.query_id IS NOT NULL))[1] AS qid,
-             pg_catalog.min(g.seen) AS first_at, pg_catalog.max(g.seen) AS last_at,
-             LEAST(pg_catalog.sum(g.statements), 9223372036854775807)::bigint AS n
-        FROM gone g GROUP BY g.writer
-    )
-    SELECT pg_catalog.array_agg(ROW(t, w.writer, w.su, w.cu, w.app, w.addr, w.qid, w.fp, w.stmt,
-                                    w.first_at, w.last_at, w.n)::fencekit.unfenced_writers
-                                ORDER BY w.first_at, w.writer)
-      INTO records FROM per_writer w;
-    FOREACH r IN ARRAY COALESCE(records, '{}') LOOP
-      PERFORM fencekit.merge_unfenced_writer(r);
-    END LOOP;
-    folded := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', t || ':folded'));
-    IF upto IS NOT NULL AND folded IS NOT NULL THEN
-      PERFORM pg_catalog.setval(folded, GREATEST(upto,
+  -- The number of each table's last append, read before the log: every append numbered up to
+  -- it is read below, or belongs to a transaction still open, whose row stays.
+  SELECT pg_catalog.array_agg(p.tag), pg_catalog.array_agg(fencekit.counter_value(p.tag, 'logged'))
+    INTO marks, uptos
+    FROM fencekit.protected p WHERE tags IS NULL OR p.tag = ANY (tags);
+  WITH gone AS (
+    DELETE FROM fencekit.unfenced_log l WHERE tags IS NULL OR l.tag = ANY (tags) RETURNING l.*
+  ), per_writer AS (
+    -- A writer's identity is the same in each of its rows (the writer is its hash): the
+    -- first row's statement (the text itself differs when literals are kept), the last
+    -- query id known.
+    SELECT g.tag, g.writer, pg_catalog.min(g.session_user_name) AS su,
+           pg_catalog.min(g.current_user_name) AS cu, pg_catalog.min(g.application_name) AS app,
+           pg_catalog.min(g.client_addr) AS addr, pg_catalog.min(g.fingerprint) AS fp,
+           (pg_catalog.array_agg(g.statement ORDER BY g.seen))[1] AS stmt,
+           (pg_catalog.array_agg(g.query_id ORDER BY g.seen DESC)
+              FILTER (WHERE g.query_id IS NOT NULL))[1] AS qid,
+           pg_catalog.min(g.seen) AS first_at, pg_catalog.max(g.seen) AS last_at,
+           LEAST(pg_catalog.sum(g.statements), 9223372036854775807)::bigint AS n
+      FROM gone g GROUP BY g.tag, g.writer
+  )
+  SELECT pg_catalog.array_agg(ROW(w.tag, w.writer, w.su, w.cu, w.app, w.addr, w.qid, w.fp,
+                                  w.stmt, w.first_at, w.last_at, w.n)::fencekit.unfenced_writers
+           ORDER BY w.tag,
+                    EXISTS (SELECT FROM fencekit.unfenced_writers u
+                             WHERE u.tag = w.tag AND u.writer = w.writer) DESC,
+                    w.first_at, w.writer)
+    INTO records FROM per_writer w;
+  FOREACH r IN ARRAY COALESCE(records, '{}') LOOP
+    IF r.tag IS DISTINCT FROM this THEN
+      IF spilled THEN
+        PERFORM fencekit.merge_unfenced_writer(spill);
+      END IF;
+      this := r.tag;
+      room := true;
+      spilled := false;
+    END IF;
+    IF room THEN
+      room := fencekit.merge_unfenced_writer(r);
+    ELSIF NOT spilled THEN
+      spill := r;
+      spill.writer := NULL;
+      spilled := true;
+    ELSE
+      spill.first_seen := LEAST(spill.first_seen, r.first_seen);
+      spill.last_seen := GREATEST(spill.last_seen, r.last_seen);
+      spill.statements := LEAST(spill.statements, 9223372036854775807 - r.statements)
+                          + r.statements;
+    END IF;
+  END LOOP;
+  IF spilled THEN
+    PERFORM fencekit.merge_unfenced_writer(spill);
+  END IF;
+  FOR i IN 1 .. COALESCE(pg_catalog.array_length(marks, 1), 0) LOOP
+    folded := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', marks[i] || ':folded'));
+    IF uptos[i] IS NOT NULL AND folded IS NOT NULL THEN
+      PERFORM pg_catalog.setval(folded, GREATEST(uptos[i],
                                 COALESCE(pg_catalog.pg_sequence_last_value(folded), 0)));
     END IF;
   END LOOP;
   RETURN true;
 END
 $fn$;
-REVOKE ALL ON FUNCTION fencekit.fold_unfenced_log() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION fencekit.fold_unfenced_log(),
+REVOKE ALL ON FUNCTION fencekit.fold_unfenced_log(text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.fold_unfenced_log(text[]),
   fencekit.merge_unfenced_writer(fencekit.unfenced_writers),
   fencekit.count_unattributed(text, bigint, timestamptz) TO fencekit_admin;
 
