@@ -68,6 +68,7 @@ def writers(db: Conn, table: str) -> list[tuple[str, int]]:
     return [(str(s), int(n)) for s, n in rows]
 
 
+@pytest.mark.all_servers  # what SSI tracks is the server's business
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("table", list(SCOPES))
 @pytest.mark.parametrize("recorded_before", [False, True], ids=["new", "known"])
@@ -97,6 +98,7 @@ def test_the_same_writer_recorded_after_a_snapshot_fails_no_write(
     assert count == (3 if recorded_before else 2)
 
 
+@pytest.mark.all_servers  # what SSI tracks is the server's business
 @pytest.mark.parametrize("table", list(SCOPES))
 def test_serializable_writers_of_different_statements_do_not_conflict(
     db: Conn, dsn: str, tables: None, table: str
@@ -134,6 +136,7 @@ ATTRIBUTION = (
 )
 
 
+@pytest.mark.all_servers  # what SSI tracks is the server's business
 @pytest.mark.parametrize("table", list(SCOPES))
 def test_a_serializable_writer_takes_no_predicate_lock_on_attribution(
     db: Conn, dsn: str, tables: None, table: str
