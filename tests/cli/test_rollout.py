@@ -12,6 +12,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from fencekit.catalog.rollout import enforce_refusal, parse_duration
+from fencekit.catalog.session import pinned_path
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements, table_objects
 from tests.cli.conftest import Cli
@@ -390,6 +391,30 @@ def test_a_child_made_after_protect_keeps_the_report_not_ready(
     assert "inheritance child public.uac lacks fencekit's trigger(s)" in r.err
     assert cli("protect", "ua", "--scope", "table", "--on-missing", "allow", "--dsn", dsn).code == 0
     assert cli("rollout", "ua", "--window", "1h", "--dsn", dsn).code == 0
+
+
+def test_a_role_that_reads_only_the_totals_is_refused_an_uncovered_tree_as_well(
+    db: Conn, dsn: str, make_role: Any
+) -> None:
+    """The migrating role may not read the writers: the gate judges the tree from the
+    catalogs alike, with the report's words."""
+    db.execute(
+        "CREATE TABLE tr (id bigint, v text); CREATE TABLE rc () INHERITS (tr);"
+        "CREATE TABLE side3 (id bigint, v text)"
+    )
+    _protect(db, FenceSpec(TableName("public", "tr"), scope=Scope.TABLE, on_missing="allow"))
+    db.execute("ALTER TABLE rc INHERIT side3; CREATE TABLE uc () INHERITS (tr)")
+    db.commit()
+    _age(db, "tr", "2 hours")
+    app = make_role("rollout_migrator", "SELECT ON ALL TABLES IN SCHEMA public")
+    tr, hour = TableName("public", "tr"), timedelta(hours=1)
+    with psycopg.connect(app) as conn, pinned_path(conn):  # as the migration operations run
+        why = enforce_refusal(conn, tr, hour)
+    assert why is not None
+    assert "child table public.rc also inherits from public.side3" in why
+    assert "inheritance child public.uc lacks fencekit's trigger(s)" in why
+    with pinned_path(db):
+        assert why == enforce_refusal(db, tr, hour)
 
 
 def test_a_child_whose_triggers_only_bear_fencekit_names_is_not_covered(
