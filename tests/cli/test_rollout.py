@@ -447,3 +447,45 @@ def test_a_child_whose_triggers_only_bear_fencekit_names_is_not_covered(
     r = cli("enforce", "ub", "--window", "1h", "--dsn", dsn)
     assert r.code == 1, r.out
     assert "calls public.noop, not fencekit." in r.err
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "kind"),
+    [
+        ("CREATE TABLE ud (id bigint, v text)", "DISABLE TRIGGER {stmt}", "trigger_disabled"),
+        (
+            "CREATE TABLE ud (id bigint, v text)",
+            "ENABLE REPLICA TRIGGER {stmt}",
+            "trigger_replica_only",
+        ),
+        (
+            "CREATE TABLE ud_top (id bigint, v text); CREATE TABLE ud () INHERITS (ud_top)",
+            "ENABLE TRIGGER {stmt}",
+            "unprotected_ancestor",
+        ),
+    ],
+    ids=["disabled", "replica-only", "unprotected-ancestor"],
+)
+def test_the_table_s_own_unseen_paths_keep_it_uncovered(
+    cli: Cli, db: Conn, dsn: str, before: str, after: str, kind: str
+) -> None:
+    """Its statement check disabled or replica-only, or a parent nobody protects whose
+    statements write its rows: tokenless writes go uncounted, so not ready, as status says.
+    ENABLE ALWAYS still fires: no reason to refuse."""
+    spec = FenceSpec(TableName("public", "ud"), scope=Scope.TABLE, on_missing="allow")
+    db.execute(before)
+    _protect(db, spec)
+    stmt = next(tr.name for tr in table_objects(spec).triggers if tr.name.endswith("_stmt"))
+    db.execute(f"ALTER TABLE ud {after.format(stmt=stmt)}")
+    db.commit()
+    _age(db, "ud", "2 hours")
+    doc = json.loads(cli("rollout", "ud", "--json", "--window", "1h", "--dsn", dsn).out)
+    (t,) = doc["tables"]
+    assert t["verdict"] == "uncovered"
+    assert [u["kind"] for u in t["uncovered"]] == [kind]
+    assert cli("enforce", "ud", "--window", "1h", "--dsn", dsn).code == 1
+    db.execute(f"ALTER TABLE ud ENABLE ALWAYS TRIGGER {stmt}")
+    if kind == "unprotected_ancestor":
+        db.execute("ALTER TABLE ud NO INHERIT ud_top")
+    db.commit()
+    assert cli("enforce", "ud", "--window", "1h", "--dsn", dsn).code == 0
