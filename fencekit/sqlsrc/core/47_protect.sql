@@ -18,6 +18,18 @@ BEGIN
 END
 $fn$;
 
+-- Whether `name` is one of the names of the table whose objects' names start `prefix` (its
+-- 'fencekit_<tag>_' or '<tag>_'): it starts with it, and the rest is not another table's tag
+-- and suffix. A tag ends in '_' and ten hex digits (ident.py), so a table named '<tag>_x'
+-- has the tag '<tag>_x_<hash>' and the objects '<tag>_x_<hash>_ins': their rest holds ten hex
+-- digits and a '_', which no suffix of fencekit's does. Without this, one table's re-protect
+-- or unprotect dropped the other's triggers and functions, or failed on them.
+CREATE OR REPLACE FUNCTION fencekit.named_by(name text, prefix text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.starts_with(name, prefix)
+     AND pg_catalog.substr(name, pg_catalog.length(prefix) + 1) !~ '(^|_)[0-9a-f]{10}_'
+$fn$;
+
 -- Drop the triggers on `rel` named `prefix`* that are not in `keep` (made by another release
 -- of the template: re-protect must not leave an old one firing). Clones PostgreSQL made on
 -- partitions go with their parent's.
@@ -29,7 +41,7 @@ DECLARE
 BEGIN
   FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
               WHERE t.tgrelid = rel AND NOT t.tgisinternal AND t.tgparentid = 0
-                AND pg_catalog.starts_with(t.tgname::text, prefix)
+                AND fencekit.named_by(t.tgname::text, prefix)
                 AND t.tgname::text <> ALL (keep) LOOP
     -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
@@ -46,7 +58,7 @@ DECLARE
 BEGIN
   FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'fencekit'::regnamespace AND p.pronargs = 0
-                AND pg_catalog.starts_with(p.proname::text, prefix)
+                AND fencekit.named_by(p.proname::text, prefix)
                 AND p.proname::text <> ALL (keep) LOOP
     -- dynamic SQL: the function is known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
