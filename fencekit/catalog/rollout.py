@@ -445,7 +445,7 @@ def enforce_check(conn: Any, table: TableName, window: timedelta, *, force: bool
     spec = registered_spec(conn, table)
     why = enforce_refusal(conn, table, window)
     if why is not None and not force:
-        raise CatalogError(why + ". Nothing was changed; fix those writers, or force it")
+        raise CatalogError(why + ". Nothing was changed; fix that, or force it")
     return enforced_spec(spec)
 
 
