@@ -4,9 +4,10 @@ Tables protected with ``on_missing = allow`` attribute every statement that goes
 token to its writer (``fencekit.unfenced_writers``, 22_attribution.sql). This module reads
 that back per table and decides whether the table is ready to enforce (``on_missing =
 reject``): no tokenless write within a window the DBA chooses, observed for at least that
-window, and no write reaching its rows where its checks do not see it (:func:`unseen_paths`). The report's verdict is the gate: the CLI (``fencekit
-rollout``, ``fencekit enforce``), the alembic operation and the Django operation all ask
-:func:`enforce_refusal`, which reads it, before switching a table; none decides alone.
+window, and no write reaching its rows where its checks do not see it (:func:`unseen_paths`).
+The report's verdict is the gate: the CLI (``fencekit rollout``, ``fencekit enforce``), the
+alembic operation and the Django operation all ask :func:`enforce_refusal`, which reads it,
+before switching a table; none decides alone.
 
 It reads fencekit's own tables, the catalogs and, when installed, pg_stat_statements' view
 (by the schema its extension records, for the normalized text of a query id): nothing of a
