@@ -1233,13 +1233,18 @@ $fn$;
 -- is past '<tag>:folded'; one rolled back too), and writers only the folded ones. The test of
 -- the isolation is a constant of the query, so the log is not scanned at all at that level.
 CREATE OR REPLACE VIEW fencekit.unfenced_writer_totals AS
+WITH logged AS (  -- one scan of the log for every table (it has no index)
+  SELECT l.tag, pg_catalog.max(l.seen) AS last_seen,
+         pg_catalog.array_agg(DISTINCT l.writer) AS writers
+    FROM fencekit.unfenced_log l
+   WHERE pg_catalog.current_setting('transaction_isolation') <> 'serializable'
+   GROUP BY l.tag
+)
 SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
        (SELECT pg_catalog.count(*)
           FROM (SELECT u.writer FROM fencekit.unfenced_writers u WHERE u.tag = p.tag
                 UNION
-                SELECT l.writer FROM fencekit.unfenced_log l
-                 WHERE l.tag = p.tag
-                   AND pg_catalog.current_setting('transaction_isolation') <> 'serializable') w)
+                SELECT pg_catalog.unnest(g.writers)) w)
          AS writers,
        COALESCE((SELECT o.statements FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag), 0)
          AS overflow_statements,
@@ -1248,9 +1253,7 @@ SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
                 (SELECT o.last_seen FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag),
                 pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:unattributed')
                                         / 1000.0),
-                (SELECT pg_catalog.max(l.seen) FROM fencekit.unfenced_log l
-                  WHERE l.tag = p.tag
-                    AND pg_catalog.current_setting('transaction_isolation') <> 'serializable'),
+                g.last_seen,
                 CASE WHEN pg_catalog.current_setting('transaction_isolation') = 'serializable'
                           AND fencekit.counter_value(p.tag, 'logged')
                               > COALESCE(fencekit.counter_value(p.tag, 'folded'), 0)
@@ -1259,7 +1262,8 @@ SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
                 END)
          AS last_seen,
        COALESCE(fencekit.counter_value(p.tag, 'unattributed'), 0) AS unattributed_statements
-  FROM fencekit.protected p;
+  FROM fencekit.protected p
+  LEFT JOIN logged g ON g.tag = p.tag;
 GRANT SELECT ON fencekit.unfenced_writer_totals TO PUBLIC;
 
 -- Writers need no grant for the rest: the generated checks run as the writer (row fences) and
