@@ -339,7 +339,8 @@ def test_a_writer_cannot_forge_or_erase_log_rows(
             " VALUES ('x', 'x', 'x', 'x', 'x', 'x', 'x', now(), 1)",
             "SELECT fencekit.fold_unfenced_log(NULL)",
             "SELECT fencekit.merge_unfenced_writer(u) FROM fencekit.unfenced_writers u",
-            f"SELECT setval(format('fencekit.%I', '{tag}' || ':folded'), 1000000)",
+            "UPDATE fencekit.unfenced_log_folded SET appends = 1000000",
+            "INSERT INTO fencekit.unfenced_log_folded VALUES ('x', 1000000)",
             f"SELECT nextval(format('fencekit.%I', '{tag}' || ':logged'))",
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -382,3 +383,30 @@ def test_a_fold_takes_about_the_cap_in_locks_however_many_writers_the_log_names(
     ).fetchone()
     db.commit()
     assert got == (2, 38)
+
+
+def test_a_fold_rolled_back_leaves_the_logs_cap_where_it_was(
+    db: Conn, dsn: str, tables: None
+) -> None:
+    """A fold in a transaction that rolls back (an enforce migration refused, say) puts the
+    log's rows back: the mark the cap counts from goes back with them, so the rows the fold
+    read still count against the cap. A fold that commits frees it."""
+    tag = _tag(db, "i_row")
+    for app in ("a", "b"):
+        w = _connect(dsn, "repeatable read", app)
+        try:
+            w.execute("UPDATE i_row SET v = 'm' WHERE id = %s", [11])
+            w.commit()
+        finally:
+            w.close()
+    mark = "SELECT appends FROM fencekit.unfenced_log_folded WHERE tag = %s"
+    assert db.execute("SELECT fencekit.fold_unfenced_log(NULL)").fetchone() == (True,)
+    assert db.execute(mark, [tag]).fetchone() == (2,)
+    db.rollback()
+    assert db.execute(mark, [tag]).fetchone() is None
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (2,)
+    db.commit()
+    fold(db)
+    assert db.execute(mark, [tag]).fetchone() == (2,)
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (0,)
+    db.commit()

@@ -34,20 +34,24 @@
 -- appends to fencekit.unfenced_log instead: one INSERT into a table without an index, which
 -- nothing in a writer's transaction reads (no row lock, no unique check, no predicate lock a
 -- writer could meet), and the table's sequences, which are outside transactions and
--- predicate locking alike: '<tag>:logged' numbers the appends, '<tag>:folded' is the number
--- the last fold reached, '<tag>:last_at:logged' the time of the last append. No advisory lock
--- is taken on that path. The report side folds the log into fencekit.unfenced_writers with
--- the same code as the direct record (fencekit.fold_unfenced_log: `fencekit rollout`, and the
--- enforce gates through it), and fencekit.unfenced_writer_totals counts rows not yet folded.
+-- predicate locking alike: '<tag>:logged' numbers the appends, '<tag>:last_at:logged' keeps
+-- the time of the last. No advisory lock is taken on that path. The report side folds the
+-- log into fencekit.unfenced_writers with the same code as the direct record
+-- (fencekit.fold_unfenced_log: `fencekit rollout`, and the enforce gates through it), and
+-- fencekit.unfenced_writer_totals counts rows not yet folded.
 -- The log is bounded by construction: an append numbered more than attribution_log_cap()
--- beyond the last fold's mark is not written but counted as unattributed (never lost from the
--- report), so the log holds at most that many rows per table appended since the last fold,
--- plus the rows of transactions still open at that fold. A reader at SERIALIZABLE would hold
--- a predicate lock on the log that every append meets: the fold refuses to run at that level,
--- and the totals view reads the log only below it (at SERIALIZABLE it counts the appends since
--- the last fold by the sequences, a rolled-back one too). What a transaction at those levels
--- reads besides: the catalogs (not predicate-locked) and fencekit.meta's literals switch (a
--- predicate lock that only a SERIALIZABLE transaction writing fencekit.meta, a DBA's, meets).
+-- beyond the number the last fold reached (fencekit.unfenced_log_folded) is not written but
+-- counted as unattributed (never lost from the report), so the log holds at most that many
+-- rows per table appended since the last fold, plus the rows of transactions still open at
+-- that fold. That mark is a row, not a sequence: a fold rolled back (a refused migration)
+-- leaves its rows in the log and must leave the mark where it was. Only a fold writes it,
+-- never at SERIALIZABLE, so a SERIALIZABLE writer's read of it meets no conflict. A reader
+-- at SERIALIZABLE would hold a predicate lock on the log that every append meets: the fold
+-- refuses to run at that level, and the totals view reads the log only below it (at
+-- SERIALIZABLE it counts the appends since the last fold, a rolled-back one too). What a
+-- transaction at those levels reads besides: that mark, the catalogs (not predicate-locked) and fencekit.meta's literals
+-- switch (a predicate lock that only a SERIALIZABLE transaction writing fencekit.meta, a
+-- DBA's, meets).
 -- READ COMMITTED keeps the direct record: the report needs no fold for it, and its cost is
 -- what it was (the inline test of the generated checks is the same for every level).
 --
@@ -96,12 +100,19 @@ CREATE TABLE IF NOT EXISTS fencekit.unfenced_log (
   statements        bigint NOT NULL
 );
 
+-- Per table, the number of appends to the log ('<tag>:logged') the last committed fold read
+-- up to: the log's cap counts from it. Written by fencekit.fold_unfenced_log only.
+CREATE TABLE IF NOT EXISTS fencekit.unfenced_log_folded (
+  tag     text PRIMARY KEY,
+  appends bigint NOT NULL
+);
+
 -- Statements and client identities are the application's: only fencekit_admin reads them
 -- (the totals below are public, for metrics).
-REVOKE ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow, fencekit.unfenced_log
-  FROM PUBLIC;
-GRANT ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow, fencekit.unfenced_log
-  TO fencekit_admin;
+REVOKE ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow, fencekit.unfenced_log,
+  fencekit.unfenced_log_folded FROM PUBLIC;
+GRANT ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow, fencekit.unfenced_log,
+  fencekit.unfenced_log_folded TO fencekit_admin;
 
 -- How far a writer's last_seen may lag its last statement: a backend records a statement it
 -- has recorded within this many seconds only by counting it in a session setting.
@@ -279,8 +290,8 @@ REVOKE ALL ON FUNCTION fencekit.merge_unfenced_writer(fencekit.unfenced_writers)
 -- it names, or a transaction writing it (fencekit.writing), and records only the identity it
 -- reads itself from the session (session_user, fencekit.session_role(), application_name,
 -- inet_client_addr(), current_query(), pg_stat_get_activity for the query id): a caller
--- chooses none of it but the table and a count. It reads fencekit.meta, the table's
--- '<tag>:folded' sequence and the catalogs (pg_locks, pg_trigger, pg_proc through
+-- chooses none of it but the table and a count. It reads fencekit.meta,
+-- fencekit.unfenced_log_folded and the catalogs (pg_locks, pg_trigger, pg_proc through
 -- fencekit.writing), names no user relation, casts no user type, and every function and
 -- operator it calls is pg_catalog's or fencekit's under a pinned search_path: nothing of the
 -- table owner's runs in it.
@@ -344,8 +355,8 @@ BEGIN
   -- REPEATABLE READ or SERIALIZABLE: append, within the log's cap past the last fold's mark.
   logged := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':logged'));
   IF logged IS NOT NULL THEN
-    n := pg_catalog.nextval(logged) - COALESCE(pg_catalog.pg_sequence_last_value(
-           pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':folded'))), 0);
+    n := pg_catalog.nextval(logged) - COALESCE((SELECT f.appends FROM fencekit.unfenced_log_folded f
+                                                WHERE f.tag = record_unfenced_writer.tag), 0);
   END IF;
   IF n IS NULL OR n > fencekit.attribution_log_cap() THEN
     PERFORM fencekit.count_unattributed(tag, statements, seen);
@@ -370,8 +381,9 @@ $fn$;
 -- the rows committed so far are taken out of the log and added per writer (first and last
 -- seen, the count summed) through fencekit.merge_unfenced_writer, the direct record's own
 -- code (same cap, same overflow, a busy advisory lock counted as unattributed), and each
--- table's '<tag>:folded' mark moves to the appends numbered before the fold read the log,
--- which frees the log's cap. Rows of transactions still open stay for the next fold.
+-- table's mark (fencekit.unfenced_log_folded) moves to the appends numbered before the fold
+-- read the log, which frees the log's cap when the fold commits. Rows of transactions still
+-- open stay for the next fold.
 -- `fencekit rollout` and the enforce gates run it before they read the writers
 -- (fencekit.catalog.rollout).
 --
@@ -401,7 +413,6 @@ DECLARE
   spilled boolean := false;         -- (a row IS NULL only when every field is)
   this text;
   room boolean;
-  folded regclass;
 BEGIN
   IF pg_catalog.current_setting('transaction_isolation') = 'serializable'
      OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
@@ -460,13 +471,12 @@ BEGIN
   IF spilled THEN
     PERFORM fencekit.merge_unfenced_writer(spill);
   END IF;
-  FOR i IN 1 .. COALESCE(pg_catalog.array_length(marks, 1), 0) LOOP
-    folded := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', marks[i] || ':folded'));
-    IF uptos[i] IS NOT NULL AND folded IS NOT NULL THEN
-      PERFORM pg_catalog.setval(folded, GREATEST(uptos[i],
-                                COALESCE(pg_catalog.pg_sequence_last_value(folded), 0)));
-    END IF;
-  END LOOP;
+  INSERT INTO fencekit.unfenced_log_folded AS f (tag, appends)
+  SELECT m.tag, m.appends
+    FROM ROWS FROM (pg_catalog.unnest(marks), pg_catalog.unnest(uptos)) AS m(tag, appends)
+   WHERE m.appends IS NOT NULL
+  ON CONFLICT ON CONSTRAINT unfenced_log_folded_pkey DO UPDATE
+    SET appends = GREATEST(f.appends, excluded.appends);
   RETURN true;
 END
 $fn$;
@@ -565,8 +575,9 @@ $fn$;
 -- SERIALIZABLE transaction, where reading the log would take a predicate lock that
 -- SERIALIZABLE writers' appends meet (the top of this file): there last_seen counts the time
 -- of the last append since the last fold instead ('<tag>:last_at:logged' while '<tag>:logged'
--- is past '<tag>:folded'; one rolled back too), and writers only the folded ones. The test of
--- the isolation is a constant of the query, so the log is not scanned at all at that level.
+-- is past fencekit.unfenced_log_folded's mark; one rolled back too), and writers only the
+-- folded ones. The test of the isolation is a constant of the query, so the log is not
+-- scanned at all at that level.
 CREATE OR REPLACE VIEW fencekit.unfenced_writer_totals AS
 WITH logged AS (  -- one scan of the log for every table (it has no index)
   SELECT l.tag, pg_catalog.max(l.seen) AS last_seen,
@@ -591,7 +602,8 @@ SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
                 g.last_seen,
                 CASE WHEN pg_catalog.current_setting('transaction_isolation') = 'serializable'
                           AND fencekit.counter_value(p.tag, 'logged')
-                              > COALESCE(fencekit.counter_value(p.tag, 'folded'), 0)
+                              > COALESCE((SELECT f.appends FROM fencekit.unfenced_log_folded f
+                                           WHERE f.tag = p.tag), 0)
                      THEN pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:logged')
                                                   / 1000.0)
                 END)
