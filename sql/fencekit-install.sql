@@ -714,10 +714,9 @@ GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jso
 -- at SERIALIZABLE would hold a predicate lock on the log that every append meets: the fold
 -- refuses to run at that level, and the totals view reads the log only below it (at
 -- SERIALIZABLE it counts the appends since the last fold, a rolled-back one too). What a
--- transaction at those levels reads besides: that mark, the catalogs (not predicate-locked) and fencekit.meta's literals
--- switch (a predicate lock that only a SERIALIZABLE transaction writing fencekit.meta, a
--- DBA's, meets).
--- READ COMMITTED keeps the direct record: the report needs no fold for it, and its cost is
+-- transaction at those levels reads besides: that mark, the catalogs (not predicate-locked)
+-- and fencekit.meta's literals switch (a predicate lock that only a SERIALIZABLE transaction
+-- writing fencekit.meta, a DBA's, meets). READ COMMITTED keeps the direct record: the report needs no fold for it, and its cost is
 -- what it was (the inline test of the generated checks is the same for every level).
 --
 -- The count of a writer is coarse (see fencekit.attribute: a statement repeated with parameters
