@@ -51,8 +51,9 @@
 -- SERIALIZABLE it counts the appends since the last fold, a rolled-back one too). What a
 -- transaction at those levels reads besides: that mark, the catalogs (not predicate-locked)
 -- and fencekit.meta's literals switch (a predicate lock that only a SERIALIZABLE transaction
--- writing fencekit.meta, a DBA's, meets). READ COMMITTED keeps the direct record: the report needs no fold for it, and its cost is
--- what it was (the inline test of the generated checks is the same for every level).
+-- writing fencekit.meta, a DBA's, meets). READ COMMITTED keeps the direct record: the report
+-- needs no fold for it, and its cost is what it was (the inline test of the generated checks
+-- is the same for every level).
 --
 -- The count of a writer is coarse (see fencekit.attribute: a statement repeated with parameters
 -- counts once per period per backend); the last time a writer was seen is at most 10 seconds
