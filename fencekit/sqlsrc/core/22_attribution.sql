@@ -346,7 +346,9 @@ BEGIN
   stmt := CASE WHEN EXISTS (SELECT FROM fencekit.meta m
                              WHERE m.key = 'attribution_literals' AND m.value = 'on')
                THEN pg_catalog.left(q, 2000) ELSE shape END;
-  IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+  -- READ UNCOMMITTED is READ COMMITTED in PostgreSQL.
+  IF pg_catalog.current_setting('transaction_isolation')
+       NOT IN ('repeatable read', 'serializable') THEN
     PERFORM fencekit.merge_unfenced_writer(
       ROW(tag, w, su, cu, app, addr, qid, fp, stmt, seen, seen, statements)
         ::fencekit.unfenced_writers);
