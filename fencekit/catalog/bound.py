@@ -36,9 +36,10 @@ def bound_column_drift(
     out: list[Drift] = []
     for col, old in _swapped_at_root(conn, oid, spec, cols):
         out.append(_swapped(spec, spec.table.sql, spec.table.sql, col, old))
-    if spec.scope is not Scope.ROW:
+    if spec.scope is not Scope.ROW or out:
+        # A swap on the protected table reaches its descendants (RENAME COLUMN and ADD COLUMN
+        # recurse), and so does the fix: one drift, on the table.
         return out
-    swapped_root = bool(out)
     ins = _insert_trigger(spec)
     relations = [(oid, spec.table.sql, spec.table.sql), *list(descendants)]
     labels = {o: (sql, label) for o, sql, label in relations}
@@ -56,8 +57,8 @@ def bound_column_drift(
         "AND b.attnum > 0 AND NOT b.attisdropped ORDER BY r.o",
         (ins, [o for o, _, _ in relations], spec.column),
     ).fetchall():
-        if now is None or (rel == oid and swapped_root):
-            continue  # no fence column: fence_column_missing; the root's swap: reported above
+        if now is None:
+            continue  # no fence column: fence_column_missing
         sql, label = labels[int(rel)]
         if bound and now not in bound:
             # The INSERT trigger's WHEN clause reads the fence column only: one attnum.
