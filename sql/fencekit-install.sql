@@ -2158,6 +2158,45 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
             ORDER BY u.o) END
 $fn$;
 
+-- Refuses (YF000) a protected table whose fence or key column was swapped since protect
+-- recorded it (fencekit.protected.attnums): renamed away (or dropped) and another added under
+-- its name. Protect would bind fencekit's objects to the new column, and a move would carry
+-- its fences from there, while the fences stay with the old column (a row fence's in it; a
+-- key fence's are named by its values). Reads the catalogs and fencekit.protected only.
+CREATE OR REPLACE FUNCTION fencekit.check_bound_columns(rel regclass) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  swapped record;
+BEGIN
+  SELECT u.col, u.was, u.now, a.attname INTO swapped
+    FROM fencekit.protected p,
+         ROWS FROM (pg_catalog.unnest(fencekit.bound_attnums(rel, p.spec)),
+                    pg_catalog.unnest(p.attnums),
+                    pg_catalog.jsonb_array_elements_text(
+                      CASE p.spec ->> 'scope' WHEN 'row'
+                        THEN pg_catalog.jsonb_build_array(p.spec -> 'column')
+                        ELSE p.spec -> 'key' END)) AS u(now, was, col)
+         LEFT JOIN pg_catalog.pg_attribute a
+           ON a.attrelid = rel AND a.attnum = u.was AND NOT a.attisdropped
+   WHERE p.table_oid = rel::oid
+     AND p.attnums IS NOT NULL
+     AND u.now IS DISTINCT FROM u.was AND u.now IS NOT NULL
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: column %I of %s is not the column it was protected '
+                                  'with: that one %s', swapped.col, rel,
+                                  COALESCE('is now named ' || pg_catalog.quote_ident(
+                                             swapped.attname),
+                                           'was dropped')),
+      DETAIL = 'Protecting it again, or moving it, would take the new column for the protected '
+               'one: the fences kept with the old one would be lost.',
+      HINT = 'Rename the columns back, or unprotect and protect again (the fences restart).',
+      COLUMN = swapped.col;
+  END IF;
+END
+$fn$;
+
 -- Refuse to protect fencekit's own tables, DDL that would run the owner's code in this session
 -- (check_ddl_runs_no_owner_code), or a table already protected with another scope, key,
 -- resource or fence column (`structure`: those four of the spec; that is a move, which carries
@@ -2170,7 +2209,6 @@ DECLARE
   sch name;
   tbl name;
   have jsonb;
-  swapped record;
 BEGIN
   SELECT n.nspname, c.relname INTO sch, tbl
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -2206,35 +2244,7 @@ BEGIN
              '--dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone change by '
              're-running protect.';
   END IF;
-  -- A column swapped under its name since protect (renamed away, another added under it):
-  -- re-protect would bind fencekit's objects to the new column and drop the old one's fences
-  -- (a row fence's are in the old column; a key fence's keys are the old column's values).
-  SELECT u.col, u.was, u.now, a.attname INTO swapped
-    FROM fencekit.protected p,
-         ROWS FROM (pg_catalog.unnest(fencekit.bound_attnums(rel, p.spec)),
-                    pg_catalog.unnest(p.attnums),
-                    pg_catalog.jsonb_array_elements_text(
-                      CASE p.spec ->> 'scope' WHEN 'row'
-                        THEN pg_catalog.jsonb_build_array(p.spec -> 'column')
-                        ELSE p.spec -> 'key' END)) AS u(now, was, col)
-         LEFT JOIN pg_catalog.pg_attribute a
-           ON a.attrelid = rel AND a.attnum = u.was AND NOT a.attisdropped
-   WHERE p.schema_name = sch AND p.table_name = tbl AND p.table_oid = rel::oid
-     AND p.attnums IS NOT NULL
-     AND u.now IS DISTINCT FROM u.was AND u.now IS NOT NULL
-   LIMIT 1;
-  IF FOUND THEN
-    RAISE EXCEPTION USING ERRCODE = 'YF000',
-      MESSAGE = pg_catalog.format('fencekit: column %I of %s is not the column it was protected '
-                                  'with: that one %s', swapped.col, rel,
-                                  COALESCE('is now named ' || pg_catalog.quote_ident(
-                                             swapped.attname),
-                                           'was dropped')),
-      DETAIL = 'Re-protecting would bind fencekit''s objects to the new column: the fences '
-               'kept with the old one would be lost.',
-      HINT = 'Rename the columns back, or unprotect and protect again (the fences restart).',
-      COLUMN = swapped.col;
-  END IF;
+  PERFORM fencekit.check_bound_columns(rel);
 END
 $fn$;
 
@@ -2379,7 +2389,8 @@ BEGIN
 END
 $fn$;
 
--- The move script's guard: old must be what the registry holds; the hints name the new spec.
+-- The move script's guard: old must be what the registry holds, and the columns it reads the
+-- ones protect bound (fencekit.check_bound_columns); the hints name the new spec.
 CREATE OR REPLACE FUNCTION fencekit.move_guard(tbl text, old jsonb, new jsonb) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -2396,6 +2407,7 @@ BEGIN
       HINT = format('Generate the script from what is there: fencekit sql move %s --dsn DSN (it '
                     'reads the current spec from the registry)', fencekit.spec_args(tbl, new));
   END IF;
+  PERFORM fencekit.check_bound_columns(pg_catalog.to_regclass(tbl));
 END
 $fn$;
 

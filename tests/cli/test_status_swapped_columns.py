@@ -97,6 +97,10 @@ def test_a_swapped_fence_column_is_reported_and_re_protect_refuses(
     assert r.code != 0
     assert "column fencekit_fence of public.t is not the column it was protected with" in r.err
     assert "now named old_fence" in r.err
+    # A move would carry the fences from the new column: refused too, nothing changed.
+    r = cli("move", "t", "--scope", "table", "--dsn", dsn)
+    assert r.code != 0
+    assert "column fencekit_fence of public.t is not the column it was protected with" in r.err
 
     # The fix status prints: the old column, holding the fences, back under its name.
     _as(
