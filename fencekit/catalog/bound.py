@@ -62,7 +62,8 @@ def bound_column_drift(
         sql, label = labels[int(rel)]
         if bound and now not in bound:
             # The INSERT trigger's WHEN clause reads the fence column only: one attnum.
-            out.append(_swapped(spec, sql, label, spec.column, _name_at(conn, int(rel), bound[0])))
+            old = _name_at(conn, int(rel), bound[0])
+            out.append(_swapped(spec, sql, label, spec.column, old, _parents(conn, int(rel))))
         elif not has_default:
             out.append(
                 Drift(
@@ -118,9 +119,31 @@ def _name_at(conn: Conn, oid: int, attnum: int) -> str | None:
     return None if row is None else str(row[0])
 
 
-def _swapped(spec: FenceSpec, sql: str, label: str, col: str, old: str | None) -> Drift:
+def _parents(conn: Conn, oid: int) -> list[str]:
+    """The tables an inheritance child inherits from ([] for a partition: its column is its
+    parent's, renamed with it)."""
+    return [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT i.inhparent::pg_catalog.regclass::pg_catalog.text "
+            "FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhrelid = %s AND NOT c.relispartition ORDER BY i.inhseqno",
+            (oid,),
+        ).fetchall()
+    ]
+
+
+def _swapped(
+    spec: FenceSpec,
+    sql: str,
+    label: str,
+    col: str,
+    old: str | None,
+    parents: Sequence[str] = (),
+) -> Drift:
     """The drift of ``col`` on the relation ``sql``: another column than the one protected,
-    which is now named ``old`` (None: dropped)."""
+    which is now named ``old`` (None: dropped). An inheritance child's inherited column is
+    renamed only out of the tree: ``parents``, to leave and join again."""
     row = spec.scope is Scope.ROW
     where = "was dropped" if old is None else f"is now named {old}"
     if row:
@@ -150,10 +173,12 @@ def _swapped(spec: FenceSpec, sql: str, label: str, col: str, old: str | None) -
     if old is None:
         fix = restart
     else:
+        leave = "".join(f"ALTER TABLE {sql} NO INHERIT {p}; " for p in parents)
+        join = "".join(f"; ALTER TABLE {sql} INHERIT {p}" for p in parents)
         fix = (
-            f"as the table's owner, put the protected column back under its name: ALTER TABLE "
-            f"{sql} RENAME COLUMN {quote_ident(col)} TO <spare name>; ALTER TABLE {sql} RENAME "
-            f"COLUMN {quote_ident(old)} TO {quote_ident(col)} (it holds {holds}; what was "
-            f"written since is in the spare column); or {restart}"
+            f"as the table's owner, put the protected column back under its name: {leave}"
+            f"ALTER TABLE {sql} RENAME COLUMN {quote_ident(col)} TO <spare name>; ALTER TABLE "
+            f"{sql} RENAME COLUMN {quote_ident(old)} TO {quote_ident(col)}{join} (it holds "
+            f"{holds}; what was written since is in the spare column); or {restart}"
         )
     return Drift(kind, f"{sql}.{col}", what, fix, command=Command(Action.UNPROTECT, spec))

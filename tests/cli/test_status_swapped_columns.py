@@ -97,10 +97,6 @@ def test_a_swapped_fence_column_is_reported_and_re_protect_refuses(
     assert r.code != 0
     assert "column fencekit_fence of public.t is not the column it was protected with" in r.err
     assert "now named old_fence" in r.err
-    # A move would carry the fences from the new column: refused too, nothing changed.
-    r = cli("move", "t", "--scope", "table", "--dsn", dsn)
-    assert r.code != 0
-    assert "column fencekit_fence of public.t is not the column it was protected with" in r.err
 
     # The fix status prints: the old column, holding the fences, back under its name.
     _as(
@@ -133,6 +129,13 @@ def test_a_dropped_and_re_added_fence_column_is_reported(cli: Cli, dsn: str) -> 
     r = cli("protect", "t", "--dsn", dsn)
     assert r.code != 0
     assert "was dropped" in r.err
+    # A move would carry the fences from the new column: refused too, nothing changed.
+    r = cli("move", "t", "--key", "id", "--dsn", dsn)
+    assert r.code != 0
+    assert "column fencekit_fence of public.t is not the column it was protected with" in r.err
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT spec ->> 'scope' FROM fencekit.protected").fetchone()
+    assert row == ("row",)
 
 
 def test_a_swapped_key_column_is_reported_and_re_protect_refuses(
@@ -200,6 +203,15 @@ def test_a_swapped_fence_column_on_an_inheritance_child_is_reported(cli: Cli, ds
     assert d["object"] == "public.c.fencekit_fence"
     assert "child table public.c" in d["message"]
     assert "now named old_fence" in d["message"]
+    # The fix: an inherited column is renamed only out of the tree.
+    fix = (
+        "ALTER TABLE public.c NO INHERIT public.p; ALTER TABLE public.c RENAME COLUMN "
+        "fencekit_fence TO <spare name>; ALTER TABLE public.c RENAME COLUMN old_fence TO "
+        "fencekit_fence; ALTER TABLE public.c INHERIT public.p "
+    )
+    assert fix in d["fix"]
+    _sql(dsn, *fix.replace("<spare name>", "spare").strip().split("; "))
+    assert _drift(cli, dsn, "public.p") == (0, [])
 
 
 def test_a_partition_without_the_fence_default_is_reported(cli: Cli, dsn: str) -> None:
