@@ -57,6 +57,7 @@ def _owned(dsn: str, *statements: str) -> None:
     _as(dsn, OWNER, *statements)
 
 
+@pytest.mark.all_servers
 def test_a_swapped_fence_column_is_reported_and_re_protect_refuses(
     cli: Cli, dsn: str, roles: None
 ) -> None:
@@ -138,6 +139,7 @@ def test_a_dropped_and_re_added_fence_column_is_reported(cli: Cli, dsn: str) -> 
     assert row == ("row",)
 
 
+@pytest.mark.all_servers
 def test_a_swapped_key_column_is_reported_and_re_protect_refuses(
     cli: Cli, dsn: str, roles: None
 ) -> None:
@@ -179,6 +181,7 @@ def test_a_swapped_key_column_is_reported_and_re_protect_refuses(
         _write(dsn, 3, "UPDATE kf SET v = 'stale3' WHERE tenant = 1")
 
 
+@pytest.mark.all_servers
 def test_a_swapped_fence_column_on_an_inheritance_child_is_reported(cli: Cli, dsn: str) -> None:
     """An inherited column cannot be renamed on the child; taken out of the tree, swapped and
     put back (NO INHERIT, INHERIT: the child keeps fencekit's triggers), it is the new one."""
