@@ -1585,7 +1585,8 @@ GRANT ALL ON fencekit.floors TO fencekit_admin;
 
 -- It acts only on what the command touched (pg_event_trigger_ddl_commands): a protected table
 -- that is, or is an ancestor of, a table the command created or altered, and that has a
--- descendant without the table's fencekit triggers. Any other DDL (a temporary table, an
+-- descendant without the table's fencekit triggers; it refuses a foreign table made a
+-- descendant of one (fencekit.refuse_foreign_descendant). Any other DDL (a temporary table, an
 -- unrelated table, a protected table's new column) calls nothing, so it never fails for a role
 -- that may not run a cover function. It runs as the role that ran the command (no SECURITY
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
@@ -1613,8 +1614,7 @@ BEGIN
             CROSS JOIN LATERAL pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name,
                                                                         pr.table_name)) AS rel
             WHERE rel IN (SELECT up.relid FROM up))
-    SELECT m.tag, m.schema_name, m.table_name FROM mine m
-     WHERE EXISTS (
+    SELECT m.tag, m.schema_name, m.table_name, m.rel, EXISTS (
        WITH RECURSIVE down(relid) AS (
               SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = m.rel
               UNION
@@ -1623,9 +1623,13 @@ BEGIN
         WHERE c.relkind IN ('r', 'p')  -- what the cover function covers
           AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger g
                            WHERE g.tgrelid = down.relid
-                             AND g.tgname = 'fencekit_' || m.tag || '_trunc'))
+                             AND g.tgname = 'fencekit_' || m.tag || '_trunc')) AS uncovered
+      FROM mine m
      ORDER BY m.schema_name, m.table_name
   LOOP
+    -- Fail closed: a foreign table in a protected tree is written unfenced.
+    PERFORM fencekit.refuse_foreign_descendant(p.rel);
+    CONTINUE WHEN NOT p.uncovered;
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
     CONTINUE WHEN cover IS NULL;
     BEGIN
@@ -1647,8 +1651,9 @@ $fn$;
 -- Turn auto-cover on or off. Event triggers need a superuser (or a managed service's
 -- equivalent role); anyone else gets fencekit's error saying so.
 -- The commands that can make a table a child or partition: CREATE TABLE (INHERITS, PARTITION
--- OF), ALTER TABLE (INHERIT, ATTACH PARTITION), and CREATE SCHEMA, whose CREATE TABLE elements
--- fire no CREATE TABLE event of their own (pg_event_trigger_ddl_commands lists them under it).
+-- OF), ALTER TABLE (INHERIT, ATTACH PARTITION), CREATE SCHEMA, whose CREATE TABLE elements
+-- fire no CREATE TABLE event of their own (pg_event_trigger_ddl_commands lists them under it),
+-- and CREATE and ALTER FOREIGN TABLE, which auto-cover refuses in a protected tree.
 -- Turning it on again replaces a trigger that listens to fewer commands.
 CREATE OR REPLACE FUNCTION fencekit.set_auto_cover(enabled boolean) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -1657,10 +1662,12 @@ BEGIN
        SELECT FROM pg_catalog.pg_event_trigger
         WHERE evtname = 'fencekit_auto_cover' AND evtevent = 'ddl_command_end'
           AND evtfoid = 'fencekit.cover_new_children()'::pg_catalog.regprocedure
-          AND evttags::text[] @> ARRAY['CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA']) THEN
+          AND evttags::text[] @> ARRAY['CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA',
+                                       'CREATE FOREIGN TABLE', 'ALTER FOREIGN TABLE']) THEN
     DROP EVENT TRIGGER IF EXISTS fencekit_auto_cover;
     CREATE EVENT TRIGGER fencekit_auto_cover ON ddl_command_end
-      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA')
+      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA', 'CREATE FOREIGN TABLE',
+                   'ALTER FOREIGN TABLE')
       EXECUTE FUNCTION fencekit.cover_new_children();
   ELSIF NOT enabled THEN
     DROP EVENT TRIGGER IF EXISTS fencekit_auto_cover;
@@ -1965,6 +1972,18 @@ BEGIN
 END
 $fn$;
 
+-- Whether `name` is one of the names of the table whose objects' names start `prefix` (its
+-- 'fencekit_<tag>_' or '<tag>_'): it starts with it, and the rest is not another table's tag
+-- and suffix. A tag ends in '_' and ten hex digits (ident.py), so a table named '<tag>_x'
+-- has the tag '<tag>_x_<hash>' and the objects '<tag>_x_<hash>_ins': their rest holds ten hex
+-- digits and a '_', which no suffix of fencekit's does. Without this, one table's re-protect
+-- or unprotect dropped the other's triggers and functions, or failed on them.
+CREATE OR REPLACE FUNCTION fencekit.named_by(name text, prefix text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.starts_with(name, prefix)
+     AND pg_catalog.substr(name, pg_catalog.length(prefix) + 1) !~ '(^|_)[0-9a-f]{10}_'
+$fn$;
+
 -- Drop the triggers on `rel` named `prefix`* that are not in `keep` (made by another release
 -- of the template: re-protect must not leave an old one firing). Clones PostgreSQL made on
 -- partitions go with their parent's.
@@ -1976,7 +1995,7 @@ DECLARE
 BEGIN
   FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
               WHERE t.tgrelid = rel AND NOT t.tgisinternal AND t.tgparentid = 0
-                AND pg_catalog.starts_with(t.tgname::text, prefix)
+                AND fencekit.named_by(t.tgname::text, prefix)
                 AND t.tgname::text <> ALL (keep) LOOP
     -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
@@ -1993,7 +2012,7 @@ DECLARE
 BEGIN
   FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'fencekit'::regnamespace AND p.pronargs = 0
-                AND pg_catalog.starts_with(p.proname::text, prefix)
+                AND fencekit.named_by(p.proname::text, prefix)
                 AND p.proname::text <> ALL (keep) LOOP
     -- dynamic SQL: the function is known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
@@ -2012,6 +2031,39 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
   SELECT c.oid::regclass, c.relispartition FROM d
     JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p')
+$fn$;
+
+-- The first foreign table among the partitions and inheritance children of `root`, at any
+-- depth, or NULL. Its rows live on another server, where no fencekit trigger runs: a write
+-- naming it is judged by nothing (writes through the root fail: PostgreSQL collects no
+-- transition rows from a foreign child). So protect refuses such a tree, and so does
+-- auto-cover a foreign table added to a protected one.
+CREATE OR REPLACE FUNCTION fencekit.foreign_descendant(root regclass) RETURNS regclass
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH RECURSIVE d(relid) AS (
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root
+    UNION
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
+  SELECT c.oid::regclass FROM d JOIN pg_catalog.pg_class c ON c.oid = d.relid
+   WHERE c.relkind = 'f' ORDER BY c.oid LIMIT 1
+$fn$;
+
+-- Refuse `root`'s tree if it holds a foreign table (fencekit.foreign_descendant).
+CREATE OR REPLACE FUNCTION fencekit.refuse_foreign_descendant(root regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  f regclass := fencekit.foreign_descendant(root);
+BEGIN
+  IF f IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s cannot be fenced: its partition or child %s is '
+                                  'a foreign table, whose rows no fencekit trigger can check '
+                                  '(they are written on another server); nothing was changed',
+                                  root, f),
+      HINT = 'Detach it (ALTER TABLE ... DETACH PARTITION, or NO INHERIT) and fence its rows '
+             'where they are stored: protect the table on the server that holds them.';
+  END IF;
+END
 $fn$;
 
 -- What each protected table's fencekit.<tag>_cover() does first (protect runs it, and so does
@@ -2134,9 +2186,9 @@ END
 $fn$;
 
 -- Refuse to protect fencekit's own tables, DDL that would run the owner's code in this session
--- (check_ddl_runs_no_owner_code), or a table already protected with another scope, key,
--- resource or fence column (`structure`: those four of the spec; that is a move, which carries
--- the fences; policies alone change by re-running protect).
+-- (check_ddl_runs_no_owner_code), a tree holding a foreign table, or a table already protected
+-- with another scope, key, resource or fence column (`structure`: those four of the spec; that
+-- is a move, which carries the fences; policies alone change by re-running protect).
 CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -2154,6 +2206,7 @@ BEGIN
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
   END IF;
   PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
+  PERFORM fencekit.refuse_foreign_descendant(rel);
   -- Protect creates the table's functions and counters in schema fencekit, where only the
   -- installer and superusers create (00_schema.sql): say so before anything is changed.
   IF NOT pg_catalog.has_schema_privilege('fencekit', 'CREATE') THEN

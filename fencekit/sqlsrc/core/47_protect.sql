@@ -18,6 +18,18 @@ BEGIN
 END
 $fn$;
 
+-- Whether `name` is one of the names of the table whose objects' names start `prefix` (its
+-- 'fencekit_<tag>_' or '<tag>_'): it starts with it, and the rest is not another table's tag
+-- and suffix. A tag ends in '_' and ten hex digits (ident.py), so a table named '<tag>_x'
+-- has the tag '<tag>_x_<hash>' and the objects '<tag>_x_<hash>_ins': their rest holds ten hex
+-- digits and a '_', which no suffix of fencekit's does. Without this, one table's re-protect
+-- or unprotect dropped the other's triggers and functions, or failed on them.
+CREATE OR REPLACE FUNCTION fencekit.named_by(name text, prefix text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.starts_with(name, prefix)
+     AND pg_catalog.substr(name, pg_catalog.length(prefix) + 1) !~ '(^|_)[0-9a-f]{10}_'
+$fn$;
+
 -- Drop the triggers on `rel` named `prefix`* that are not in `keep` (made by another release
 -- of the template: re-protect must not leave an old one firing). Clones PostgreSQL made on
 -- partitions go with their parent's.
@@ -29,7 +41,7 @@ DECLARE
 BEGIN
   FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
               WHERE t.tgrelid = rel AND NOT t.tgisinternal AND t.tgparentid = 0
-                AND pg_catalog.starts_with(t.tgname::text, prefix)
+                AND fencekit.named_by(t.tgname::text, prefix)
                 AND t.tgname::text <> ALL (keep) LOOP
     -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
@@ -46,7 +58,7 @@ DECLARE
 BEGIN
   FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'fencekit'::regnamespace AND p.pronargs = 0
-                AND pg_catalog.starts_with(p.proname::text, prefix)
+                AND fencekit.named_by(p.proname::text, prefix)
                 AND p.proname::text <> ALL (keep) LOOP
     -- dynamic SQL: the function is known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
@@ -65,6 +77,39 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
   SELECT c.oid::regclass, c.relispartition FROM d
     JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p')
+$fn$;
+
+-- The first foreign table among the partitions and inheritance children of `root`, at any
+-- depth, or NULL. Its rows live on another server, where no fencekit trigger runs: a write
+-- naming it is judged by nothing (writes through the root fail: PostgreSQL collects no
+-- transition rows from a foreign child). So protect refuses such a tree, and so does
+-- auto-cover a foreign table added to a protected one.
+CREATE OR REPLACE FUNCTION fencekit.foreign_descendant(root regclass) RETURNS regclass
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH RECURSIVE d(relid) AS (
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root
+    UNION
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
+  SELECT c.oid::regclass FROM d JOIN pg_catalog.pg_class c ON c.oid = d.relid
+   WHERE c.relkind = 'f' ORDER BY c.oid LIMIT 1
+$fn$;
+
+-- Refuse `root`'s tree if it holds a foreign table (fencekit.foreign_descendant).
+CREATE OR REPLACE FUNCTION fencekit.refuse_foreign_descendant(root regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  f regclass := fencekit.foreign_descendant(root);
+BEGIN
+  IF f IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s cannot be fenced: its partition or child %s is '
+                                  'a foreign table, whose rows no fencekit trigger can check '
+                                  '(they are written on another server); nothing was changed',
+                                  root, f),
+      HINT = 'Detach it (ALTER TABLE ... DETACH PARTITION, or NO INHERIT) and fence its rows '
+             'where they are stored: protect the table on the server that holds them.';
+  END IF;
+END
 $fn$;
 
 -- What each protected table's fencekit.<tag>_cover() does first (protect runs it, and so does
@@ -187,9 +232,9 @@ END
 $fn$;
 
 -- Refuse to protect fencekit's own tables, DDL that would run the owner's code in this session
--- (check_ddl_runs_no_owner_code), or a table already protected with another scope, key,
--- resource or fence column (`structure`: those four of the spec; that is a move, which carries
--- the fences; policies alone change by re-running protect).
+-- (check_ddl_runs_no_owner_code), a tree holding a foreign table, or a table already protected
+-- with another scope, key, resource or fence column (`structure`: those four of the spec; that
+-- is a move, which carries the fences; policies alone change by re-running protect).
 CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -207,6 +252,7 @@ BEGIN
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
   END IF;
   PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
+  PERFORM fencekit.refuse_foreign_descendant(rel);
   -- Protect creates the table's functions and counters in schema fencekit, where only the
   -- installer and superusers create (00_schema.sql): say so before anything is changed.
   IF NOT pg_catalog.has_schema_privilege('fencekit', 'CREATE') THEN
