@@ -103,6 +103,7 @@ GAP_CLOSES = (
 )
 _CONTEXT_FOR = 30  # violations that get the history lines around them
 _CONTEXT_LINES = 24  # history lines shown around each of them
+_CONTEXT_BEFORE = 16  # of which at most this many up to the violation's time
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,11 @@ class _Checker:
                 if (e.get("p") in involved if e["type"] == "log" else e["type"] != "session"
                     and self._resource_of(e) in (None, resource))
             ]  # fmt: skip
-            lines += [_fmt_event(e, self.invokes) for e in near[-_CONTEXT_LINES:]]
+            # Mostly what led up to ``t``, then what followed.
+            before = [e for e in near if float(e["t"]) <= t][-_CONTEXT_BEFORE:]
+            after = [e for e in near if float(e["t"]) > t]
+            after = after[: _CONTEXT_LINES - len(before)]
+            lines += [_fmt_event(e, self.invokes) for e in before + after]
         if resource is not None and seq is not None:
             lines += [
                 f"    log {row.resource} seq={row.seq} token={row.token} observed={row.observed} "
