@@ -283,6 +283,8 @@ class ZooKeeperIssuer:
         # Prompt signal when the node goes (session expiry, or someone deleting it), and a
         # check that it is still ours. A connection lost here says nothing about the session:
         # ask again once kazoo has reconnected instead of guessing.
+        # Within what is left of op_timeout.
+        retry.deadline = max(0.1, self.op_timeout - (time.monotonic() - t0))
         try:
             still = retry(self.client.exists, node, watch=lambda ev: self._node_event(node, ev))
         except SessionExpiredError:
