@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,6 @@ __all__ = [
     "enforce_refusal",
     "enforced_spec",
     "parse_duration",
-    "protect_command",
     "registered_spec",
     "rollout_report",
     "unseen_paths",
@@ -172,7 +172,8 @@ class TableRollout:
             last.append(self.unattributed_last_seen)
         return max([self.observed_since, *last]) + self.window
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, render: Callable[[Command], str]) -> dict[str, Any]:
+        """The report's entry as JSON; ``render`` writes out a fix's command."""
         return {
             "table": self.spec.table.dotted,
             "schema": self.spec.table.schema,
@@ -197,7 +198,7 @@ class TableRollout:
                 if self.unattributed_last_seen
                 else None,
             },
-            "uncovered": [d.as_dict(protect_command) for d in self.unseen],
+            "uncovered": [d.as_dict(render) for d in self.unseen],
         }
 
     @property
@@ -562,14 +563,15 @@ def unseen_paths(conn: Conn, spec: FenceSpec) -> list[Drift]:
     return [d for d in out if d.kind in _UNSEEN]
 
 
-def protect_command(c: Command) -> str:
-    """The command of an unseen path's fix (only protect: it re-creates what is missing)."""
+def _in_words(c: Command) -> str:
+    """An unseen path's fix in words, for a refusal that reaches a migration as well as the
+    CLI (only protect: it re-creates what is missing)."""
     assert c.spec is not None, c
-    return f"fencekit protect {c.spec.cli_args()} --dsn DSN"
+    return f"protect {c.spec.table} again"
 
 
 def _unseen_refusal(table: TableName, unseen: list[Drift]) -> str:
-    what = "; ".join(f"{d.message} (fix: {d.fix_text(protect_command)})" for d in unseen)
+    what = "; ".join(f"{d.message} (fix: {d.fix_text(_in_words)})" for d in unseen)
     return (
         f"writes reach {table}'s rows where its checks do not see them, so the report cannot "
         f"tell who writes them without a token, and enforcing would not refuse them: {what}; "

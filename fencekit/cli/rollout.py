@@ -27,6 +27,7 @@ from fencekit.cli.common import (
     run_script,
     table_keys,
 )
+from fencekit.cli.hints import command_text, fix_text
 from fencekit.errors import UsageError
 
 __all__ = ["register"]
@@ -158,7 +159,7 @@ def enforce_commands(table: Any, window: timedelta) -> dict[str, str]:
 
 def run_rollout(args: argparse.Namespace) -> int:
     from fencekit import catalog
-    from fencekit.catalog.rollout import protect_command, rollout_report
+    from fencekit.catalog.rollout import rollout_report
 
     window, since = _window(args), _since(args.since)
     tables = [parse_table(t) for t in args.table]
@@ -169,7 +170,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     text: list[str] = []
     docs = []
     for t in report:
-        doc = t.as_dict()
+        doc = t.as_dict(command_text)
         head = f"{t.spec.table} ({t.spec.describe()})"
         if t.enforced:
             text.append(f"{head}: enforces: writes without a token are refused")
@@ -208,7 +209,7 @@ def run_rollout(args: argparse.Namespace) -> int:
             )
         for d in t.unseen:
             text.append(f"  ! {_shown(d.message)}")
-            text.append(f"    fix: {_shown(d.fix_text(protect_command))}")
+            text.append(f"    fix: {_shown(fix_text(d))}")
         commands = enforce_commands(t.spec.table, window)
         doc["enforce"] = commands
         if t.verdict == "uncovered":
