@@ -278,8 +278,9 @@ REVOKE ALL ON FUNCTION fencekit.merge_unfenced_writer(fencekit.unfenced_writers)
 -- Record the session's current statement as an unfenced writer of the table protected under
 -- `tag`, adding `statements` to its count: at READ COMMITTED into its row
 -- (fencekit.merge_unfenced_writer), at REPEATABLE READ or SERIALIZABLE as one row appended to
--- fencekit.unfenced_log (see the top of this file: no read of an attribution table, no lock
--- another transaction holds or waits for), or, beyond the log's cap, counted as unattributed.
+-- fencekit.unfenced_log (see the top of this file: no read of the writers' tables or the log,
+-- no lock another transaction holds or waits for), or, beyond the log's cap, counted as
+-- unattributed.
 -- Always true: the caller's count is spent.
 --
 -- Trusted surface (docs/security.md): SECURITY DEFINER because it writes
