@@ -114,7 +114,8 @@ class TableRollout:
     since: datetime | None = None
     shown: list[Writer] = field(default_factory=list)
     # Tokenless statements whose writer could not be recorded (its record was busy: another
-    # session held its advisory lock, which any role can take), and the last time one was.
+    # session held its advisory lock, which any role can take; or the table's attribution log
+    # was full), and the last time one was.
     unattributed_statements: int = 0
     unattributed_last_seen: datetime | None = None
     # Where writes reach the table's rows that its checks do not see (unseen_paths).
@@ -609,7 +610,8 @@ def _too_early(table: TableName, since: datetime, window: timedelta, ready: date
 
 def _unattributed_line(statements: int, last: datetime) -> str:
     return (
-        f"{statements} tokenless statement(s) not attributed (their writer's record was busy), "
+        f"{statements} tokenless statement(s) not attributed (their writer's record was busy, "
+        "or the table's attribution log was full), "
         f"last seen {last:%Y-%m-%d %H:%M:%S%z}"
     )
 

@@ -204,8 +204,9 @@ def run_rollout(args: argparse.Namespace) -> int:
         if t.unattributed_statements and t.unattributed_last_seen is not None:
             text.append(
                 f"  + {t.unattributed_statements} tokenless statement(s) not attributed, last "
-                f"seen {_when(t.unattributed_last_seen)} (their writer's record was busy: "
-                "another session held its lock; the writer is named once it is free)"
+                f"seen {_when(t.unattributed_last_seen)} (their writer's record was busy, "
+                "another session holding its lock, or the table's attribution log was full; "
+                "writers are named again once the lock is free or the log is folded)"
             )
         for d in t.unseen:
             text.append(f"  ! {_shown(d.message)}")
