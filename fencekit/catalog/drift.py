@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from fencekit import sqlgen
-from fencekit.catalog.bound import bound_column_drift
+from fencekit.catalog.bound import bound_column_drift, fence_column_renamed
 from fencekit.catalog.code import foreign_code_drift, unknown_code_drift
 from fencekit.catalog.codeinfo import Inspector
 from fencekit.catalog.model import COMMAND, Action, Command, Conn, Drift, DriftKind, ProtectedTable
@@ -105,6 +105,12 @@ def table_drift(
         impostor = ""  # the table itself, without its TRUNCATE trigger: reported below
     if row is None or impostor:
         if renamed is not None:
+            # The columns protect bound are compared by the table's oid, whatever it is
+            # named: a swap before the rename must not hide behind it (its fix re-protects).
+            roid = _oid(conn, renamed)
+            swapped = bound_column_drift(
+                conn, roid, pt.spec, [(d.oid, d.sql, _label(d)) for d in _descendants(conn, roid)]
+            )
             return [
                 Drift(
                     DriftKind.TABLE_RENAMED,
@@ -114,7 +120,8 @@ def table_drift(
                     "are the old ones",
                     f"{COMMAND} (moves the protection to the new name in one transaction)",
                     command=Command(Action.RENAME, pt.spec, new_name=renamed),
-                )
+                ),
+                *swapped,
             ]
         moved = conn.execute(
             "SELECT tgrelid::pg_catalog.regclass::text FROM pg_catalog.pg_trigger "
@@ -185,6 +192,11 @@ def _has_trigger(conn: Conn, oid: int, tag: str) -> bool:
         (oid, f"fencekit_{tag}_trunc"),
     ).fetchone()
     return bool(row and row[0])
+
+
+def _oid(conn: Conn, table: TableName) -> int:
+    row = conn.execute("SELECT %s::pg_catalog.regclass::pg_catalog.oid", (table.sql,)).fetchone()
+    return int(row[0])  # type: ignore[index]
 
 
 def renamed_to(conn: Conn, pt: ProtectedTable) -> TableName | None:
@@ -504,6 +516,8 @@ def _column_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:
         (oid, spec.column),
     ).fetchone()
     obj = f"{spec.table.dotted}.{spec.column}"
+    if row is None and fence_column_renamed(conn, oid, spec):
+        return []  # renamed away, not dropped: bound_column_drift reports it
     if row is None:
         return [
             Drift(
