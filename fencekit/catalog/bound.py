@@ -1,14 +1,17 @@
 """The columns fencekit's objects read by name (a row fence's fence column, a key fence's key
 columns) against the columns protect bound them to.
 
-A table's owner can rename such a column away and add another under its name. The row
+A table's owner can rename such a column away, and add another under its name. The row
 triggers and the key fence's triggers read columns by name, so they then judge writes by the
-new column; what PostgreSQL binds by attnum stays on the old one: the row fence's INSERT
-trigger's WHEN clause (a dependency in pg_depend) and the fence column's DEFAULT. Protect
-records the attnums it bound on the protected table (``fencekit.protected.attnums``, by its
-``table_oid``); on a row fence's partitions and inheritance children the INSERT trigger's WHEN
-clause tells which column fencekit protected there. Reads only the catalogs and
-fencekit.protected: nothing of the table's is evaluated.
+new column (or, none added, fail); what PostgreSQL binds by attnum stays on the old one: the
+row fence's INSERT trigger's WHEN clause (a dependency in pg_depend) and the fence column's
+DEFAULT. Protect records the attnums it bound on the protected table
+(``fencekit.protected.attnums``), compared by its ``table_oid`` whatever the table is named
+now; on a row fence's partitions and inheritance children the INSERT trigger's WHEN clause or
+the fence DEFAULT left on another column tells which column fencekit protected there
+(``fencekit.swapped_descendant_columns``, which protect, cover and rename refuse by). Reads
+only the catalogs and fencekit.protected: nothing of the table's is evaluated, and default
+expressions are compared as node-tree text, never deparsed.
 """
 
 from __future__ import annotations
