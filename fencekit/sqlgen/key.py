@@ -349,16 +349,26 @@ def _lookup(n: Names, sources: list[str]) -> str:
 
 def _one_key(n: Names) -> str:
     """PL/pgSQL: a statement whose rows share one key is judged here, with no call: its fence
-    held the token (``held``), or a new token raises it (judge_fences' upsert, in this
-    function). Anything else (stale, reused, several keys) goes to fencekit.judge_fences, with
-    the keys sorted and each once (every lock a key fence takes is taken in key order, so two
-    writers never deadlock on fences)."""
+    held the token (``held``), or a new token raises it (an UPDATE of its fence; for a key
+    with no fence yet, judge_fences' upsert, in this function). Anything else (stale, reused,
+    several keys) goes to fencekit.judge_fences, with the keys sorted and each once (every lock
+    a key fence takes is taken in key order, so two writers never deadlock on fences)."""
     eq = "OPERATOR(pg_catalog.=)"
     return (
         "  IF held THEN\n"
         "    RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
         "  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN\n"
         "    ks := ks[1:1];  -- one key\n"
+        "    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).\n"
+        "    UPDATE fencekit.fences f\n"
+        "       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),\n"
+        "           updated_at = pg_catalog.now()\n"
+        f"     WHERE f.resource {eq} {n.resource}\n"
+        f"       AND f.key {eq} ks[1] AND f.fence OPERATOR(pg_catalog.<) tok\n"
+        "    RETURNING true INTO held;\n"
+        "    IF held THEN\n"
+        "      RETURN NULL;  -- raised to the token by this write, and exclusively locked\n"
+        "    END IF;\n"
         "    -- A key without a fence starts at the resource's floor (35_floors.sql).\n"
         "    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)\n"
         f"    VALUES ({n.resource}, ks[1],\n"

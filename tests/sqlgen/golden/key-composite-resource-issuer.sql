@@ -204,6 +204,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('billing', ks[1],
@@ -234,7 +244,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=95922c62af4107fc97fa093bcd5048a69d171d173d081e3887cc13a2133fa228; generated, do not edit';
+  'sha256=a6c9e2fbfd88aa7bd936f60a342e1f95e1917bef353bc86a36456e53f2548344; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -404,6 +414,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('billing', ks[1],
@@ -434,7 +454,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=bb32f572629af3160558d6937652b3adfbce5cb543f57b7804de4ad925839edf; generated, do not edit';
+  'sha256=8eb5d9f123f9d1f534840a5ecb44355889afe957ae227841d4cd997a68774c25; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -594,6 +614,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('billing', ks[1],
@@ -624,7 +654,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=775234dd9264892c762195baa9918076c72f4df6fc1fcbe6f25c76c70a89d78c; generated, do not edit';
+  'sha256=97f64627d3be10c71edb6a319d142b29008021dc0de5587d9e2814ed67121ba6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -867,6 +897,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('billing', ks[1],
@@ -896,7 +936,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=1acaa6fce431998fb8534f1de2b5ec590be23e298a46e316ee74d5f696cf972c; generated, do not edit'$sql$;
+  'sha256=2110257c0a4ef10153fe1f19323ac217cfeaacf450f2a08b7e5e7faf684f2297; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -1057,6 +1097,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('billing', ks[1],
@@ -1086,7 +1136,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=5b3806bd39e873b3bff336a4fd92246df3f3411ed1aabb5ce5493779ea64847e; generated, do not edit'$sql$;
+  'sha256=d1075de6a4ba0f30bc8b70a24d3a207c696100dbf0e44984934b8407df1a6a32; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

@@ -186,6 +186,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -216,7 +226,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=5a2297747745eabf86857400f9654dcb0225f493dd48e0c1e6338d7d487545bb; generated, do not edit';
+  'sha256=ee4ec4b4ee7583af518f5e32a64dd9126ff56c513ebd29b143d37a712a4dab95; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -354,6 +364,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -384,7 +404,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=08c2bf159b9fa20c5551f62426986c10c23c7ec016340514bb00901786a316de; generated, do not edit';
+  'sha256=715f6b93c57880c5a9a41ed0125ae72a0d7515697f3c10171f6d0fe45b69a951; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -518,6 +538,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -548,7 +578,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=f38c641ff54a5d532efb723204bc5c5e443ab71f09d546a245d8273421825583; generated, do not edit';
+  'sha256=d5fe0b1d96c1d460ff4c53d400e5502578608386b3cfc81597672f6b70c1bb03; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -756,6 +786,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -785,7 +825,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=d6f2af4697a607c9c2c9b44069dc730a7713083a68a78c4c89f2b5aee7bf600b; generated, do not edit'$sql$;
+  'sha256=51e0fb8cb761b81e840f85d70f84dda0986feeb09378c26eb0993fcc7b3b19d0; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -911,6 +951,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -940,7 +990,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=b5442e6298da7463e1146f732b1488f74a3d96414e65e843f4900917acf30691; generated, do not edit'$sql$;
+  'sha256=69679d1bbbde998220fbd0001c748500b5b11a6306ae1d76510d6ece4d1caae9; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

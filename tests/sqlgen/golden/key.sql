@@ -167,6 +167,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -197,7 +207,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=400fe3d8ae8d4a50d362e069db23ea5bf205582ab81e472345c5489ec66139d6; generated, do not edit';
+  'sha256=abeb73ccb5e1b38349a08a1ac4f683a98315ed235c888f7aa36925f3a4e4b2ff; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -326,6 +336,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -356,7 +376,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=44e4679c95d77955546ea92fb8013cb25f6b75287b16beb38af42b61f7bd7df6; generated, do not edit';
+  'sha256=6e56e21fadaf1e9f82630da81311ab79ae93ba788f0a0de867c9c184a8a76346; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -481,6 +501,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -511,7 +541,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=87c9535d8605d5107cbd473356b8226554277bc2fd93fe0ba2d39ea4b02aa1f7; generated, do not edit';
+  'sha256=7a49246e822beb2c8049d77a54d4e5d58dee74b38fb267d1215efbe7869063a2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -719,6 +749,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -748,7 +788,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=e7ed0bd0c8e344d8ebd6a97a994a09b20b12dcd13ff995311054527c27cfaa63; generated, do not edit'$sql$;
+  'sha256=2734196c1dc64ade77449ef72da8d843b48d97a64e154088da2e5f7bc96a3817; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -874,6 +914,16 @@ BEGIN
     RETURN NULL;  -- the key's fence holds the token, and is share-locked
   ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
     ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
     -- A key without a fence starts at the resource's floor (35_floors.sql).
     INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
     VALUES ('app.invoices', ks[1],
@@ -903,7 +953,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=ee0f7f0b1ba59cbb60a80314716cb5a1a58fa1e5327433eae924d4b8a89fff70; generated, do not edit'$sql$;
+  'sha256=f4613c8f581fe1899f0c6d947ab9d2ddd63789c82bb3f3fdd54e850972116bbd; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()
