@@ -10,6 +10,7 @@ One job per module:
 - :mod:`.model`: the drift kinds (:class:`DriftKind`), drifts, protected tables, statuses;
 - :mod:`.registry`: the core and the registry, resolving tables, checking a spec;
 - :mod:`.drift`: a protected table's objects against its spec; descendants and ancestors;
+- :mod:`.bound`: the columns its objects read by name against those protect bound them to;
 - :mod:`.triggers`: triggers that are not fencekit's, in firing order;
 - :mod:`.code`: the rest of the code fencekit did not generate (:mod:`.codeinfo` reads it);
 - :mod:`.allowed`: the allow-list of reviewed code;

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from fencekit import sqlgen
+from fencekit.catalog.bound import bound_column_drift
 from fencekit.catalog.code import foreign_code_drift, unknown_code_drift
 from fencekit.catalog.codeinfo import Inspector
 from fencekit.catalog.model import COMMAND, Action, Command, Conn, Drift, DriftKind, ProtectedTable
@@ -162,6 +163,7 @@ def table_drift(
     out += foreign_trigger_drift(conn, insp, oid, t.sql, pt.spec, objs, allowed)
     out += foreign_code_drift(conn, insp, oid, t.sql, pt.spec, allowed)
     descendants = _descendants(conn, oid)
+    out += bound_column_drift(conn, oid, pt.spec, [(d.oid, d.sql, _label(d)) for d in descendants])
     if pt.spec.scope is not Scope.ROW:
         out += _other_parent_drift(conn, oid, descendants)
     for desc in descendants:
@@ -533,6 +535,10 @@ class _Descendant:
     relkind: str
 
 
+def _label(desc: _Descendant) -> str:
+    return f"partition {desc.sql}" if desc.is_partition else f"child table {desc.sql}"
+
+
 def _descendants(conn: Conn, oid: int) -> list[_Descendant]:
     """Every partition and inheritance child of a table, at any depth (pg_inherits)."""
     rows = conn.execute(
@@ -568,7 +574,7 @@ def _descendant_drift(
     ]
     wanted = {tr.name for tr in usable if tr.level == "STATEMENT" or not desc.is_partition}
     present = _triggers_of(conn, desc.oid)
-    label = f"partition {desc.sql}" if desc.is_partition else f"child table {desc.sql}"
+    label = _label(desc)
     out: list[Drift] = []
     missing = [tr.name for tr in usable if tr.name in wanted and tr.name not in present]
     if missing:

@@ -65,7 +65,10 @@ class DriftKind(str, Enum):
     FUNCTION_MISMATCH = "function_mismatch"
     FENCE_COLUMN_MISSING = "fence_column_missing"
     FENCE_COLUMN_ALTERED = "fence_column_altered"
+    FENCE_COLUMN_SWAPPED = "fence_column_swapped"
+    FENCE_DEFAULT_MISSING = "fence_default_missing"
     KEY_TYPE_CHANGED = "key_type_changed"
+    KEY_COLUMN_SWAPPED = "key_column_swapped"
     # descendants and ancestors
     PARTITION_TRIGGERS_MISSING = "partition_triggers_missing"
     CHILD_TRIGGERS_MISSING = "child_triggers_missing"

@@ -4,8 +4,10 @@ Tables protected with ``on_missing = allow`` attribute every statement that goes
 token to its writer (``fencekit.unfenced_writers``, 22_attribution.sql). This module reads
 that back per table and decides whether the table is ready to enforce (``on_missing =
 reject``): no tokenless write within a window the DBA chooses, observed for at least that
-window. The CLI (``fencekit rollout``, ``fencekit enforce``), the alembic operation and the
-Django operation all ask :func:`enforce_refusal` before switching a table; none decides alone.
+window, and no write reaching its rows where its checks do not see it (:func:`unseen_paths`).
+The report's verdict is the gate: the CLI (``fencekit rollout``, ``fencekit enforce``), the
+alembic operation and the Django operation all ask :func:`enforce_refusal`, which reads it,
+before switching a table; none decides alone.
 
 It reads fencekit's own tables, the catalogs and, when installed, pg_stat_statements' view
 (by the schema its extension records, for the normalized text of a query id): nothing of a
@@ -16,12 +18,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from fencekit.catalog.model import Action, Command, Drift, DriftKind
 from fencekit.errors import CatalogError, SpecError
-from fencekit.spec import FenceSpec, TableName
+from fencekit.spec import FenceSpec, Scope, TableName
 
 if TYPE_CHECKING:
     import psycopg
@@ -39,7 +43,7 @@ __all__ = [
     "parse_duration",
     "registered_spec",
     "rollout_report",
-    "uncovered_descendants",
+    "unseen_paths",
 ]
 
 #: How long a table must have seen no tokenless write before it is ready to enforce, unless
@@ -110,9 +114,12 @@ class TableRollout:
     since: datetime | None = None
     shown: list[Writer] = field(default_factory=list)
     # Tokenless statements whose writer could not be recorded (its record was busy: another
-    # session held its advisory lock, which any role can take), and the last time one was.
+    # session held its advisory lock, which any role can take; or the table's attribution log
+    # was full), and the last time one was.
     unattributed_statements: int = 0
     unattributed_last_seen: datetime | None = None
+    # Where writes reach the table's rows that its checks do not see (unseen_paths).
+    unseen: list[Drift] = field(default_factory=list)
 
     @property
     def enforced(self) -> bool:
@@ -138,11 +145,14 @@ class TableRollout:
 
     @property
     def verdict(self) -> str:
-        """``enforced``, ``not_attributed`` (protected before attribution: protect again),
-        ``not_ready`` (writers to fix), ``too_early`` (observed for less than the window) or
-        ``ready``."""
+        """``enforced``, ``uncovered`` (writes reach its rows where its checks do not see them:
+        :func:`unseen_paths`), ``not_attributed`` (protected before attribution: protect
+        again), ``not_ready`` (writers to fix), ``too_early`` (observed for less than the
+        window) or ``ready``. The first that holds: what to fix first."""
         if self.enforced:
             return "enforced"
+        if self.unseen:
+            return "uncovered"
         if not self.attributed:
             return "not_attributed"
         if self.blocking or self.overflow_blocking or self.unattributed_blocking:
@@ -163,7 +173,8 @@ class TableRollout:
             last.append(self.unattributed_last_seen)
         return max([self.observed_since, *last]) + self.window
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, render: Callable[[Command], str]) -> dict[str, Any]:
+        """The report's entry as JSON; ``render`` writes out a fix's command."""
         return {
             "table": self.spec.table.dotted,
             "schema": self.spec.table.schema,
@@ -188,7 +199,40 @@ class TableRollout:
                 if self.unattributed_last_seen
                 else None,
             },
+            "uncovered": [d.as_dict(render) for d in self.unseen],
         }
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the table must not switch to ``on_missing = reject`` yet, from its verdict
+        (None: go ahead)."""
+        table, window = self.spec.table, self.window
+        if self.verdict in ("ready", "enforced"):
+            return None
+        if self.verdict == "uncovered":
+            return _unseen_refusal(table, self.unseen)
+        if self.verdict == "too_early":
+            return _too_early(table, self.observed_since, window, self.ready_at)
+        if self.verdict == "not_attributed":
+            return _NOT_ATTRIBUTED.format(table=table)
+        who = [
+            f"{w.current_user}"
+            + (f" (login {w.session_user})" if w.session_user != w.current_user else "")
+            + f", application_name {w.application_name!r}"
+            + (f", from {w.client_addr}" if w.client_addr else "")
+            + f", last {w.last_seen:%Y-%m-%d %H:%M:%S%z}: {w.statement}"
+            for w in self.blocking
+        ]
+        if self.overflow_blocking:
+            who.append(f"{self.overflow_statements} statements of writers beyond the cap")
+        if self.unattributed_blocking and self.unattributed_last_seen is not None:
+            who.append(
+                _unattributed_line(self.unattributed_statements, self.unattributed_last_seen)
+            )
+        return (
+            f"{table} was written without a token within the last {_human(window)} by "
+            f"{len(self.blocking)} writer(s), which enforcing would break: " + "; ".join(who)
+        )
 
 
 def enforced_spec(spec: FenceSpec) -> FenceSpec:
@@ -282,19 +326,33 @@ def rollout_report(
     ``fencekit.unfenced_writers``: fencekit_admin."""
     readable = conn.execute(
         "SELECT pg_catalog.has_table_privilege('fencekit.unfenced_writers', 'SELECT')"
+        " AND pg_catalog.has_function_privilege('fencekit.fold_unfenced_log(text[])',"
+        " 'EXECUTE')"
     ).fetchone()
     if not (readable and readable[0]):
         raise CatalogError(
             "reading who writes without a token needs fencekit_admin (the statements and "
             "client addresses are the application's): GRANT fencekit_admin TO <you>"
         )
-    now, lag = conn.execute(
-        "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"
-    ).fetchone() or (None, 0)
     registry = conn.execute(
         "SELECT p.schema_name, p.table_name, p.tag, p.spec::pg_catalog.text, p.protected_at"
         " FROM fencekit.protected p ORDER BY p.schema_name, p.table_name"
     ).fetchall()
+    wanted = {(t.schema, t.name) for t in tables} if tables is not None else None
+    # What transactions at REPEATABLE READ or SERIALIZABLE recorded waits in a log until a
+    # fold moves it into the writers' table (22_attribution.sql): the tables named, or all.
+    tags = None if wanted is None else [r[2] for r in registry if (r[0], r[1]) in wanted]
+    folded = conn.execute("SELECT fencekit.fold_unfenced_log(%s::pg_catalog.text[])", [tags])
+    if not (folded.fetchone() or (False,))[0]:
+        raise CatalogError(
+            "reading who writes without a token folds fencekit.unfenced_log first, which "
+            "needs a read-write transaction that is not SERIALIZABLE (a SERIALIZABLE reader "
+            "of the log would take part in every writer's serialization conflicts): run it "
+            "at READ COMMITTED, on the primary"
+        )
+    now, lag = conn.execute(
+        "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"
+    ).fetchone() or (None, 0)
     rows = conn.execute(
         "SELECT u.tag, u.session_user_name, u.current_user_name, u.application_name,"
         " pg_catalog.host(u.client_addr), u.query_id, u.fingerprint, u.statement,"
@@ -313,7 +371,6 @@ def rollout_report(
     ).fetchone()
     assert now is not None
     texts = _pgss_texts(conn, sorted({int(r[5]) for r in rows if r[5] is not None}))
-    wanted = {(t.schema, t.name) for t in tables} if tables is not None else None
     out = []
     for schema, name, tag, raw_spec, protected_at in registry:
         try:
@@ -365,6 +422,7 @@ def rollout_report(
                 [w for w in writers if since is None or w.last_seen >= since],
                 u_count,
                 u_last,
+                unseen_paths(conn, spec),
             )
         )
     return out
@@ -403,7 +461,7 @@ def enforce_check(conn: Any, table: TableName, window: timedelta, *, force: bool
     spec = registered_spec(conn, table)
     why = enforce_refusal(conn, table, window)
     if why is not None and not force:
-        raise CatalogError(why + ". Nothing was changed; fix those writers, or force it")
+        raise CatalogError(why + ". Nothing was changed; fix that, or force it")
     return enforced_spec(spec)
 
 
@@ -449,86 +507,96 @@ def _totals_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
     return None
 
 
-def uncovered_descendants(conn: Conn, spec: FenceSpec) -> list[str]:
-    """The partitions and inheritance children of ``spec``'s table that lack one of the
-    statement checks every descendant needs (made after protect, and not covered since): a
-    statement that names one runs no statement check, so in rollout mode its tokenless writes
-    are neither counted nor attributed. Catalog reads only."""
-    from fencekit import sqlgen  # the trigger names protect gives every descendant
+#: What status reports that lets writes reach a protected table's rows unseen by its checks:
+#: no statement check runs (missing, disabled, replica-only, or not fencekit's under its
+#: name), or the statement names a table outside the tree. ENABLE ALWAYS is not among them:
+#: such a trigger still fires.
+_UNSEEN = frozenset(
+    {
+        DriftKind.TRIGGER_MISSING,
+        DriftKind.TRIGGER_CHANGED,
+        DriftKind.TRIGGER_DISABLED,
+        DriftKind.TRIGGER_REPLICA_ONLY,
+        DriftKind.PARTITION_TRIGGERS_MISSING,
+        DriftKind.CHILD_TRIGGERS_MISSING,
+        DriftKind.CHILD_OTHER_PARENT,
+        DriftKind.UNPROTECTED_ANCESTOR,
+    }
+)
 
-    # The statement checks, not the counting triggers of rows crossing partitions (status
-    # reports those missing).
-    names = [
-        tr.name
-        for tr in sqlgen.table_objects(spec).triggers
-        if tr.on_partitions and not tr.partitioned_only
-    ]
-    rows = conn.execute(
-        "WITH RECURSIVE d(relid) AS ("
-        " SELECT i.inhrelid FROM pg_catalog.pg_inherits i"
-        "  WHERE i.inhparent OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s)"
-        " UNION SELECT i.inhrelid FROM pg_catalog.pg_inherits i"
-        "  JOIN d ON i.inhparent OPERATOR(pg_catalog.=) d.relid)"
-        " SELECT c.oid::pg_catalog.regclass::pg_catalog.text"
-        "   FROM d JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.relid"
-        "  WHERE c.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::pg_catalog.char[])"
-        "    AND EXISTS (SELECT FROM pg_catalog.unnest(%s::pg_catalog.text[]) AS n(name)"
-        "                 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t"
-        "                                    WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid"
-        "                                      AND t.tgname::pg_catalog.text"
-        "                                          OPERATOR(pg_catalog.=) n.name))"
-        "  ORDER BY 1",
-        [spec.table.sql, names],
-    ).fetchall()
-    return [str(r[0]) for r in rows]
+
+def unseen_paths(conn: Conn, spec: FenceSpec) -> list[Drift]:
+    """Where writes reach ``spec``'s rows that its checks do not see, judged by status's own
+    code (:mod:`fencekit.catalog.drift`): the table or a partition or inheritance child of it
+    lacking one of fencekit's triggers, or carrying one disabled, replica-only, or that is
+    not fencekit's under its name (another function, events or timing); an unprotected table
+    it inherits from; and (key and table fences, whose checks are all statement-level) a
+    child that also inherits from a table outside the tree. A tokenless write through one is
+    neither counted nor attributed, so the report cannot tell who sends it, and after
+    enforce it is not refused either. The triggers of rows crossing partitions are left out:
+    they judge tokens, and the statement checks count their statements. Catalog reads
+    only; [] when the table is gone (status reports that)."""
+    from fencekit import sqlgen
+    from fencekit.catalog.drift import (
+        _ancestor_drift,
+        _descendant_drift,
+        _descendants,
+        _other_parent_drift,
+        _trigger_drift,
+    )
+
+    row = conn.execute(
+        "SELECT pg_catalog.to_regclass(%s)::pg_catalog.oid", [spec.table.sql]
+    ).fetchone()
+    if row is None or row[0] is None:
+        return []
+    oid, t = int(row[0]), spec.table
+    objs, protect = sqlgen.table_objects(spec), Command(Action.PROTECT, spec)
+    # Every protected table has these; the root guard only where PostgreSQL allows it.
+    own = tuple(tr for tr in objs.triggers if not tr.root_only and not tr.partitioned_only)
+    out = _trigger_drift(conn, oid, t.sql, t.dotted, own, protect)
+    out += _ancestor_drift(conn, oid, t.dotted)
+    descendants = _descendants(conn, oid)
+    if spec.scope is not Scope.ROW:
+        out += _other_parent_drift(conn, oid, descendants)
+    for desc in descendants:
+        out += _descendant_drift(conn, desc, objs, protect, False)
+    return [d for d in out if d.kind in _UNSEEN]
+
+
+def _in_words(c: Command) -> str:
+    """An unseen path's fix in words, for a refusal that reaches a migration as well as the
+    CLI (only protect: it re-creates what is missing)."""
+    assert c.spec is not None, c
+    return f"protect {c.spec.table} again"
+
+
+def _unseen_refusal(table: TableName, unseen: list[Drift]) -> str:
+    what = "; ".join(f"{d.message} (fix: {d.fix_text(_in_words)})" for d in unseen)
+    return (
+        f"writes reach {table}'s rows where its checks do not see them, so the report cannot "
+        f"tell who writes them without a token, and enforcing would not refuse them: {what}; "
+        "fix those, then watch the table for the window"
+    )
 
 
 def enforce_refusal(conn: Conn, table: TableName, window: timedelta) -> str | None:
-    """Why ``table`` must not switch to ``on_missing = reject`` yet (None: go ahead): a
-    writer without a token inside the window, overflowed writers inside it, a table watched
-    for less than the window (a writer that runs less often may not have been seen), a
-    partition or child without its statement checks (its tokenless writes go unseen), or a
-    table whose checks do not attribute (protected before attribution, so nobody can tell)."""
-    uncovered = uncovered_descendants(conn, registered_spec(conn, table))
-    if uncovered:
-        return (
-            f"{table} has partitions or children without fencekit's statement checks "
-            f"({', '.join(uncovered)}: made after protect?): a write without a token that names "
-            "one is neither counted nor attributed, so the report cannot tell who writes them; "
-            f"cover them (fencekit protect {table.dotted} again, or fencekit auto-cover), then "
-            "watch them for the window"
-        )
+    """Why ``table`` must not switch to ``on_missing = reject`` yet (None: go ahead): the
+    rollout report's verdict (:attr:`TableRollout.refusal`). A role that may not read the
+    writers is judged alike from the catalogs and the public totals."""
+    spec = registered_spec(conn, table)
     try:
         report = rollout_report(conn, [table], window=window)
     except CatalogError:
+        unseen = unseen_paths(conn, spec)
+        if unseen:
+            return _unseen_refusal(table, unseen)
         if not _attributed_table(conn, table):
             return _NOT_ATTRIBUTED.format(table=table)
         return _totals_refusal(conn, table, window)
     if not report:
         raise CatalogError(f"{table} is not protected")
-    t = report[0]
-    if t.verdict in ("ready", "enforced"):
-        return None
-    if t.verdict == "too_early":
-        return _too_early(table, t.observed_since, window, t.ready_at)
-    if t.verdict == "not_attributed":
-        return _NOT_ATTRIBUTED.format(table=table)
-    who = [
-        f"{w.current_user}"
-        + (f" (login {w.session_user})" if w.session_user != w.current_user else "")
-        + f", application_name {w.application_name!r}"
-        + (f", from {w.client_addr}" if w.client_addr else "")
-        + f", last {w.last_seen:%Y-%m-%d %H:%M:%S%z}: {w.statement}"
-        for w in t.blocking
-    ]
-    if t.overflow_blocking:
-        who.append(f"{t.overflow_statements} statements of writers beyond the cap")
-    if t.unattributed_blocking and t.unattributed_last_seen is not None:
-        who.append(_unattributed_line(t.unattributed_statements, t.unattributed_last_seen))
-    return (
-        f"{table} was written without a token within the last {_human(window)} by "
-        f"{len(t.blocking)} writer(s), which enforcing would break: " + "; ".join(who)
-    )
+    return report[0].refusal
 
 
 def _too_early(table: TableName, since: datetime, window: timedelta, ready: datetime | None) -> str:
@@ -542,7 +610,8 @@ def _too_early(table: TableName, since: datetime, window: timedelta, ready: date
 
 def _unattributed_line(statements: int, last: datetime) -> str:
     return (
-        f"{statements} tokenless statement(s) not attributed (their writer's record was busy), "
+        f"{statements} tokenless statement(s) not attributed (their writer's record was busy, "
+        "or the table's attribution log was full), "
         f"last seen {last:%Y-%m-%d %H:%M:%S%z}"
     )
 

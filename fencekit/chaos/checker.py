@@ -102,6 +102,8 @@ GAP_CLOSES = (
     "read (compare-and-set)"
 )
 _CONTEXT_FOR = 30  # violations that get the history lines around them
+_CONTEXT_LINES = 24  # history lines shown around each of them
+_CONTEXT_BEFORE = 16  # of which at most this many up to the violation's time
 
 
 @dataclass(frozen=True)
@@ -311,11 +313,21 @@ class _Checker:
         if t is not None:
             lo = bisect.bisect_left(self.times, t - 2.0)
             hi = bisect.bisect_right(self.times, t + 0.5)
+            window = self.events[lo:hi]
+            # The issuer's log lines of the processes that touched the resource here (which
+            # connection state its client was in, why it declared a grant lost) explain an
+            # overlap; every other process' would drown them.
+            involved = {e.get("p") for e in window if self._resource_of(e) == resource}
             near = [
-                e for e in self.events[lo:hi]
-                if self._resource_of(e) in (None, resource) and e["type"] != "session"
+                e for e in window
+                if (e.get("p") in involved if e["type"] == "log" else e["type"] != "session"
+                    and self._resource_of(e) in (None, resource))
             ]  # fmt: skip
-            lines += [_fmt_event(e, self.invokes) for e in near[-14:]]
+            # Mostly what led up to ``t``, then what followed.
+            before = [e for e in near if float(e["t"]) <= t][-_CONTEXT_BEFORE:]
+            after = [e for e in near if float(e["t"]) > t]
+            after = after[: _CONTEXT_LINES - len(before)]
+            lines += [_fmt_event(e, self.invokes) for e in before + after]
         if resource is not None and seq is not None:
             lines += [
                 f"    log {row.resource} seq={row.seq} token={row.token} observed={row.observed} "
@@ -724,6 +736,8 @@ def _fmt_event(e: Event, invokes: dict[str, Event]) -> str:
         extra = {k: v for k, v in e.items() if k not in ("t", "p", "n", "type", "id")}
         inv = invokes.get(str(e["id"]))
         return f"{head} {e['id']} (token {inv and inv.get('token')}) {extra}"
+    if kind == "log":
+        return f"{head} {e.get('logger')} [{e.get('thread')}] {e.get('msg')}"
     extra = {k: v for k, v in e.items() if k not in ("t", "p", "n", "type")}
     return f"{head} {extra}"
 

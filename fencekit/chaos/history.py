@@ -16,7 +16,11 @@ Event kinds (``type``):
   server assigned), rejected / not applied (with the reason), or unknown (connection lost
   during commit)
 - ``renew`` / ``release`` / ``lost``: a holder's lease renewed (with ``t0``, when the request
-  was sent), released, or reported lost by the issuer
+  was sent), released, or reported lost by the issuer (``renew`` answered False; with the
+  issuer's ``reason`` when it gave one)
+- ``loss`` / ``log``: diagnostics the checker ignores: the issuer's own loss signal for a grant
+  (``watch_loss``: when the issuer decided, and why), and the issuer client's log lines
+  (kazoo's connection states, fencekit.leases' warnings), so a failed run can be explained
 - ``pause`` / ``resume`` / ``kill`` / ``spawn`` / ``crash`` / ``restart`` / ``bouncer`` /
   ``clock`` / ``net`` / ``node``: the nemesis
 - ``run``: written once by the run: scope, issuer, whether the register was fenced
@@ -36,6 +40,7 @@ import ctypes.util
 import json
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -101,17 +106,35 @@ class HistoryWriter:
         self.process = process
         self._fh: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115  # closed in close()
         self._n = 0
+        self._lock = threading.Lock()
 
     def append(self, type_: str, **data: Any) -> Event:
-        self._n += 1
-        event: Event = {"t": true_time(), "p": self.process, "n": self._n, "type": type_, **data}
-        self._fh.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        return self._write(type_, data, durable=True)
+
+    def note(self, type_: str, **data: Any) -> Event:
+        """Append a diagnostic event nothing acts on, without the fsync: it is written from
+        the issuer's threads (kazoo's connection thread among them), which must not wait on
+        the disk."""
+        return self._write(type_, data, durable=False)
+
+    def _write(self, type_: str, data: dict[str, Any], durable: bool) -> Event:
+        # The issuer's threads (loss callbacks, its client's log) append too.
+        with self._lock:
+            self._n += 1
+            event: Event = {
+                "t": true_time(), "p": self.process, "n": self._n, "type": type_, **data
+            }  # fmt: skip
+            if self._fh.closed:  # a late diagnostic from a thread, after close()
+                return event
+            self._fh.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
+            self._fh.flush()
+            if durable:
+                os.fsync(self._fh.fileno())
         return event
 
     def close(self) -> None:
-        self._fh.close()
+        with self._lock:
+            self._fh.close()
 
 
 def read_events(path: Path) -> list[Event]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import os
 import random
 import socket
@@ -109,6 +110,27 @@ class _Watchdog:
         self._timer.cancel()
 
 
+class _HistoryLog(logging.Handler):
+    """The issuer client's log lines as ``log`` history events (not fsync'd: kazoo logs from
+    its connection thread, which must not wait on the disk)."""
+
+    def __init__(self, history: HistoryWriter) -> None:
+        super().__init__(logging.INFO)
+        self.history = history
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.history.note(
+                "log", logger=record.name, level=record.levelname,
+                thread=record.threadName, msg=_short(record.getMessage(), 300),
+            )  # fmt: skip
+
+
+#: Loggers whose lines explain an issuer's decisions: kazoo's connection states, and the
+#: leases' own warnings (a grant declared lost, and why).
+_LOGGED = ("kazoo", "fencekit.leases")
+
+
 class _Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         self.name: str = args.name
@@ -120,7 +142,14 @@ class _Worker:
         self.rng = random.Random(f"{args.seed}:{self.name}")
         self.commit_timeout: float = args.commit_timeout
         self.history = HistoryWriter(Path(args.history), self.name)
+        handler = _HistoryLog(self.history)
+        for name in _LOGGED:
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.INFO)
+            logger.addHandler(handler)
         self.issuer = make_issuer(args)
+        # Why the issuer declared a grant lost (its watch_loss reason), by holder.
+        self.loss_reasons: dict[str, str] = {}
         # Grants neither released nor reported lost (held, or abandoned): closing an etcd or
         # ZooKeeper issuer releases them, so close() records their release first.
         self.unreleased: dict[str, tuple[str, Grant]] = {}
@@ -177,7 +206,27 @@ class _Worker:
                 t0=t0, ttl=grant.ttl, issuer=grant.issuer,
             )  # fmt: skip
             self.unreleased[holder] = (resource, grant)
+            self.watch(resource, grant)
             self.hold(resource, grant)
+
+    def watch(self, resource: str, grant: Grant) -> None:
+        """Record the issuer's own loss signal (when it decided, and why) as a ``loss`` event.
+
+        ZooKeeper's only: its signal costs nothing (kazoo's session state, a node watch),
+        where etcd's starts a monitor thread per grant that would change what the run does.
+        """
+        if getattr(self.issuer, "name", None) != "zookeeper":
+            return
+        watch_loss = self.issuer.watch_loss  # type: ignore[attr-defined]
+
+        def lost(g: Grant, reason: str) -> None:
+            self.loss_reasons[g.holder] = reason
+            self.history.note(
+                "loss", resource=resource, holder=g.holder, token=g.token,
+                reason=reason,
+            )  # fmt: skip
+
+        watch_loss(grant, lost)
 
     def hold(self, resource: str, grant: Grant) -> None:
         for _ in range(self.rng.randint(1, 4)):
@@ -186,7 +235,10 @@ class _Worker:
             t0 = true_time()
             try:
                 if not self.issuer.renew(grant):
-                    self.history.append("lost", resource=resource, holder=grant.holder, t0=t0)
+                    self.history.append(
+                        "lost", resource=resource, holder=grant.holder, t0=t0,
+                        reason=self.loss_reasons.get(grant.holder),
+                    )  # fmt: skip
                     self.unreleased.pop(grant.holder, None)
                     return
             except (IssuerError, psycopg.Error):
@@ -272,8 +324,8 @@ class _Worker:
             self.conn.close()
 
 
-def _short(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]
+def _short(what: object, limit: int = 200) -> str:
+    return " ".join(str(what).split())[:limit]
 
 
 def main(argv: list[str] | None = None) -> int:

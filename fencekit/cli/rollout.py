@@ -27,6 +27,7 @@ from fencekit.cli.common import (
     run_script,
     table_keys,
 )
+from fencekit.cli.hints import command_text, fix_text
 from fencekit.errors import UsageError
 
 __all__ = ["register"]
@@ -53,7 +54,9 @@ def register(subparsers: Any) -> None:
         "(pg_stat_statements' text for its query id when installed, else fencekit's with every "
         "literal replaced by ?), when it was first and last seen and about how often. This "
         "reports it per table and ends with a verdict: ready to enforce, with the command and "
-        "the migrations that switch the table to --on-missing reject, or the writers to fix. "
+        "the migrations that switch the table to --on-missing reject, or the writers to fix, or "
+        "the ways to write its rows that its checks do not see (a partition or child without "
+        "its checks, a child that also inherits from a table outside the tree). "
         "Exit status 0 when every table reported is ready (or already enforces), 1 otherwise. "
         "Needs fencekit_admin.",
         epilog="examples:\n"
@@ -78,9 +81,10 @@ def register(subparsers: Any) -> None:
         "without a token",
         formatter_class=HelpFormatter,
         description="Re-protect TABLE with its registered spec and --on-missing reject (a "
-        "policy: changed in place, every fence kept). Refused while `fencekit rollout` shows a "
-        "writer without a token inside the window, or when the table's checks do not record "
-        "writers (protected before attribution); --force switches anyway.",
+        "policy: changed in place, every fence kept). Refused unless `fencekit rollout` calls "
+        "the table ready to enforce: while it shows a writer without a token inside the "
+        "window, a way to write its rows that its checks do not see, or checks that do not "
+        "record writers (protected before attribution); --force switches anyway.",
         epilog='example:\n  fencekit enforce app.jobs --window 7d --dsn "$DSN"',
     )
     e.add_argument("table", help=TABLE_HELP)
@@ -166,7 +170,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     text: list[str] = []
     docs = []
     for t in report:
-        doc = t.as_dict()
+        doc = t.as_dict(command_text)
         head = f"{t.spec.table} ({t.spec.describe()})"
         if t.enforced:
             text.append(f"{head}: enforces: writes without a token are refused")
@@ -200,12 +204,23 @@ def run_rollout(args: argparse.Namespace) -> int:
         if t.unattributed_statements and t.unattributed_last_seen is not None:
             text.append(
                 f"  + {t.unattributed_statements} tokenless statement(s) not attributed, last "
-                f"seen {_when(t.unattributed_last_seen)} (their writer's record was busy: "
-                "another session held its lock; the writer is named once it is free)"
+                f"seen {_when(t.unattributed_last_seen)} (their writer's record was busy, "
+                "another session holding its lock, or the table's attribution log was full; "
+                "writers are named again once the lock is free or the log is folded)"
             )
+        for d in t.unseen:
+            text.append(f"  ! {_shown(d.message)}")
+            text.append(f"    fix: {_shown(fix_text(d))}")
         commands = enforce_commands(t.spec.table, window)
         doc["enforce"] = commands
-        if t.verdict == "ready":
+        if t.verdict == "uncovered":
+            text.append(
+                f"  verdict: not ready: {len(t.unseen)} way(s) to write its rows that its checks "
+                "do not see (above): nobody can tell who writes through them without a token, "
+                "and enforcing would not refuse them. Fix them, then watch the table for "
+                f"{_human(window)} and run fencekit rollout again"
+            )
+        elif t.verdict == "ready":
             text.append(
                 f"  verdict: ready to enforce: no write without a token for {_human(window)}. "
                 "Switch it with:"

@@ -40,6 +40,14 @@ although the client cannot hear it. If the session survives after all (an ensemb
 down as a whole restarts its session timers), the issuer deletes the lock nodes of the grants
 it declared lost as soon as it reconnects, so that no lock stays held by a holder that was
 told it lost it.
+
+The rule reads the client's real state, not the issuer's record of it: kazoo sets its state
+before it runs its listeners, so a reconnection whose ``CONNECTED`` callback has not run yet
+still counts as connected. It applies only to grants last shown alive before the disconnection
+began, and only when that disconnection (not an earlier one) has lasted a session timeout: a
+grant is never declared lost, nor its node deleted, sooner than a session timeout after its
+last proof of life. A connection lost in the middle of ``try_acquire`` is no loss either: the
+issuer asks again once kazoo has reconnected.
 """
 
 from __future__ import annotations
@@ -122,6 +130,9 @@ class ZooKeeperIssuer:
         self._lock = threading.RLock()
         self._suspended_since: float | None = None
         self._suspend_timer: threading.Timer | None = None
+        # Lock nodes of grants the disconnection rule declared lost (decided under _lock, before
+        # their holders are told in other threads): given up if the session survives.
+        self._declared_lost: set[str] = set()
         self._closed = False
         self.client.add_listener(self._on_state)
         if self._owns_client:
@@ -147,8 +158,11 @@ class ZooKeeperIssuer:
         elif state == KazooState.SUSPENDED:
             with self._lock:
                 if self._suspended_since is None:
-                    self._suspended_since = time.monotonic()
-                    timer = threading.Timer(self.session_timeout, self._suspend_expired)
+                    since = time.monotonic()
+                    self._suspended_since = since
+                    timer = threading.Timer(
+                        self.session_timeout, self._suspend_expired, args=(since,)
+                    )
                     timer.daemon = True
                     self._suspend_timer = timer
                     timer.start()
@@ -159,9 +173,10 @@ class ZooKeeperIssuer:
                     self._suspend_timer.cancel()
                     self._suspend_timer = None
                 given_up = [
-                    t.grant
-                    for t in self._trackers.values()
-                    if t.lost_reason is not None and not t.released
+                    node_tracker.grant
+                    for node, node_tracker in self._trackers.items()
+                    if not node_tracker.released
+                    and (node_tracker.lost_reason is not None or node in self._declared_lost)
                 ]
             if given_up:
                 # We told the holders they lost these grants while cut off; if the session
@@ -178,15 +193,29 @@ class ZooKeeperIssuer:
             with contextlib.suppress(Exception):
                 self.release(grant)
 
-    def _suspend_expired(self) -> None:
+    def _suspend_expired(self, since: float) -> None:
+        """The timer of the disconnection that began at ``since`` (monotonic) ran out."""
         with self._lock:
-            still = self._suspended_since is not None
-        if still:
-            self._mark_all_lost("disconnected from ZooKeeper for longer than the session timeout")
+            # Decided and recorded under the lock the CONNECTED callback takes: either the
+            # callback runs first (nothing is lost) or it finds the nodes to give up.
+            if self._suspended_since != since or self.client.state == KazooState.CONNECTED:
+                return  # reconnected (perhaps cut off again since: that has its own timer)
+            # Only grants last shown alive before the disconnection: a lease outlives its last
+            # proof of life by a session timeout, and this one may be younger than that.
+            due = [
+                t
+                for t in self._trackers.values()
+                if t.lost_reason is None and not t.released and t.valid_until - t.grant.ttl <= since
+            ]
+            self._declared_lost.update(t.grant.handle.node for t in due)
+        self._tell_lost(due, "disconnected from ZooKeeper for longer than the session timeout")
 
     def _mark_all_lost(self, reason: str) -> None:
         with self._lock:
             trackers = list(self._trackers.values())
+        self._tell_lost(trackers, reason)
+
+    def _tell_lost(self, trackers: list[LossTracker], reason: str) -> None:
         for t in trackers:
             # Callbacks may block; do not run them in kazoo's thread.
             threading.Thread(
@@ -251,18 +280,21 @@ class ZooKeeperIssuer:
         tracker = LossTracker(grant, shown_alive_at=t0)
         with self._lock:
             self._trackers[node] = tracker
-        # Prompt signal when the node goes (session expiry, or someone deleting it).
+        # Prompt signal when the node goes (session expiry, or someone deleting it), and a
+        # check that it is still ours. A connection lost here says nothing about the session:
+        # ask again once kazoo has reconnected instead of guessing.
+        # Within what is left of op_timeout.
+        retry.deadline = max(0.1, self.op_timeout - (time.monotonic() - t0))
         try:
-            still = self.client.exists(node, watch=lambda ev: self._node_event(node, ev))
-        except KazooException:
-            still = stat
-        if still is None or still.ephemeralOwner != self._session_id():
-            tracker.mark_lost("ZooKeeper session changed during acquisition")
+            still = retry(self.client.exists, node, watch=lambda ev: self._node_event(node, ev))
+        except SessionExpiredError:
+            still = None
+        except (RetryFailedError, KazooException, KazooTimeoutError):
+            # Still cut off: the session's own signals (LOST, the disconnection rule) decide.
+            still = None if self.client.state == KazooState.LOST else stat
+        if still is None or still.czxid != stat.czxid:
+            tracker.mark_lost("lock node gone right after the grant (session expired or deleted)")
         return grant
-
-    def _session_id(self) -> int | None:
-        cid = self.client.client_id
-        return None if cid is None else int(cid[0])
 
     def _attempt(
         self, path: str, prefix: str, holder: str, state: dict[str, bool]
@@ -378,6 +410,7 @@ class ZooKeeperIssuer:
         finally:
             with self._lock:
                 self._trackers.pop(handle.node, None)
+                self._declared_lost.discard(handle.node)
 
     def is_lost(self, grant: Grant) -> bool:
         tracker = self._tracker(grant)

@@ -92,7 +92,7 @@ def _lock(old: FenceSpec, new: FenceSpec) -> list[str]:
 def _guard(old: FenceSpec, new: FenceSpec) -> str:
     """Refuse (YF000) unless the registry holds exactly ``old`` for the table
     (``fencekit.move_guard``, 48_guards.sql): a script generated for another spec would carry
-    the wrong fences."""
+    the wrong fences; nor a carry from a fence or key column swapped since protect."""
     t = old.table
     return do(
         "\nDECLARE\n"
@@ -107,6 +107,7 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         + (_owner_only(new) + "\n" if is_move(old, new) and _reads_rows(old, new) else "")
         + _column_types(old, new)
         + _column_free(old, new)
+        + _columns_bound(old, new)
         + "END\n"
     )
 
@@ -130,6 +131,14 @@ def _column_types(old: FenceSpec, new: FenceSpec) -> str:
         f"  PERFORM fencekit.builtin_type(tbl::pg_catalog.regclass, {lit(c)});\n" for c in cols
     )
     return out
+
+
+def _columns_bound(old: FenceSpec, new: FenceSpec) -> str:
+    """A carry that reads the old fence or key column from the rows must read the column
+    protect bound, not another the owner added under its name (fencekit.check_bound_columns)."""
+    if old.scope is Scope.TABLE or not (is_move(old, new) and _reads_rows(old, new)):
+        return ""
+    return "  PERFORM fencekit.check_bound_columns(tbl::pg_catalog.regclass);\n"
 
 
 def _column_free(old: FenceSpec, new: FenceSpec) -> str:

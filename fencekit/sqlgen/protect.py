@@ -356,7 +356,8 @@ def unprotect_statements(spec: FenceSpec) -> list[str]:
 
 def drop_objects(tag: str, root: str) -> str:
     """A DO block dropping the ``fencekit_<tag>_*`` triggers on ``root`` (a SQL expression
-    yielding a regclass or NULL) and its descendants, then the ``fencekit.<tag>_*`` functions."""
+    yielding a regclass or NULL) and its descendants, then the ``fencekit.<tag>_*`` functions:
+    those ``fencekit.named_by`` gives the table, not another's whose tag starts with its own."""
     prefix = f"fencekit_{tag}_"
     fn_prefix = f"{tag}_"
     return do(
@@ -368,8 +369,8 @@ def drop_objects(tag: str, root: str) -> str:
         "      FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg\n"
         "                  WHERE tg.tgrelid = rel AND NOT tg.tgisinternal\n"
         "                    AND tg.tgparentid = 0\n"
-        f"                    AND pg_catalog.left(tg.tgname::pg_catalog.text, {len(prefix)})\n"
-        f"                        OPERATOR(pg_catalog.=) {lit(prefix)} LOOP\n"
+        "                    AND fencekit.named_by(tg.tgname::pg_catalog.text,\n"
+        f"                                          {lit(prefix)}) LOOP\n"
         "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);\n"
         "      END LOOP;\n"
         "    END LOOP;\n"
@@ -377,8 +378,8 @@ def drop_objects(tag: str, root: str) -> str:
         "  FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p\n"
         "              WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace\n"
         "                AND p.pronargs = 0\n"
-        f"                AND pg_catalog.left(p.proname::pg_catalog.text, {len(fn_prefix)})\n"
-        f"                    OPERATOR(pg_catalog.=) {lit(fn_prefix)} LOOP\n"
+        "                AND fencekit.named_by(p.proname::pg_catalog.text,\n"
+        f"                                      {lit(fn_prefix)}) LOOP\n"
         "    EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);\n"
         "  END LOOP;\n"
         "END\n"

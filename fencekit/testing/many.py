@@ -56,7 +56,7 @@ class ManyResult:
     report: Report
     events: list[Event]
     rejections: dict[str, dict[str, int]]
-    workdir: Path
+    workdir: Path | None  # None: a passing run's temporary directory, removed
     html: Path | None
     seconds: float
 
@@ -275,7 +275,8 @@ def run_many(
     lease, before the write); a run whose workers never reach it raises :class:`WorkerError`,
     since it would test nothing. ``tables``: tables to judge although they have no fence
     (fenced tables are always judged). Files (worker output, history, the HTML timeline on failure)
-    go to ``workdir`` (default: a new temporary directory).
+    go to ``workdir``; by default to a new temporary directory that a passing run removes and a
+    failing one keeps (its message names it).
     """
     __tracebackhide__ = True  # pytest: the failure is the message, not the kit's frames
     d = db or current_database()
@@ -321,15 +322,18 @@ def run_many(
             f"{len(report.violations)} violation(s) in {copies} copies of {target} over "
             f"{seconds:g}s under pauses{' and kills' if kills else ''}:\n{format_report(report)}"
             f"\ntimeline: {result.html or '(plotly missing: pip install pg-fencekit[chaos])'}"
-            f"\n{describe(d, lines=5)}\n{_logs(work)}"
+            f"\n{describe(d, lines=5)}\n{_logs(work)}\nfiles: {work}"
         )
     if not nemesis.reached:
         raise WorkerError(
             f"no worker of {copies} copies of {target} reached checkpoint {at!r} in {seconds:g}s, "
             f"so none was paused and the run tested nothing: call fencekit.testing.checkpoint"
             f"({at!r}) in the worker after it took its lease, before its write\n"
-            f"{describe(d, lines=5)}\n{_logs(work)}"
+            f"{describe(d, lines=5)}\n{_logs(work)}\nfiles: {work}"
         )
+    if workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+        result.workdir = None
     return result
 
 

@@ -14,7 +14,7 @@ from alembic.operations import Operations
 
 import fencekit.alembic_plugin  # noqa: F401  (registers the operations)
 from fencekit.catalog import CatalogError
-from fencekit.spec import FenceSpec, TableName
+from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements
 from tests.alembic.conftest import sqlalchemy_url
 
@@ -117,3 +117,55 @@ def test_enforce_fence_refuses_tokenless_statements_whose_writer_was_not_recorde
         assert _on_missing(db) == "allow"
     finally:
         engine.dispose()
+
+
+def _enforce_refused(dsn: str, table: str, match: str) -> None:
+    engine = sa.create_engine(sqlalchemy_url(dsn))
+    try:
+        with engine.begin() as conn:
+            op = Operations(MigrationContext.configure(conn))
+            with pytest.raises(CatalogError, match=match):
+                op.enforce_fence(table, window="1h")  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
+
+
+def test_enforce_fence_refuses_while_a_child_also_inherits_from_a_table_outside_the_tree(
+    db: Conn, dsn: str
+) -> None:
+    """Statements that name the other parent write the child's rows with none of a table
+    fence's checks: nobody can tell who writes them, so the operation refuses."""
+    db.execute(
+        "CREATE TABLE tr (id bigint, v text); CREATE TABLE rc () INHERITS (tr);"
+        "CREATE TABLE side3 (id bigint, v text)"
+    )
+    spec = FenceSpec(TableName("public", "tr"), scope=Scope.TABLE, on_missing="allow")
+    for s in protect_statements(spec):
+        db.execute(s)
+    db.execute("ALTER TABLE rc INHERIT side3")
+    db.execute("UPDATE fencekit.protected SET protected_at = now() - interval '2 hours'")
+    db.commit()
+    _enforce_refused(dsn, "tr", r"child table public\.rc also inherits from public\.side3")
+    db.execute("ALTER TABLE rc NO INHERIT side3")
+    db.commit()
+    engine = sa.create_engine(sqlalchemy_url(dsn))
+    try:
+        with engine.begin() as conn:
+            Operations(MigrationContext.configure(conn)).enforce_fence("tr", window="1h")  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
+
+
+def test_enforce_fence_refuses_while_a_child_lacks_its_checks(db: Conn, dsn: str) -> None:
+    """An inheritance child made after protect: a tokenless write that names it is neither
+    counted nor attributed."""
+    db.execute("CREATE TABLE ua (id bigint, v text)")
+    spec = FenceSpec(TableName("public", "ua"), scope=Scope.TABLE, on_missing="allow")
+    for s in protect_statements(spec):
+        db.execute(s)
+    db.execute("CREATE TABLE uac () INHERITS (ua)")
+    db.execute("UPDATE fencekit.protected SET protected_at = now() - interval '2 hours'")
+    db.commit()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("INSERT INTO uac VALUES (1, 'tokenless')")
+    _enforce_refused(dsn, "ua", r"inheritance child public\.uac lacks fencekit's trigger")

@@ -223,8 +223,12 @@ def test_lease_bound_run_on_your_server_has_no_lost_update(pg_dsn: str, tmp_path
 
 
 @pytest.mark.parametrize("issuer", ["etcd", "zookeeper"])
-def test_external_issuer_under_leader_kills_and_paused_members(issuer: str, pg_dsn: str) -> None:
-    """Three-node cluster on loopback; its leader killed and members paused mid-run."""
+def test_external_issuer_under_leader_kills_and_paused_members(
+    issuer: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Three-node cluster on loopback; its leader killed and members paused mid-run. A failed
+    run's report shows, around each violation, the issuer's own account (ZooKeeper: why it
+    declared a grant lost, its client's connection states), and its history is kept."""
     from tests.lab.issuers import ServerBinaryMissing, etcd_binary, zookeeper_classpath
 
     try:
@@ -236,13 +240,19 @@ def test_external_issuer_under_leader_kills_and_paused_members(issuer: str, pg_d
 
     def run(seconds: float) -> tuple[ChaosResult, str]:
         out = io.StringIO()
+        history = tmp_path / f"history-{seconds:g}s.jsonl"
         cfg = ChaosConfig(
-            duration=seconds, seed=5, workers=4, resources=2, issuer=issuer, dsn=pg_dsn
-        )
+            duration=seconds, seed=5, workers=4, resources=2, issuer=issuer, dsn=pg_dsn,
+            history=history,
+        )  # fmt: skip
         lab = LabEnvironment(LabOptions(crashes=False), cfg)
         result = run_chaos(cfg, out=out, progress=print, environment=lab)
-        assert result.ok, out.getvalue()
+        assert result.ok, f"{out.getvalue()}\nhistory: {history}"
         assert result.report.issuer == issuer
+        if issuer == "zookeeper":  # the account a failure would be explained by is recorded
+            events = [json.loads(line) for line in history.read_text().splitlines()]
+            states = {e["msg"] for e in events if e["type"] == "log"}
+            assert any("Zookeeper connection established" in m for m in states), states
         return result, out.getvalue()
 
     def short_of(r: tuple[ChaosResult, str]) -> list[str]:

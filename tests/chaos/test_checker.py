@@ -141,6 +141,28 @@ def test_two_overlapping_holders() -> None:
     assert "w0#a" in overlap.message
 
 
+def test_the_issuers_own_diagnostics_explain_an_overlap_and_change_no_verdict() -> None:
+    """``loss`` and ``log`` events (the issuer's loss signal and its client's log) are not
+    judged; an overlap's context shows the log lines of the processes on its resource only."""
+    events, log, register = good_history()
+    kazoo = {"logger": "kazoo.client", "level": "INFO", "thread": "conn"}
+    diagnostics = [
+        ev(0.25, "w0", "log", msg="Zookeeper connection lost", **kazoo),
+        ev(0.26, "w0", "loss", resource="r0", holder="w0#a", token=1, reason="cut off"),
+        ev(0.27, "w9", "log", msg="somebody else's connection", **kazoo),
+    ]
+    clean = check(events + diagnostics, log, register)
+    assert clean.violations == [], format_report(clean)
+    assert clean.as_dict() == check(events, log, register).as_dict()
+    events.append(grant(0.3, "w3", 5, "w3#x"))  # w0's lease runs to 0.64
+    r = check(events + diagnostics, log, register)
+    overlap = next(v for v in r.violations if v.kind == "lease overlap")
+    text = "\n".join(overlap.context)
+    assert "kazoo.client [conn] Zookeeper connection lost" in text
+    assert "'reason': 'cut off'" in text
+    assert "somebody else's connection" not in text
+
+
 def test_overlap_allowed_by_the_contract_only_while_its_clock_is_faulted() -> None:
     events, log, register = good_history()
     events += [

@@ -12,8 +12,9 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from fencekit.catalog.rollout import enforce_refusal, parse_duration
-from fencekit.spec import FenceSpec, TableName
-from fencekit.sqlgen import protect_statements
+from fencekit.catalog.session import pinned_path
+from fencekit.spec import FenceSpec, Scope, TableName
+from fencekit.sqlgen import protect_statements, table_objects
 from tests.cli.conftest import Cli
 
 Conn = psycopg.Connection[Any]
@@ -285,10 +286,249 @@ def test_enforce_refuses_while_a_partition_lacks_its_statement_checks(
     _age(db, "parts", "2 hours")
     r = cli("enforce", "parts", "--window", "1h", "--dsn", dsn)
     assert r.code == 1, r.out
-    assert "without fencekit's statement checks (public.parts_2" in r.err
+    assert "partition public.parts_2 lacks fencekit's statement trigger(s)" in r.err
     assert "Nothing was changed" in r.err
     assert enforce_refusal(db, TableName("public", "parts"), timedelta(hours=1)) is not None
     db.rollback()
     assert cli("protect", "parts", "--on-missing", "allow", "--dsn", dsn).code == 0
     ok = cli("enforce", "parts", "--window", "1h", "--dsn", dsn)
     assert ok.code == 0, ok.err
+
+
+@pytest.mark.parametrize("level", ["repeatable read", "serializable"])
+def test_a_writer_at_repeatable_read_or_serializable_is_reported_and_holds_enforce_back(
+    cli: Cli, db: Conn, dsn: str, make_role: Any, level: str
+) -> None:
+    """Such a writer's record waits in fencekit.unfenced_log until the report side folds it:
+    the report names it, enforce refuses, and so do the gates of a role that reads only the
+    public totals and of an admin whose own transaction is SERIALIZABLE (it may not fold)."""
+    db.execute("CREATE TABLE ledger (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO ledger VALUES (1, 'a')")
+    for s in protect_statements(FenceSpec(TableName("public", "ledger"), on_missing="allow")):
+        db.execute(s)
+    db.commit()
+    _age(db, "ledger", "2 hours")
+    with psycopg.connect(make_conninfo(dsn, application_name="batch")) as w:
+        w.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        w.execute("UPDATE ledger SET v = 'b' WHERE id = 1")
+    table, window = TableName("public", "ledger"), parse_duration("1h")
+    reader = make_role("rollout_ledger_totals")
+    with psycopg.connect(reader) as m:
+        why = enforce_refusal(m, table, window)
+    assert why is not None
+    assert "1 writer(s)" in why
+    with psycopg.connect(dsn) as admin:
+        admin.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        why = enforce_refusal(admin, table, window)
+    assert why is not None
+    assert "written without a token" in why
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (1,)
+    db.commit()
+    r = cli("rollout", "ledger", "--json", "--window", "1h", "--dsn", dsn)
+    assert r.code == 1, r.err
+    (t,) = json.loads(r.out)["tables"]
+    assert t["verdict"] == "not_ready"
+    assert [(w["application_name"], w["statement"]) for w in t["writers"]] == [
+        ("batch", "UPDATE ledger SET v = ? WHERE id = ?")
+    ]
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (0,)
+    db.commit()
+    refused = cli("enforce", "ledger", "--window", "1h", "--dsn", dsn)
+    assert refused.code == 1, refused.out
+    assert "application_name 'batch'" in refused.err
+
+
+def _tokenless(dsn: str, stmt: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(stmt)
+
+
+def _protect(db: Conn, spec: FenceSpec) -> None:
+    for s in protect_statements(spec):
+        db.execute(s)
+    db.commit()
+
+
+def test_a_child_that_also_inherits_from_a_table_outside_the_tree_is_not_ready(
+    cli: Cli, db: Conn, dsn: str
+) -> None:
+    """A statement that names the child's other parent writes the child's rows and fires only
+    that parent's statement triggers: a table fence's checks, all statement-level, do not
+    run, so its tokenless writes are neither counted nor, once enforced, refused. The report
+    calls the table not ready, naming child and parent, and enforce refuses. (A key fence's
+    transition tables keep its tree free of inheritance children.)"""
+    spec = FenceSpec(TableName("public", "tr"), scope=Scope.TABLE, on_missing="allow")
+    db.execute(
+        "CREATE TABLE tr (id bigint, v text); CREATE TABLE rc (id bigint, v text) INHERITS (tr);"
+        "CREATE TABLE side3 (id bigint, v text); INSERT INTO rc VALUES (1, 'a')"
+    )
+    _protect(db, spec)
+    db.execute("ALTER TABLE rc INHERIT side3")
+    db.commit()
+    _age(db, "tr", "2 hours")
+    _tokenless(dsn, "UPDATE side3 SET v = 'tokenless via side3' WHERE id = 1")
+    text = cli("rollout", "tr", "--window", "1h", "--dsn", dsn)
+    assert text.code == 1, text.out
+    assert "child table public.rc also inherits from public.side3" in text.out
+    assert "fix: ALTER TABLE public.rc NO INHERIT public.side3" in text.out
+    assert "verdict: not ready: 1 way(s) to write its rows that its checks do not see" in text.out
+    assert "ready to enforce" not in text.out
+    doc = json.loads(cli("rollout", "tr", "--json", "--window", "1h", "--dsn", dsn).out)
+    assert doc["ready"] is False
+    (t,) = doc["tables"]
+    assert t["verdict"] == "uncovered"
+    assert [(u["kind"], u["object"]) for u in t["uncovered"]] == [
+        ("child_other_parent", "child table public.rc: parent public.side3")
+    ]
+    r = cli("enforce", "tr", "--window", "1h", "--dsn", dsn)
+    assert r.code == 1, r.out
+    assert "child table public.rc also inherits from public.side3" in r.err
+    assert "Nothing was changed" in r.err
+    db.execute("ALTER TABLE rc NO INHERIT side3")
+    db.commit()
+    assert cli("rollout", "tr", "--window", "1h", "--dsn", dsn).code == 0
+    ok = cli("enforce", "tr", "--window", "1h", "--dsn", dsn)
+    assert ok.code == 0, ok.err
+
+
+def test_a_row_fence_child_with_another_parent_is_still_seen(cli: Cli, db: Conn, dsn: str) -> None:
+    """A row fence's row triggers fire on the child whatever the statement names: status
+    reports nothing, and neither does the gate."""
+    db.execute(
+        "CREATE TABLE tr (id bigint, v text); CREATE TABLE rc (id bigint, v text) INHERITS (tr);"
+        "CREATE TABLE side3 (id bigint, v text)"
+    )
+    _protect(db, FenceSpec(TableName("public", "tr"), on_missing="allow"))
+    db.execute("ALTER TABLE rc INHERIT side3")
+    db.commit()
+    _age(db, "tr", "2 hours")
+    r = cli("rollout", "tr", "--json", "--window", "1h", "--dsn", dsn)
+    assert json.loads(r.out)["tables"][0]["verdict"] == "ready", r.out
+
+
+def test_a_child_made_after_protect_keeps_the_report_not_ready(
+    cli: Cli, db: Conn, dsn: str
+) -> None:
+    """A tokenless writer that names an inheritance child made after protect is neither
+    counted nor attributed: the report does not call the table ready (its exit status with
+    it), as enforce refuses."""
+    db.execute("CREATE TABLE ua (id bigint, v text)")
+    _protect(db, FenceSpec(TableName("public", "ua"), scope=Scope.TABLE, on_missing="allow"))
+    db.execute("CREATE TABLE uac () INHERITS (ua); INSERT INTO uac VALUES (1, 'a')")
+    db.commit()
+    _age(db, "ua", "2 hours")
+    _tokenless(dsn, "UPDATE uac SET v = 'b' WHERE id = 1")
+    text = cli("rollout", "ua", "--window", "1h", "--dsn", dsn)
+    assert text.code == 1, text.out
+    assert "0 writer(s) without a token" in text.out
+    assert "inheritance child public.uac lacks fencekit's trigger(s)" in text.out
+    assert "fix: fencekit protect public.ua --scope table --on-missing allow" in text.out
+    assert "verdict: not ready" in text.out
+    assert "enforce public.ua" not in text.out
+    doc = json.loads(cli("rollout", "ua", "--json", "--window", "1h", "--dsn", dsn).out)
+    assert doc["ready"] is False
+    assert doc["tables"][0]["verdict"] == "uncovered"
+    assert [u["kind"] for u in doc["tables"][0]["uncovered"]] == ["child_triggers_missing"]
+    r = cli("enforce", "ua", "--window", "1h", "--dsn", dsn)
+    assert r.code == 1, r.out
+    assert "inheritance child public.uac lacks fencekit's trigger(s)" in r.err
+    assert cli("protect", "ua", "--scope", "table", "--on-missing", "allow", "--dsn", dsn).code == 0
+    assert cli("rollout", "ua", "--window", "1h", "--dsn", dsn).code == 0
+
+
+def test_a_role_that_reads_only_the_totals_is_refused_an_uncovered_tree_as_well(
+    db: Conn, dsn: str, make_role: Any
+) -> None:
+    """The migrating role may not read the writers: the gate judges the tree from the
+    catalogs alike, with the report's words."""
+    db.execute(
+        "CREATE TABLE tr (id bigint, v text); CREATE TABLE rc () INHERITS (tr);"
+        "CREATE TABLE side3 (id bigint, v text)"
+    )
+    _protect(db, FenceSpec(TableName("public", "tr"), scope=Scope.TABLE, on_missing="allow"))
+    db.execute("ALTER TABLE rc INHERIT side3; CREATE TABLE uc () INHERITS (tr)")
+    db.commit()
+    _age(db, "tr", "2 hours")
+    app = make_role("rollout_migrator", "SELECT ON ALL TABLES IN SCHEMA public")
+    tr, hour = TableName("public", "tr"), timedelta(hours=1)
+    with psycopg.connect(app) as conn, pinned_path(conn):  # as the migration operations run
+        why = enforce_refusal(conn, tr, hour)
+    assert why is not None
+    assert "child table public.rc also inherits from public.side3" in why
+    assert "inheritance child public.uc lacks fencekit's trigger(s)" in why
+    with pinned_path(db):
+        assert why == enforce_refusal(db, tr, hour)
+
+
+def test_a_child_whose_triggers_only_bear_fencekit_names_is_not_covered(
+    cli: Cli, db: Conn, dsn: str
+) -> None:
+    """The owner gives a new child triggers under the names of fencekit's that call a no-op
+    function of its own: judged as status judges them (function and shape), the child is not
+    covered, and neither the report nor enforce takes the names for the checks."""
+    spec = FenceSpec(TableName("public", "ub"), scope=Scope.TABLE, on_missing="allow")
+    db.execute("CREATE TABLE ub (id bigint, v text)")
+    _protect(db, spec)
+    db.execute(
+        "CREATE TABLE ubc () INHERITS (ub);"
+        "CREATE FUNCTION public.noop() RETURNS trigger LANGUAGE plpgsql"
+        " AS $$ BEGIN RETURN NULL; END $$"
+    )
+    for tr in table_objects(spec).triggers:
+        if tr.on_partitions and not tr.partitioned_only:
+            db.execute(
+                f"CREATE TRIGGER {tr.name} {tr.timing} ON ubc FOR EACH STATEMENT"
+                " EXECUTE FUNCTION public.noop()"
+            )
+    db.commit()
+    _age(db, "ub", "2 hours")
+    doc = json.loads(cli("rollout", "ub", "--json", "--window", "1h", "--dsn", dsn).out)
+    (t,) = doc["tables"]
+    assert t["verdict"] == "uncovered"
+    assert {u["kind"] for u in t["uncovered"]} == {"trigger_changed"}
+    assert all("calls public.noop" in u["message"] for u in t["uncovered"])
+    r = cli("enforce", "ub", "--window", "1h", "--dsn", dsn)
+    assert r.code == 1, r.out
+    assert "calls public.noop, not fencekit." in r.err
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "kind"),
+    [
+        ("CREATE TABLE ud (id bigint, v text)", "DISABLE TRIGGER {stmt}", "trigger_disabled"),
+        (
+            "CREATE TABLE ud (id bigint, v text)",
+            "ENABLE REPLICA TRIGGER {stmt}",
+            "trigger_replica_only",
+        ),
+        (
+            "CREATE TABLE ud_top (id bigint, v text); CREATE TABLE ud () INHERITS (ud_top)",
+            "ENABLE TRIGGER {stmt}",
+            "unprotected_ancestor",
+        ),
+    ],
+    ids=["disabled", "replica-only", "unprotected-ancestor"],
+)
+def test_the_table_s_own_unseen_paths_keep_it_uncovered(
+    cli: Cli, db: Conn, dsn: str, before: str, after: str, kind: str
+) -> None:
+    """Its statement check disabled or replica-only, or a parent nobody protects whose
+    statements write its rows: tokenless writes go uncounted, so not ready, as status says.
+    ENABLE ALWAYS still fires: no reason to refuse."""
+    spec = FenceSpec(TableName("public", "ud"), scope=Scope.TABLE, on_missing="allow")
+    db.execute(before)
+    _protect(db, spec)
+    stmt = next(tr.name for tr in table_objects(spec).triggers if tr.name.endswith("_stmt"))
+    db.execute(f"ALTER TABLE ud {after.format(stmt=stmt)}")
+    db.commit()
+    _age(db, "ud", "2 hours")
+    doc = json.loads(cli("rollout", "ud", "--json", "--window", "1h", "--dsn", dsn).out)
+    (t,) = doc["tables"]
+    assert t["verdict"] == "uncovered"
+    assert [u["kind"] for u in t["uncovered"]] == [kind]
+    assert cli("enforce", "ud", "--window", "1h", "--dsn", dsn).code == 1
+    db.execute(f"ALTER TABLE ud ENABLE ALWAYS TRIGGER {stmt}")
+    if kind == "unprotected_ancestor":
+        db.execute("ALTER TABLE ud NO INHERIT ud_top")
+    db.commit()
+    assert cli("enforce", "ud", "--window", "1h", "--dsn", dsn).code == 0

@@ -205,14 +205,17 @@ def test_partition_attached_after_protect_is_drift(cli: Cli, dsn: str) -> None:
     assert _status(cli, dsn)[0] == 0
     _sql(
         dsn,
-        "CREATE TABLE events_2 (LIKE events)",  # LIKE copies the fence column too
+        # LIKE copies the fence column too, not its DEFAULT (no INCLUDING DEFAULTS)
+        "CREATE TABLE events_2 (LIKE events)",
         "ALTER TABLE events ATTACH PARTITION events_2 FOR VALUES FROM (10) TO (20)",
     )
     code, doc = _status(cli, dsn)
     assert code == 1
-    (d,) = doc["tables"][0]["drift"]
+    default, d = sorted(doc["tables"][0]["drift"], key=lambda x: str(x["kind"]))
     assert d["kind"] == "partition_triggers_missing"
     assert d["object"] == "partition public.events_2"  # the CLI pins search_path: qualified
+    assert default["kind"] == "fence_default_missing"
+    assert default["object"] == "public.events_2.fencekit_fence"
     assert cli("protect", "events", "--dsn", dsn).code == 0  # re-run covers the new partition
     assert _status(cli, dsn)[0] == 0
 

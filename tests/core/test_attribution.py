@@ -464,7 +464,7 @@ def test_a_busy_overflow_record_counts_its_statements_as_unattributed(
     # Nobody but fencekit counts them: not the holder, not a writer.
     with psycopg.connect(holder, autocommit=True) as m:
         for stmt in (
-            "SELECT fencekit.count_unattributed(%s, -100)",
+            "SELECT fencekit.count_unattributed(%s, -100, now())",
             "SELECT pg_catalog.nextval(pg_catalog.format('fencekit.%%I', %s || ':unattributed'))",
             "SELECT pg_catalog.setval(pg_catalog.format('fencekit.%%I',"
             " %s || ':last_at:unattributed'), 1)",
@@ -493,10 +493,10 @@ def test_no_count_a_writer_passes_can_fail_another_writers_statement(
     huge = 9223372036854775806
     for _ in range(2):  # the same writer's row, and the counter of unattributed statements
         db.execute("SELECT fencekit.record_unfenced_writer(%s, 'a_key'::regclass, %s)", [tag, huge])
-        db.execute("SELECT fencekit.count_unattributed(%s, %s)", [tag, huge])
+        db.execute("SELECT fencekit.count_unattributed(%s, %s, now())", [tag, huge])
     db.commit()
     tokenless(dsn, "INSERT INTO a_key VALUES (3, 3, 'c')", app="another-writer")
-    db.execute("SELECT fencekit.count_unattributed(%s, 1)", [tag])
+    db.execute("SELECT fencekit.count_unattributed(%s, 1, now())", [tag])
     db.commit()
     counts = {w["application_name"]: w["statements"] for w in writers(db, "a_key")}
     assert counts["another-writer"] == 1

@@ -12,8 +12,8 @@ from django.db.migrations.loader import MigrationLoader
 from fencekit.catalog import CatalogError
 from fencekit.django.enforce import EnforceFence
 from fencekit.django.fences import META_OPTION
-from fencekit.spec import FenceSpec, TableName
-from fencekit.sqlgen import protect_statements
+from fencekit.spec import FenceSpec, Scope, TableName
+from fencekit.sqlgen import protect_statements, unprotect_statements
 
 JOB = TableName("public", "shop_job")
 
@@ -62,3 +62,53 @@ def test_enforce_fence_refuses_while_a_writer_is_seen_and_reverses() -> None:
         )
     finally:
         _protect("reject")
+
+
+PLAIN = FenceSpec(TableName("public", "shop_plainsummary"), scope=Scope.TABLE, on_missing="allow")
+
+
+def _refused_with(match: str) -> None:
+    state = MigrationLoader(connection).project_state()
+    with pytest.raises(CatalogError, match=match), connection.schema_editor() as editor:
+        EnforceFence("PlainSummary", window="1h").database_forwards("shop", editor, state, state)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("before", "after", "match"),
+    [
+        (
+            "CREATE TABLE plain_kid () INHERITS (shop_plainsummary); CREATE TABLE plain_side ()",
+            "ALTER TABLE plain_kid INHERIT plain_side",
+            r"child table public\.plain_kid also inherits from public\.plain_side",
+        ),
+        (
+            "SELECT",
+            "CREATE TABLE plain_kid () INHERITS (shop_plainsummary)",
+            r"inheritance child public\.plain_kid lacks fencekit's trigger",
+        ),
+    ],
+    ids=["child-with-outside-parent", "child-made-after-protect"],
+)
+def test_enforce_fence_refuses_while_writes_reach_the_table_unseen(
+    before: str, after: str, match: str
+) -> None:
+    """A child that also inherits from a table outside the tree, or one made after protect:
+    a tokenless write through it is neither counted nor attributed, so the operation
+    refuses, with the report's words. ``before`` and ``after``: the DDL around protect."""
+    try:
+        with connection.cursor() as c:
+            c.execute(before)
+            for s in protect_statements(PLAIN):
+                c.execute(s)
+            c.execute(
+                "UPDATE fencekit.protected SET protected_at = now() - interval '2 hours'"
+                " WHERE table_name = 'shop_plainsummary'"
+            )
+            c.execute(after)
+        _refused_with(match)
+    finally:
+        with connection.cursor() as c:
+            c.execute("DROP TABLE IF EXISTS plain_kid, plain_side")
+            for s in unprotect_statements(PLAIN):
+                c.execute(s)

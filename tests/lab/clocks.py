@@ -7,12 +7,24 @@ to run it fast or slow or to freeze it (in steps of the nemesis' tick, at most 0
 writes ``+0`` to put it right. Each change is a ``clock`` history event (``fault`` true
 while the clock is wrong). The history itself is timed by the true clock
 (:func:`fencekit.chaos.history.true_time`), so the checker's real-time reasoning holds.
+
+libfaketime shares a POSIX semaphore and a shared-memory file among the processes of one
+faked clock (``FAKETIME_SHARED``). A process that finds none makes its own pair,
+``/dev/shm/sem.faketime_sem_<pid>`` and ``/dev/shm/faketime_shm_<pid>``, and removes it only
+when it exits normally: every worker the nemesis kills, every server crash, and every process
+that exec()s (env(1) before pg_ctl) left a pair behind, and a later process that got the same
+pid could not make its own ("sem_open failed ... Permission denied" when the pair was root's
+and the process the server's user). So each clock makes its own pair, hands its names to
+every process, and removes it when the run is over.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import random
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +46,46 @@ def find_libfaketime() -> str | None:
     return None
 
 
+_SHM = Path("/dev/shm")
+
+
+class SharedPair:
+    """The semaphore and shared memory libfaketime's processes share (``FAKETIME_SHARED``),
+    made and removed by the lab instead of by the first process that loads the library."""
+
+    def __init__(self, label: str) -> None:
+        tag = f"fencekit_faketime_{label}_{os.getpid()}_{secrets.token_hex(4)}"
+        self.sem_name = f"/{tag}_sem"
+        self.shm_name = f"/{tag}_shm"
+        # Where glibc keeps them: sem_open("/x") is /dev/shm/sem.x, shm_open("/y") /dev/shm/y.
+        self.files = (_SHM / f"sem.{self.sem_name[1:]}", _SHM / self.shm_name[1:])
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        sem_open = libc.sem_open
+        sem_open.restype = ctypes.c_void_p
+        sem_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_uint]
+        sem = sem_open(self.sem_name.encode(), os.O_CREAT | os.O_EXCL, 0o600, 1)
+        if not sem:
+            err = ctypes.get_errno()
+            raise OSError(err, f"sem_open {self.sem_name}: {os.strerror(err)}")
+        libc.sem_close(ctypes.c_void_p(sem))
+        # libfaketime's own size for it (a tick counter; the page around it reads as zeros).
+        fd = os.open(self.files[1], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, 8)
+        finally:
+            os.close(fd)
+        for f in self.files:
+            os.chmod(f, 0o666)  # a server's processes open both as the server's user
+
+    @property
+    def env_value(self) -> str:
+        return f"{self.sem_name} {self.shm_name}"
+
+    def remove(self) -> None:
+        for f in self.files:
+            f.unlink(missing_ok=True)
+
+
 class FakeClock:
     """One faked clock (a target: ``workers`` or ``server``), driven through its file."""
 
@@ -43,6 +95,7 @@ class FakeClock:
         self.dir = Path(tempfile.mkdtemp(prefix=f"fencekit-chaos-clock-{target}-"))
         os.chmod(self.dir, 0o755)  # the server reads it as the postgres user
         self.path = self.dir / "faketimerc"
+        self.shared = SharedPair(target)
         self.spec = "+0"
         self._base = 0.0  # offset (s) at the fault's start
         self._drift = 0.0  # s gained per true second while faulted
@@ -54,6 +107,7 @@ class FakeClock:
             "LD_PRELOAD": self.library,
             "FAKETIME_TIMESTAMP_FILE": str(self.path),
             "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_SHARED": self.shared.env_value,
         }
 
     def set(self, spec: str) -> None:
@@ -103,3 +157,4 @@ class FakeClock:
         for p in (self.path, self.path.with_suffix(".tmp")):
             p.unlink(missing_ok=True)
         os.rmdir(self.dir) if self.dir.exists() else None
+        self.shared.remove()

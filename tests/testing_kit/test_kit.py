@@ -6,6 +6,7 @@ The fixtures are the kit's own (``fenced_database``), on the suite's main server
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,11 +141,27 @@ def test_run_many_pauses_at_the_checkpoint_until_a_newer_write(jobs_db: FencedDa
     assert {e["at"] for e in pauses} == {"computing"}
     # Each pause's write was rejected (more stale writes: a worker the machine starved).
     assert result.rejections["public.jobs"]["stale"] >= len(pauses), result.summary()
+    # A passing run leaves no files behind in the temporary directory it made.
+    assert result.workdir is None
+
+
+def test_run_many_keeps_its_files_in_a_given_workdir(
+    jobs_db: FencedDatabase, tmp_path: Path
+) -> None:
+    result = run_many(
+        write_job, jobs_db.app_dsn, 12, copies=2, seconds=3, ttl=1.0, kills=False, workdir=tmp_path
+    )
+    assert result.workdir == tmp_path
+    assert (tmp_path / "nemesis.jsonl").read_text()
 
 
 def test_run_many_says_when_no_worker_reached_the_checkpoint(jobs_db: FencedDatabase) -> None:
-    with pytest.raises(WorkerError, match="reached checkpoint 'elsewhere' in 2s, so none was"):
+    with pytest.raises(WorkerError, match="reached checkpoint 'elsewhere' in 2s, so none was") as e:
         run_many(write_job, jobs_db.app_dsn, 11, copies=2, seconds=2, kills=False, at="elsewhere")
+    # A failing run keeps its files, and says where.
+    kept = Path(str(e.value).rsplit("files: ", 1)[1].strip())
+    assert (kept / "nemesis.jsonl").exists()
+    shutil.rmtree(kept)
 
 
 def _state(pid: int) -> str:

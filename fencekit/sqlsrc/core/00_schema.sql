@@ -42,7 +42,12 @@ CREATE TABLE IF NOT EXISTS fencekit.fences (
 
 -- One row per protected table: the spec it was protected with and the template version that
 -- generated its objects. key_families: a key fence's key column type families when the table
--- was protected (see fencekit.key_families); NULL for other scopes.
+-- was protected (see fencekit.key_families); NULL for other scopes. attnums: the attnum of
+-- each column fencekit's objects read by name (a row fence's fence column; a key fence's key
+-- columns, in order; NULL for a table fence), recorded by protect on the table whose oid is
+-- table_oid: a column renamed away and another added under its name has another attnum (status
+-- reports it, protect refuses it). A restore gives the table another oid and may renumber its
+-- columns: the attnums are compared only while table_oid is the table's oid.
 CREATE TABLE IF NOT EXISTS fencekit.protected (
   schema_name      text NOT NULL,
   table_name       text NOT NULL,
@@ -53,6 +58,8 @@ CREATE TABLE IF NOT EXISTS fencekit.protected (
   template_version integer NOT NULL,
   protected_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
   key_families     text[],
+  table_oid        oid,
+  attnums          int2[],
   PRIMARY KEY (schema_name, table_name)
 );
 

@@ -12,11 +12,14 @@ $fn$;
 -- and two gauges, the largest gap of a stale token and the worst lateness (ms, see
 -- fencekit.reject) seen. 'unfenced' and 'bypassed' count writes let through: no time is kept.
 -- 'unattributed' and 'last_at:unattributed' count the tokenless statements whose writer could
--- not be recorded (fencekit.record_unfenced_writer found its record busy) and when.
+-- not be recorded (fencekit.record_unfenced_writer found its record busy, or the attribution
+-- log full) and when; 'logged' and 'last_at:logged' number the appends to the attribution
+-- log and say when the last was made (22_attribution.sql).
 CREATE OR REPLACE FUNCTION fencekit.counter_names() RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT fencekit.counter_reasons()
-         || ARRAY['max_gap', 'max_late_ms', 'unattributed', 'last_at:unattributed']
+         || ARRAY['max_gap', 'max_late_ms', 'unattributed', 'last_at:unattributed', 'logged',
+                  'last_at:logged']
          || ARRAY(SELECT 'last_at:' || r
                     FROM pg_catalog.unnest(fencekit.counter_reasons()) AS r
                    WHERE r <> ALL (ARRAY['unfenced', 'bypassed']))

@@ -19,7 +19,41 @@
 --   busy record must never lose a write from the report, and a sequence neither waits nor is
 --   a row others lock;
 -- - writers cannot erase or rewrite another writer's row: only fencekit.record_unfenced_writer
---   writes these tables, and only the row of the identity it reads from the session itself.
+--   writes these tables for a writer, and only the row of the identity it reads from the
+--   session itself.
+--
+-- Never a serialization failure. The record is made in the writer's own transaction, so a
+-- statement rolled back is not attributed. A transaction at READ COMMITTED updates its
+-- writer's row directly (fencekit.merge_unfenced_writer): each of its statements sees what
+-- others committed, and the advisory lock keeps two recorders of one row from waiting on each
+-- other. A transaction at REPEATABLE READ or SERIALIZABLE cannot do that: updating a row that
+-- another transaction recorded after its snapshot fails it with 40001 (concurrent update), and
+-- at SERIALIZABLE the reads of a record (the writer's row, how many writers the table has)
+-- take predicate locks that make concurrent recorders read-write conflicts, so one of them
+-- fails at commit. Attribution must never make an application retry. So such a transaction
+-- appends to fencekit.unfenced_log instead: one INSERT into a table without an index, which
+-- nothing in a writer's transaction reads (no row lock, no unique check, no predicate lock a
+-- writer could meet), and the table's sequences, which are outside transactions and
+-- predicate locking alike: '<tag>:logged' numbers the appends, '<tag>:last_at:logged' keeps
+-- the time of the last. No advisory lock is taken on that path. The report side folds the
+-- log into fencekit.unfenced_writers with the same code as the direct record
+-- (fencekit.fold_unfenced_log: `fencekit rollout`, and the enforce gates through it), and
+-- fencekit.unfenced_writer_totals counts rows not yet folded.
+-- The log is bounded by construction: an append numbered more than attribution_log_cap()
+-- beyond the number the last fold reached (fencekit.unfenced_log_folded) is not written but
+-- counted as unattributed (never lost from the report), so the log holds at most that many
+-- rows per table appended since the last fold, plus the rows of transactions still open at
+-- that fold. That mark is a row, not a sequence: a fold rolled back (a refused migration)
+-- leaves its rows in the log and must leave the mark where it was. Only a fold writes it,
+-- never at SERIALIZABLE, so a SERIALIZABLE writer's read of it meets no conflict. A reader
+-- at SERIALIZABLE would hold a predicate lock on the log that every append meets: the fold
+-- refuses to run at that level, and the totals view reads the log only below it (at
+-- SERIALIZABLE it counts the appends since the last fold, a rolled-back one too). What a
+-- transaction at those levels reads besides: that mark, the catalogs (not predicate-locked)
+-- and fencekit.meta's literals switch (a predicate lock that only a SERIALIZABLE transaction
+-- writing fencekit.meta, a DBA's, meets). READ COMMITTED keeps the direct record: the report
+-- needs no fold for it, and its cost is what it was (the inline test of the generated checks
+-- is the same for every level).
 --
 -- The count of a writer is coarse (see fencekit.attribute: a statement repeated with parameters
 -- counts once per period per backend); the last time a writer was seen is at most 10 seconds
@@ -49,16 +83,50 @@ CREATE TABLE IF NOT EXISTS fencekit.unfenced_overflow (
   statements bigint NOT NULL
 );
 
+-- What transactions at REPEATABLE READ or SERIALIZABLE record (one row per record, with the
+-- writer's identity as in unfenced_writers), until a fold moves it there. Append-only for
+-- writers, and no index: an INSERT meets no unique check and no other transaction's lock.
+CREATE TABLE IF NOT EXISTS fencekit.unfenced_log (
+  tag               text NOT NULL,
+  writer            text NOT NULL,
+  session_user_name text NOT NULL,
+  current_user_name text NOT NULL,
+  application_name  text NOT NULL,
+  client_addr       inet,
+  query_id          bigint,
+  fingerprint       text NOT NULL,
+  statement         text NOT NULL,
+  seen              timestamptz NOT NULL,
+  statements        bigint NOT NULL
+);
+
+-- Per table, the number of appends to the log ('<tag>:logged') the last committed fold read
+-- up to: the log's cap counts from it. Written by fencekit.fold_unfenced_log only.
+CREATE TABLE IF NOT EXISTS fencekit.unfenced_log_folded (
+  tag     text PRIMARY KEY,
+  appends bigint NOT NULL
+);
+
 -- Statements and client identities are the application's: only fencekit_admin reads them
 -- (the totals below are public, for metrics).
-REVOKE ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow FROM PUBLIC;
-GRANT ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow TO fencekit_admin;
+REVOKE ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow, fencekit.unfenced_log,
+  fencekit.unfenced_log_folded FROM PUBLIC;
+GRANT ALL ON fencekit.unfenced_writers, fencekit.unfenced_overflow, fencekit.unfenced_log,
+  fencekit.unfenced_log_folded TO fencekit_admin;
 
 -- How far a writer's last_seen may lag its last statement: a backend records a statement it
 -- has recorded within this many seconds only by counting it in a session setting.
 CREATE OR REPLACE FUNCTION fencekit.attribution_lag() RETURNS integer
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT 10
+$fn$;
+
+-- How many appends to fencekit.unfenced_log a table may have beyond the last fold's mark: a
+-- constant, so that an append reads no table for it (an append carries at most 2,000
+-- characters of statement: at most about 20 MB per table until the next fold).
+CREATE OR REPLACE FUNCTION fencekit.attribution_log_cap() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT 10000
 $fn$;
 
 -- A statement's text with every literal replaced by '?': quoted strings, numbers and comments
@@ -114,11 +182,14 @@ END
 $fn$;
 
 -- Count `statements` tokenless statements of the table protected under `tag` whose writer
--- could not be recorded, and the time: sequences (fencekit.counter_names), which neither wait
--- nor roll back, so a busy record costs no row lock and a hostile lock holder blocks nothing.
--- The count is approximate (nextval and setval are two steps); the time is exact enough for a
--- window. Called by fencekit.record_unfenced_writer only, as its owner.
-CREATE OR REPLACE FUNCTION fencekit.count_unattributed(tag text, statements bigint)
+-- could not be recorded, and their time `at`: sequences (fencekit.counter_names), which
+-- neither wait nor roll back, so a busy record costs no row lock and a hostile lock holder
+-- blocks nothing. The count is approximate (nextval and setval are two steps); the time never
+-- goes back (another caller's older time must not hide a later unattributed write). Called
+-- by fencekit.record_unfenced_writer (the clock's time, never a statement's start: a CALL
+-- that commits runs for hours) and fencekit.merge_unfenced_writer (a record's last_seen).
+CREATE OR REPLACE FUNCTION fencekit.count_unattributed(tag text, statements bigint,
+                                                       at timestamptz)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -126,37 +197,102 @@ DECLARE
   at_seq regclass := pg_catalog.to_regclass(
     pg_catalog.format('fencekit.%I', tag || ':last_at:unattributed'));
 BEGIN
-  IF seq IS NULL OR at_seq IS NULL THEN
+  IF seq IS NULL OR at_seq IS NULL OR statements IS NULL OR statements < 1 THEN
     RETURN;  -- table protected by a template without these counters
   END IF;
   -- Saturating: never within a billion of the sequence's maximum, where nextval would fail
   -- every later writer's statement (the count a caller passes is at most a billion).
   PERFORM pg_catalog.setval(seq, LEAST(pg_catalog.nextval(seq), 9223372036854775807 - 2000000000)
                                  + LEAST(statements, 1000000000) - 1);
-  -- The time now (not the statement's start: a CALL that commits runs for hours), and never
-  -- back: another caller's older time must not hide a later unattributed write.
   PERFORM pg_catalog.setval(at_seq, GREATEST(
     COALESCE(pg_catalog.pg_sequence_last_value(at_seq), 0),
-    (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint));
+    (pg_catalog.date_part('epoch', COALESCE(at, pg_catalog.clock_timestamp())) * 1000)::bigint));
 END
 $fn$;
-REVOKE ALL ON FUNCTION fencekit.count_unattributed(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit.count_unattributed(text, bigint, timestamptz) FROM PUBLIC;
+
+-- Add one record `r` (a writer's identity, statement, first and last seen and a count) to
+-- fencekit.unfenced_writers: its row's times and count grow, or a new row is made while the
+-- table has fewer than `attribution_cap` writers, else the statements go to the table's
+-- overflow row (directly for a record without a writer: a fold's sum of writers beyond the
+-- cap). The one way a record enters those tables: fencekit.record_unfenced_writer's at READ
+-- COMMITTED, and fencekit.fold_unfenced_log's for what the other levels appended. When
+-- another transaction holds the writer's (or the overflow's) advisory lock, which any role can
+-- take, the statements are counted as unattributed instead (fencekit.count_unattributed), so
+-- that `fencekit rollout` still sees them. False when the record went to the overflow (the
+-- table's writers are at the cap). Runs as its caller: record_unfenced_writer's owner, or a
+-- member of fencekit_admin folding; nobody else may run it.
+CREATE OR REPLACE FUNCTION fencekit.merge_unfenced_writer(r fencekit.unfenced_writers)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  cap integer;
+  n integer;
+  -- The sums below saturate, so no count can overflow and fail another writer's statement.
+  add bigint := GREATEST(COALESCE(r.statements, 1), 1);
+BEGIN
+  IF r.writer IS NOT NULL THEN
+    -- One recorder per writer at a time; the others skip rather than wait behind its
+    -- transaction. The first key is fencekit's class of advisory locks ('fencekit.attribution').
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
+                                                pg_catalog.hashtext(r.tag || ' ' || r.writer)) THEN
+      PERFORM fencekit.count_unattributed(r.tag, add, r.last_seen);
+      RETURN true;
+    END IF;
+    UPDATE fencekit.unfenced_writers u
+       SET first_seen = LEAST(u.first_seen, r.first_seen),
+           last_seen = GREATEST(u.last_seen, r.last_seen),
+           statements = LEAST(u.statements, 9223372036854775807 - add) + add,
+           query_id = COALESCE(r.query_id, u.query_id)
+     WHERE u.tag = r.tag AND u.writer = r.writer;
+    IF FOUND THEN
+      RETURN true;
+    END IF;
+    SELECT pg_catalog.int4(m.value) INTO cap FROM fencekit.meta m
+     WHERE m.key = 'attribution_cap' AND m.value ~ '^[0-9]{1,9}$';
+    SELECT pg_catalog.count(*) INTO n FROM fencekit.unfenced_writers u WHERE u.tag = r.tag;
+    IF n < COALESCE(cap, 50) THEN
+      r.statements := add;
+      INSERT INTO fencekit.unfenced_writers SELECT (r).*
+      ON CONFLICT ON CONSTRAINT unfenced_writers_pkey DO NOTHING;
+      RETURN true;
+    END IF;
+  END IF;
+  IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
+                                              pg_catalog.hashtext(r.tag)) THEN
+    PERFORM fencekit.count_unattributed(r.tag, add, r.last_seen);
+    RETURN false;
+  END IF;
+  INSERT INTO fencekit.unfenced_overflow AS o (tag, first_seen, last_seen, statements)
+  VALUES (r.tag, r.first_seen, r.last_seen, add)
+  ON CONFLICT ON CONSTRAINT unfenced_overflow_pkey DO UPDATE
+    SET first_seen = LEAST(o.first_seen, excluded.first_seen),
+        last_seen = GREATEST(o.last_seen, excluded.last_seen),
+        statements = LEAST(o.statements, 9223372036854775807 - excluded.statements)
+                     + excluded.statements;
+  RETURN false;
+END
+$fn$;
+REVOKE ALL ON FUNCTION fencekit.merge_unfenced_writer(fencekit.unfenced_writers) FROM PUBLIC;
 
 -- Record the session's current statement as an unfenced writer of the table protected under
--- `tag`, adding `statements` to its count. When another transaction holds the same writer's
--- (or the table's overflow's) advisory lock, which any role can take, the statements are
--- counted as unattributed instead (fencekit.count_unattributed), so that `fencekit rollout`
--- still sees them. Always true: the caller's count is spent.
+-- `tag`, adding `statements` to its count: at READ COMMITTED into its row
+-- (fencekit.merge_unfenced_writer), at REPEATABLE READ or SERIALIZABLE as one row appended to
+-- fencekit.unfenced_log (see the top of this file: no read of the writers' tables or the log,
+-- no lock another transaction holds or waits for), or, beyond the log's cap, counted as
+-- unattributed.
+-- Always true: the caller's count is spent.
 --
 -- Trusted surface (docs/security.md): SECURITY DEFINER because it writes
--- fencekit.unfenced_writers and fencekit.unfenced_overflow (and, when their lock is busy, the
--- table's unattributed sequences), which writers may not write (they could erase or rewrite
--- other writers' rows). It acts only for a role that may write the table
--- it names, or a transaction writing it (fencekit.writing), and writes only the row of the
--- identity it reads itself from
--- the session (session_user, fencekit.session_role(), application_name, inet_client_addr(),
--- current_query(), pg_stat_get_activity for the query id): a caller chooses none of it but
--- the table. It reads fencekit.meta and the catalogs (pg_locks, pg_trigger, pg_proc through
+-- fencekit.unfenced_writers, fencekit.unfenced_overflow and fencekit.unfenced_log and the
+-- table's attribution sequences ('<tag>:logged', '<tag>:last_at:logged', '<tag>:unattributed',
+-- '<tag>:last_at:unattributed'), which writers may not write (they could erase or rewrite
+-- other writers' rows, or hide their own). It acts only for a role that may write the table
+-- it names, or a transaction writing it (fencekit.writing), and records only the identity it
+-- reads itself from the session (session_user, fencekit.session_role(), application_name,
+-- inet_client_addr(), current_query(), pg_stat_get_activity for the query id): a caller
+-- chooses none of it but the table and a count. It reads fencekit.meta,
+-- fencekit.unfenced_log_folded and the catalogs (pg_locks, pg_trigger, pg_proc through
 -- fencekit.writing), names no user relation, casts no user type, and every function and
 -- operator it calls is pg_catalog's or fencekit's under a pinned search_path: nothing of the
 -- table owner's runs in it.
@@ -174,8 +310,9 @@ DECLARE
   addr inet := pg_catalog.inet_client_addr();
   w text;
   qid bigint;
-  cap integer;
-  n integer;
+  stmt text;
+  logged regclass;
+  n bigint;
   -- The time now: statement_timestamp() stays at the start of a CALL, across its COMMITs,
   -- and of a message holding several statements.
   seen timestamptz := pg_catalog.clock_timestamp();
@@ -184,7 +321,7 @@ BEGIN
     RETURN true;
   END IF;
   -- The count is the caller's (a session's own settings): at most a billion a call, and the
-  -- sums below saturate, so no count can overflow and fail another writer's statement.
+  -- sums saturate, so no count can overflow and fail another writer's statement.
   statements := LEAST(statements, 1000000000);
   -- A role that may write the table could as well write it without a token: its own rows
   -- are all it can add. Anyone else must be writing it now (a cascade, a definer function):
@@ -205,54 +342,151 @@ BEGIN
   END IF;
   w := pg_catalog.md5(pg_catalog.concat_ws(E'\x1f', su, cu, app,
                                            pg_catalog.host(addr), fp));
-  -- One recorder per writer at a time; the others skip rather than wait behind its
-  -- transaction. The first key is fencekit's class of advisory locks ('fencekit.attribution').
-  IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
-                                              pg_catalog.hashtext(tag || ' ' || w)) THEN
-    PERFORM fencekit.count_unattributed(tag, statements);
-    RETURN true;
-  END IF;
   SELECT a.query_id INTO qid
     FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a;
-  UPDATE fencekit.unfenced_writers u
-     SET last_seen = GREATEST(u.last_seen, seen),
-         statements = LEAST(u.statements, 9223372036854775807 - record_unfenced_writer.statements)
-                      + record_unfenced_writer.statements,
-         query_id = COALESCE(qid, u.query_id)
-   WHERE u.tag = record_unfenced_writer.tag AND u.writer = w;
-  IF FOUND THEN
+  stmt := CASE WHEN EXISTS (SELECT FROM fencekit.meta m
+                             WHERE m.key = 'attribution_literals' AND m.value = 'on')
+               THEN pg_catalog.left(q, 2000) ELSE shape END;
+  -- READ UNCOMMITTED is READ COMMITTED in PostgreSQL.
+  IF pg_catalog.current_setting('transaction_isolation')
+       NOT IN ('repeatable read', 'serializable') THEN
+    PERFORM fencekit.merge_unfenced_writer(
+      ROW(tag, w, su, cu, app, addr, qid, fp, stmt, seen, seen, statements)
+        ::fencekit.unfenced_writers);
     RETURN true;
   END IF;
-  SELECT pg_catalog.int4(m.value) INTO cap FROM fencekit.meta m
-   WHERE m.key = 'attribution_cap' AND m.value ~ '^[0-9]{1,9}$';
-  SELECT pg_catalog.count(*) INTO n FROM fencekit.unfenced_writers u
-   WHERE u.tag = record_unfenced_writer.tag;
-  IF n < COALESCE(cap, 50) THEN
-    INSERT INTO fencekit.unfenced_writers AS u
-           (tag, writer, session_user_name, current_user_name, application_name, client_addr,
-            query_id, fingerprint, statement, first_seen, last_seen, statements)
-    VALUES (tag, w, su, cu, app, addr, qid, fp,
-            CASE WHEN EXISTS (SELECT FROM fencekit.meta m
-                               WHERE m.key = 'attribution_literals' AND m.value = 'on')
-                 THEN pg_catalog.left(q, 2000) ELSE shape END,
-            seen, seen, statements)
-    ON CONFLICT ON CONSTRAINT unfenced_writers_pkey DO NOTHING;
+  -- REPEATABLE READ or SERIALIZABLE: append, within the log's cap past the last fold's mark.
+  logged := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':logged'));
+  IF logged IS NOT NULL THEN
+    n := pg_catalog.nextval(logged) - COALESCE((SELECT f.appends FROM fencekit.unfenced_log_folded f
+                                                WHERE f.tag = record_unfenced_writer.tag), 0);
+  END IF;
+  IF n IS NULL OR n > fencekit.attribution_log_cap() THEN
+    PERFORM fencekit.count_unattributed(tag, statements, seen);
     RETURN true;
   END IF;
-  IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('fencekit.attribution'),
-                                              pg_catalog.hashtext(tag)) THEN
-    PERFORM fencekit.count_unattributed(tag, statements);
-    RETURN true;
-  END IF;
-  INSERT INTO fencekit.unfenced_overflow AS o (tag, first_seen, last_seen, statements)
-  VALUES (tag, seen, seen, statements)
-  ON CONFLICT ON CONSTRAINT unfenced_overflow_pkey DO UPDATE
-    SET last_seen = GREATEST(o.last_seen, excluded.last_seen),
-        statements = LEAST(o.statements, 9223372036854775807 - excluded.statements)
-                     + excluded.statements;
+  INSERT INTO fencekit.unfenced_log
+         (tag, writer, session_user_name, current_user_name, application_name, client_addr,
+          query_id, fingerprint, statement, seen, statements)
+  VALUES (tag, w, su, cu, app, addr, qid, fp, stmt, seen, statements);
+  -- For a SERIALIZABLE reader of the totals, which does not read the log (the top of this
+  -- file): when the last append since the last fold was made. Never back.
+  PERFORM pg_catalog.setval(
+    pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', tag || ':last_at:logged')),
+    GREATEST(COALESCE(fencekit.counter_value(tag, 'last_at:logged'), 0),
+             (pg_catalog.date_part('epoch', seen) * 1000)::bigint));
   RETURN true;
 END
 $fn$;
+
+-- Fold what transactions at REPEATABLE READ or SERIALIZABLE appended to fencekit.unfenced_log
+-- for the tables protected under `tags` (NULL: every table) into fencekit.unfenced_writers:
+-- the rows committed so far are taken out of the log and added per writer (first and last
+-- seen, the count summed) through fencekit.merge_unfenced_writer, the direct record's own
+-- code (same cap, same overflow, a busy advisory lock counted as unattributed), and each
+-- table's mark (fencekit.unfenced_log_folded) moves to the appends numbered before the fold
+-- read the log, which frees the log's cap when the fold commits. Rows of transactions still
+-- open stay for the next fold.
+-- `fencekit rollout` and the enforce gates run it before they read the writers
+-- (fencekit.catalog.rollout).
+--
+-- Its advisory locks are bounded like the table it writes: per table, the writers the log
+-- holds that have a row already come first, then new ones until the cap is reached; the rest
+-- go to the overflow as one record. So a fold takes about `attribution_cap` + 2 locks per
+-- table however many writers (application names, say) the log names: the server's lock table
+-- is shared, and a fold must not fill it.
+--
+-- Returns false, and reads nothing, in a SERIALIZABLE transaction (its read of the log would
+-- take a predicate lock that every SERIALIZABLE writer's append meets, making the writer part
+-- of read-write conflicts it never had) or a read-only one (a standby): run it in a
+-- read-write transaction at READ COMMITTED, or REPEATABLE READ (where a fold racing another
+-- fold may fail the folding transaction, never a writer).
+--
+-- Runs as its caller, a member of fencekit_admin (it deletes from the log and writes the
+-- writers' tables and the folded marks, which only fencekit_admin may); it reads only
+-- fencekit's tables and sequences, built-in types, with a pinned search_path.
+CREATE OR REPLACE FUNCTION fencekit.fold_unfenced_log(tags text[]) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  marks text[];
+  uptos bigint[];
+  records fencekit.unfenced_writers[];
+  r fencekit.unfenced_writers;
+  spill fencekit.unfenced_writers;  -- the table's writers beyond the cap, as one record
+  spilled boolean := false;         -- (a row IS NULL only when every field is)
+  this text;
+  room boolean;
+BEGIN
+  IF pg_catalog.current_setting('transaction_isolation') = 'serializable'
+     OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+    RETURN false;
+  END IF;
+  -- The number of each table's last append, read before the log: every append numbered up to
+  -- it is read below, or belongs to a transaction still open, whose row stays.
+  SELECT pg_catalog.array_agg(p.tag), pg_catalog.array_agg(fencekit.counter_value(p.tag, 'logged'))
+    INTO marks, uptos
+    FROM fencekit.protected p WHERE tags IS NULL OR p.tag = ANY (tags);
+  WITH gone AS (
+    DELETE FROM fencekit.unfenced_log l WHERE tags IS NULL OR l.tag = ANY (tags) RETURNING l.*
+  ), per_writer AS (
+    -- A writer's identity is the same in each of its rows (the writer is its hash): the
+    -- first row's statement (the text itself differs when literals are kept), the last
+    -- query id known.
+    SELECT g.tag, g.writer, pg_catalog.min(g.session_user_name) AS su,
+           pg_catalog.min(g.current_user_name) AS cu, pg_catalog.min(g.application_name) AS app,
+           pg_catalog.min(g.client_addr) AS addr, pg_catalog.min(g.fingerprint) AS fp,
+           (pg_catalog.array_agg(g.statement ORDER BY g.seen))[1] AS stmt,
+           (pg_catalog.array_agg(g.query_id ORDER BY g.seen DESC)
+              FILTER (WHERE g.query_id IS NOT NULL))[1] AS qid,
+           pg_catalog.min(g.seen) AS first_at, pg_catalog.max(g.seen) AS last_at,
+           LEAST(pg_catalog.sum(g.statements), 9223372036854775807)::bigint AS n
+      FROM gone g GROUP BY g.tag, g.writer
+  )
+  SELECT pg_catalog.array_agg(ROW(w.tag, w.writer, w.su, w.cu, w.app, w.addr, w.qid, w.fp,
+                                  w.stmt, w.first_at, w.last_at, w.n)::fencekit.unfenced_writers
+           ORDER BY w.tag,
+                    EXISTS (SELECT FROM fencekit.unfenced_writers u
+                             WHERE u.tag = w.tag AND u.writer = w.writer) DESC,
+                    w.first_at, w.writer)
+    INTO records FROM per_writer w;
+  FOREACH r IN ARRAY COALESCE(records, '{}') LOOP
+    IF r.tag IS DISTINCT FROM this THEN
+      IF spilled THEN
+        PERFORM fencekit.merge_unfenced_writer(spill);
+      END IF;
+      this := r.tag;
+      room := true;
+      spilled := false;
+    END IF;
+    IF room THEN
+      room := fencekit.merge_unfenced_writer(r);
+    ELSIF NOT spilled THEN
+      spill := r;
+      spill.writer := NULL;
+      spilled := true;
+    ELSE
+      spill.first_seen := LEAST(spill.first_seen, r.first_seen);
+      spill.last_seen := GREATEST(spill.last_seen, r.last_seen);
+      spill.statements := LEAST(spill.statements, 9223372036854775807 - r.statements)
+                          + r.statements;
+    END IF;
+  END LOOP;
+  IF spilled THEN
+    PERFORM fencekit.merge_unfenced_writer(spill);
+  END IF;
+  INSERT INTO fencekit.unfenced_log_folded AS f (tag, appends)
+  SELECT m.tag, m.appends
+    FROM ROWS FROM (pg_catalog.unnest(marks), pg_catalog.unnest(uptos)) AS m(tag, appends)
+   WHERE m.appends IS NOT NULL
+  ON CONFLICT ON CONSTRAINT unfenced_log_folded_pkey DO UPDATE
+    SET appends = GREATEST(f.appends, excluded.appends);
+  RETURN true;
+END
+$fn$;
+REVOKE ALL ON FUNCTION fencekit.fold_unfenced_log(text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencekit.fold_unfenced_log(text[]),
+  fencekit.merge_unfenced_writer(fencekit.unfenced_writers),
+  fencekit.count_unattributed(text, bigint, timestamptz) TO fencekit_admin;
 
 -- Attribute an unfenced write: the part of it the generated checks of a table protected with
 -- on_missing = allow do not do inline (sqlgen's attribute(), which runs once per statement
@@ -339,10 +573,27 @@ $fn$;
 -- Per protected table: how many writers wrote without a token, and when the last one did
 -- (last_seen + attribution_lag() bounds the last unfenced statement), counting statements
 -- whose writer could not be recorded (unattributed_statements). Public, for metrics:
--- counts and times only, no identities.
+-- counts and times only, no identities. It counts what fencekit.unfenced_log holds that no
+-- fold has moved yet (its writers, before a fold applies the cap; its last time), except in a
+-- SERIALIZABLE transaction, where reading the log would take a predicate lock that
+-- SERIALIZABLE writers' appends meet (the top of this file): there last_seen counts the time
+-- of the last append since the last fold instead ('<tag>:last_at:logged' while '<tag>:logged'
+-- is past fencekit.unfenced_log_folded's mark; one rolled back too), and writers only the
+-- folded ones. The test of the isolation is a constant of the query, so the log is not
+-- scanned at all at that level.
 CREATE OR REPLACE VIEW fencekit.unfenced_writer_totals AS
+WITH logged AS (  -- one scan of the log for every table (it has no index)
+  SELECT l.tag, pg_catalog.max(l.seen) AS last_seen,
+         pg_catalog.array_agg(DISTINCT l.writer) AS writers
+    FROM fencekit.unfenced_log l
+   WHERE pg_catalog.current_setting('transaction_isolation') <> 'serializable'
+   GROUP BY l.tag
+)
 SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
-       (SELECT pg_catalog.count(*) FROM fencekit.unfenced_writers u WHERE u.tag = p.tag)
+       (SELECT pg_catalog.count(*)
+          FROM (SELECT u.writer FROM fencekit.unfenced_writers u WHERE u.tag = p.tag
+                UNION
+                SELECT pg_catalog.unnest(g.writers)) w)
          AS writers,
        COALESCE((SELECT o.statements FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag), 0)
          AS overflow_statements,
@@ -350,10 +601,19 @@ SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
                   WHERE u.tag = p.tag),
                 (SELECT o.last_seen FROM fencekit.unfenced_overflow o WHERE o.tag = p.tag),
                 pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:unattributed')
-                                        / 1000.0))
+                                        / 1000.0),
+                g.last_seen,
+                CASE WHEN pg_catalog.current_setting('transaction_isolation') = 'serializable'
+                          AND fencekit.counter_value(p.tag, 'logged')
+                              > COALESCE((SELECT f.appends FROM fencekit.unfenced_log_folded f
+                                           WHERE f.tag = p.tag), 0)
+                     THEN pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:logged')
+                                                  / 1000.0)
+                END)
          AS last_seen,
        COALESCE(fencekit.counter_value(p.tag, 'unattributed'), 0) AS unattributed_statements
-  FROM fencekit.protected p;
+  FROM fencekit.protected p
+  LEFT JOIN logged g ON g.tag = p.tag;
 GRANT SELECT ON fencekit.unfenced_writer_totals TO PUBLIC;
 
 -- Writers need no grant for the rest: the generated checks run as the writer (row fences) and

@@ -6,7 +6,8 @@
 
 -- It acts only on what the command touched (pg_event_trigger_ddl_commands): a protected table
 -- that is, or is an ancestor of, a table the command created or altered, and that has a
--- descendant without the table's fencekit triggers. Any other DDL (a temporary table, an
+-- descendant without the table's fencekit triggers; it refuses a foreign table made a
+-- descendant of one (fencekit.refuse_foreign_descendant). Any other DDL (a temporary table, an
 -- unrelated table, a protected table's new column) calls nothing, so it never fails for a role
 -- that may not run a cover function. It runs as the role that ran the command (no SECURITY
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
@@ -34,8 +35,7 @@ BEGIN
             CROSS JOIN LATERAL pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name,
                                                                         pr.table_name)) AS rel
             WHERE rel IN (SELECT up.relid FROM up))
-    SELECT m.tag, m.schema_name, m.table_name FROM mine m
-     WHERE EXISTS (
+    SELECT m.tag, m.schema_name, m.table_name, m.rel, EXISTS (
        WITH RECURSIVE down(relid) AS (
               SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = m.rel
               UNION
@@ -44,9 +44,13 @@ BEGIN
         WHERE c.relkind IN ('r', 'p')  -- what the cover function covers
           AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger g
                            WHERE g.tgrelid = down.relid
-                             AND g.tgname = 'fencekit_' || m.tag || '_trunc'))
+                             AND g.tgname = 'fencekit_' || m.tag || '_trunc')) AS uncovered
+      FROM mine m
      ORDER BY m.schema_name, m.table_name
   LOOP
+    -- Fail closed: a foreign table in a protected tree is written unfenced.
+    PERFORM fencekit.refuse_foreign_descendant(p.rel);
+    CONTINUE WHEN NOT p.uncovered;
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
     CONTINUE WHEN cover IS NULL;
     BEGIN
@@ -68,8 +72,9 @@ $fn$;
 -- Turn auto-cover on or off. Event triggers need a superuser (or a managed service's
 -- equivalent role); anyone else gets fencekit's error saying so.
 -- The commands that can make a table a child or partition: CREATE TABLE (INHERITS, PARTITION
--- OF), ALTER TABLE (INHERIT, ATTACH PARTITION), and CREATE SCHEMA, whose CREATE TABLE elements
--- fire no CREATE TABLE event of their own (pg_event_trigger_ddl_commands lists them under it).
+-- OF), ALTER TABLE (INHERIT, ATTACH PARTITION), CREATE SCHEMA, whose CREATE TABLE elements
+-- fire no CREATE TABLE event of their own (pg_event_trigger_ddl_commands lists them under it),
+-- and CREATE and ALTER FOREIGN TABLE, which auto-cover refuses in a protected tree.
 -- Turning it on again replaces a trigger that listens to fewer commands.
 CREATE OR REPLACE FUNCTION fencekit.set_auto_cover(enabled boolean) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -78,10 +83,12 @@ BEGIN
        SELECT FROM pg_catalog.pg_event_trigger
         WHERE evtname = 'fencekit_auto_cover' AND evtevent = 'ddl_command_end'
           AND evtfoid = 'fencekit.cover_new_children()'::pg_catalog.regprocedure
-          AND evttags::text[] @> ARRAY['CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA']) THEN
+          AND evttags::text[] @> ARRAY['CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA',
+                                       'CREATE FOREIGN TABLE', 'ALTER FOREIGN TABLE']) THEN
     DROP EVENT TRIGGER IF EXISTS fencekit_auto_cover;
     CREATE EVENT TRIGGER fencekit_auto_cover ON ddl_command_end
-      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA')
+      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA', 'CREATE FOREIGN TABLE',
+                   'ALTER FOREIGN TABLE')
       EXECUTE FUNCTION fencekit.cover_new_children();
   ELSIF NOT enabled THEN
     DROP EVENT TRIGGER IF EXISTS fencekit_auto_cover;

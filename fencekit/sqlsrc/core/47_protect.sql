@@ -18,6 +18,18 @@ BEGIN
 END
 $fn$;
 
+-- Whether `name` is one of the names of the table whose objects' names start `prefix` (its
+-- 'fencekit_<tag>_' or '<tag>_'): it starts with it, and the rest is not another table's tag
+-- and suffix. A tag ends in '_' and ten hex digits (ident.py), so a table named '<tag>_x'
+-- has the tag '<tag>_x_<hash>' and the objects '<tag>_x_<hash>_ins': their rest holds ten hex
+-- digits and a '_', which no suffix of fencekit's does. Without this, one table's re-protect
+-- or unprotect dropped the other's triggers and functions, or failed on them.
+CREATE OR REPLACE FUNCTION fencekit.named_by(name text, prefix text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.starts_with(name, prefix)
+     AND pg_catalog.substr(name, pg_catalog.length(prefix) + 1) !~ '(^|_)[0-9a-f]{10}_'
+$fn$;
+
 -- Drop the triggers on `rel` named `prefix`* that are not in `keep` (made by another release
 -- of the template: re-protect must not leave an old one firing). Clones PostgreSQL made on
 -- partitions go with their parent's.
@@ -29,7 +41,7 @@ DECLARE
 BEGIN
   FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
               WHERE t.tgrelid = rel AND NOT t.tgisinternal AND t.tgparentid = 0
-                AND pg_catalog.starts_with(t.tgname::text, prefix)
+                AND fencekit.named_by(t.tgname::text, prefix)
                 AND t.tgname::text <> ALL (keep) LOOP
     -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
@@ -46,7 +58,7 @@ DECLARE
 BEGIN
   FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'fencekit'::regnamespace AND p.pronargs = 0
-                AND pg_catalog.starts_with(p.proname::text, prefix)
+                AND fencekit.named_by(p.proname::text, prefix)
                 AND p.proname::text <> ALL (keep) LOOP
     -- dynamic SQL: the function is known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
@@ -65,6 +77,39 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
   SELECT c.oid::regclass, c.relispartition FROM d
     JOIN pg_catalog.pg_class c ON c.oid = d.relid WHERE c.relkind IN ('r', 'p')
+$fn$;
+
+-- The first foreign table among the partitions and inheritance children of `root`, at any
+-- depth, or NULL. Its rows live on another server, where no fencekit trigger runs: a write
+-- naming it is judged by nothing (writes through the root fail: PostgreSQL collects no
+-- transition rows from a foreign child). So protect refuses such a tree, and so does
+-- auto-cover a foreign table added to a protected one.
+CREATE OR REPLACE FUNCTION fencekit.foreign_descendant(root regclass) RETURNS regclass
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH RECURSIVE d(relid) AS (
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root
+    UNION
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON i.inhparent = d.relid)
+  SELECT c.oid::regclass FROM d JOIN pg_catalog.pg_class c ON c.oid = d.relid
+   WHERE c.relkind = 'f' ORDER BY c.oid LIMIT 1
+$fn$;
+
+-- Refuse `root`'s tree if it holds a foreign table (fencekit.foreign_descendant).
+CREATE OR REPLACE FUNCTION fencekit.refuse_foreign_descendant(root regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  f regclass := fencekit.foreign_descendant(root);
+BEGIN
+  IF f IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s cannot be fenced: its partition or child %s is '
+                                  'a foreign table, whose rows no fencekit trigger can check '
+                                  '(they are written on another server); nothing was changed',
+                                  root, f),
+      HINT = 'Detach it (ALTER TABLE ... DETACH PARTITION, or NO INHERIT) and fence its rows '
+             'where they are stored: protect the table on the server that holds them.';
+  END IF;
+END
 $fn$;
 
 -- What each protected table's fencekit.<tag>_cover() does first (protect runs it, and so does
@@ -186,10 +231,68 @@ BEGIN
 END
 $fn$;
 
+-- The attnum of each column a spec's objects read by name on `rel`, in order: a row fence's
+-- fence column, a key fence's key columns; NULL for a table fence, and for a column `rel` lacks.
+-- Attnums survive renames; a column added under a name another was renamed away from has a new
+-- one. Reads pg_attribute only.
+CREATE OR REPLACE FUNCTION fencekit.bound_attnums(rel regclass, spec jsonb) RETURNS int2[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT CASE WHEN spec ->> 'scope' IN ('row', 'key') THEN ARRAY(
+           SELECT a.attnum
+             FROM pg_catalog.jsonb_array_elements_text(
+                    CASE spec ->> 'scope' WHEN 'row'
+                      THEN pg_catalog.jsonb_build_array(spec -> 'column')
+                      ELSE spec -> 'key' END) WITH ORDINALITY AS u(col, o)
+             LEFT JOIN pg_catalog.pg_attribute a
+               ON a.attrelid = rel AND a.attname = u.col AND a.attnum > 0
+                  AND NOT a.attisdropped
+            ORDER BY u.o) END
+$fn$;
+
+-- Refuses (YF000) a protected table whose fence or key column was swapped since protect
+-- recorded it (fencekit.protected.attnums): renamed away (or dropped) and another added under
+-- its name. Protect would bind fencekit's objects to the new column, and a move would carry
+-- its fences from there, while the fences stay with the old column (a row fence's in it; a
+-- key fence's are named by its values). Reads the catalogs and fencekit.protected only.
+CREATE OR REPLACE FUNCTION fencekit.check_bound_columns(rel regclass) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  swapped record;
+BEGIN
+  SELECT u.col, u.was, u.now, a.attname INTO swapped
+    FROM fencekit.protected p,
+         ROWS FROM (pg_catalog.unnest(fencekit.bound_attnums(rel, p.spec)),
+                    pg_catalog.unnest(p.attnums),
+                    pg_catalog.jsonb_array_elements_text(
+                      CASE p.spec ->> 'scope' WHEN 'row'
+                        THEN pg_catalog.jsonb_build_array(p.spec -> 'column')
+                        ELSE p.spec -> 'key' END)) AS u(now, was, col)
+         LEFT JOIN pg_catalog.pg_attribute a
+           ON a.attrelid = rel AND a.attnum = u.was AND NOT a.attisdropped
+   WHERE p.table_oid = rel::oid
+     AND p.attnums IS NOT NULL
+     AND u.now IS DISTINCT FROM u.was AND u.now IS NOT NULL
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: column %I of %s is not the column it was protected '
+                                  'with: that one %s', swapped.col, rel,
+                                  COALESCE('is now named ' || pg_catalog.quote_ident(
+                                             swapped.attname),
+                                           'was dropped')),
+      DETAIL = 'Protecting it again, or moving it, would take the new column for the protected '
+               'one: the fences kept with the old one would be lost.',
+      HINT = 'Rename the columns back, or unprotect and protect again (the fences restart).',
+      COLUMN = swapped.col;
+  END IF;
+END
+$fn$;
+
 -- Refuse to protect fencekit's own tables, DDL that would run the owner's code in this session
--- (check_ddl_runs_no_owner_code), or a table already protected with another scope, key,
--- resource or fence column (`structure`: those four of the spec; that is a move, which carries
--- the fences; policies alone change by re-running protect).
+-- (check_ddl_runs_no_owner_code), a tree holding a foreign table, a table already protected
+-- with another scope, key, resource or fence column (`structure`: those four of the spec; that
+-- is a move, which carries the fences; policies alone change by re-running protect), or one
+-- whose fence or key column was swapped since protect recorded it (check_bound_columns).
 CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -207,6 +310,7 @@ BEGIN
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
   END IF;
   PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
+  PERFORM fencekit.refuse_foreign_descendant(rel);
   -- Protect creates the table's functions and counters in schema fencekit, where only the
   -- installer and superusers create (00_schema.sql): say so before anything is changed.
   IF NOT pg_catalog.has_schema_privilege('fencekit', 'CREATE') THEN
@@ -232,6 +336,7 @@ BEGIN
              '--dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone change by '
              're-running protect.';
   END IF;
+  PERFORM fencekit.check_bound_columns(rel);
 END
 $fn$;
 
@@ -264,8 +369,9 @@ BEGIN
 END
 $fn$;
 
--- Record (or update) a protected table in the registry; a re-run with the same spec, template
--- and key families changes nothing. A resource is shared by key fences or by table fences,
+-- Record (or update) a protected table in the registry, with the attnums of the columns its
+-- objects read by name (fencekit.bound_attnums); a re-run with the same spec, template, key
+-- families and columns changes nothing. A resource is shared by key fences or by table fences,
 -- never both: a table fence is its resource's key '', which a key fence's keys share, so a
 -- writer of one table would advance the other's fence and lock its holder out.
 CREATE OR REPLACE FUNCTION fencekit.register_table(schema_name text, table_name text, tag text,
@@ -277,6 +383,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 #variable_conflict use_variable
 DECLARE
   other record;
+  rel regclass;
 BEGIN
   SELECT p.schema_name, p.table_name, p.scope INTO other
     FROM fencekit.protected p
@@ -293,15 +400,19 @@ BEGIN
                'writers of one table would advance the other''s fence.',
       HINT = 'Give one of them another resource name.';
   END IF;
+  rel := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
   INSERT INTO fencekit.protected AS p
-         (schema_name, table_name, tag, scope, resource, spec, template_version, key_families)
+         (schema_name, table_name, tag, scope, resource, spec, template_version, key_families,
+          table_oid, attnums)
   VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
-          key_families)
+          key_families, rel, fencekit.bound_attnums(rel, spec))
   ON CONFLICT ON CONSTRAINT protected_pkey DO UPDATE
     SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
         spec = excluded.spec, template_version = excluded.template_version,
-        key_families = excluded.key_families, protected_at = pg_catalog.now()
-    WHERE (p.spec, p.template_version, p.key_families)
-          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families);
+        key_families = excluded.key_families, table_oid = excluded.table_oid,
+        attnums = excluded.attnums, protected_at = pg_catalog.now()
+    WHERE (p.spec, p.template_version, p.key_families, p.table_oid, p.attnums)
+          IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families,
+                            excluded.table_oid, excluded.attnums);
 END
 $fn$;

@@ -154,8 +154,8 @@ BEGIN
       FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg
                   WHERE tg.tgrelid = rel AND NOT tg.tgisinternal
                     AND tg.tgparentid = 0
-                    AND pg_catalog.left(tg.tgname::pg_catalog.text, 29)
-                        OPERATOR(pg_catalog.=) 'fencekit_invoices_883e1d3584_' LOOP
+                    AND fencekit.named_by(tg.tgname::pg_catalog.text,
+                                          'fencekit_invoices_883e1d3584_') LOOP
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
       END LOOP;
     END LOOP;
@@ -163,8 +163,8 @@ BEGIN
   FOR old IN SELECT p.proname FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'fencekit'::pg_catalog.regnamespace
                 AND p.pronargs = 0
-                AND pg_catalog.left(p.proname::pg_catalog.text, 20)
-                    OPERATOR(pg_catalog.=) 'invoices_883e1d3584_' LOOP
+                AND fencekit.named_by(p.proname::pg_catalog.text,
+                                      'invoices_883e1d3584_') LOOP
     EXECUTE pg_catalog.format('DROP FUNCTION fencekit.%I()', old);
   END LOOP;
 END
