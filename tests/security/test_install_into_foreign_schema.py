@@ -127,6 +127,30 @@ def test_a_function_planted_in_an_installed_schema_is_refused(
     assert f"function fencekit.helper() (owner {role})" in str(info.value)
 
 
+def test_a_trigger_under_fencekit_s_own_trigger_name_is_refused(
+    raw_db: Conn, owner: tuple[str, str]
+) -> None:
+    """fencekit's attribution tables carry one trigger of its own (unfenced_seen_at_commit,
+    calling fencekit's function of that name). The same name on a trigger that calls another
+    role's function is still refused."""
+    role, dsn = owner
+    _install(raw_db)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(CANARY)
+    raw_db.execute("GRANT EXECUTE ON FUNCTION own.canary() TO CURRENT_USER")
+    raw_db.execute(
+        "CREATE TRIGGER unfenced_seen_at_commit BEFORE INSERT ON fencekit.meta"
+        " FOR EACH ROW EXECUTE FUNCTION own.canary()"
+    )
+    raw_db.commit()
+    with pytest.raises(psycopg.Error) as info:
+        _install(raw_db)
+    raw_db.rollback()
+    assert info.value.sqlstate == USAGE
+    assert "trigger unfenced_seen_at_commit on fencekit.meta" in str(info.value)
+    assert not _superuser(raw_db, role)
+
+
 def test_a_clean_install_and_a_reinstall_still_work(raw_db: Conn) -> None:
     _install(raw_db)
     _install(raw_db)
