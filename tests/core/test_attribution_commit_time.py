@@ -206,3 +206,20 @@ def test_a_serializable_reader_of_the_totals_sees_the_commit_time(
         reader.close()
     assert row is not None
     assert committed - timedelta(milliseconds=1) <= row[0] <= committed + timedelta(seconds=1)
+
+
+def test_set_constraints_immediate_dates_the_writer_then(db: Conn, dsn: str, tables: None) -> None:
+    """A writer that runs SET CONSTRAINTS ALL IMMEDIATE fires the deferred trigger at once:
+    its own row is dated at that statement, earlier than its commit (nobody else's changes)."""
+    c = _connect(dsn, "read committed")
+    try:
+        c.execute("UPDATE c_row SET v = 'i' WHERE id = %s", [4])
+        c.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        fired = _now(c)
+        c.execute("SELECT pg_sleep(1.5)")
+        committed = _now(c)
+        c.commit()
+    finally:
+        c.close()
+    (w,) = _report(db, "c_row").writers
+    assert w.last_seen <= fired < committed - timedelta(seconds=1)

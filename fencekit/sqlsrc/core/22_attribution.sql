@@ -523,68 +523,82 @@ GRANT EXECUTE ON FUNCTION fencekit.fold_unfenced_log(text[]),
 -- earlier in the same 10-second period by the same backend (fencekit.attribute records
 -- nothing then) is seen at that earlier record's commit.
 --
--- Trusted surface (docs/security.md): SECURITY DEFINER because a writer may not write these
--- tables (only fencekit.record_unfenced_writer does, for it), and the trigger fires in the
--- writer's transaction, as the writer. Touches: the row of fencekit.unfenced_writers or
--- fencekit.unfenced_overflow whose insert or update fired it (by its key, last_seen only);
--- one row appended to fencekit.unfenced_log (NEW's identity, fencekit's own built-in types)
--- and the table's sequence '<tag>:last_at:logged'. Never runs: anything of a table owner's.
--- It fires only on fencekit's own tables, which no table owner can attach a trigger, rule,
--- policy or default to; it names no user relation, casts no user type, and calls only
--- pg_catalog's functions and operators under a pinned search_path. A trigger function
--- cannot be called directly.
-CREATE OR REPLACE FUNCTION fencekit.unfenced_seen_at_commit() RETURNS trigger
+-- The three trigger functions below are one trusted surface (docs/security.md): SECURITY
+-- DEFINER because a writer may not write these tables (only fencekit.record_unfenced_writer
+-- does, for it), and the triggers fire in the writer's transaction, as the writer. Each
+-- touches only the row of fencekit's table whose insert or update fired it (by its key,
+-- last_seen only), or appends one row to fencekit.unfenced_log (NEW's identity) and moves the
+-- table's sequence '<tag>:last_at:logged'. Never runs: anything of a table owner's. They fire
+-- only on fencekit's own tables, to which no table owner can attach a trigger, rule, policy or
+-- default (00_guard.sql refuses any but these); they name no user relation, cast no user
+-- type, and call only pg_catalog's functions and operators under a pinned search_path, on
+-- built-in types. A trigger function cannot be called directly.
+CREATE OR REPLACE FUNCTION fencekit.unfenced_writer_at_commit() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  UPDATE fencekit.unfenced_writers u
+     SET last_seen = GREATEST(u.last_seen, pg_catalog.clock_timestamp())
+   WHERE u.tag = NEW.tag AND u.writer = NEW.writer;
+  RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION fencekit.unfenced_overflow_at_commit() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  UPDATE fencekit.unfenced_overflow o
+     SET last_seen = GREATEST(o.last_seen, pg_catalog.clock_timestamp())
+   WHERE o.tag = NEW.tag;
+  RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION fencekit.unfenced_log_commit_marker() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   at timestamptz := pg_catalog.clock_timestamp();
-  at_seq regclass;
+  at_seq regclass := pg_catalog.to_regclass(
+    pg_catalog.format('fencekit.%I', NEW.tag || ':last_at:logged'));
 BEGIN
-  IF TG_TABLE_NAME = 'unfenced_writers' THEN
-    UPDATE fencekit.unfenced_writers u SET last_seen = GREATEST(u.last_seen, at)
-     WHERE u.tag = NEW.tag AND u.writer = NEW.writer;
-  ELSIF TG_TABLE_NAME = 'unfenced_overflow' THEN
-    UPDATE fencekit.unfenced_overflow o SET last_seen = GREATEST(o.last_seen, at)
-     WHERE o.tag = NEW.tag;
-  ELSIF TG_TABLE_NAME = 'unfenced_log' THEN
-    INSERT INTO fencekit.unfenced_log
-           (tag, writer, session_user_name, current_user_name, application_name, client_addr,
-            query_id, fingerprint, statement, seen, statements)
-    VALUES (NEW.tag, NEW.writer, NEW.session_user_name, NEW.current_user_name,
-            NEW.application_name, NEW.client_addr, NEW.query_id, NEW.fingerprint, '', at, 0);
-    at_seq := pg_catalog.to_regclass(pg_catalog.format('fencekit.%I', NEW.tag || ':last_at:logged'));
-    IF at_seq IS NOT NULL THEN
-      PERFORM pg_catalog.setval(at_seq, GREATEST(
-        COALESCE(pg_catalog.pg_sequence_last_value(at_seq), 0),
-        (pg_catalog.date_part('epoch', at) * 1000)::bigint));
-    END IF;
+  INSERT INTO fencekit.unfenced_log
+         (tag, writer, session_user_name, current_user_name, application_name, client_addr,
+          query_id, fingerprint, statement, seen, statements)
+  VALUES (NEW.tag, NEW.writer, NEW.session_user_name, NEW.current_user_name,
+          NEW.application_name, NEW.client_addr, NEW.query_id, NEW.fingerprint, '', at, 0);
+  IF at_seq IS NOT NULL THEN
+    PERFORM pg_catalog.setval(at_seq, GREATEST(
+      COALESCE(pg_catalog.pg_sequence_last_value(at_seq), 0),
+      (pg_catalog.date_part('epoch', at) * 1000)::bigint));
   END IF;
   RETURN NULL;
 END
 $fn$;
-REVOKE ALL ON FUNCTION fencekit.unfenced_seen_at_commit() FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencekit.unfenced_writer_at_commit(), fencekit.unfenced_overflow_at_commit(),
+  fencekit.unfenced_log_commit_marker() FROM PUBLIC;
 
--- Constraint triggers have no CREATE OR REPLACE.
-DROP TRIGGER IF EXISTS unfenced_seen_at_commit ON fencekit.unfenced_writers;
-CREATE CONSTRAINT TRIGGER unfenced_seen_at_commit
+-- Each trigger is named as its function (00_guard.sql accepts exactly these). Constraint
+-- triggers have no CREATE OR REPLACE.
+DROP TRIGGER IF EXISTS unfenced_writer_at_commit ON fencekit.unfenced_writers;
+CREATE CONSTRAINT TRIGGER unfenced_writer_at_commit
   AFTER INSERT OR UPDATE OF statements ON fencekit.unfenced_writers
   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
   WHEN (COALESCE(pg_catalog.current_setting('fencekit.folding', true), '')
           OPERATOR(pg_catalog.<>) 'on')
-  EXECUTE FUNCTION fencekit.unfenced_seen_at_commit();
-DROP TRIGGER IF EXISTS unfenced_seen_at_commit ON fencekit.unfenced_overflow;
-CREATE CONSTRAINT TRIGGER unfenced_seen_at_commit
+  EXECUTE FUNCTION fencekit.unfenced_writer_at_commit();
+DROP TRIGGER IF EXISTS unfenced_overflow_at_commit ON fencekit.unfenced_overflow;
+CREATE CONSTRAINT TRIGGER unfenced_overflow_at_commit
   AFTER INSERT OR UPDATE OF statements ON fencekit.unfenced_overflow
   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
   WHEN (COALESCE(pg_catalog.current_setting('fencekit.folding', true), '')
           OPERATOR(pg_catalog.<>) 'on')
-  EXECUTE FUNCTION fencekit.unfenced_seen_at_commit();
+  EXECUTE FUNCTION fencekit.unfenced_overflow_at_commit();
 -- Not for its own markers (statements 0).
-DROP TRIGGER IF EXISTS unfenced_seen_at_commit ON fencekit.unfenced_log;
-CREATE CONSTRAINT TRIGGER unfenced_seen_at_commit
+DROP TRIGGER IF EXISTS unfenced_log_commit_marker ON fencekit.unfenced_log;
+CREATE CONSTRAINT TRIGGER unfenced_log_commit_marker
   AFTER INSERT ON fencekit.unfenced_log
   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
   WHEN (NEW.statements OPERATOR(pg_catalog.>) 0)
-  EXECUTE FUNCTION fencekit.unfenced_seen_at_commit();
+  EXECUTE FUNCTION fencekit.unfenced_log_commit_marker();
 
 -- Attribute an unfenced write: the part of it the generated checks of a table protected with
 -- on_missing = allow do not do inline (sqlgen's attribute(), which runs once per statement
