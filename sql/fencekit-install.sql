@@ -739,9 +739,11 @@ GRANT EXECUTE ON FUNCTION fencekit.reject(text, text, oid, text, text, text, jso
 -- is the same for every level).
 --
 -- The count of a writer is coarse (see fencekit.attribute: a statement repeated with parameters
--- counts once per period per backend); the last time a writer was seen is at most 10 seconds
--- behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
--- exact count of statements allowed without a token, on every scope.
+-- counts once per period per backend); the last time a writer was seen is the commit of the
+-- last transaction that recorded it (the deferred triggers below fencekit.fold_unfenced_log),
+-- at most 10 seconds behind its statements otherwise (fencekit.attribution_lag).
+-- fencekit.rejections' 'unfenced' counter stays the exact count of statements allowed without
+-- a token, on every scope.
 
 CREATE TABLE IF NOT EXISTS fencekit.unfenced_writers (
   tag               text NOT NULL,
