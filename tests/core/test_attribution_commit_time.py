@@ -223,3 +223,22 @@ def test_set_constraints_immediate_dates_the_writer_then(db: Conn, dsn: str, tab
         c.close()
     (w,) = _report(db, "c_row").writers
     assert w.last_seen <= fired < committed - timedelta(seconds=1)
+
+
+def test_a_procedure_s_commit_dates_what_it_recorded_before(
+    db: Conn, dsn: str, tables: None
+) -> None:
+    """A CALL that commits: its deferred triggers fire at its COMMIT, so the writer is seen at
+    that commit, not at its statement nor at the end of the CALL."""
+    db.execute(
+        "CREATE PROCEDURE p() LANGUAGE plpgsql AS $$ BEGIN"
+        " UPDATE c_row SET v = 'p' WHERE id = 7; PERFORM pg_sleep(2); COMMIT;"
+        " PERFORM pg_sleep(2); END $$"
+    )
+    db.commit()
+    with psycopg.connect(make_conninfo(dsn, application_name="proc"), autocommit=True) as c:
+        c.execute("CALL p()")
+    (w,) = _report(db, "c_row").writers
+    assert w.statement == "CALL p()"
+    gap = w.last_seen - w.first_seen
+    assert timedelta(seconds=1.5) <= gap <= timedelta(seconds=3.5)
