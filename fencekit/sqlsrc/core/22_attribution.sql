@@ -497,10 +497,12 @@ GRANT EXECUTE ON FUNCTION fencekit.fold_unfenced_log(text[]),
 -- its commit must not look an hour old to `fencekit rollout` (which would call the table
 -- ready to enforce the moment that transaction commits). Deferred constraint triggers do it:
 -- - fencekit.unfenced_writers and fencekit.unfenced_overflow (the direct record, READ
---   COMMITTED): a row inserted, or updated with a count (UPDATE OF statements, which this
---   function's own update of last_seen is not, so it does not fire again), gets
---   last_seen = GREATEST(last_seen, clock_timestamp()) at commit. The row is the writer's own
---   (or its table's overflow), which its record already locked: the update waits for nobody.
+--   COMMITTED): a row inserted, or updated with a count (UPDATE OF statements, which the
+--   trigger's own update of last_seen is not, so it does not fire again), gets
+--   last_seen = GREATEST(last_seen, clock_timestamp()) at commit (never back: the overflow row
+--   is shared). The row is the writer's own (or its table's overflow), which its record
+--   already locked: the update waits for nobody. One more write per record (at most once per
+--   statement per 10 seconds per backend), none on the per-statement inline test.
 -- - fencekit.unfenced_log (REPEATABLE READ, SERIALIZABLE): an append gets, at commit, a
 --   marker appended beside it (the same writer, no statement text, statements 0,
 --   seen = clock_timestamp()); the fold takes a writer's last time seen from its newest row
@@ -512,12 +514,12 @@ GRANT EXECUTE ON FUNCTION fencekit.fold_unfenced_log(text[]),
 -- A fold (fencekit.fold_unfenced_log) writes the writers' tables in an admin's transaction,
 -- whose commit is not the writer's: it runs with fencekit.folding = 'on', which the triggers'
 -- WHEN tests, so its records keep the times the log holds. A writer that sets that setting
--- itself only keeps its own last_seen at its statement's time (as before this trigger). What
+-- itself only keeps its own last_seen at its statement's time, never moves another's. What
 -- fires at commit also fires:
 -- - at PREPARE TRANSACTION (two-phase commit), not at COMMIT PREPARED: a prepared
 --   transaction is seen at its prepare, so the window must cover the time transactions stay
 --   prepared (docs/rollout.md);
--- - at the end of a statement after SET CONSTRAINTS ALL IMMEDIATE (or this trigger's name):
+-- - at the end of a statement after SET CONSTRAINTS ALL IMMEDIATE (or the trigger's name):
 --   only the writer's own row is dated then, earlier than its commit;
 -- - at each COMMIT of a procedure (a CALL that commits), for what it recorded since.
 -- Limits: statements counted as unattributed (a busy record, a full log) are timed at the
