@@ -35,7 +35,9 @@ BEGIN
   -- fencekit.statement_token, which judges the rest.
   IF pg_catalog.set_config('fencekit.checked_invoices_883e1d3584',
        COALESCE(pg_catalog.current_setting('fencekit.token', true), ''), true)
-       OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+       OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+     AND pg_catalog.octet_length(
+         pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584')) OPERATOR(pg_catalog.<) 19
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
@@ -48,7 +50,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=7de6092acd92d59e3087004ff5ce4c1c3639c6ad9a293778bb3b68d9e133b714; generated, do not edit';
+  'sha256=cd5049cbc24c58364550254aff0f35f6c86d18fb9a570440132be8e04d2a7202; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
