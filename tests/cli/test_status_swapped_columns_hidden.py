@@ -224,3 +224,22 @@ def test_a_childs_swap_without_any_witness_left_is_refused_once_protect_sets_the
     r = cli("protect", "q", "--dsn", dsn)
     assert r.code != 0
     assert "that one is now named ff_old" in r.err, r.err
+
+
+def test_a_key_column_renamed_away_is_reported_as_renamed_and_re_protect_refuses(
+    cli: Cli, dsn: str
+) -> None:
+    """The key triggers then fail (writes are refused); the fix renames the column back."""
+    _sql(dsn, "CREATE TABLE kc (id bigint PRIMARY KEY, acct int NOT NULL, v text)")
+    assert cli("protect", "kc", "--key", "acct", "--dsn", dsn).code == 0
+    _sql(dsn, "ALTER TABLE kc RENAME COLUMN acct TO acct_old")
+    code, drift = _drift(cli, dsn, "public.kc")
+    assert code == 1
+    (d,) = [d for d in drift if d["kind"] == "key_column_swapped"]
+    assert "renamed to acct_old" in d["message"]
+    fix = "ALTER TABLE public.kc RENAME COLUMN acct_old TO acct"
+    assert fix in d["fix"]
+    # Re-protect refuses: the CLI before anything runs (no key column of that name).
+    assert cli("protect", "kc", "--key", "acct", "--dsn", dsn).code != 0
+    _sql(dsn, fix)
+    assert _drift(cli, dsn, "public.kc") == (0, [])
