@@ -2619,20 +2619,20 @@ $fn$;
 -- another added under the name; back in the tree, fencekit's row triggers read the new one by
 -- name. Two things bind the old column by attnum, so either witnesses it: the INSERT trigger
 -- `ins`'s WHEN clause (its pg_depend entry), and the fence DEFAULT, which the owner's RENAME
--- leaves on the old column: a column other than `col` whose default is the one fencekit sets on
--- `col` of the tree. Defaults are compared as pg_node_tree text without parse locations (they
--- vary with the text of the statement that set them): never deparsed, never evaluated. Reads
--- the catalogs only.
+-- leaves on the old column: a column other than `col` whose default is the one on `col` of
+-- `rel` (protect sets it there and on every descendant; register_table checks again after it
+-- did, should the owner have dropped it everywhere). Defaults are compared as pg_node_tree text
+-- without parse locations (they vary with the text of the statement that set them): never
+-- deparsed, never evaluated. Reads the catalogs only.
 CREATE OR REPLACE FUNCTION fencekit.swapped_descendant_columns(rel regclass, col text, ins text)
 RETURNS TABLE (child regclass, was name)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
   WITH tree AS (SELECT d.child::oid AS relid FROM fencekit.descendants(rel) d),
   fence AS (
-    SELECT DISTINCT pg_catalog.regexp_replace(f.adbin::text, ' :location -?[0-9]+', '', 'g') AS e
+    SELECT pg_catalog.regexp_replace(f.adbin::text, ' :location -?[0-9]+', '', 'g') AS e
       FROM pg_catalog.pg_attribute a
       JOIN pg_catalog.pg_attrdef f ON f.adrelid = a.attrelid AND f.adnum = a.attnum
-     WHERE a.attrelid IN (SELECT relid FROM tree UNION ALL SELECT rel::oid)
-       AND a.attname = col AND NOT a.attisdropped)
+     WHERE a.attrelid = rel AND a.attname = col AND NOT a.attisdropped)
   SELECT t.relid::regclass, a.attname
     FROM tree t
     JOIN pg_catalog.pg_attribute a
