@@ -243,3 +243,19 @@ def test_a_key_column_renamed_away_is_reported_as_renamed_and_re_protect_refuses
     assert cli("protect", "kc", "--key", "acct", "--dsn", dsn).code != 0
     _sql(dsn, fix)
     assert _drift(cli, dsn, "public.kc") == (0, [])
+
+
+def test_a_move_that_keeps_the_key_columns_refuses_a_swapped_one(cli: Cli, dsn: str) -> None:
+    """Moving a key fence to another resource copies its fences by key and reads no row; it
+    must still not bind the new protection to a key column swapped in under the name."""
+    _sql(dsn, "CREATE TABLE km (id bigint PRIMARY KEY, acct int NOT NULL, v text)")
+    assert cli("protect", "km", "--key", "acct", "--dsn", dsn).code == 0
+    _sql(
+        dsn,
+        "ALTER TABLE km RENAME COLUMN acct TO acct_old",
+        "ALTER TABLE km ADD COLUMN acct int NOT NULL DEFAULT 99",
+    )
+    r = cli("move", "km", "--key", "acct", "--resource", "other", "--dsn", dsn)
+    assert r.code != 0
+    assert "is not the column it was protected with" in r.err, r.err
+    assert ("key_column_swapped", "public.km.acct") in _kinds(_drift(cli, dsn, "public.km")[1])
