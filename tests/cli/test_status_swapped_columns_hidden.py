@@ -259,3 +259,28 @@ def test_a_move_that_keeps_the_key_columns_refuses_a_swapped_one(cli: Cli, dsn: 
     assert r.code != 0
     assert "is not the column it was protected with" in r.err, r.err
     assert ("key_column_swapped", "public.km.acct") in _kinds(_drift(cli, dsn, "public.km")[1])
+
+
+def test_auto_cover_refuses_to_bind_a_childs_swapped_column(cli: Cli, dsn: str) -> None:
+    """The owner strips the child of fencekit's triggers while it is out of the tree and swaps
+    its fence column: putting it back would have auto-cover bind the triggers to the new
+    column. The fence DEFAULT left on the old one names it, and the INHERIT is refused."""
+    _sql(
+        dsn,
+        "CREATE TABLE q (id bigint PRIMARY KEY, v text)",
+        "CREATE TABLE qc () INHERITS (q)",
+        "INSERT INTO qc VALUES (1, 'a')",
+    )
+    assert cli("protect", "q", "--dsn", dsn).code == 0
+    assert cli("auto-cover", "on", "--dsn", dsn).code == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE qc NO INHERIT q")
+        for (name,) in conn.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'qc'::regclass AND NOT tgisinternal"
+        ).fetchall():
+            conn.execute(f'DROP TRIGGER "{name}" ON qc')
+        conn.execute("ALTER TABLE qc RENAME COLUMN fencekit_fence TO ff_old")
+        conn.execute("ALTER TABLE qc ADD COLUMN fencekit_fence bigint")
+        with pytest.raises(psycopg.errors.lookup("YF000")) as caught:
+            conn.execute("ALTER TABLE qc INHERIT q")
+    assert "that one is now named ff_old" in str(caught.value)
