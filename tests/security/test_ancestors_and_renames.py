@@ -229,3 +229,19 @@ def test_a_protected_table_dropped_under_a_new_name_is_forgotten(db: Conn) -> No
     db.execute("DROP TABLE w2")
     db.commit()
     assert registered(db, _t("w")) is None
+
+
+def test_a_shared_key_fence_is_checked_against_a_renamed_sharer(db: Conn) -> None:
+    db.execute(
+        "CREATE TABLE ka (id int PRIMARY KEY, k int NOT NULL);"
+        "CREATE TABLE kb (id int PRIMARY KEY, k numeric(10, 2) NOT NULL)"
+    )
+    protect(db, FenceSpec(_t("ka"), scope=Scope.KEY, key=("k",), resource="shared"))
+    db.execute("ALTER TABLE ka RENAME TO ka2")
+    db.commit()
+    # 1 and 1.00 name one key differently: sharing the resource would split its fences.
+    with pytest.raises(psycopg.Error) as e:
+        protect(db, FenceSpec(_t("kb"), scope=Scope.KEY, key=("k",), resource="shared"))
+    db.rollback()
+    assert e.value.sqlstate == "YF000"
+    assert "public.ka" in str(e.value)
