@@ -357,7 +357,8 @@ def unprotect_statements(spec: FenceSpec) -> list[str]:
 def drop_objects(tag: str, root: str) -> str:
     """A DO block dropping the ``fencekit_<tag>_*`` triggers on ``root`` (a SQL expression
     yielding a regclass or NULL) and its descendants, then the ``fencekit.<tag>_*`` functions:
-    those ``fencekit.named_by`` gives the table, not another's whose tag starts with its own."""
+    those ``fencekit.named_by`` gives the table, not another's whose tag starts with its own;
+    and every trigger calling one of those functions, whatever its name."""
     prefix = f"fencekit_{tag}_"
     fn_prefix = f"{tag}_"
     return do(
@@ -369,8 +370,14 @@ def drop_objects(tag: str, root: str) -> str:
         "      FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg\n"
         "                  WHERE tg.tgrelid = rel AND NOT tg.tgisinternal\n"
         "                    AND tg.tgparentid = 0\n"
-        "                    AND fencekit.named_by(tg.tgname::pg_catalog.text,\n"
-        f"                                          {lit(prefix)}) LOOP\n"
+        "                    AND (fencekit.named_by(tg.tgname::pg_catalog.text,\n"
+        f"                                           {lit(prefix)})\n"
+        "                         OR EXISTS (SELECT FROM pg_catalog.pg_proc p\n"
+        "                                     WHERE p.oid OPERATOR(pg_catalog.=) tg.tgfoid\n"
+        "                                       AND p.pronamespace OPERATOR(pg_catalog.=)\n"
+        "                                           'fencekit'::pg_catalog.regnamespace\n"
+        "                                       AND fencekit.named_by(p.proname::pg_catalog.text,\n"
+        f"                                                             {lit(fn_prefix)}))) LOOP\n"
         "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);\n"
         "      END LOOP;\n"
         "    END LOOP;\n"
