@@ -123,6 +123,12 @@ def test_status_checks_a_renamed_table_by_oid(db: Conn) -> None:
     db.commit()
     tag = _tag(db, "d")
     db.execute(f"ALTER TABLE d DISABLE TRIGGER fencekit_{tag}_upd")
+    # The owner's statement trigger that sorts first and sets the token.
+    db.execute(
+        "CREATE FUNCTION evil() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+        "PERFORM set_config('fencekit.token', '999999', true); RETURN NULL; END$$;"
+        "CREATE TRIGGER a0 BEFORE UPDATE ON d FOR EACH STATEMENT EXECUTE FUNCTION evil()"
+    )
     db.execute("ALTER TABLE d RENAME TO d2")
     db.commit()
     pt = registered(db, _t("d"))
@@ -131,6 +137,7 @@ def test_status_checks_a_renamed_table_by_oid(db: Conn) -> None:
     kinds = [d.kind for d in drift]
     assert kinds[0] is DriftKind.TABLE_RENAMED
     assert DriftKind.TRIGGER_DISABLED in kinds
+    assert any(d.kind.value.startswith("foreign_trigger") and "a0" in d.message for d in drift)
     assert "still check" not in drift[0].message
     disabled = next(d for d in drift if d.kind is DriftKind.TRIGGER_DISABLED)
     assert "public.d2" in disabled.fix
