@@ -1,7 +1,7 @@
 """Drift of one protected table: its objects against what its spec and template generate, what
-its partitions and children lack, the unprotected tables it inherits from; and the orphaned
-fences of the whole database. The code fencekit did not generate is :mod:`.triggers`' and
-:mod:`.code`'s."""
+its partitions and children lack, the tables it inherits from whose statements skip its checks
+(checked under its new name when it was renamed); and the orphaned fences of the whole
+database. The code fencekit did not generate is :mod:`.triggers`' and :mod:`.code`'s."""
 
 from __future__ import annotations
 
