@@ -387,7 +387,8 @@ $fn$;
 -- and ``relid`` is the table protected under ``tag`` or one of its partitions or children: it
 -- has a trigger calling one of fencekit.<tag>_*'s functions, which nobody but their owner and
 -- fencekit_admin may attach (EXECUTE is revoked from PUBLIC), and which follow the table
--- through a rename. fencekit.reject acts only for such callers: a definer function cannot see
+-- through a rename (not a row fence's TRUNCATE check: the table's owner owns it, and may put it
+-- on any table of its own). fencekit.reject acts only for such callers: a definer function cannot see
 -- who called it, but a role that may not write a table cannot hold RowExclusiveLock on it.
 -- It reads pg_locks, the whole server's lock table, so it runs on the rejection path only,
 -- never for a write that passes (fencekit.count_event needs no such check).
@@ -406,7 +407,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
                     -- a prefix: another table named '<tag>_x' has functions '<tag>_x_<hash>_*'.
                     AND p.proname = ANY (ARRAY[tag || '_ins', tag || '_upd', tag || '_del',
                                                tag || '_cross_in', tag || '_cross_out',
-                                               tag || '_stmt', tag || '_trunc']))
+                                               tag || '_stmt']))
 $fn$;
 
 CREATE OR REPLACE FUNCTION fencekit.refuse_caller(tag text, relid oid, what text) RETURNS void
@@ -1019,8 +1020,9 @@ BEGIN
                    JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) t.tgfoid
                   WHERE t.tgrelid OPERATOR(pg_catalog.=) relid
                     AND p.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace::pg_catalog.oid
+                    -- not '_trunc': a row fence's TRUNCATE check is its owner's, to put anywhere
                     AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY[tag || '_ins', tag || '_upd',
-                                                tag || '_del', tag || '_stmt', tag || '_trunc']))
+                                                tag || '_del', tag || '_stmt']))
      OR (NOT pg_catalog.has_table_privilege(cu, relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
          AND NOT fencekit.writing(tag, relid)) THEN
     PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.record_unfenced_writer');
@@ -1083,9 +1085,10 @@ $fn$;
 --
 -- Returns false, and reads nothing, in a SERIALIZABLE transaction (its read of the log would
 -- take a predicate lock that every SERIALIZABLE writer's append meets, making the writer part
--- of read-write conflicts it never had) or a read-only one (a standby): run it in a
--- read-write transaction at READ COMMITTED, or REPEATABLE READ (where a fold racing another
--- fold may fail the folding transaction, never a writer).
+-- of read-write conflicts it never had), a REPEATABLE READ one (a writer's row recorded after
+-- its snapshot would fail the fold, and the migration running it, with 40001) or a read-only
+-- one (a standby): run it in a read-write transaction at READ COMMITTED. The enforce gates
+-- then judge by fencekit.unfenced_writer_totals, which counts the log.
 --
 -- Runs as its caller, a member of fencekit_admin (it deletes from the log and writes the
 -- writers' tables and the folded marks, which only fencekit_admin may); it reads only
@@ -1102,7 +1105,7 @@ DECLARE
   this text;
   room boolean;
 BEGIN
-  IF pg_catalog.current_setting('transaction_isolation') = 'serializable'
+  IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable')
      OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
     RETURN false;
   END IF;
@@ -1402,10 +1405,9 @@ SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
                 pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:unattributed')
                                         / 1000.0),
                 g.last_seen,
+                -- Whether or not a fold has taken it in since: an append of a transaction
+                -- open at the last fold stays in the log, numbered below the fold's mark.
                 CASE WHEN pg_catalog.current_setting('transaction_isolation') = 'serializable'
-                          AND fencekit.counter_value(p.tag, 'logged')
-                              > COALESCE((SELECT f.appends FROM fencekit.unfenced_log_folded f
-                                           WHERE f.tag = p.tag), 0)
                      THEN pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:logged')
                                                   / 1000.0)
                 END)

@@ -337,6 +337,11 @@ def unprotect_statements(spec: FenceSpec) -> list[str]:
     if spec.scope is Scope.ROW:
         out.append(f"ALTER TABLE IF EXISTS {t.sql} DROP COLUMN IF EXISTS {n.col}")
     out.append(f"SELECT fencekit.drop_counters({n.lit_tag})")
+    # Who wrote it without a token, and the log's mark, which counts the appends of the
+    # counters just dropped: a protect that follows starts them again from 1.
+    for attribution in ("unfenced_writers", "unfenced_overflow", "unfenced_log",
+                        "unfenced_log_folded"):  # fmt: skip
+        out.append(f"DELETE FROM fencekit.{attribution} WHERE tag = {n.lit_tag}")
     out.append(
         f"DELETE FROM fencekit.protected WHERE schema_name = {lit(t.schema)} "
         f"AND table_name = {lit(t.name)}"

@@ -1115,6 +1115,14 @@ $do$;
 
 SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
+DELETE FROM fencekit.unfenced_writers WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_overflow WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log_folded WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 
 DELETE FROM fencekit.fences WHERE resource = 'app.invoices'

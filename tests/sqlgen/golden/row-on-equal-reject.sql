@@ -426,6 +426,14 @@ ALTER TABLE IF EXISTS app.invoices DROP COLUMN IF EXISTS fencekit_fence;
 
 SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
 
+DELETE FROM fencekit.unfenced_writers WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_overflow WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log_folded WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 
 COMMIT;
