@@ -82,7 +82,8 @@ BEGIN
       FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) g.tgrelid
       JOIN ns ON c.relnamespace OPERATOR(pg_catalog.=) ns.oid WHERE NOT g.tgisinternal
        -- but fencekit's own: the attribution tables' commit-time triggers (22_attribution.sql),
-       -- each calling fencekit's function of its name, owned by a trusted role
+       -- each calling fencekit's function of its name, owned by a trusted role (reading: by
+       -- anyone, as for fencekit's other functions, whose owner status reports)
        AND NOT (pg_catalog.concat(c.relname, ' ', g.tgname) OPERATOR(pg_catalog.=) ANY (ARRAY[
                   'unfenced_writers unfenced_writer_at_commit',
                   'unfenced_overflow unfenced_overflow_at_commit',
@@ -91,7 +92,7 @@ BEGIN
                              WHERE p.oid OPERATOR(pg_catalog.=) g.tgfoid
                                AND p.pronamespace OPERATOR(pg_catalog.=) ns.oid
                                AND p.proname OPERATOR(pg_catalog.=) g.tgname
-                               AND p.proowner IN (SELECT oid FROM trusted)))
+                               AND (reading OR p.proowner IN (SELECT oid FROM trusted))))
     UNION ALL
     SELECT pg_catalog.format('rule %I on %s', w.rulename, c.oid::pg_catalog.regclass)
       FROM pg_catalog.pg_rewrite w JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) w.ev_class
@@ -1781,13 +1782,20 @@ BEGIN
       END IF;
       CONTINUE;
     END IF;
-    CONTINUE WHEN other_rel IS NULL;
-    theirs := fencekit.key_families(
-      other_rel, ARRAY(SELECT pg_catalog.jsonb_array_elements_text(other.spec -> 'key')));
+    IF other_rel IS NULL THEN
+      -- Renamed away (or dropped) under its registered name: its fences are still the
+      -- resource's, named by the families it was protected with.
+      theirs := other.key_families;
+    ELSE
+      theirs := fencekit.key_families(
+        other_rel, ARRAY(SELECT pg_catalog.jsonb_array_elements_text(other.spec -> 'key')));
+    END IF;
     IF theirs IS DISTINCT FROM mine THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
         MESSAGE = pg_catalog.format('fencekit: %s shares resource %L with %s, but its key columns '
-                                    'are %s and theirs %s', relid, resource, other_rel,
+                                    'are %s and theirs %s', relid, resource,
+                                    COALESCE(other_rel::text, pg_catalog.format(
+                                      '%I.%I', other.schema_name, other.table_name)),
                                     mine, theirs),
         HINT = 'Tables sharing a key fence must name their keys alike: use key columns of the '
                'same types (integer types match each other, as do text and unbounded varchar; a '
@@ -1989,6 +1997,11 @@ GRANT ALL ON fencekit.floors TO fencekit_admin;
 -- unrelated table, a protected table's new column) calls nothing, so it never fails for a role
 -- that may not run a cover function. It runs as the role that ran the command (no SECURITY
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
+-- A protected table is found by its oid (fencekit.protected.table_oid, recorded at protect;
+-- trusted while the relation of that oid carries a fencekit trigger of its tag, as a restore
+-- gives the table another oid), else by its registered name: renamed, it is still the
+-- protected table. Its cover function names it by the registered name, so a renamed table's
+-- new descendant is refused until `fencekit rename` moves the protection (fail closed).
 CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -2008,12 +2021,22 @@ BEGIN
            UNION
            SELECT i.inhparent, up.top FROM pg_catalog.pg_inherits i JOIN up ON i.inhrelid = up.relid),
          mine AS (
-           SELECT DISTINCT pr.tag, pr.schema_name, pr.table_name, rel
+           SELECT DISTINCT pr.tag, pr.schema_name, pr.table_name, r.rel,
+                  r.rel IS DISTINCT FROM named AS renamed
              FROM fencekit.protected pr
             CROSS JOIN LATERAL pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name,
-                                                                        pr.table_name)) AS rel
-            WHERE rel IN (SELECT up.relid FROM up))
-    SELECT m.tag, m.schema_name, m.table_name, m.rel, EXISTS (
+                                                                        pr.table_name)) AS named
+            CROSS JOIN LATERAL (
+              SELECT COALESCE((SELECT c.oid::pg_catalog.regclass FROM pg_catalog.pg_class c
+                                WHERE c.oid = pr.table_oid AND c.relkind IN ('r', 'p')
+                                  AND EXISTS (SELECT FROM pg_catalog.pg_trigger g
+                                               WHERE g.tgrelid = c.oid
+                                                 AND pg_catalog.starts_with(
+                                                       g.tgname::pg_catalog.text,
+                                                       'fencekit_' || pr.tag || '_'))),
+                              named) AS rel) AS r
+            WHERE r.rel IN (SELECT up.relid FROM up))
+    SELECT m.tag, m.schema_name, m.table_name, m.rel, m.renamed, EXISTS (
        WITH RECURSIVE down(relid) AS (
               SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = m.rel
               UNION
@@ -2029,6 +2052,17 @@ BEGIN
     -- Fail closed: a foreign table in a protected tree is written unfenced.
     PERFORM fencekit.refuse_foreign_descendant(p.rel);
     CONTINUE WHEN NOT p.uncovered;
+    IF p.renamed THEN
+      -- Fail closed: the cover function names the table by its registered name.
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: protected table %I.%I was renamed to %s: its '
+                                    'triggers cannot be put on its new partition or child until '
+                                    'the protection moves to the new name', p.schema_name,
+                                    p.table_name, p.rel),
+        HINT = pg_catalog.format('Run fencekit rename %I.%I %s (or rename the table back) '
+                                 'first, then create or attach the partition or child.',
+                                 p.schema_name, p.table_name, p.rel);
+    END IF;
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
     CONTINUE WHEN cover IS NULL;
     BEGIN
@@ -2739,7 +2773,11 @@ $fn$;
 -- (check_ddl_runs_no_owner_code), a tree holding a foreign table, a table already protected
 -- with another scope, key, resource or fence column (`structure`: those four of the spec; that
 -- is a move, which carries the fences; policies alone change by re-running protect), or one
--- whose fence or key column was swapped since protect recorded it (check_bound_columns).
+-- whose fence or key column was swapped since protect recorded it (check_bound_columns), and a
+-- table or key fence on a table that inherits from another: such a fence's checks are all
+-- statement-level, and PostgreSQL fires a table's statement triggers only for statements that
+-- name it, so `UPDATE parent ...` would write the child's rows judged by nothing of its own
+-- (by the parent's fence at most, when the parent is protected).
 CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -2747,6 +2785,7 @@ DECLARE
   sch name;
   tbl name;
   have jsonb;
+  parent regclass;
 BEGIN
   SELECT n.nspname, c.relname INTO sch, tbl
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -2755,6 +2794,22 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
+  END IF;
+  SELECT i.inhparent::regclass INTO parent FROM pg_catalog.pg_inherits i
+   WHERE i.inhrelid = rel ORDER BY i.inhseqno LIMIT 1;
+  IF parent IS NOT NULL AND structure ->> 'scope' IN ('table', 'key') THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s cannot have a %s fence: it inherits from %s, '
+                                  'and statements that name %s write its rows without its '
+                                  'checks; nothing was changed', rel, structure ->> 'scope',
+                                  parent, parent),
+      DETAIL = 'A table or key fence''s checks are statement triggers, which PostgreSQL fires '
+               'only for statements naming the table; a protected parent judges such a '
+               'statement by its own fence.',
+      HINT = pg_catalog.format('Protect the parent (its children are covered by its fence), '
+                               'detach this table (ALTER TABLE %s NO INHERIT %s), or give it a '
+                               'row fence, whose checks fire on its rows whatever the statement '
+                               'names.', rel, parent);
   END IF;
   PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   PERFORM fencekit.refuse_foreign_descendant(rel);
@@ -4222,12 +4277,14 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON fencekit.allowed_code TO fencekit_admin;
 -- owner) may not write fencekit.protected nor drop the counters. It touches only
 -- pg_event_trigger_dropped_objects(), the catalogs pg_trigger and pg_proc, one row of
 -- fencekit.protected and the table's counter sequences (fencekit."<tag>:<counter>"). It acts
--- only for a registered table that was dropped by this command and whose generated trigger
--- functions no remaining table's trigger calls (nobody but their owner and fencekit_admin may
--- attach them): dropping another table that took a protected table's old name (after a
--- rename) forgets nothing. It never runs caller code: no user table, type, cast or operator;
--- names are compared as text with pg_catalog's operators. It cannot be called: it returns
--- event_trigger.
+-- only for a registered table that this command dropped, matched by oid (the dropped object's
+-- objid is the registry's table_oid, recorded at protect), never by name: a protected table's
+-- owner may rename it and create and drop another table under its old name, which forgets
+-- nothing. It also keeps a row whose generated trigger functions a remaining table's trigger
+-- still calls (nobody but their owner and fencekit_admin may attach them): a restore gives a
+-- table another oid, which may be the stale table_oid of another row. It never runs caller
+-- code: no user table, type, cast or operator; oids and names are compared with pg_catalog's
+-- operators. It cannot be called: it returns event_trigger.
 CREATE OR REPLACE FUNCTION fencekit.forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -4236,10 +4293,10 @@ BEGIN
   FOR p IN
     SELECT pr.tag
       FROM pg_catalog.pg_event_trigger_dropped_objects() o
-      JOIN fencekit.protected pr
-        ON pr.schema_name OPERATOR(pg_catalog.=) o.schema_name
-       AND pr.table_name OPERATOR(pg_catalog.=) o.object_name
-     WHERE o.object_type OPERATOR(pg_catalog.=) 'table'
+      JOIN fencekit.protected pr ON pr.table_oid OPERATOR(pg_catalog.=) o.objid
+     WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+       AND o.objsubid OPERATOR(pg_catalog.=) 0
+       AND o.object_type OPERATOR(pg_catalog.=) 'table'
        AND NOT EXISTS (
          SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
           WHERE f.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace

@@ -386,7 +386,11 @@ $fn$;
 -- (check_ddl_runs_no_owner_code), a tree holding a foreign table, a table already protected
 -- with another scope, key, resource or fence column (`structure`: those four of the spec; that
 -- is a move, which carries the fences; policies alone change by re-running protect), or one
--- whose fence or key column was swapped since protect recorded it (check_bound_columns).
+-- whose fence or key column was swapped since protect recorded it (check_bound_columns), and a
+-- table or key fence on a table that inherits from another: such a fence's checks are all
+-- statement-level, and PostgreSQL fires a table's statement triggers only for statements that
+-- name it, so `UPDATE parent ...` would write the child's rows judged by nothing of its own
+-- (by the parent's fence at most, when the parent is protected).
 CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -394,6 +398,7 @@ DECLARE
   sch name;
   tbl name;
   have jsonb;
+  parent regclass;
 BEGIN
   SELECT n.nspname, c.relname INTO sch, tbl
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -402,6 +407,22 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
+  END IF;
+  SELECT i.inhparent::regclass INTO parent FROM pg_catalog.pg_inherits i
+   WHERE i.inhrelid = rel ORDER BY i.inhseqno LIMIT 1;
+  IF parent IS NOT NULL AND structure ->> 'scope' IN ('table', 'key') THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s cannot have a %s fence: it inherits from %s, '
+                                  'and statements that name %s write its rows without its '
+                                  'checks; nothing was changed', rel, structure ->> 'scope',
+                                  parent, parent),
+      DETAIL = 'A table or key fence''s checks are statement triggers, which PostgreSQL fires '
+               'only for statements naming the table; a protected parent judges such a '
+               'statement by its own fence.',
+      HINT = pg_catalog.format('Protect the parent (its children are covered by its fence), '
+                               'detach this table (ALTER TABLE %s NO INHERIT %s), or give it a '
+                               'row fence, whose checks fire on its rows whatever the statement '
+                               'names.', rel, parent);
   END IF;
   PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   PERFORM fencekit.refuse_foreign_descendant(rel);
