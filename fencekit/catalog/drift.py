@@ -273,11 +273,17 @@ def _key_expression_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:
     Compared by fingerprint (``fencekit.key_expressions_changed``, 47_protect.sql): the
     expressions are never printed, which would run the output functions of their constants'
     types."""
-    row = conn.execute(
-        "SELECT ARRAY(SELECT r::pg_catalog.text FROM pg_catalog.unnest("
-        "fencekit.key_expressions_changed(%s::pg_catalog.oid::pg_catalog.regclass)) AS r)",
+    rows = conn.execute(
+        "SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || "
+        "pg_catalog.quote_ident(c.relname) FROM pg_catalog.unnest("
+        "fencekit.key_expressions_changed(%s::pg_catalog.oid::pg_catalog.regclass)) "
+        "WITH ORDINALITY AS r(rel, o) JOIN pg_catalog.pg_class c ON c.oid = r.rel "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace ORDER BY r.o",
         (oid,),
-    ).fetchone()
+    ).fetchall()
+    # Changed on the table: its partitions and children changed with it (SET EXPRESSION
+    # recurses), and so does the fix: one drift, on the table.
+    changed = [str(name) for rel, name in rows if int(rel) == oid] or [str(n) for _, n in rows]
     keys = ", ".join(quote_ident(k) for k in spec.key)
     return [
         Drift(
@@ -291,7 +297,7 @@ def _key_expression_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:
             f"{COMMAND}, then protect again (the fences restart); re-protect alone refuses",
             command=Command(Action.UNPROTECT, spec),
         )
-        for rel in (row[0] if row is not None else [])
+        for rel in changed
     ]
 
 
