@@ -346,9 +346,10 @@ def rollout_report(
     if not (folded.fetchone() or (False,))[0]:
         raise CatalogError(
             "reading who writes without a token folds fencekit.unfenced_log first, which "
-            "needs a read-write transaction that is not SERIALIZABLE (a SERIALIZABLE reader "
-            "of the log would take part in every writer's serialization conflicts): run it "
-            "at READ COMMITTED, on the primary"
+            "needs a read-write transaction at READ COMMITTED (at SERIALIZABLE the fold would "
+            "take part in every writer's serialization conflicts, and at REPEATABLE READ a "
+            "writer recorded after its snapshot would fail it): run it at READ COMMITTED, on "
+            "the primary"
         )
     now, lag = conn.execute(
         "SELECT pg_catalog.statement_timestamp(), fencekit.attribution_lag()"

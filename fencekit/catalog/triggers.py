@@ -4,6 +4,7 @@ fire after it, each with the hash of its code."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fencekit import sqlgen
@@ -94,6 +95,34 @@ def _system(insp: Inspector, t: _Trig, spec: FenceSpec) -> bool:
     return spec.scope is not Scope.ROW or spec.column.encode() not in args
 
 
+# The rest of a generated name after a table's prefix never holds another tag's ten hex digits
+# (fencekit.named_by, 47_protect.sql: one rule for what protect drops and what status trusts).
+_OTHER_TAG = re.compile(r"(^|_)[0-9a-f]{10}_")
+
+
+def named_by(name: str, prefix: str) -> bool:
+    """Whether ``name`` is one of the names of the table whose objects' names start
+    ``prefix`` (``fencekit.named_by``)."""
+    return name.startswith(prefix) and not _OTHER_TAG.search(name[len(prefix) :])
+
+
+def registered_tags(conn: Conn) -> list[str]:
+    """The tags of the protected tables."""
+    return [str(r[0]) for r in conn.execute("SELECT tag FROM fencekit.protected").fetchall()]
+
+
+def generated_trigger(name: str, function: str, tags: list[str]) -> bool:
+    """Whether a trigger is one a protected table's template makes: named with that table's
+    prefix and calling one of that table's functions. A trigger under fencekit's prefix that
+    calls another function, or calls a table's function under a name its template does not
+    make (the owner may attach a row fence's TRUNCATE check, which it owns, anywhere), is not
+    fencekit's: status reports it like any other trigger."""
+    return any(
+        named_by(name, f"fencekit_{tag}_") and named_by(function, f"fencekit.{tag}_")
+        for tag in tags
+    )
+
+
 def foreign_trigger_drift(
     conn: Conn,
     insp: Inspector,
@@ -127,10 +156,10 @@ def foreign_trigger_drift(
     never_queued = {tr.name for tr in objs.triggers if tr.when == "false"}
     trigs = relation_triggers(conn, oid)
 
+    tags = registered_tags(conn)
+
     def is_fencekit(t: _Trig) -> bool:
-        return t.name in ours or (
-            t.name.startswith("fencekit_") and t.function.startswith("fencekit.")
-        )
+        return t.name in ours or generated_trigger(t.name, t.function, tags)
 
     def is_check(t: _Trig) -> bool:
         return (
@@ -239,10 +268,11 @@ def other_triggers(
     """The firing triggers (not fencekit's) of a relation a write reaches through another:
     a table a foreign key cascades into, a view written through."""
     out: list[Drift] = []
+    tags = registered_tags(conn)
     for t in relation_triggers(conn, oid):
         if (
             t.enabled in ("D", "R")
-            or (t.name.startswith("fencekit_") and t.function.startswith("fencekit."))
+            or generated_trigger(t.name, t.function, tags)
             or insp.system_function(t.function_oid)
         ):
             continue

@@ -33,7 +33,7 @@ from fencekit.ident import quote_ident
 from fencekit.sqlgen.common import Names, attribute, definer_function, judge_fences, statement_token
 from fencekit.sqlgen.crossing import crossing_triggers
 from fencekit.sqlgen.objects import Function, Trigger
-from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, comment, lit
+from fencekit.sqlgen.text import TOKEN, comment, lit, token_fast
 
 __all__ = ["KEY_SETTINGS", "key_expression", "key_objects"]
 
@@ -126,27 +126,33 @@ def _types_name(n: Names) -> str:
 
 
 def _fast_check(n: Names) -> str:
-    """PL/pgSQL: ``ok``: every key name is still a live column of one of _FAST_TYPES, in a fast
-    collation, not generated virtually, and of the very types the session's last full check
-    found as protect recorded them (the session setting _types_name; anyone may set it, and a
-    wrong value only costs the full check). One read of pg_attribute by its index: no call, no
-    registry row, no family computed."""
+    """PL/pgSQL: one statement for the common case. ``tok``: the statement's token when it is
+    canonical and below 10^18, no bypass is asked for and the issuer is right (_token_fast);
+    NULL otherwise, or when a key name is no live column. ``ok``: every key name is still a
+    live column of one of _FAST_TYPES, in a fast collation, not generated virtually, and of the
+    very types the session's last full check found as protect recorded them (the session
+    setting _types_name; anyone may set it, and a wrong value only costs the full check). One
+    read of pg_attribute by its index: no call, no registry row, no family computed. Anything
+    else takes the slow path (_slow_path), which judges the token and the types in full."""
     eq = "OPERATOR(pg_catalog.=)"
     cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
     pad = " " * 11
     fast = f"\n{pad}AND ".join(
-        f"{_fast_type(a, pad)}\n{pad}AND NOT {a}.attgenerated {eq} 'v'" for a, _ in cols
+        f"{_fast_type(a, pad)}\n{pad}AND {a}.attgenerated OPERATOR(pg_catalog.<>) 'v'"
+        for a, _ in cols
     )
     attrs = ", ".join(f"pg_catalog.pg_attribute {a}" for a, _ in cols)
     where = "\n       AND ".join(_live(a, c) for a, c in cols)
     types = ", ".join(f"{a}.atttypid" for a, _ in cols)
     return (
-        f"    SELECT pg_catalog.concat_ws(',', {types})\n"
-        f"             {eq} pg_catalog.current_setting({_types_name(n)}, true)\n"
+        f"  SELECT CASE WHEN {_token_fast(n)}\n"
+        "           THEN raw::pg_catalog.int8 END,\n"
+        f"         pg_catalog.concat_ws(',', {types})\n"
+        f"           {eq} pg_catalog.current_setting({_types_name(n)}, true)\n"
         f"           AND {fast}\n"
-        "      INTO ok\n"
-        f"      FROM {attrs}\n"
-        f"     WHERE {where};\n"
+        "    INTO tok, ok\n"
+        f"    FROM {attrs}\n"
+        f"   WHERE {where};\n"
     )
 
 
@@ -168,29 +174,41 @@ def _keys(n: Names, sources: list[str]) -> str:
     )
 
 
-def _token(n: Names, *, counted: bool = True) -> str:
-    """PL/pgSQL: ``tok``, the statement's token. The common case (a canonical token below
-    10^18, no bypass asked for, the right issuer) is one inline condition on the value read
-    once into ``raw``; anything else is judged by ``fencekit.statement_token``, which reads
-    the token itself and says what is wrong (a call, with its settings, per statement saved).
-    ``counted``: a write let through without a token is counted here (not by a row check of
-    crossing rows: the statement's own trigger counts it)."""
+def _token_fast(n: Names) -> str:
+    """SQL: the common case of the statement's token, one condition on the value read once into
+    ``raw``: canonical (no sign, space or leading zero) and below 10^18, no bypass asked for,
+    and the right issuer (the token's form: text.token_fast). Anything else is judged by
+    ``fencekit.statement_token`` (_slow_token), which reads the token itself and says what is
+    wrong."""
     issuer = ""
     if n.spec.issuer is not None:
         issuer = (
-            "\n      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') "
-            "OPERATOR(pg_catalog.=) ''\n"
-            "           OR pg_catalog.current_setting('fencekit.issuer', true) "
+            "\n             AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '')"
+            " OPERATOR(pg_catalog.=) ''\n"
+            "                  OR pg_catalog.current_setting('fencekit.issuer', true) "
             f"OPERATOR(pg_catalog.=) {lit(n.spec.issuer)})"
         )
     return (
-        f"  IF raw OPERATOR(pg_catalog.~) {TOKEN_FAST}\n"
-        "      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
-        f"OPERATOR(pg_catalog.=) ''{issuer} THEN\n"
-        "    tok := raw::pg_catalog.int8;\n"
-        "  ELSE\n"
-        f"    tok := {statement_token(n, counted=None if counted else 'false')};\n"
-        "  END IF;\n"
+        f"{token_fast('raw', indent='             ')}\n"
+        "             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') "
+        f"OPERATOR(pg_catalog.=) ''{issuer}"
+    )
+
+
+def _slow_token(n: Names, *, counted: bool) -> str:
+    """PL/pgSQL: ``tok`` judged by ``fencekit.statement_token`` when the common case did not
+    settle it (``counted``: a write let through without a token is counted here, not by a row
+    check of crossing rows: the statement's own trigger counts it); the write goes on
+    unjudged when it returns NULL (bypassed, or allowed without a token: attributed in
+    rollout mode)."""
+    return (
+        "    IF tok IS NULL THEN\n"
+        f"      tok := {statement_token(n, counted=None if counted else 'false')};\n"
+        "    END IF;\n"
+        "    IF tok IS NULL THEN\n"
+        + (attribute(n, "      ", otherwise=False) if counted else "")
+        + "      RETURN NULL;\n"
+        "    END IF;\n"
     )
 
 
@@ -288,75 +306,85 @@ def _printing(body: str) -> str:
     )
 
 
-def _keys_and_lookup(n: Names, sources: list[str]) -> str:
-    """PL/pgSQL: ``ks``, the statement's keys; and, when it wrote one key (a one-row write, the
-    common case), ``held``: whether that key's fence holds the token, share-locked if so (writers
-    under one token never wait for each other). One statement: each costs a snapshot and an
-    executor. Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``).
-    First the key columns' check: the fast one, else the full one."""
-    check = (
-        _fast_check(n)
-        + "    IF NOT COALESCE(ok, false) THEN  -- the full check\n"
-        # Not indented further: a quoted key column name may hold a line break.
-        + _check_types(n)
-        + "    END IF;\n"
+def _all_keys(n: Names, sources: list[str]) -> str:
+    """SQL: the key of every row the statement wrote, as text, in no order and with repeats:
+    no sort for the common case (a one-row write has one key, or an UPDATE's old and new the
+    same one); _spread_keys sorts them when there are several."""
+    expr = key_expression(n.spec.key, "y")
+    union = "\n              UNION ALL ".join(
+        f"SELECT {expr}\n                FROM {s} AS y" for s in sources
     )
-    keys = _keys(n, sources)
-    if n.spec.lease_bound:
-        return check + _printing(f"    ks := {keys};\n")
+    return f"ARRAY({union})"
+
+
+def _lookup(n: Names, sources: list[str]) -> str:
+    """PL/pgSQL: ``ks``, the key of every row written; and ``held``: true when they are all one
+    key whose fence holds the token, share-locked (writers under one token never wait for each
+    other). One statement: each costs a snapshot and an executor."""
     eq = "OPERATOR(pg_catalog.=)"
     mine = ""
     if n.spec.on_equal == "reject":
-        mine = (
-            f"\n                              AND f.writer_xact {eq} "
-            "pg_catalog.pg_current_xact_id()"
-        )
+        mine = f"\n               AND f.writer_xact {eq} pg_catalog.pg_current_xact_id()"
     # OFFSET 0: the keys are computed once, not once per reference. COLLATE: a key column's
     # own collation ("C") would otherwise meet fencekit.fences' in the comparison. A scalar
     # subquery, not EXISTS: the planner costs EXISTS for its first row and picks a scan of
-    # every fence of every resource over the primary key's index.
-    return check + _printing(
+    # every fence of every resource over the primary key's index. No row (NULL) when the
+    # statement wrote no row, a NULL key or several keys.
+    return (
         "    SELECT k.ks,\n"
-        f"           CASE WHEN pg_catalog.cardinality(k.ks) {eq} 1 AND k.ks[1] IS NOT NULL THEN\n"
-        "             COALESCE((SELECT true FROM fencekit.fences f\n"
-        f"                      WHERE f.resource {eq} {n.resource}\n"
-        f'                        AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
-        f"                        AND f.fence {eq} tok{mine}\n"
-        "                        FOR SHARE), false) END\n"
+        "           (SELECT true FROM fencekit.fences f\n"
+        f"             WHERE f.resource {eq} {n.resource}\n"
+        f'               AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
+        f'               AND f.key {eq} ALL (k.ks COLLATE pg_catalog."default")\n'
+        f"               AND f.fence {eq} tok{mine}\n"
+        "               FOR SHARE)\n"
         "      INTO ks, held\n"
         "      FROM (SELECT\n"
-        f"        {keys} AS ks\n"
+        f"        {_all_keys(n, sources)} AS ks\n"
         "              OFFSET 0) AS k;\n"
     )
 
 
 def _one_key(n: Names) -> str:
-    """PL/pgSQL: a statement that wrote one key is judged here, with no call: its fence held
-    the token (``held``), or a new token raises it (judge_fences' upsert, in this function).
-    Anything else (stale, reused, many keys, lease-bound) goes to fencekit.judge_fences."""
-    if n.spec.lease_bound:
-        return ""
+    """PL/pgSQL: a statement whose rows share one key is judged here, with no call: its fence
+    held the token (``held``), or a new token raises it (an UPDATE of its fence; for a key
+    with no fence yet, judge_fences' upsert, in this function). Anything else (stale, reused,
+    several keys) goes to fencekit.judge_fences, with the keys sorted and each once (every lock
+    a key fence takes is taken in key order, so two writers never deadlock on fences)."""
     eq = "OPERATOR(pg_catalog.=)"
     return (
+        "  IF held THEN\n"
+        "    RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
+        "  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN\n"
+        "    ks := ks[1:1];  -- one key\n"
+        "    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).\n"
+        "    UPDATE fencekit.fences f\n"
+        "       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),\n"
+        "           updated_at = pg_catalog.now()\n"
+        f"     WHERE f.resource {eq} {n.resource}\n"
+        f"       AND f.key {eq} ks[1] AND f.fence OPERATOR(pg_catalog.<) tok\n"
+        "    RETURNING true INTO held;\n"
         "    IF held THEN\n"
-        "      RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
-        "    ELSIF NOT held THEN\n"
-        "      -- A key without a fence starts at the resource's floor (35_floors.sql).\n"
-        "      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)\n"
-        f"      VALUES ({n.resource}, ks[1],\n"
-        "              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl\n"
-        f"                              WHERE fl.resource {eq} {n.resource})),\n"
-        "              pg_catalog.pg_current_xact_id())\n"
-        "      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE\n"
-        "         SET fence = tok, writer_xact = excluded.writer_xact,\n"
-        "             updated_at = pg_catalog.now()\n"
-        "       WHERE f.fence OPERATOR(pg_catalog.<) tok\n"
-        f"      RETURNING f.fence {eq} tok INTO held;\n"
-        "      IF held THEN\n"
-        "        RETURN NULL;  -- raised to the token by this write, and exclusively locked\n"
-        "      END IF;\n"
-        "      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.\n"
+        "      RETURN NULL;  -- raised to the token by this write, and exclusively locked\n"
         "    END IF;\n"
+        "    -- A key without a fence starts at the resource's floor (35_floors.sql).\n"
+        "    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)\n"
+        f"    VALUES ({n.resource}, ks[1],\n"
+        "            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl\n"
+        f"                            WHERE fl.resource {eq} {n.resource})),\n"
+        "            pg_catalog.pg_current_xact_id())\n"
+        "    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE\n"
+        "       SET fence = tok, writer_xact = excluded.writer_xact,\n"
+        "           updated_at = pg_catalog.now()\n"
+        "     WHERE f.fence OPERATOR(pg_catalog.<) tok\n"
+        f"    RETURNING f.fence {eq} tok INTO held;\n"
+        "    IF held THEN\n"
+        "      RETURN NULL;  -- raised to the token by this write, and exclusively locked\n"
+        "    END IF;\n"
+        "    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.\n"
+        "  ELSE\n"
+        "    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);\n"
+        "  END IF;\n"
     )
 
 
@@ -364,29 +392,48 @@ def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
     """The key function over ``sources`` (the statement's transition tables). ``row``: the row
     check of a row that crossed partitions (crossing.py), whose one source is the row: it
     neither counts nor attributes a write without a token, which the statement's own key
-    trigger does."""
+    trigger does.
+
+    The common case is two statements: the token and the key columns' fast check in one
+    (_fast_check), the keys and their fence's share lock in the other (_lookup); keys of the
+    fast types print alike under any settings, so nothing is pinned. Anything else takes the
+    slow path: the token judged by fencekit.statement_token, the full check of the key
+    columns, and the keys printed under KEY_SETTINGS where their families print by them.
+    Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``)."""
     spec = n.spec
     key_cols = ", ".join(quote_ident(c) for c in spec.key)
     label = spec.key[0] if len(spec.key) == 1 else f"({', '.join(spec.key)})"
     held = "" if spec.lease_bound else "  held pg_catalog.bool;\n"
     what = "-- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).\n"
+    if spec.lease_bound:
+        keys = f"    ks := {_keys(n, sources)};\n"
+        fast, full = keys, _printing(keys)
+        tail = ""
+    else:
+        fast, full = _lookup(n, sources), _printing(_lookup(n, sources))
+        tail = _one_key(n)
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
         + (what if row else "")
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
         "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n  ok pg_catalog.bool;\n"
-        "  typed pg_catalog.bool;\n  printed pg_catalog.bool := false;\n"
+        "  typed pg_catalog.bool;\n  printed pg_catalog.bool;\n"
         "  types pg_catalog.text;\n"
         "  pins pg_catalog.text[];\n"
         + held
         + "BEGIN\n"
-        + _token(n, counted=not row)
-        + "  IF tok IS NOT NULL THEN\n"
-        + _keys_and_lookup(n, sources)
-        + _one_key(n)
-        + judge_fences(n, "ks", label)
-        + ("" if row else attribute(n))
-        + "  END IF;\n  RETURN NULL;\nEND\n"
+        + _fast_check(n)
+        + "  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere\n"
+        + fast
+        + "  ELSE\n"
+        + _slow_token(n, counted=not row)
+        # Not indented further: a quoted key column name may hold a line break.
+        + _check_types(n)
+        + full
+        + "  END IF;\n"
+        + tail
+        + judge_fences(n, "ks", label, indent="  ")
+        + "  RETURN NULL;\nEND\n"
     )
 
 

@@ -340,6 +340,11 @@ def unprotect_statements(spec: FenceSpec) -> list[str]:
     if spec.scope is Scope.ROW:
         out.append(f"ALTER TABLE IF EXISTS {t.sql} DROP COLUMN IF EXISTS {n.col}")
     out.append(f"SELECT fencekit.drop_counters({n.lit_tag})")
+    # Who wrote it without a token, and the log's mark, which counts the appends of the
+    # counters just dropped: a protect that follows starts them again from 1.
+    for attribution in ("unfenced_writers", "unfenced_overflow", "unfenced_log",
+                        "unfenced_log_folded"):  # fmt: skip
+        out.append(f"DELETE FROM fencekit.{attribution} WHERE tag = {n.lit_tag}")
     out.append(
         f"DELETE FROM fencekit.protected WHERE schema_name = {lit(t.schema)} "
         f"AND table_name = {lit(t.name)}"
@@ -360,7 +365,8 @@ def unprotect_statements(spec: FenceSpec) -> list[str]:
 def drop_objects(tag: str, root: str) -> str:
     """A DO block dropping the ``fencekit_<tag>_*`` triggers on ``root`` (a SQL expression
     yielding a regclass or NULL) and its descendants, then the ``fencekit.<tag>_*`` functions:
-    those ``fencekit.named_by`` gives the table, not another's whose tag starts with its own."""
+    those ``fencekit.named_by`` gives the table, not another's whose tag starts with its own;
+    and every trigger calling one of those functions, whatever its name."""
     prefix = f"fencekit_{tag}_"
     fn_prefix = f"{tag}_"
     return do(
@@ -372,8 +378,14 @@ def drop_objects(tag: str, root: str) -> str:
         "      FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg\n"
         "                  WHERE tg.tgrelid = rel AND NOT tg.tgisinternal\n"
         "                    AND tg.tgparentid = 0\n"
-        "                    AND fencekit.named_by(tg.tgname::pg_catalog.text,\n"
-        f"                                          {lit(prefix)}) LOOP\n"
+        "                    AND (fencekit.named_by(tg.tgname::pg_catalog.text,\n"
+        f"                                           {lit(prefix)})\n"
+        "                         OR EXISTS (SELECT FROM pg_catalog.pg_proc p\n"
+        "                                     WHERE p.oid OPERATOR(pg_catalog.=) tg.tgfoid\n"
+        "                                       AND p.pronamespace OPERATOR(pg_catalog.=)\n"
+        "                                           'fencekit'::pg_catalog.regnamespace\n"
+        "                                       AND fencekit.named_by(p.proname::pg_catalog.text,\n"
+        f"                                                             {lit(fn_prefix)}))) LOOP\n"
         "        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);\n"
         "      END LOOP;\n"
         "    END LOOP;\n"

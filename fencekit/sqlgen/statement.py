@@ -22,7 +22,7 @@ from fencekit.sqlgen.common import (
 )
 from fencekit.sqlgen.objects import Function, Trigger
 from fencekit.sqlgen.table import table_fence
-from fencekit.sqlgen.text import TOKEN, TOKEN_FAST, lit
+from fencekit.sqlgen.text import TOKEN, lit, token_fast
 
 __all__ = ["statement_objects"]
 
@@ -34,10 +34,10 @@ def _fast_path(n: Names) -> str:
     PL/pgSQL prepares each expression of a function again in every transaction. Anything else
     goes on."""
     read = f"COALESCE({TOKEN}, '')"
-    token = (
-        f"pg_catalog.set_config({n.checked_name},\n"
-        f"       {read}, true)\n"
-        f"       OPERATOR(pg_catalog.~) {TOKEN_FAST}"
+    token = token_fast(
+        f"pg_catalog.set_config({n.checked_name},\n       {read}, true)\n      ",
+        again=f"\n         pg_catalog.current_setting({n.checked_name})",
+        indent="     ",
     )
     # Rollout mode (on_missing = allow): a statement without a token goes on past this, to be
     # counted and attributed to its writer (fencekit.attribute) once, by the check.

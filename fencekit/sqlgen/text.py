@@ -6,11 +6,11 @@ from fencekit.ident import quote_literal
 
 __all__ = [
     "TOKEN",
-    "TOKEN_FAST",
     "comment",
     "do",
     "dollar",
     "lit",
+    "token_fast",
 ]
 
 #: The token as the client set it. Every check reads it ONCE into a variable and validates
@@ -18,9 +18,18 @@ __all__ = [
 #: a default, another trigger), so no check may trust what an earlier one read.
 TOKEN = "pg_catalog.current_setting('fencekit.token', true)"
 
-#: A canonical positive decimal below 10^18: the hot paths test this one regular expression;
-#: longer tokens (up to bigint's maximum) take the slow path through fencekit.is_valid_token.
-TOKEN_FAST = "'^[1-9][0-9]{0,17}$'"
+
+def token_fast(value: str, again: str | None = None, indent: str = "       ") -> str:
+    """SQL: ``value`` is a canonical positive decimal below 10^18 (no sign, space or leading
+    zero), the one test the hot paths make; longer tokens (up to bigint's maximum) take the
+    slow path through fencekit.is_valid_token. An unbounded pattern and a length test: a
+    bounded repetition (``{0,17}``) costs PostgreSQL's regular expression engine several times
+    the length test. ``again`` reads the same value a second time, where ``value`` is an
+    expression with an effect (``set_config``)."""
+    return (
+        f"{value} OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'\n"
+        f"{indent}AND pg_catalog.octet_length({again or value}) OPERATOR(pg_catalog.<) 19"
+    )
 
 
 def lit(value: str) -> str:

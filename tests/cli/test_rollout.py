@@ -4,7 +4,7 @@ verdict, and the one step to enforce that refuses while a writer is seen."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -322,7 +322,8 @@ def test_a_writer_at_repeatable_read_or_serializable_is_reported_and_holds_enfor
         why = enforce_refusal(admin, table, window)
     assert why is not None
     assert "written without a token" in why
-    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (1,)
+    # Its append and its commit's marker, not folded yet.
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (2,)
     db.commit()
     r = cli("rollout", "ledger", "--json", "--window", "1h", "--dsn", dsn)
     assert r.code == 1, r.err
@@ -336,6 +337,34 @@ def test_a_writer_at_repeatable_read_or_serializable_is_reported_and_holds_enfor
     refused = cli("enforce", "ledger", "--window", "1h", "--dsn", dsn)
     assert refused.code == 1, refused.out
     assert "application_name 'batch'" in refused.err
+
+
+def test_a_long_tokenless_transaction_is_not_ready_right_after_its_commit(
+    cli: Cli, db: Conn, dsn: str
+) -> None:
+    """The write ran longer before its commit than the window plus the report's lag
+    (attribution_lag(), 10 s): right after the commit, the report still lists the writer, at
+    the commit's time, and enforce refuses. A real sleep: the report reads the server's
+    clock."""
+    db.execute("CREATE TABLE chi (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO chi VALUES (20, 'a')")
+    db.commit()
+    assert cli("protect", "chi", "--on-missing", "allow", "--dsn", dsn).code == 0
+    with psycopg.connect(make_conninfo(dsn, application_name="longtx")) as w:
+        w.execute("UPDATE chi SET v = 'long' WHERE id = 20")
+        w.execute("SELECT pg_sleep(11.5)")
+        (committed,) = w.execute("SELECT clock_timestamp()").fetchone() or (None,)
+    r = cli("rollout", "chi", "--json", "--window", "1s", "--dsn", dsn)
+    assert r.code == 1, r.out
+    (t,) = json.loads(r.out)["tables"]
+    assert t["verdict"] == "not_ready"
+    (writer,) = t["writers"]
+    assert writer["application_name"] == "longtx"
+    assert committed is not None
+    assert datetime.fromisoformat(writer["last_seen"]) >= committed
+    refused = cli("enforce", "chi", "--window", "1s", "--dsn", dsn)
+    assert refused.code == 1, refused.out
+    assert "application_name 'longtx'" in refused.err
 
 
 def _tokenless(dsn: str, stmt: str) -> None:

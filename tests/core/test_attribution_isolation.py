@@ -256,7 +256,7 @@ def test_a_fold_applies_the_cap_and_sums_a_writers_records(
         "SELECT min(seen), max(seen) FROM fencekit.unfenced_log WHERE application_name = 'rr'"
     ).fetchone()
     db.commit()
-    assert logged == 4
+    assert logged == 8  # four appends, and a marker of each one's commit
     fold(db)
     got = db.execute(
         "SELECT application_name, statements, first_seen, last_seen, statement"
@@ -353,7 +353,11 @@ def test_a_writer_cannot_forge_or_erase_log_rows(
     db.commit()
     assert after[: len(before)] == before
     new = after[len(before) :]
-    assert [(r[2], r[3], r[4], r[10]) for r in new] == [("iso_app", "iso_app", "victim", 5)]
+    # Its append and, at its commit, the append's marker (statements 0: the commit's time).
+    assert [(r[2], r[3], r[4], r[10]) for r in new] == [
+        ("iso_app", "iso_app", "victim", 5),
+        ("iso_app", "iso_app", "victim", 0),
+    ]
 
 
 def test_a_fold_takes_about_the_cap_in_locks_however_many_writers_the_log_names(
@@ -370,7 +374,8 @@ def test_a_fold_takes_about_the_cap_in_locks_however_many_writers_the_log_names(
         for i in range(40):
             c.execute("SELECT set_config('application_name', %s, true)", [f"app-{i}"])
             c.execute("SELECT fencekit.record_unfenced_writer(%s, 'i_table'::regclass, 1)", [tag])
-    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (40,)
+    # 40 appends, and at the commit a marker for each.
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (80,)
     assert db.execute("SELECT fencekit.fold_unfenced_log(NULL)").fetchone() == (True,)
     (locks,) = db.execute(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
@@ -404,7 +409,8 @@ def test_a_fold_rolled_back_leaves_the_logs_cap_where_it_was(
     assert db.execute(mark, [tag]).fetchone() == (2,)
     db.rollback()
     assert db.execute(mark, [tag]).fetchone() is None
-    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (2,)
+    # Two appends and their commit markers.
+    assert db.execute("SELECT count(*) FROM fencekit.unfenced_log").fetchone() == (4,)
     db.commit()
     fold(db)
     assert db.execute(mark, [tag]).fetchone() == (2,)

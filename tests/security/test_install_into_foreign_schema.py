@@ -127,6 +127,30 @@ def test_a_function_planted_in_an_installed_schema_is_refused(
     assert f"function fencekit.helper() (owner {role})" in str(info.value)
 
 
+def test_a_trigger_under_fencekit_s_own_trigger_name_is_refused(
+    raw_db: Conn, owner: tuple[str, str]
+) -> None:
+    """fencekit's attribution tables carry triggers of its own (each calling fencekit's
+    function of its name). The same name on the same table, calling another role's function,
+    is still refused."""
+    role, dsn = owner
+    _install(raw_db)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(CANARY)
+    raw_db.execute("DROP TRIGGER unfenced_log_commit_marker ON fencekit.unfenced_log")
+    raw_db.execute(
+        "CREATE TRIGGER unfenced_log_commit_marker BEFORE INSERT ON fencekit.unfenced_log"
+        " FOR EACH ROW EXECUTE FUNCTION own.canary()"
+    )
+    raw_db.commit()
+    with pytest.raises(psycopg.Error) as info:
+        _install(raw_db)
+    raw_db.rollback()
+    assert info.value.sqlstate == USAGE
+    assert "trigger unfenced_log_commit_marker on fencekit.unfenced_log" in str(info.value)
+    assert not _superuser(raw_db, role)
+
+
 def test_a_clean_install_and_a_reinstall_still_work(raw_db: Conn) -> None:
     _install(raw_db)
     _install(raw_db)

@@ -94,6 +94,25 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
     "record_unfenced_writer": lambda t: (
         f"SELECT fencekit.record_unfenced_writer('{t.tag}', '{t.table}'::regclass, 1)"
     ),
+    # The record's row dated at commit: its deferred trigger, fired here at once.
+    "record-then-commit-time": lambda t: (
+        f"SELECT fencekit.record_unfenced_writer('{t.tag}', '{t.table}'::regclass, 1);"
+        " SET CONSTRAINTS ALL IMMEDIATE"
+    ),
+    # 51 writers (application names) of the table: the last one past the cap (50), in its
+    # overflow row, dated at commit.
+    "record-over-the-cap-then-commit-time": lambda t: (
+        "DO $$ BEGIN FOR i IN 1..51 LOOP"
+        " PERFORM set_config('application_name', 'mx-' || i, true);"
+        f" PERFORM fencekit.record_unfenced_writer('{t.tag}', '{t.table}'::regclass, 1);"
+        " END LOOP; END $$; SET CONSTRAINTS ALL IMMEDIATE"
+    ),
+    # In a REPEATABLE READ transaction (REPEATABLE_READ below) a record appends to the log;
+    # its commit marker, fired here at once.
+    "record-at-repeatable-read-then-commit": lambda t: (
+        f"SELECT fencekit.record_unfenced_writer('{t.tag}', '{t.table}'::regclass, 1);"
+        " SET CONSTRAINTS ALL IMMEDIATE"
+    ),
     "current_fence": lambda t: f"SELECT fencekit.current_fence('{t.resource}', '{t.key}')",
     "max_fence": lambda t: f"SELECT fencekit.max_fence('{t.resource}')",
     "judge_fences": lambda t: (
@@ -116,6 +135,8 @@ CALLS: dict[str, Callable[[Target], str | None]] = {
     # Fires the sql_drop event trigger fencekit_forget_dropped (as the installer).
     "drop-table": lambda t: f"DROP TABLE {t.table}",
 }
+# CALLS entries run in a REPEATABLE READ transaction (the others: READ COMMITTED).
+REPEATABLE_READ = {"record-at-repeatable-read-then-commit"}
 # Which CALLS entry reaches each SECURITY DEFINER function (generated ones as <tag>_<suffix>).
 # count_event, counter_value and lease_mismatch run as their callers: still attacked through
 # CALLS, though they are not definers.
@@ -139,6 +160,9 @@ DEFINERS = {
     "judge_fences": "judge_fences",
     "forget_dropped_tables": "drop-table",
     "record_unfenced_writer": "record_unfenced_writer",
+    "unfenced_writer_at_commit": "record-then-commit-time",
+    "unfenced_overflow_at_commit": "record-over-the-cap-then-commit-time",
+    "unfenced_log_commit_marker": "record-at-repeatable-read-then-commit",
 }
 
 _PAYLOAD = re.compile(r"fk-payload (\w+) as (\S+)(?: (escalated: .*))?$")
@@ -372,6 +396,9 @@ def test_definer_entry_point_runs_no_caller_code(
     conn.rollback()
     world.notices.clear()
     problems: list[str] = []
+    level = conn.isolation_level
+    if entry in REPEATABLE_READ:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     try:
         conn.execute("SELECT set_config('mx.armed', 'on', true)")
         if entry.startswith("write-"):
@@ -393,6 +420,7 @@ def test_definer_entry_point_runs_no_caller_code(
             ]
     finally:
         conn.rollback()
+        conn.isolation_level = level
     # The payload may run as the table's owner (its author), as a non-admin caller (its own
     # rights) and, for a plain write, as the writer: never as the installer or an admin that
     # did not choose to write the table.

@@ -72,6 +72,17 @@ BEGIN
     SELECT pg_catalog.format('trigger %I on %s', g.tgname, c.oid::pg_catalog.regclass)
       FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) g.tgrelid
       JOIN ns ON c.relnamespace OPERATOR(pg_catalog.=) ns.oid WHERE NOT g.tgisinternal
+       -- but fencekit's own: the attribution tables' commit-time triggers (22_attribution.sql),
+       -- each calling fencekit's function of its name, owned by a trusted role
+       AND NOT (pg_catalog.concat(c.relname, ' ', g.tgname) OPERATOR(pg_catalog.=) ANY (ARRAY[
+                  'unfenced_writers unfenced_writer_at_commit',
+                  'unfenced_overflow unfenced_overflow_at_commit',
+                  'unfenced_log unfenced_log_commit_marker'])
+                AND EXISTS (SELECT FROM pg_catalog.pg_proc p
+                             WHERE p.oid OPERATOR(pg_catalog.=) g.tgfoid
+                               AND p.pronamespace OPERATOR(pg_catalog.=) ns.oid
+                               AND p.proname OPERATOR(pg_catalog.=) g.tgname
+                               AND p.proowner IN (SELECT oid FROM trusted)))
     UNION ALL
     SELECT pg_catalog.format('rule %I on %s', w.rulename, c.oid::pg_catalog.regclass)
       FROM pg_catalog.pg_rewrite w JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) w.ev_class

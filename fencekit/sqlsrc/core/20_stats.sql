@@ -69,7 +69,8 @@ $fn$;
 -- and ``relid`` is the table protected under ``tag`` or one of its partitions or children: it
 -- has a trigger calling one of fencekit.<tag>_*'s functions, which nobody but their owner and
 -- fencekit_admin may attach (EXECUTE is revoked from PUBLIC), and which follow the table
--- through a rename. fencekit.reject acts only for such callers: a definer function cannot see
+-- through a rename (not a row fence's TRUNCATE check: the table's owner owns it, and may put it
+-- on any table of its own). fencekit.reject acts only for such callers: a definer function cannot see
 -- who called it, but a role that may not write a table cannot hold RowExclusiveLock on it.
 -- It reads pg_locks, the whole server's lock table, so it runs on the rejection path only,
 -- never for a write that passes (fencekit.count_event needs no such check).
@@ -88,7 +89,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
                     -- a prefix: another table named '<tag>_x' has functions '<tag>_x_<hash>_*'.
                     AND p.proname = ANY (ARRAY[tag || '_ins', tag || '_upd', tag || '_del',
                                                tag || '_cross_in', tag || '_cross_out',
-                                               tag || '_stmt', tag || '_trunc']))
+                                               tag || '_stmt']))
 $fn$;
 
 CREATE OR REPLACE FUNCTION fencekit.refuse_caller(tag text, relid oid, what text) RETURNS void

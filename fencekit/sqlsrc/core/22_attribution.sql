@@ -56,9 +56,11 @@
 -- is the same for every level).
 --
 -- The count of a writer is coarse (see fencekit.attribute: a statement repeated with parameters
--- counts once per period per backend); the last time a writer was seen is at most 10 seconds
--- behind (fencekit.attribution_lag). fencekit.rejections' 'unfenced' counter stays the
--- exact count of statements allowed without a token, on every scope.
+-- counts once per period per backend); the last time a writer was seen is the commit of the
+-- last transaction that recorded it (the deferred triggers below fencekit.fold_unfenced_log),
+-- at most 10 seconds behind its statements otherwise (fencekit.attribution_lag).
+-- fencekit.rejections' 'unfenced' counter stays the exact count of statements allowed without
+-- a token, on every scope.
 
 CREATE TABLE IF NOT EXISTS fencekit.unfenced_writers (
   tag               text NOT NULL,
@@ -334,8 +336,9 @@ BEGIN
                    JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) t.tgfoid
                   WHERE t.tgrelid OPERATOR(pg_catalog.=) relid
                     AND p.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace::pg_catalog.oid
+                    -- not '_trunc': a row fence's TRUNCATE check is its owner's, to put anywhere
                     AND p.proname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY[tag || '_ins', tag || '_upd',
-                                                tag || '_del', tag || '_stmt', tag || '_trunc']))
+                                                tag || '_del', tag || '_stmt']))
      OR (NOT pg_catalog.has_table_privilege(cu, relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
          AND NOT fencekit.writing(tag, relid)) THEN
     PERFORM fencekit.refuse_caller(tag, relid, 'fencekit.record_unfenced_writer');
@@ -398,15 +401,16 @@ $fn$;
 --
 -- Returns false, and reads nothing, in a SERIALIZABLE transaction (its read of the log would
 -- take a predicate lock that every SERIALIZABLE writer's append meets, making the writer part
--- of read-write conflicts it never had) or a read-only one (a standby): run it in a
--- read-write transaction at READ COMMITTED, or REPEATABLE READ (where a fold racing another
--- fold may fail the folding transaction, never a writer).
+-- of read-write conflicts it never had), a REPEATABLE READ one (a writer's row recorded after
+-- its snapshot would fail the fold, and the migration running it, with 40001) or a read-only
+-- one (a standby): run it in a read-write transaction at READ COMMITTED. The enforce gates
+-- then judge by fencekit.unfenced_writer_totals, which counts the log.
 --
 -- Runs as its caller, a member of fencekit_admin (it deletes from the log and writes the
 -- writers' tables and the folded marks, which only fencekit_admin may); it reads only
 -- fencekit's tables and sequences, built-in types, with a pinned search_path.
 CREATE OR REPLACE FUNCTION fencekit.fold_unfenced_log(tags text[]) RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET fencekit.folding = 'on' AS $fn$
 DECLARE
   marks text[];
   uptos bigint[];
@@ -417,7 +421,7 @@ DECLARE
   this text;
   room boolean;
 BEGIN
-  IF pg_catalog.current_setting('transaction_isolation') = 'serializable'
+  IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable')
      OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
     RETURN false;
   END IF;
@@ -430,12 +434,14 @@ BEGIN
     DELETE FROM fencekit.unfenced_log l WHERE tags IS NULL OR l.tag = ANY (tags) RETURNING l.*
   ), per_writer AS (
     -- A writer's identity is the same in each of its rows (the writer is its hash): the
-    -- first row's statement (the text itself differs when literals are kept), the last
-    -- query id known.
+    -- first record's statement (the text itself differs when literals are kept; a commit
+    -- marker carries none), the last query id known, the last time seen (a marker's: the
+    -- commit of the writer's transaction), the records' count (a marker counts 0).
     SELECT g.tag, g.writer, pg_catalog.min(g.session_user_name) AS su,
            pg_catalog.min(g.current_user_name) AS cu, pg_catalog.min(g.application_name) AS app,
            pg_catalog.min(g.client_addr) AS addr, pg_catalog.min(g.fingerprint) AS fp,
-           (pg_catalog.array_agg(g.statement ORDER BY g.seen))[1] AS stmt,
+           COALESCE((pg_catalog.array_agg(g.statement ORDER BY g.seen)
+                       FILTER (WHERE g.statements > 0))[1], '') AS stmt,
            (pg_catalog.array_agg(g.query_id ORDER BY g.seen DESC)
               FILTER (WHERE g.query_id IS NOT NULL))[1] AS qid,
            pg_catalog.min(g.seen) AS first_at, pg_catalog.max(g.seen) AS last_at,
@@ -487,6 +493,118 @@ REVOKE ALL ON FUNCTION fencekit.fold_unfenced_log(text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencekit.fold_unfenced_log(text[]),
   fencekit.merge_unfenced_writer(fencekit.unfenced_writers),
   fencekit.count_unattributed(text, bigint, timestamptz) TO fencekit_admin;
+
+-- A writer is last seen when its transaction commits, not when its statement ran: the record
+-- becomes visible at the commit, and a transaction that wrote without a token an hour before
+-- its commit must not look an hour old to `fencekit rollout` (which would call the table
+-- ready to enforce the moment that transaction commits). Deferred constraint triggers do it:
+-- - fencekit.unfenced_writers and fencekit.unfenced_overflow (the direct record, READ
+--   COMMITTED): a row inserted, or updated with a count (UPDATE OF statements, which the
+--   trigger's own update of last_seen is not, so it does not fire again), gets
+--   last_seen = GREATEST(last_seen, clock_timestamp()) at commit (never back: the overflow row
+--   is shared). The row is the writer's own (or its table's overflow), which its record
+--   already locked: the update waits for nobody. One more write per record (at most once per
+--   statement per 10 seconds per backend), none on the per-statement inline test.
+-- - fencekit.unfenced_log (REPEATABLE READ, SERIALIZABLE): an append gets, at commit, a
+--   marker appended beside it (the same writer, no statement text, statements 0,
+--   seen = clock_timestamp()); the fold takes a writer's last time seen from its newest row
+--   and sums the counts (a marker adds 0). An append, not an update: nothing in a writer's
+--   transaction may read the log (an UPDATE scans it: row locks and, at SERIALIZABLE,
+--   predicate locks other writers' appends meet, 40001). Markers are one per append, so the
+--   log holds at most twice attribution_log_cap() rows per table past the last fold. The
+--   marker also moves '<tag>:last_at:logged' (what a SERIALIZABLE reader of the totals sees).
+-- A fold (fencekit.fold_unfenced_log) writes the writers' tables in an admin's transaction,
+-- whose commit is not the writer's: it runs with fencekit.folding = 'on', which the triggers'
+-- WHEN tests, so its records keep the times the log holds. A writer that sets that setting
+-- itself only keeps its own last_seen at its statement's time, never moves another's. What
+-- fires at commit also fires:
+-- - at PREPARE TRANSACTION (two-phase commit), not at COMMIT PREPARED: a prepared
+--   transaction is seen at its prepare, so the window must cover the time transactions stay
+--   prepared (docs/rollout.md);
+-- - at the end of a statement after SET CONSTRAINTS ALL IMMEDIATE (or the trigger's name):
+--   only the writer's own row is dated then, earlier than its commit;
+-- - at each COMMIT of a procedure (a CALL that commits), for what it recorded since.
+-- Limits: statements counted as unattributed (a busy record, a full log) are timed at the
+-- statement (sequences have no commit); a transaction whose statements were all recorded
+-- earlier in the same 10-second period by the same backend (fencekit.attribute records
+-- nothing then) is seen at that earlier record's commit.
+--
+-- The three trigger functions below are one trusted surface (docs/security.md): SECURITY
+-- DEFINER because a writer may not write these tables (only fencekit.record_unfenced_writer
+-- does, for it), and the triggers fire in the writer's transaction, as the writer. Each
+-- touches only the row of fencekit's table whose insert or update fired it (by its key,
+-- last_seen only), or appends one row to fencekit.unfenced_log (NEW's identity) and moves the
+-- table's sequence '<tag>:last_at:logged'. Never runs: anything of a table owner's. They fire
+-- only on fencekit's own tables, to which no table owner can attach a trigger, rule, policy or
+-- default (00_guard.sql refuses any but these); they name no user relation, cast no user
+-- type, and call only pg_catalog's functions and operators under a pinned search_path, on
+-- built-in types. A trigger function cannot be called directly.
+CREATE OR REPLACE FUNCTION fencekit.unfenced_writer_at_commit() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  UPDATE fencekit.unfenced_writers u
+     SET last_seen = GREATEST(u.last_seen, pg_catalog.clock_timestamp())
+   WHERE u.tag = NEW.tag AND u.writer = NEW.writer;
+  RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION fencekit.unfenced_overflow_at_commit() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  UPDATE fencekit.unfenced_overflow o
+     SET last_seen = GREATEST(o.last_seen, pg_catalog.clock_timestamp())
+   WHERE o.tag = NEW.tag;
+  RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION fencekit.unfenced_log_commit_marker() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  at timestamptz := pg_catalog.clock_timestamp();
+  at_seq regclass := pg_catalog.to_regclass(
+    pg_catalog.format('fencekit.%I', NEW.tag || ':last_at:logged'));
+BEGIN
+  INSERT INTO fencekit.unfenced_log
+         (tag, writer, session_user_name, current_user_name, application_name, client_addr,
+          query_id, fingerprint, statement, seen, statements)
+  VALUES (NEW.tag, NEW.writer, NEW.session_user_name, NEW.current_user_name,
+          NEW.application_name, NEW.client_addr, NEW.query_id, NEW.fingerprint, '', at, 0);
+  IF at_seq IS NOT NULL THEN
+    PERFORM pg_catalog.setval(at_seq, GREATEST(
+      COALESCE(pg_catalog.pg_sequence_last_value(at_seq), 0),
+      (pg_catalog.date_part('epoch', at) * 1000)::bigint));
+  END IF;
+  RETURN NULL;
+END
+$fn$;
+REVOKE ALL ON FUNCTION fencekit.unfenced_writer_at_commit(), fencekit.unfenced_overflow_at_commit(),
+  fencekit.unfenced_log_commit_marker() FROM PUBLIC;
+
+-- Each trigger is named as its function (00_guard.sql accepts exactly these). Constraint
+-- triggers have no CREATE OR REPLACE.
+DROP TRIGGER IF EXISTS unfenced_writer_at_commit ON fencekit.unfenced_writers;
+CREATE CONSTRAINT TRIGGER unfenced_writer_at_commit
+  AFTER INSERT OR UPDATE OF statements ON fencekit.unfenced_writers
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+  WHEN (COALESCE(pg_catalog.current_setting('fencekit.folding', true), '')
+          OPERATOR(pg_catalog.<>) 'on')
+  EXECUTE FUNCTION fencekit.unfenced_writer_at_commit();
+DROP TRIGGER IF EXISTS unfenced_overflow_at_commit ON fencekit.unfenced_overflow;
+CREATE CONSTRAINT TRIGGER unfenced_overflow_at_commit
+  AFTER INSERT OR UPDATE OF statements ON fencekit.unfenced_overflow
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+  WHEN (COALESCE(pg_catalog.current_setting('fencekit.folding', true), '')
+          OPERATOR(pg_catalog.<>) 'on')
+  EXECUTE FUNCTION fencekit.unfenced_overflow_at_commit();
+-- Not for its own markers (statements 0).
+DROP TRIGGER IF EXISTS unfenced_log_commit_marker ON fencekit.unfenced_log;
+CREATE CONSTRAINT TRIGGER unfenced_log_commit_marker
+  AFTER INSERT ON fencekit.unfenced_log
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+  WHEN (NEW.statements OPERATOR(pg_catalog.>) 0)
+  EXECUTE FUNCTION fencekit.unfenced_log_commit_marker();
 
 -- Attribute an unfenced write: the part of it the generated checks of a table protected with
 -- on_missing = allow do not do inline (sqlgen's attribute(), which runs once per statement
@@ -603,10 +721,9 @@ SELECT p.schema_name, p.table_name, p.spec ->> 'on_missing' AS on_missing,
                 pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:unattributed')
                                         / 1000.0),
                 g.last_seen,
+                -- Whether or not a fold has taken it in since: an append of a transaction
+                -- open at the last fold stays in the log, numbered below the fold's mark.
                 CASE WHEN pg_catalog.current_setting('transaction_isolation') = 'serializable'
-                          AND fencekit.counter_value(p.tag, 'logged')
-                              > COALESCE((SELECT f.appends FROM fencekit.unfenced_log_folded f
-                                           WHERE f.tag = p.tag), 0)
                      THEN pg_catalog.to_timestamp(fencekit.counter_value(p.tag, 'last_at:logged')
                                                   / 1000.0)
                 END)

@@ -30,8 +30,10 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
      AND pg_catalog.substr(name, pg_catalog.length(prefix) + 1) !~ '(^|_)[0-9a-f]{10}_'
 $fn$;
 
--- Drop the triggers on `rel` named `prefix`* that are not in `keep` (made by another release
--- of the template: re-protect must not leave an old one firing). Clones PostgreSQL made on
+-- Drop the triggers on `rel` named `prefix`* ('fencekit_<tag>_') that are not in `keep` (made
+-- by another release of the template: re-protect must not leave an old one firing), and those
+-- calling one of the table's functions ('<tag>_'*) under a name not in `keep` (an owner may
+-- rename one of fencekit's triggers out of the prefix, which would keep it from unprotect). Clones PostgreSQL made on
 -- partitions go with their parent's.
 CREATE OR REPLACE FUNCTION fencekit.drop_other_triggers(rel regclass, prefix text, keep text[])
 RETURNS void
@@ -40,8 +42,13 @@ DECLARE
   old name;
 BEGIN
   FOR old IN SELECT t.tgname FROM pg_catalog.pg_trigger t
+               JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
               WHERE t.tgrelid = rel AND NOT t.tgisinternal AND t.tgparentid = 0
-                AND fencekit.named_by(t.tgname::text, prefix)
+                AND (fencekit.named_by(t.tgname::text, prefix)
+                     -- or one of the table's functions under another name (renamed)
+                     OR (p.pronamespace = 'fencekit'::regnamespace
+                         AND fencekit.named_by(p.proname::text,
+                                               pg_catalog.substr(prefix, 10))))
                 AND t.tgname::text <> ALL (keep) LOOP
     -- dynamic SQL: the table and trigger are known only at run time (quoted by format)
     EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);

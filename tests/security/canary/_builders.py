@@ -98,8 +98,33 @@ EVENT_CALLS: dict[str, Callable[[Table], str]] = {
 }
 
 
+def _record(t: Table) -> str:
+    return (
+        f"fencekit.record_unfenced_writer({_lit(f'canary:{t.name}')},"
+        f" {_lit('app.' + t.name)}::regclass::oid, 1)"
+    )
+
+
+#: The trigger functions on fencekit's own attribution tables fire at the commit of a record
+#: (each statement runs in a session of its own and commits): a writer's row, a table's
+#: overflow (51 writers, one past the default cap of 50) and a REPEATABLE READ log append.
+COMMIT_TRIGGER_CALLS: dict[str, Callable[[Table], str]] = {
+    "unfenced_writer_at_commit": lambda t: f"SELECT {_record(t)}",
+    "unfenced_overflow_at_commit": lambda t: (
+        "DO $$ BEGIN FOR i IN 1..51 LOOP"
+        " PERFORM pg_catalog.set_config('application_name', 'canary-' || i, true);"
+        f" PERFORM {_record(t)}; END LOOP; END $$"
+    ),
+    "unfenced_log_commit_marker": lambda t: (
+        f"COMMIT; BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT {_record(t)}"
+    ),
+}
+
+
 def definer_calls(proname: str, returns_trigger: bool) -> list[str] | None:
     """The statements that call a definer function on every target; None: no builder."""
+    if proname in COMMIT_TRIGGER_CALLS:
+        return [COMMIT_TRIGGER_CALLS[proname](t) for t in TARGETS]
     if returns_trigger:
         return []  # a trigger function runs from its triggers: the trigger cells
     if proname in LEASE_CALLS:

@@ -61,37 +61,56 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-           OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
-    tok := raw::pg_catalog.int8;
-  ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => 'etcd'::pg_catalog.text);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+             AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
            AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
            AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
        AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_new AS y) AS ks
+              OFFSET 0) AS k;
+  ELSE
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => 'etcd'::pg_catalog.text);
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -152,7 +171,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -162,58 +180,71 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE WHEN x.tenant_id IS NOT NULL
-                              AND x.account_id IS NOT NULL
-                            THEN ROW(x.tenant_id::pg_catalog.text,
-                                   x.account_id::pg_catalog.text)::pg_catalog.text END
-                      FROM fencekit_new AS x ORDER BY 1) AS ks
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_new AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('billing', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'billing'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('billing', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'billing'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=f93e58b8b7c2b520c957edfef1468244e30e693ff6c3eb9e3d0508997a432893; generated, do not edit';
+  'sha256=a6c9e2fbfd88aa7bd936f60a342e1f95e1917bef353bc86a36456e53f2548344; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -230,37 +261,61 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-           OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
-    tok := raw::pg_catalog.int8;
-  ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => 'etcd'::pg_catalog.text);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+             AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
            AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
            AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
        AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_new AS y
+              UNION ALL SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_old AS y) AS ks
+              OFFSET 0) AS k;
+  ELSE
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => 'etcd'::pg_catalog.text);
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -321,7 +376,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -331,59 +385,76 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE WHEN x.tenant_id IS NOT NULL
-                              AND x.account_id IS NOT NULL
-                            THEN ROW(x.tenant_id::pg_catalog.text,
-                                   x.account_id::pg_catalog.text)::pg_catalog.text END
-                      FROM (SELECT y.tenant_id, y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.tenant_id, y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_new AS y
+              UNION ALL SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_old AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('billing', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'billing'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('billing', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'billing'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=155188d1836dfef1e978fc2ca03b48fa7cf42d1de5e446708ea87c12263e2f94; generated, do not edit';
+  'sha256=8eb5d9f123f9d1f534840a5ecb44355889afe957ae227841d4cd997a68774c25; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -400,37 +471,56 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-           OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
-    tok := raw::pg_catalog.int8;
-  ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => 'etcd'::pg_catalog.text);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+             AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
            AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
            AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
        AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_old AS y) AS ks
+              OFFSET 0) AS k;
+  ELSE
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => 'etcd'::pg_catalog.text);
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -491,7 +581,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -501,58 +590,71 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE WHEN x.tenant_id IS NOT NULL
-                              AND x.account_id IS NOT NULL
-                            THEN ROW(x.tenant_id::pg_catalog.text,
-                                   x.account_id::pg_catalog.text)::pg_catalog.text END
-                      FROM fencekit_old AS x ORDER BY 1) AS ks
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_old AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('billing', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'billing'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('billing', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'billing'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=5aac059cd1dca61dc3fbef63cd03850dda6a160d5ead40178d6d3237b7a00f7b; generated, do not edit';
+  'sha256=97f64627d3be10c71edb6a319d142b29008021dc0de5587d9e2814ed67121ba6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -660,38 +762,57 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-           OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
-    tok := raw::pg_catalog.int8;
-  ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => 'etcd'::pg_catalog.text,
-      counted => false);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+             AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
            AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
            AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
        AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS y) AS ks
+              OFFSET 0) AS k;
+  ELSE
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => 'etcd'::pg_catalog.text,
+      counted => false);
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -752,7 +873,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -762,57 +882,70 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE WHEN x.tenant_id IS NOT NULL
-                              AND x.account_id IS NOT NULL
-                            THEN ROW(x.tenant_id::pg_catalog.text,
-                                   x.account_id::pg_catalog.text)::pg_catalog.text END
-                      FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS x ORDER BY 1) AS ks
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('billing', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'billing'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('billing', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'billing'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=5a870c1ec57906100a89c6e5bcfb4748c24144c5c1ea8582ffd07c881bb6ff74; generated, do not edit'$sql$;
+  'sha256=2110257c0a4ef10153fe1f19323ac217cfeaacf450f2a08b7e5e7faf684f2297; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -829,38 +962,57 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-      AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-           OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
-    tok := raw::pg_catalog.int8;
-  ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => 'etcd'::pg_catalog.text,
-      counted => false);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+             AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
            AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
            AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a2.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
+           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
        AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS y) AS ks
+              OFFSET 0) AS k;
+  ELSE
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => 'etcd'::pg_catalog.text,
+      counted => false);
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -921,7 +1073,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -931,57 +1082,70 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT CASE WHEN x.tenant_id IS NOT NULL
-                              AND x.account_id IS NOT NULL
-                            THEN ROW(x.tenant_id::pg_catalog.text,
-                                   x.account_id::pg_catalog.text)::pg_catalog.text END
-                      FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS x ORDER BY 1) AS ks
+        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
+                              AND y.account_id IS NOT NULL
+                            THEN ROW(y.tenant_id::pg_catalog.text,
+                                   y.account_id::pg_catalog.text)::pg_catalog.text END
+                FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('billing', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'billing'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('billing', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'billing')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'billing'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'tenant_id'::pg_catalog.text, key_label => '(tenant_id, account_id)'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=66c645081ae159f7e92df05a457862d969fd11dd733ab35de2ee4f27822280aa; generated, do not edit'$sql$;
+  'sha256=d1075de6a4ba0f30bc8b70a24d3a207c696100dbf0e44984934b8407df1a6a32; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()
@@ -1129,8 +1293,14 @@ BEGIN
       FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg
                   WHERE tg.tgrelid = rel AND NOT tg.tgisinternal
                     AND tg.tgparentid = 0
-                    AND fencekit.named_by(tg.tgname::pg_catalog.text,
-                                          'fencekit_invoices_883e1d3584_') LOOP
+                    AND (fencekit.named_by(tg.tgname::pg_catalog.text,
+                                           'fencekit_invoices_883e1d3584_')
+                         OR EXISTS (SELECT FROM pg_catalog.pg_proc p
+                                     WHERE p.oid OPERATOR(pg_catalog.=) tg.tgfoid
+                                       AND p.pronamespace OPERATOR(pg_catalog.=)
+                                           'fencekit'::pg_catalog.regnamespace
+                                       AND fencekit.named_by(p.proname::pg_catalog.text,
+                                                             'invoices_883e1d3584_'))) LOOP
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
       END LOOP;
     END LOOP;
@@ -1146,6 +1316,14 @@ END
 $do$;
 
 SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
+
+DELETE FROM fencekit.unfenced_writers WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_overflow WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log_folded WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

@@ -59,30 +59,46 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    tok := raw::pg_catalog.int8;
-  ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
            AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM fencekit_new AS y) AS ks
+              OFFSET 0) AS k;
+  ELSE
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -121,7 +137,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -131,55 +146,68 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1) AS ks
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM fencekit_new AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('app.invoices', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'app.invoices'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('app.invoices', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'app.invoices'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=1368acef4e131fa6ce64272c9945536e2e301982d4f32db8622f770a701a6e3d; generated, do not edit';
+  'sha256=abeb73ccb5e1b38349a08a1ac4f683a98315ed235c888f7aa36925f3a4e4b2ff; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -196,30 +224,48 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    tok := raw::pg_catalog.int8;
-  ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
            AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM fencekit_new AS y
+              UNION ALL SELECT y.account_id::pg_catalog.text
+                FROM fencekit_old AS y) AS ks
+              OFFSET 0) AS k;
+  ELSE
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -258,7 +304,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -268,56 +313,70 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1) AS ks
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM fencekit_new AS y
+              UNION ALL SELECT y.account_id::pg_catalog.text
+                FROM fencekit_old AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('app.invoices', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'app.invoices'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('app.invoices', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'app.invoices'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=580991a779ecea5bf792e2c77a2043e051069c452b7b347ae88dc63fd9f95379; generated, do not edit';
+  'sha256=6e56e21fadaf1e9f82630da81311ab79ae93ba788f0a0de867c9c184a8a76346; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -334,30 +393,46 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    tok := raw::pg_catalog.int8;
-  ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text, allow => false,
-      issuer => NULL::pg_catalog.text);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
            AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
            AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM fencekit_old AS y) AS ks
+              OFFSET 0) AS k;
+  ELSE
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+      trigger_name => TG_NAME::pg_catalog.text, allow => false,
+      issuer => NULL::pg_catalog.text);
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -396,7 +471,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -406,55 +480,68 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1) AS ks
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM fencekit_old AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('app.invoices', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'app.invoices'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('app.invoices', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'app.invoices'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=d7f3d7ee2bcef0e397a5deef234d3b1a4066d958e11a954e47ee49d1c51baa86; generated, do not edit';
+  'sha256=7a49246e822beb2c8049d77a54d4e5d58dee74b38fb267d1215efbe7869063a2; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -562,31 +649,47 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    tok := raw::pg_catalog.int8;
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM (SELECT OLD.account_id AS account_id) AS y) AS ks
+              OFFSET 0) AS k;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
       issuer => NULL::pg_catalog.text,
       counted => false);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -625,7 +728,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -635,54 +737,67 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT OLD.account_id AS account_id) AS x ORDER BY 1) AS ks
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM (SELECT OLD.account_id AS account_id) AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('app.invoices', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'app.invoices'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('app.invoices', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'app.invoices'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=7e4b692032645ec1b1fadb5d92eeff459165a973be8cf89ddf39bdbcf88b48c8; generated, do not edit'$sql$;
+  'sha256=2734196c1dc64ade77449ef72da8d843b48d97a64e154088da2e5f7bc96a3817; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -699,31 +814,47 @@ DECLARE
   ks pg_catalog.text[];
   ok pg_catalog.bool;
   typed pg_catalog.bool;
-  printed pg_catalog.bool := false;
+  printed pg_catalog.bool;
   types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
-      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
-    tok := raw::pg_catalog.int8;
+  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+             AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
+           THEN raw::pg_catalog.int8 END,
+         pg_catalog.concat_ws(',', a1.atttypid)
+           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
+           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
+           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
+    INTO tok, ok
+    FROM pg_catalog.pg_attribute a1
+   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
+       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
+  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
+    SELECT k.ks,
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
+      INTO ks, held
+      FROM (SELECT
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM (SELECT NEW.account_id AS account_id) AS y) AS ks
+              OFFSET 0) AS k;
   ELSE
-    tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    IF tok IS NULL THEN
+      tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
       issuer => NULL::pg_catalog.text,
       counted => false);
-  END IF;
-  IF tok IS NOT NULL THEN
-    SELECT pg_catalog.concat_ws(',', a1.atttypid)
-             OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND NOT a1.attgenerated OPERATOR(pg_catalog.=) 'v'
-      INTO ok
-      FROM pg_catalog.pg_attribute a1
-     WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-    IF NOT COALESCE(ok, false) THEN  -- the full check
+    END IF;
+    IF tok IS NULL THEN
+      RETURN NULL;
+    END IF;
     SELECT pr.key_families OPERATOR(pg_catalog.=) ARRAY[
           CASE WHEN a1.attgenerated OPERATOR(pg_catalog.=) 'v'
                  OR NOT a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100,950,951}'::pg_catalog.oid[]) THEN NULL
@@ -762,7 +893,6 @@ BEGIN
     ELSIF types IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
-    END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
                      pg_catalog.current_setting('datestyle'),
@@ -772,54 +902,67 @@ BEGIN
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
     SELECT k.ks,
-           CASE WHEN pg_catalog.cardinality(k.ks) OPERATOR(pg_catalog.=) 1 AND k.ks[1] IS NOT NULL THEN
-             COALESCE((SELECT true FROM fencekit.fences f
-                      WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
-                        AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
-                        AND f.fence OPERATOR(pg_catalog.=) tok
-                        FOR SHARE), false) END
+           (SELECT true FROM fencekit.fences f
+             WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+               AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
+               AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
+               AND f.fence OPERATOR(pg_catalog.=) tok
+               FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT NEW.account_id AS account_id) AS x ORDER BY 1) AS ks
+        ARRAY(SELECT y.account_id::pg_catalog.text
+                FROM (SELECT NEW.account_id AS account_id) AS y) AS ks
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
               pg_catalog.set_config('bytea_output', pins[3], true);
     END IF;
-    IF held THEN
-      RETURN NULL;  -- the key's fence holds the token, and is share-locked
-    ELSIF NOT held THEN
-      -- A key without a fence starts at the resource's floor (35_floors.sql).
-      INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
-      VALUES ('app.invoices', ks[1],
-              GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
-                              WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-         SET fence = tok, writer_xact = excluded.writer_xact,
-             updated_at = pg_catalog.now()
-       WHERE f.fence OPERATOR(pg_catalog.<) tok
-      RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
-      IF held THEN
-        RETURN NULL;  -- raised to the token by this write, and exclusively locked
-      END IF;
-      -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
-    END IF;
-    PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
-      trigger_name => TG_NAME::pg_catalog.text,
-      resource => 'app.invoices'::pg_catalog.text, token => tok,
-      on_equal => 'accept'::pg_catalog.text, lease_bound => false,
-      key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
-      keys => ks);
   END IF;
+  IF held THEN
+    RETURN NULL;  -- the key's fence holds the token, and is share-locked
+  ELSIF ks[1] IS NOT NULL AND ks[1] OPERATOR(pg_catalog.=) ALL (ks) THEN
+    ks := ks[1:1];  -- one key
+    -- A fence below the token: raised by a plain UPDATE (no speculative insertion).
+    UPDATE fencekit.fences f
+       SET fence = tok, writer_xact = pg_catalog.pg_current_xact_id(),
+           updated_at = pg_catalog.now()
+     WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
+       AND f.key OPERATOR(pg_catalog.=) ks[1] AND f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING true INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- A key without a fence starts at the resource's floor (35_floors.sql).
+    INSERT INTO fencekit.fences AS f (resource, key, fence, writer_xact)
+    VALUES ('app.invoices', ks[1],
+            GREATEST(tok, (SELECT fl.floor FROM fencekit.floors fl
+                            WHERE fl.resource OPERATOR(pg_catalog.=) 'app.invoices')),
+            pg_catalog.pg_current_xact_id())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+       SET fence = tok, writer_xact = excluded.writer_xact,
+           updated_at = pg_catalog.now()
+     WHERE f.fence OPERATOR(pg_catalog.<) tok
+    RETURNING f.fence OPERATOR(pg_catalog.=) tok INTO held;
+    IF held THEN
+      RETURN NULL;  -- raised to the token by this write, and exclusively locked
+    END IF;
+    -- Stale, reused, or a concurrent writer raised it first: judge_fences says which.
+  ELSE
+    ks := ARRAY(SELECT DISTINCT u.k FROM pg_catalog.unnest(ks) AS u(k) ORDER BY 1);
+  END IF;
+  PERFORM fencekit.judge_fences(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
+    trigger_name => TG_NAME::pg_catalog.text,
+    resource => 'app.invoices'::pg_catalog.text, token => tok,
+    on_equal => 'accept'::pg_catalog.text, lease_bound => false,
+    key_column => 'account_id'::pg_catalog.text, key_label => 'account_id'::pg_catalog.text,
+    keys => ks);
   RETURN NULL;
 END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=b9913657e909def0fa60a02e7b2066fda17e38e3a805cee4c7a4194495864a4d; generated, do not edit'$sql$;
+  'sha256=f4613c8f581fe1899f0c6d947ab9d2ddd63789c82bb3f3fdd54e850972116bbd; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()
@@ -967,8 +1110,14 @@ BEGIN
       FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg
                   WHERE tg.tgrelid = rel AND NOT tg.tgisinternal
                     AND tg.tgparentid = 0
-                    AND fencekit.named_by(tg.tgname::pg_catalog.text,
-                                          'fencekit_invoices_883e1d3584_') LOOP
+                    AND (fencekit.named_by(tg.tgname::pg_catalog.text,
+                                           'fencekit_invoices_883e1d3584_')
+                         OR EXISTS (SELECT FROM pg_catalog.pg_proc p
+                                     WHERE p.oid OPERATOR(pg_catalog.=) tg.tgfoid
+                                       AND p.pronamespace OPERATOR(pg_catalog.=)
+                                           'fencekit'::pg_catalog.regnamespace
+                                       AND fencekit.named_by(p.proname::pg_catalog.text,
+                                                             'invoices_883e1d3584_'))) LOOP
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
       END LOOP;
     END LOOP;
@@ -984,6 +1133,14 @@ END
 $do$;
 
 SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
+
+DELETE FROM fencekit.unfenced_writers WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_overflow WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log_folded WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

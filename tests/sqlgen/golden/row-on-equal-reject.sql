@@ -35,7 +35,9 @@ BEGIN
   -- fencekit.statement_token, which judges the rest.
   IF pg_catalog.set_config('fencekit.checked_invoices_883e1d3584',
        COALESCE(pg_catalog.current_setting('fencekit.token', true), ''), true)
-       OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+       OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+     AND pg_catalog.octet_length(
+         pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584')) OPERATOR(pg_catalog.<) 19
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
@@ -48,7 +50,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=7de6092acd92d59e3087004ff5ce4c1c3639c6ad9a293778bb3b68d9e133b714; generated, do not edit';
+  'sha256=cd5049cbc24c58364550254aff0f35f6c86d18fb9a570440132be8e04d2a7202; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -398,8 +400,14 @@ BEGIN
       FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg
                   WHERE tg.tgrelid = rel AND NOT tg.tgisinternal
                     AND tg.tgparentid = 0
-                    AND fencekit.named_by(tg.tgname::pg_catalog.text,
-                                          'fencekit_invoices_883e1d3584_') LOOP
+                    AND (fencekit.named_by(tg.tgname::pg_catalog.text,
+                                           'fencekit_invoices_883e1d3584_')
+                         OR EXISTS (SELECT FROM pg_catalog.pg_proc p
+                                     WHERE p.oid OPERATOR(pg_catalog.=) tg.tgfoid
+                                       AND p.pronamespace OPERATOR(pg_catalog.=)
+                                           'fencekit'::pg_catalog.regnamespace
+                                       AND fencekit.named_by(p.proname::pg_catalog.text,
+                                                             'invoices_883e1d3584_'))) LOOP
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
       END LOOP;
     END LOOP;
@@ -417,6 +425,14 @@ $do$;
 ALTER TABLE IF EXISTS app.invoices DROP COLUMN IF EXISTS fencekit_fence;
 
 SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
+
+DELETE FROM fencekit.unfenced_writers WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_overflow WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log_folded WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

@@ -35,7 +35,9 @@ BEGIN
   -- fencekit.statement_token, which judges the rest.
   IF pg_catalog.set_config('fencekit.checked_invoices_883e1d3584',
        COALESCE(pg_catalog.current_setting('fencekit.token', true), ''), true)
-       OPERATOR(pg_catalog.~) '^[1-9][0-9]{0,17}$'
+       OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+     AND pg_catalog.octet_length(
+         pg_catalog.current_setting('fencekit.checked_invoices_883e1d3584')) OPERATOR(pg_catalog.<) 19
      AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     RETURN NULL;
   END IF;
@@ -74,7 +76,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_stmt() IS
   'fencekit function template=1 '
-  'sha256=d2b5cd9c664d799151302f1a5eff8b9cefff6cd00b00a1417f8a7a2db8794afe; generated, do not edit';
+  'sha256=fdd15e37827cdf215dbfe5d400778ef98a28e65dfdf95dc5eac68a866eecc227; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_trunc() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -490,8 +492,14 @@ BEGIN
       FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg
                   WHERE tg.tgrelid = rel AND NOT tg.tgisinternal
                     AND tg.tgparentid = 0
-                    AND fencekit.named_by(tg.tgname::pg_catalog.text,
-                                          'fencekit_invoices_883e1d3584_') LOOP
+                    AND (fencekit.named_by(tg.tgname::pg_catalog.text,
+                                           'fencekit_invoices_883e1d3584_')
+                         OR EXISTS (SELECT FROM pg_catalog.pg_proc p
+                                     WHERE p.oid OPERATOR(pg_catalog.=) tg.tgfoid
+                                       AND p.pronamespace OPERATOR(pg_catalog.=)
+                                           'fencekit'::pg_catalog.regnamespace
+                                       AND fencekit.named_by(p.proname::pg_catalog.text,
+                                                             'invoices_883e1d3584_'))) LOOP
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
       END LOOP;
     END LOOP;
@@ -509,6 +517,14 @@ $do$;
 ALTER TABLE IF EXISTS app.invoices DROP COLUMN IF EXISTS fencekit_fence;
 
 SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
+
+DELETE FROM fencekit.unfenced_writers WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_overflow WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log_folded WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 

@@ -154,8 +154,14 @@ BEGIN
       FOR old IN SELECT tg.tgname FROM pg_catalog.pg_trigger tg
                   WHERE tg.tgrelid = rel AND NOT tg.tgisinternal
                     AND tg.tgparentid = 0
-                    AND fencekit.named_by(tg.tgname::pg_catalog.text,
-                                          'fencekit_invoices_883e1d3584_') LOOP
+                    AND (fencekit.named_by(tg.tgname::pg_catalog.text,
+                                           'fencekit_invoices_883e1d3584_')
+                         OR EXISTS (SELECT FROM pg_catalog.pg_proc p
+                                     WHERE p.oid OPERATOR(pg_catalog.=) tg.tgfoid
+                                       AND p.pronamespace OPERATOR(pg_catalog.=)
+                                           'fencekit'::pg_catalog.regnamespace
+                                       AND fencekit.named_by(p.proname::pg_catalog.text,
+                                                             'invoices_883e1d3584_'))) LOOP
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', old, rel);
       END LOOP;
     END LOOP;
@@ -171,6 +177,14 @@ END
 $do$;
 
 SELECT fencekit.drop_counters('invoices_883e1d3584'::pg_catalog.text);
+
+DELETE FROM fencekit.unfenced_writers WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_overflow WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
+
+DELETE FROM fencekit.unfenced_log_folded WHERE tag = 'invoices_883e1d3584'::pg_catalog.text;
 
 DELETE FROM fencekit.protected WHERE schema_name = 'app' AND table_name = 'invoices';
 
