@@ -1989,9 +1989,10 @@ GRANT ALL ON fencekit.floors TO fencekit_admin;
 -- It acts only on what the command touched (pg_event_trigger_ddl_commands): a protected table
 -- that is, or is an ancestor of, a table the command created or altered, and that has a
 -- descendant without the table's fencekit triggers; it refuses a foreign table made a
--- descendant of one (fencekit.refuse_foreign_descendant). Any other DDL (a temporary table, an
--- unrelated table, a protected table's new column) calls nothing, so it never fails for a role
--- that may not run a cover function. It runs as the role that ran the command (no SECURITY
+-- descendant of one (fencekit.refuse_foreign_descendant), and a generated key column whose
+-- expression changed since protect (fencekit.check_key_expressions). Any other DDL (a
+-- temporary table, an unrelated table, a protected table's new column) covers nothing, so it
+-- never fails for a role that may not run a cover function. It runs as the role that ran the command (no SECURITY
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
 CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -2032,6 +2033,9 @@ BEGIN
   LOOP
     -- Fail closed: a foreign table in a protected tree is written unfenced.
     PERFORM fencekit.refuse_foreign_descendant(p.rel);
+    -- And a generated key column's new expression (SET EXPRESSION, 17+) rewrote the rows' keys
+    -- without a trigger: refused here, in its own transaction (status reports it otherwise).
+    PERFORM fencekit.check_key_expressions(p.rel);
     CONTINUE WHEN NOT p.uncovered;
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
     CONTINUE WHEN cover IS NULL;

@@ -212,3 +212,28 @@ def test_a_partition_added_later_is_recorded_by_re_protect(
     assert _owner_runs(dsn, "ALTER TABLE kw_3 ALTER COLUMN acct SET EXPRESSION AS (id)") is None
     drift = [d for d in _drift(db, "kw") if d.kind == "key_expression_changed"]
     assert [d.object for d in drift] == ["public.kw_3 key (acct)"], drift
+
+
+@pytest.mark.parametrize("pg_target", ["pg18"], indirect=True)
+def test_auto_cover_refuses_a_changed_generation_expression(
+    db: Conn, make_role: Callable[..., str]
+) -> None:
+    """With auto-cover on, its event trigger checks the expressions after each ALTER TABLE of a
+    protected tree: the owner's SET EXPRESSION fails, on the table or a partition, and nothing
+    moved."""
+    dsn = make_role(OWNER)
+    db.execute(GENERATED)
+    protect(db, FenceSpec(TableName("public", "kw"), scope=Scope.KEY, key=("acct",)))
+    for t in ("kw", "kw_1", "kw_2"):
+        db.execute(f"ALTER TABLE {t} OWNER TO {OWNER}")
+    db.execute("SELECT fencekit.set_auto_cover(true)")
+    db.commit()
+    for on in ("kw", "kw_1"):
+        err = _owner_runs(dsn, f"ALTER TABLE {on} ALTER COLUMN acct SET EXPRESSION AS (id)")
+        assert err is not None, on
+        assert err.sqlstate == "YF000", err
+        assert "generation expression of a key column" in str(err)
+    assert db.execute("SELECT acct FROM kw WHERE id = 1").fetchone() == (10,)
+    db.rollback()
+    # Other DDL on the tree goes on.
+    assert _owner_runs(dsn, "ALTER TABLE kw ADD COLUMN note text") is None
