@@ -82,7 +82,8 @@ BEGIN
       FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) g.tgrelid
       JOIN ns ON c.relnamespace OPERATOR(pg_catalog.=) ns.oid WHERE NOT g.tgisinternal
        -- but fencekit's own: the attribution tables' commit-time triggers (22_attribution.sql),
-       -- each calling fencekit's function of its name, owned by a trusted role
+       -- each calling fencekit's function of its name, owned by a trusted role (reading: by
+       -- anyone, as for fencekit's other functions, whose owner status reports)
        AND NOT (pg_catalog.concat(c.relname, ' ', g.tgname) OPERATOR(pg_catalog.=) ANY (ARRAY[
                   'unfenced_writers unfenced_writer_at_commit',
                   'unfenced_overflow unfenced_overflow_at_commit',
@@ -91,7 +92,7 @@ BEGIN
                              WHERE p.oid OPERATOR(pg_catalog.=) g.tgfoid
                                AND p.pronamespace OPERATOR(pg_catalog.=) ns.oid
                                AND p.proname OPERATOR(pg_catalog.=) g.tgname
-                               AND p.proowner IN (SELECT oid FROM trusted)))
+                               AND (reading OR p.proowner IN (SELECT oid FROM trusted))))
     UNION ALL
     SELECT pg_catalog.format('rule %I on %s', w.rulename, c.oid::pg_catalog.regclass)
       FROM pg_catalog.pg_rewrite w JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) w.ev_class
@@ -1785,13 +1786,20 @@ BEGIN
       END IF;
       CONTINUE;
     END IF;
-    CONTINUE WHEN other_rel IS NULL;
-    theirs := fencekit.key_families(
-      other_rel, ARRAY(SELECT pg_catalog.jsonb_array_elements_text(other.spec -> 'key')));
+    IF other_rel IS NULL THEN
+      -- Renamed away (or dropped) under its registered name: its fences are still the
+      -- resource's, named by the families it was protected with.
+      theirs := other.key_families;
+    ELSE
+      theirs := fencekit.key_families(
+        other_rel, ARRAY(SELECT pg_catalog.jsonb_array_elements_text(other.spec -> 'key')));
+    END IF;
     IF theirs IS DISTINCT FROM mine THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
         MESSAGE = pg_catalog.format('fencekit: %s shares resource %L with %s, but its key columns '
-                                    'are %s and theirs %s', relid, resource, other_rel,
+                                    'are %s and theirs %s', relid, resource,
+                                    COALESCE(other_rel::text, pg_catalog.format(
+                                      '%I.%I', other.schema_name, other.table_name)),
                                     mine, theirs),
         HINT = 'Tables sharing a key fence must name their keys alike: use key columns of the '
                'same types (integer types match each other, as do text and unbounded varchar; a '
@@ -1994,6 +2002,11 @@ GRANT ALL ON fencekit.floors TO fencekit_admin;
 -- temporary table, an unrelated table, a protected table's new column) covers nothing, so it
 -- never fails for a role that may not run a cover function. It runs as the role that ran the command (no SECURITY
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
+-- A protected table is found by its oid (fencekit.protected.table_oid, recorded at protect;
+-- trusted while the relation of that oid carries a fencekit trigger of its tag, as a restore
+-- gives the table another oid), else by its registered name: renamed, it is still the
+-- protected table. Its cover function names it by the registered name, so a renamed table's
+-- new descendant is refused until `fencekit rename` moves the protection (fail closed).
 CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -2013,12 +2026,22 @@ BEGIN
            UNION
            SELECT i.inhparent, up.top FROM pg_catalog.pg_inherits i JOIN up ON i.inhrelid = up.relid),
          mine AS (
-           SELECT DISTINCT pr.tag, pr.schema_name, pr.table_name, rel
+           SELECT DISTINCT pr.tag, pr.schema_name, pr.table_name, r.rel,
+                  r.rel IS DISTINCT FROM named AS renamed
              FROM fencekit.protected pr
             CROSS JOIN LATERAL pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name,
-                                                                        pr.table_name)) AS rel
-            WHERE rel IN (SELECT up.relid FROM up))
-    SELECT m.tag, m.schema_name, m.table_name, m.rel, EXISTS (
+                                                                        pr.table_name)) AS named
+            CROSS JOIN LATERAL (
+              SELECT COALESCE((SELECT c.oid::pg_catalog.regclass FROM pg_catalog.pg_class c
+                                WHERE c.oid = pr.table_oid AND c.relkind IN ('r', 'p')
+                                  AND EXISTS (SELECT FROM pg_catalog.pg_trigger g
+                                               WHERE g.tgrelid = c.oid
+                                                 AND pg_catalog.starts_with(
+                                                       g.tgname::pg_catalog.text,
+                                                       'fencekit_' || pr.tag || '_'))),
+                              named) AS rel) AS r
+            WHERE r.rel IN (SELECT up.relid FROM up))
+    SELECT m.tag, m.schema_name, m.table_name, m.rel, m.renamed, EXISTS (
        WITH RECURSIVE down(relid) AS (
               SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = m.rel
               UNION
@@ -2037,6 +2060,17 @@ BEGIN
     -- without a trigger: refused here, in its own transaction (status reports it otherwise).
     PERFORM fencekit.check_key_expressions(p.rel);
     CONTINUE WHEN NOT p.uncovered;
+    IF p.renamed THEN
+      -- Fail closed: the cover function names the table by its registered name.
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: protected table %I.%I was renamed to %s: its '
+                                    'triggers cannot be put on its new partition or child until '
+                                    'the protection moves to the new name', p.schema_name,
+                                    p.table_name, p.rel),
+        HINT = pg_catalog.format('Run fencekit rename %I.%I %s (or rename the table back) '
+                                 'first, then create or attach the partition or child.',
+                                 p.schema_name, p.table_name, p.rel);
+    END IF;
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
     CONTINUE WHEN cover IS NULL;
     BEGIN
@@ -2484,12 +2518,18 @@ $fn$;
 -- the auto-cover event trigger when a child is created or attached later): drop from every
 -- descendant of `root` the triggers named `prefix`* that are not in `keep`, the names its
 -- template makes (another release made them). Clones PostgreSQL made go with their parent's.
+-- A registered row fence first refuses a descendant whose fence column is not the one fencekit
+-- bound there (fencekit.check_descendant_columns): covering it would bind the new column.
 CREATE OR REPLACE FUNCTION fencekit.cover_descendants(root regclass, prefix text, keep text[])
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   d record;
 BEGIN
+  FOR d IN SELECT p.spec ->> 'column' AS col FROM fencekit.protected p
+            WHERE p.scope = 'row' AND 'fencekit_' || p.tag || '_' = prefix LOOP
+    PERFORM fencekit.check_descendant_columns(root, d.col, prefix || 'ins');
+  END LOOP;
   FOR d IN SELECT * FROM fencekit.descendants(root) LOOP
     PERFORM fencekit.drop_other_triggers(d.child, prefix, keep);
   END LOOP;
@@ -2617,15 +2657,82 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
             ORDER BY u.o) END
 $fn$;
 
--- Refuses (YF000) a protected table whose fence or key column was swapped since protect
--- recorded it (fencekit.protected.attnums): renamed away (or dropped) and another added under
--- its name. Protect would bind fencekit's objects to the new column, and a move would carry
--- its fences from there, while the fences stay with the old column (a row fence's in it; a
--- key fence's are named by its values). Reads the catalogs and fencekit.protected only.
+-- The columns of `rel`'s partitions and inheritance children, at any depth, that fencekit bound
+-- as the row fence column `col` and that are no longer named `col` there (`was`: their name
+-- now). An inheritance child can be taken out of the tree, its fence column renamed away and
+-- another added under the name; back in the tree, fencekit's row triggers read the new one by
+-- name. Two things bind the old column by attnum, so either witnesses it: the INSERT trigger
+-- `ins`'s WHEN clause (its pg_depend entry), and the fence DEFAULT, which the owner's RENAME
+-- leaves on the old column: a column other than `col` whose default is the one on `col` of
+-- `rel` (protect sets it there and on every descendant; register_table checks again after it
+-- did, should the owner have dropped it everywhere). Defaults are compared as pg_node_tree text
+-- without parse locations (they vary with the text of the statement that set them): never
+-- deparsed, never evaluated. Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.swapped_descendant_columns(rel regclass, col text, ins text)
+RETURNS TABLE (child regclass, was name)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH tree AS (SELECT d.child::oid AS relid FROM fencekit.descendants(rel) d),
+  fence AS (
+    SELECT pg_catalog.regexp_replace(f.adbin::text, ' :location -?[0-9]+', '', 'g') AS e
+      FROM pg_catalog.pg_attribute a
+      JOIN pg_catalog.pg_attrdef f ON f.adrelid = a.attrelid AND f.adnum = a.attnum
+     WHERE a.attrelid = rel AND a.attname = col AND NOT a.attisdropped)
+  SELECT t.relid::regclass, a.attname
+    FROM tree t
+    JOIN pg_catalog.pg_attribute a
+      ON a.attrelid = t.relid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> col
+   WHERE EXISTS (SELECT FROM pg_catalog.pg_attrdef f
+                  WHERE f.adrelid = t.relid AND f.adnum = a.attnum
+                    AND pg_catalog.regexp_replace(f.adbin::text, ' :location -?[0-9]+', '', 'g')
+                        IN (SELECT e FROM fence))
+      OR EXISTS (SELECT FROM pg_catalog.pg_trigger g
+                   JOIN pg_catalog.pg_depend d
+                     ON d.classid = 'pg_catalog.pg_trigger'::regclass AND d.objid = g.oid
+                    AND d.refclassid = 'pg_catalog.pg_class'::regclass
+                    AND d.refobjid = t.relid AND d.refobjsubid = a.attnum
+                  WHERE g.tgrelid = t.relid AND g.tgname = ins)
+   ORDER BY t.relid, a.attnum
+$fn$;
+
+-- Refuse (YF000) to bind a row fence's objects on `rel`'s descendants to the column named `col`
+-- where fencekit bound another (fencekit.swapped_descendant_columns).
+CREATE OR REPLACE FUNCTION fencekit.check_descendant_columns(rel regclass, col text, ins text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  swapped record;
+BEGIN
+  SELECT * INTO swapped FROM fencekit.swapped_descendant_columns(rel, col, ins) LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: column %I of %s (under %s) is not the column '
+                                  'fencekit protected there: that one is now named %I',
+                                  col, swapped.child, rel, swapped.was),
+      DETAIL = 'Protecting or covering it again would take the new column for the protected '
+               'one: the fences kept with the old one would be lost.',
+      HINT = pg_catalog.format('Put the protected column back under its name (an inheritance '
+                               'child: NO INHERIT, rename both columns, INHERIT again; fencekit '
+                               'status prints the statements), or unprotect %s and protect it '
+                               'again (the fences restart).', rel),
+      COLUMN = col;
+  END IF;
+END
+$fn$;
+
+-- Refuses (YF000) a protected table whose fence or key column is not the one protect recorded
+-- (fencekit.protected.attnums, found by the table's oid whatever its name now): renamed away,
+-- with or without another added under its name; and a row fence's partition or child whose
+-- fence column is (fencekit.check_descendant_columns). Protect would bind fencekit's objects to
+-- a new column (adding an empty one when none has the name), a rename re-protects, and a move
+-- would carry its fences from there, while the fences stay with the old column (a row fence's
+-- in it; a key fence's are named by its values). A column dropped for good is not refused: its
+-- fences went with it (status: fence_column_missing). Reads the catalogs and
+-- fencekit.protected only.
 CREATE OR REPLACE FUNCTION fencekit.check_bound_columns(rel regclass) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   swapped record;
+  reg record;
 BEGIN
   SELECT u.col, u.was, u.now, a.attname INTO swapped
     FROM fencekit.protected p,
@@ -2639,9 +2746,19 @@ BEGIN
            ON a.attrelid = rel AND a.attnum = u.was AND NOT a.attisdropped
    WHERE p.table_oid = rel::oid
      AND p.attnums IS NOT NULL
-     AND u.now IS DISTINCT FROM u.was AND u.now IS NOT NULL
+     AND u.now IS DISTINCT FROM u.was AND (u.now IS NOT NULL OR a.attname IS NOT NULL)
    LIMIT 1;
-  IF FOUND THEN
+  IF FOUND AND swapped.now IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: column %I of %s was renamed to %I, the column it '
+                                  'was protected with', swapped.col, rel, swapped.attname),
+      DETAIL = 'Protecting it again would add a new, empty column under the old name and take '
+               'it for the protected one: the fences kept in the renamed one would be lost.',
+      HINT = pg_catalog.format('Rename it back: ALTER TABLE %s RENAME COLUMN %I TO %I; or '
+                               'unprotect and protect again (the fences restart).', rel,
+                               swapped.attname, swapped.col),
+      COLUMN = swapped.col;
+  ELSIF FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = pg_catalog.format('fencekit: column %I of %s is not the column it was protected '
                                   'with: that one %s', swapped.col, rel,
@@ -2653,6 +2770,10 @@ BEGIN
       HINT = 'Rename the columns back, or unprotect and protect again (the fences restart).',
       COLUMN = swapped.col;
   END IF;
+  FOR reg IN SELECT p.spec ->> 'column' AS col, p.tag FROM fencekit.protected p
+              WHERE p.table_oid = rel::oid AND p.scope = 'row' LOOP
+    PERFORM fencekit.check_descendant_columns(rel, reg.col, 'fencekit_' || reg.tag || '_ins');
+  END LOOP;
 END
 $fn$;
 
@@ -2731,7 +2852,11 @@ $fn$;
 -- (check_ddl_runs_no_owner_code), a tree holding a foreign table, a table already protected
 -- with another scope, key, resource or fence column (`structure`: those four of the spec; that
 -- is a move, which carries the fences; policies alone change by re-running protect), or one
--- whose fence or key column was swapped since protect recorded it (check_bound_columns).
+-- whose fence or key column was swapped since protect recorded it (check_bound_columns), and a
+-- table or key fence on a table that inherits from another: such a fence's checks are all
+-- statement-level, and PostgreSQL fires a table's statement triggers only for statements that
+-- name it, so `UPDATE parent ...` would write the child's rows judged by nothing of its own
+-- (by the parent's fence at most, when the parent is protected).
 CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -2739,6 +2864,7 @@ DECLARE
   sch name;
   tbl name;
   have jsonb;
+  parent regclass;
 BEGIN
   SELECT n.nspname, c.relname INTO sch, tbl
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -2747,6 +2873,22 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
+  END IF;
+  SELECT i.inhparent::regclass INTO parent FROM pg_catalog.pg_inherits i
+   WHERE i.inhrelid = rel ORDER BY i.inhseqno LIMIT 1;
+  IF parent IS NOT NULL AND structure ->> 'scope' IN ('table', 'key') THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s cannot have a %s fence: it inherits from %s, '
+                                  'and statements that name %s write its rows without its '
+                                  'checks; nothing was changed', rel, structure ->> 'scope',
+                                  parent, parent),
+      DETAIL = 'A table or key fence''s checks are statement triggers, which PostgreSQL fires '
+               'only for statements naming the table; a protected parent judges such a '
+               'statement by its own fence.',
+      HINT = pg_catalog.format('Protect the parent (its children are covered by its fence), '
+                               'detach this table (ALTER TABLE %s NO INHERIT %s), or give it a '
+                               'row fence, whose checks fire on its rows whatever the statement '
+                               'names.', rel, parent);
   END IF;
   PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   PERFORM fencekit.refuse_foreign_descendant(rel);
@@ -2841,6 +2983,13 @@ BEGIN
       HINT = 'Give one of them another resource name.';
   END IF;
   rel := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
+  -- Last in protect, after the cover: a child whose swapped fence column no witness named
+  -- before (its INSERT trigger and every fence DEFAULT dropped) is named now that the protect
+  -- set the DEFAULT again, and refused before it is recorded as bound.
+  IF spec ->> 'scope' = 'row' THEN
+    PERFORM fencekit.check_descendant_columns(rel, spec ->> 'column',
+                                              'fencekit_' || tag || '_ins');
+  END IF;
   INSERT INTO fencekit.protected AS p
          (schema_name, table_name, tag, scope, resource, spec, template_version, key_families,
           table_oid, attnums, key_expressions)
@@ -2951,6 +3100,10 @@ END
 $fn$;
 
 -- The rename script's guard, for the spec under the old name (tbl); new_tbl is the new name.
+-- Before anything changes, the renamed table's fence or key columns are checked against what
+-- protect recorded for it (fencekit.check_bound_columns, by its oid): the script then deletes
+-- that registry row and protects the table again under the new name, which would bind the
+-- protection to a column the owner swapped in, with nothing left to compare it to.
 CREATE OR REPLACE FUNCTION fencekit.rename_guard(tbl text, spec jsonb, new_tbl text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -2966,6 +3119,9 @@ BEGIN
                        'holds %s; nothing was changed', tbl, spec, have),
       HINT = format('Generate the script for what is there: fencekit sql rename %s %s (or run '
                     'fencekit rename OLD NEW --dsn DSN)', fencekit.spec_args(tbl, have), new_tbl);
+  END IF;
+  IF to_regclass(new_tbl) IS NOT NULL THEN
+    PERFORM fencekit.check_bound_columns(to_regclass(new_tbl));
   END IF;
 END
 $fn$;
@@ -4210,12 +4366,14 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON fencekit.allowed_code TO fencekit_admin;
 -- owner) may not write fencekit.protected nor drop the counters. It touches only
 -- pg_event_trigger_dropped_objects(), the catalogs pg_trigger and pg_proc, one row of
 -- fencekit.protected and the table's counter sequences (fencekit."<tag>:<counter>"). It acts
--- only for a registered table that was dropped by this command and whose generated trigger
--- functions no remaining table's trigger calls (nobody but their owner and fencekit_admin may
--- attach them): dropping another table that took a protected table's old name (after a
--- rename) forgets nothing. It never runs caller code: no user table, type, cast or operator;
--- names are compared as text with pg_catalog's operators. It cannot be called: it returns
--- event_trigger.
+-- only for a registered table that this command dropped, matched by oid (the dropped object's
+-- objid is the registry's table_oid, recorded at protect), never by name: a protected table's
+-- owner may rename it and create and drop another table under its old name, which forgets
+-- nothing. It also keeps a row whose generated trigger functions a remaining table's trigger
+-- still calls (nobody but their owner and fencekit_admin may attach them): a restore gives a
+-- table another oid, which may be the stale table_oid of another row. It never runs caller
+-- code: no user table, type, cast or operator; oids and names are compared with pg_catalog's
+-- operators. It cannot be called: it returns event_trigger.
 CREATE OR REPLACE FUNCTION fencekit.forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -4224,10 +4382,10 @@ BEGIN
   FOR p IN
     SELECT pr.tag
       FROM pg_catalog.pg_event_trigger_dropped_objects() o
-      JOIN fencekit.protected pr
-        ON pr.schema_name OPERATOR(pg_catalog.=) o.schema_name
-       AND pr.table_name OPERATOR(pg_catalog.=) o.object_name
-     WHERE o.object_type OPERATOR(pg_catalog.=) 'table'
+      JOIN fencekit.protected pr ON pr.table_oid OPERATOR(pg_catalog.=) o.objid
+     WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+       AND o.objsubid OPERATOR(pg_catalog.=) 0
+       AND o.object_type OPERATOR(pg_catalog.=) 'table'
        AND NOT EXISTS (
          SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
           WHERE f.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace

@@ -1,14 +1,17 @@
 """The columns fencekit's objects read by name (a row fence's fence column, a key fence's key
 columns) against the columns protect bound them to.
 
-A table's owner can rename such a column away and add another under its name. The row
+A table's owner can rename such a column away, and add another under its name. The row
 triggers and the key fence's triggers read columns by name, so they then judge writes by the
-new column; what PostgreSQL binds by attnum stays on the old one: the row fence's INSERT
-trigger's WHEN clause (a dependency in pg_depend) and the fence column's DEFAULT. Protect
-records the attnums it bound on the protected table (``fencekit.protected.attnums``, by its
-``table_oid``); on a row fence's partitions and inheritance children the INSERT trigger's WHEN
-clause tells which column fencekit protected there. Reads only the catalogs and
-fencekit.protected: nothing of the table's is evaluated.
+new column (or, none added, fail); what PostgreSQL binds by attnum stays on the old one: the
+row fence's INSERT trigger's WHEN clause (a dependency in pg_depend) and the fence column's
+DEFAULT. Protect records the attnums it bound on the protected table
+(``fencekit.protected.attnums``), compared by its ``table_oid`` whatever the table is named
+now; on a row fence's partitions and inheritance children the INSERT trigger's WHEN clause or
+the fence DEFAULT left on another column tells which column fencekit protected there
+(``fencekit.swapped_descendant_columns``, which protect, cover and rename refuse by). Reads
+only the catalogs and fencekit.protected: nothing of the table's is evaluated, and default
+expressions are compared as node-tree text, never deparsed.
 """
 
 from __future__ import annotations
@@ -26,45 +29,55 @@ __all__ = ["bound_column_drift"]
 def bound_column_drift(
     conn: Conn, oid: int, spec: FenceSpec, descendants: Sequence[tuple[int, str, str]]
 ) -> list[Drift]:
-    """Drift of the columns ``spec``'s objects read by name on the protected table ``oid`` and
-    (a row fence) on its ``descendants`` (oid, regclass text, label): a column swapped under
-    its name (``fence_column_swapped``, ``key_column_swapped``), a fence column without its
-    DEFAULT (``fence_default_missing``)."""
+    """Drift of the columns ``spec``'s objects read by name on the protected table ``oid``
+    (whatever it is named now: a renamed table is compared too) and (a row fence) on its
+    ``descendants`` (oid, regclass text, label): a column swapped under its name or renamed away
+    (``fence_column_swapped``, ``key_column_swapped``), a fence column without its DEFAULT
+    (``fence_default_missing``)."""
     cols = [spec.column] if spec.scope is Scope.ROW else list(spec.key)
     if not cols:
         return []  # a table fence's triggers read no column
+    here = _regclass(conn, oid)
     out: list[Drift] = []
-    for col, old in _swapped_at_root(conn, oid, spec, cols):
-        out.append(_swapped(spec, spec.table.sql, spec.table.sql, col, old))
+    for col, old, added in _swapped_at_root(conn, oid, spec, cols):
+        out.append(_swapped(spec, here, here, col, old, added=added))
     if spec.scope is not Scope.ROW or out:
         # A swap on the protected table reaches its descendants (RENAME COLUMN and ADD COLUMN
         # recurse), and so does the fix: one drift, on the table.
         return out
     ins = _insert_trigger(spec)
-    relations = [(oid, spec.table.sql, spec.table.sql), *list(descendants)]
+    relations = [(oid, here, here), *list(descendants)]
     labels = {o: (sql, label) for o, sql, label in relations}
-    for rel, now, bound, has_default in conn.execute(
+    # Witnesses by attnum on partitions and children: the INSERT trigger's WHEN clause, and
+    # fencekit's fence DEFAULT left on the column renamed away
+    # (fencekit.swapped_descendant_columns, 47_protect.sql).
+    swapped = {
+        int(rel): str(was)
+        for rel, was in conn.execute(
+            "SELECT s.child::pg_catalog.oid, s.was::pg_catalog.text "
+            "FROM fencekit.swapped_descendant_columns(%s::pg_catalog.oid::pg_catalog.regclass, "
+            "%s, %s) s",
+            (oid, spec.column, ins),
+        ).fetchall()
+    }
+    for rel, now, has_default in conn.execute(
         "SELECT r.oid, b.attnum, "
-        "ARRAY(SELECT d.refobjsubid FROM pg_catalog.pg_trigger g "
-        "JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_trigger'::pg_catalog.regclass"
-        " AND d.objid = g.oid AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass"
-        " AND d.refobjid = r.oid AND d.refobjsubid > 0 "
-        "WHERE g.tgrelid = r.oid AND g.tgname = %s ORDER BY 1), "
         "EXISTS (SELECT FROM pg_catalog.pg_attrdef f WHERE f.adrelid = r.oid "
         "AND f.adnum = b.attnum) "
         "FROM pg_catalog.unnest(%s::pg_catalog.oid[]) WITH ORDINALITY AS r(oid, o) "
         "LEFT JOIN pg_catalog.pg_attribute b ON b.attrelid = r.oid AND b.attname = %s "
         "AND b.attnum > 0 AND NOT b.attisdropped ORDER BY r.o",
-        (ins, [o for o, _, _ in relations], spec.column),
+        ([o for o, _, _ in relations], spec.column),
     ).fetchall():
-        if now is None:
-            continue  # no fence column: fence_column_missing
         sql, label = labels[int(rel)]
-        if bound and now not in bound:
-            # The INSERT trigger's WHEN clause reads the fence column only: one attnum.
-            old = _name_at(conn, int(rel), bound[0])
-            out.append(_swapped(spec, sql, label, spec.column, old, _parents(conn, int(rel))))
-        elif not has_default:
+        if int(rel) in swapped:
+            old = swapped[int(rel)]
+            out.append(
+                _swapped(
+                    spec, sql, label, spec.column, old, _parents(conn, int(rel)), now is not None
+                )
+            )
+        elif now is not None and not has_default:
             out.append(
                 Drift(
                     DriftKind.FENCE_DEFAULT_MISSING,
@@ -76,6 +89,19 @@ def bound_column_drift(
                 )
             )
     return out
+
+
+def _regclass(conn: Conn, oid: int) -> str:
+    """The relation ``oid`` as SQL names it now (its registry name may be an old one)."""
+    row = conn.execute("SELECT %s::pg_catalog.oid::pg_catalog.regclass::pg_catalog.text", (oid,))
+    return str(row.fetchone()[0])  # type: ignore[index]
+
+
+def fence_column_renamed(conn: Conn, oid: int, spec: FenceSpec) -> bool:
+    """Whether a row fence's column was renamed away on ``oid`` with none added under its name:
+    the column protect recorded is live under another name (``bound_column_drift`` reports it;
+    it is not "dropped")."""
+    return any(not added for _, _, added in _swapped_at_root(conn, oid, spec, [spec.column]))
 
 
 def _insert_trigger(spec: FenceSpec) -> str:
@@ -90,33 +116,27 @@ def _insert_trigger(spec: FenceSpec) -> str:
 
 def _swapped_at_root(
     conn: Conn, oid: int, spec: FenceSpec, cols: list[str]
-) -> list[tuple[str, str | None]]:
-    """(column, name of the column protect bound, None when dropped) for each column whose
-    name is now another column's than the one protect recorded. Not compared after a restore
-    (the table has another oid, and its columns may be renumbered)."""
+) -> list[tuple[str, str | None, bool]]:
+    """(column, name of the column protect bound or None when dropped, whether another column
+    has the name now) for each column that is not the one protect recorded: renamed away (with
+    or without another added under its name), or dropped and added again. The registry row is
+    ``spec``'s, found with the table's oid (``oid`` may be the table renamed). Not compared
+    after a restore (the table has another oid, and its columns may be renumbered)."""
     rows = conn.execute(
-        "SELECT u.col, a.attname::pg_catalog.text FROM fencekit.protected p, "
+        "SELECT u.col, a.attname::pg_catalog.text, b.attnum IS NOT NULL "
+        "FROM fencekit.protected p, "
         "ROWS FROM (pg_catalog.unnest(p.attnums), pg_catalog.unnest(%s::pg_catalog.text[])) "
         "WITH ORDINALITY AS u(was, col, o) "
         "LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = %s AND a.attnum = u.was "
         "AND NOT a.attisdropped "
-        "JOIN pg_catalog.pg_attribute b ON b.attrelid = %s AND b.attname = u.col "
+        "LEFT JOIN pg_catalog.pg_attribute b ON b.attrelid = %s AND b.attname = u.col "
         "AND b.attnum > 0 AND NOT b.attisdropped "
         "WHERE p.schema_name = %s AND p.table_name = %s AND p.table_oid = %s "
-        "AND p.attnums IS NOT NULL "
-        "AND b.attnum IS DISTINCT FROM u.was ORDER BY u.o",
+        "AND p.attnums IS NOT NULL AND b.attnum IS DISTINCT FROM u.was "
+        "AND (b.attnum IS NOT NULL OR a.attname IS NOT NULL) ORDER BY u.o",
         (cols, oid, oid, spec.table.schema, spec.table.name, oid),
     ).fetchall()
-    return [(str(col), None if old is None else str(old)) for col, old in rows]
-
-
-def _name_at(conn: Conn, oid: int, attnum: int) -> str | None:
-    row = conn.execute(
-        "SELECT attname::pg_catalog.text FROM pg_catalog.pg_attribute "
-        "WHERE attrelid = %s AND attnum = %s AND NOT attisdropped",
-        (oid, attnum),
-    ).fetchone()
-    return None if row is None else str(row[0])
+    return [(str(col), None if old is None else str(old), bool(added)) for col, old, added in rows]
 
 
 def _parents(conn: Conn, oid: int) -> list[str]:
@@ -140,10 +160,14 @@ def _swapped(
     col: str,
     old: str | None,
     parents: Sequence[str] = (),
+    added: bool = True,
 ) -> Drift:
     """The drift of ``col`` on the relation ``sql``: another column than the one protected,
-    which is now named ``old`` (None: dropped). An inheritance child's inherited column is
-    renamed only out of the tree: ``parents``, to leave and join again."""
+    which is now named ``old`` (None: dropped); or (not ``added``) no column of that name, the
+    protected one renamed to ``old``. An inheritance child's inherited column is renamed only
+    out of the tree: ``parents``, to leave and join again."""
+    if not added and old is not None:
+        return _renamed_away(spec, sql, label, col, old, parents)
     row = spec.scope is Scope.ROW
     where = "was dropped" if old is None else f"is now named {old}"
     if row:
@@ -182,3 +206,28 @@ def _swapped(
             f"{holds}; what was written since is in the spare column); or {restart}"
         )
     return Drift(kind, f"{sql}.{col}", what, fix, command=Command(Action.UNPROTECT, spec))
+
+
+def _renamed_away(
+    spec: FenceSpec, sql: str, label: str, col: str, old: str, parents: Sequence[str]
+) -> Drift:
+    """``col`` renamed to ``old`` with none added under its name: the triggers that read it by
+    name fail (writes are refused), the fences are intact in ``old``; re-protect refuses (it
+    would add a new, empty column and bind to it)."""
+    row = spec.scope is Scope.ROW
+    what = "fence" if row else "key"
+    kept = "the rows' fences are intact there" if row else "its keys name the fences"
+    leave = "".join(f"ALTER TABLE {sql} NO INHERIT {p}; " for p in parents)
+    join = "".join(f"; ALTER TABLE {sql} INHERIT {p}" for p in parents)
+    return Drift(
+        DriftKind.FENCE_COLUMN_SWAPPED if row else DriftKind.KEY_COLUMN_SWAPPED,
+        f"{sql}.{col}",
+        f"{what} column {col} of {label} was renamed to {old}, the column fencekit protected "
+        f"(not dropped: {kept}); fencekit's triggers read {col} by name and fail, so writes "
+        "are refused; re-protect refuses, since it would add a new, empty column under the "
+        "name and bind to it",
+        f"as the table's owner, rename it back: {leave}ALTER TABLE {sql} RENAME COLUMN "
+        f"{quote_ident(old)} TO {quote_ident(col)}{join}; or {COMMAND}, then protect again "
+        "(the fences restart)",
+        command=Command(Action.UNPROTECT, spec),
+    )

@@ -1,7 +1,7 @@
 """Drift of one protected table: its objects against what its spec and template generate, what
-its partitions and children lack, the unprotected tables it inherits from; and the orphaned
-fences of the whole database. The code fencekit did not generate is :mod:`.triggers`' and
-:mod:`.code`'s."""
+its partitions and children lack, the tables it inherits from whose statements skip its checks
+(checked under its new name when it was renamed); and the orphaned fences of the whole
+database. The code fencekit did not generate is :mod:`.triggers`' and :mod:`.code`'s."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from fencekit import sqlgen
-from fencekit.catalog.bound import bound_column_drift
+from fencekit.catalog.bound import bound_column_drift, fence_column_renamed
 from fencekit.catalog.code import foreign_code_drift, unknown_code_drift
 from fencekit.catalog.codeinfo import Inspector
 from fencekit.catalog.model import COMMAND, Action, Command, Conn, Drift, DriftKind, ProtectedTable
@@ -58,8 +58,9 @@ def table_drift(
     inspector: Inspector | None = None,
 ) -> list[Drift]:
     """How ``pt``'s objects in the database differ from what its spec and template generate,
-    what its descendants lack, its unprotected ancestors, and the code fencekit did not
-    generate that runs on it (``allowed``: code hashes a DBA has reviewed)."""
+    what its descendants lack, the ancestors whose statements skip its checks, and the code
+    fencekit did not generate that runs on it (``allowed``: code hashes a DBA has reviewed).
+    A renamed table is checked under its new name, beside the rename."""
     insp = inspector if inspector is not None else Inspector(conn)
     t = pt.spec.table
     protect = Command(Action.PROTECT, pt.spec)
@@ -87,55 +88,82 @@ def table_drift(
             )
         ]
     objs = sqlgen.table_objects(pt.spec)
-    out: list[Drift] = []
     row = conn.execute(
         "SELECT c.oid, c.relkind::text FROM pg_catalog.pg_class c "
         "WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s)",
         (t.sql,),
     ).fetchone()
     # The name may resolve to something else than the protected table: its owner renamed it
-    # and put a view or another table under the old name. Report the rename, not the triggers
-    # the impostor lacks (fencekit's commands refuse it: fencekit.registered_table).
+    # and put a view or another table under the old name (fencekit's commands refuse it:
+    # fencekit.registered_table).
     impostor = ""
-    if row is not None and (row[1] not in ("r", "p") or not _has_trigger(conn, row[0], pt.tag)):
+    if row is not None and (
+        row[1] not in ("r", "p")
+        or not (_has_trigger(conn, row[0], pt.tag) or _is_registered_oid(conn, pt, row[0]))
+    ):
         kinds = {"v": "a view", "m": "a materialized view", "f": "a foreign table"}
         impostor = f"; {t} is now {kinds.get(row[1], 'another relation')}"
-    renamed = renamed_to(conn, pt) if row is None or impostor else None
+    renamed = (
+        renamed_to(conn, pt, row[0] if row is not None else None)
+        if row is None or impostor
+        else None
+    )
     if renamed is None and row is not None and row[1] in ("r", "p"):
         impostor = ""  # the table itself, without its TRUNCATE trigger: reported below
-    if row is None or impostor:
-        if renamed is not None:
+    elif row is None or impostor:
+        if renamed is None:
+            moved = conn.execute(
+                "SELECT tgrelid::pg_catalog.regclass::text FROM pg_catalog.pg_trigger "
+                "WHERE tgname = %s LIMIT 1",
+                (objs.triggers[0].name,),
+            ).fetchone()
+            where = (
+                f"; its triggers are now on {moved[0]} (renamed?)"
+                if moved
+                else " (dropped or renamed)"
+            ) + impostor
             return [
                 Drift(
-                    DriftKind.TABLE_RENAMED,
+                    DriftKind.TABLE_MISSING,
                     t.dotted,
-                    f"table {t} was renamed to {renamed}{impostor}: its triggers still check "
-                    "writes, but the registry, the objects' names and a default resource's name "
-                    "are the old ones",
-                    f"{COMMAND} (moves the protection to the new name in one transaction)",
-                    command=Command(Action.RENAME, pt.spec, new_name=renamed),
+                    f"table {t} no longer exists{where}",
+                    "rename it back, or unprotect it under its new name after updating the "
+                    "registry; a dropped table: DELETE FROM fencekit.protected WHERE "
+                    f"schema_name = {quote_literal(t.schema)} AND table_name = "
+                    f"{quote_literal(t.name)} (as a member of fencekit_admin)",
                 )
             ]
-        moved = conn.execute(
-            "SELECT tgrelid::pg_catalog.regclass::text FROM pg_catalog.pg_trigger "
-            "WHERE tgname = %s LIMIT 1",
-            (objs.triggers[0].name,),
-        ).fetchone()
-        where = (
-            f"; its triggers are now on {moved[0]} (renamed?)" if moved else " (dropped or renamed)"
-        ) + impostor
-        return [
-            Drift(
-                DriftKind.TABLE_MISSING,
-                t.dotted,
-                f"table {t} no longer exists{where}",
-                "rename it back, or unprotect it under its new name after updating the "
-                "registry; a dropped table: DELETE FROM fencekit.protected WHERE schema_name = "
-                f"{quote_literal(t.schema)} AND table_name = {quote_literal(t.name)} "
-                "(as a member of fencekit_admin)",
-            )
-        ]
-    oid = row[0]
+        # Renamed: every check below runs on the table itself (found by oid), so a rename
+        # hides none of its other drift; their fixes come after the rename's.
+        new_oid, new_name = renamed
+        rename = Drift(
+            DriftKind.TABLE_RENAMED,
+            t.dotted,
+            f"table {t} was renamed to {new_name}{impostor}: the registry, the objects' names "
+            "and a default resource's name are the old ones (what else it lacks is reported "
+            "beside this)",
+            f"{COMMAND} (moves the protection to the new name in one transaction)",
+            command=Command(Action.RENAME, pt.spec, new_name=new_name),
+        )
+        rest = _checks(conn, pt, new_oid, new_name, objs, allowed, insp)
+        return [rename] + [replace(d, fix=f"after the rename: {d.fix}") for d in rest]
+    assert row is not None
+    return _checks(conn, pt, int(row[0]), t, objs, allowed, insp)
+
+
+def _checks(
+    conn: Conn,
+    pt: ProtectedTable,
+    oid: int,
+    t: TableName,
+    objs: sqlgen.TableObjects,
+    allowed: frozenset[str],
+    insp: Inspector,
+) -> list[Drift]:
+    """Every check of the protected table ``pt``, which is the relation ``oid`` named ``t``
+    (its registered name, or the one it was renamed to)."""
+    protect = Command(Action.PROTECT, pt.spec)
+    out: list[Drift] = []
     # The root guard exists only where PostgreSQL allows it (sqlgen.protect.root_guard); the
     # triggers of rows crossing partitions only in a partitioned tree (sqlgen.crossing).
     kind = conn.execute(
@@ -159,7 +187,7 @@ def table_drift(
     if pt.spec.scope is Scope.KEY:
         out += _key_type_drift(conn, oid, pt.spec)
         out += _key_expression_drift(conn, oid, pt.spec)
-    out += _ancestor_drift(conn, oid, t.dotted)
+    out += _ancestor_drift(conn, oid, t.dotted, pt.spec.scope)
     insp.start_table()
     out += foreign_trigger_drift(conn, insp, oid, t.sql, pt.spec, objs, allowed)
     out += foreign_code_drift(conn, insp, oid, t.sql, pt.spec, allowed)
@@ -186,6 +214,16 @@ def table_drift(
     return out
 
 
+def _is_registered_oid(conn: Conn, pt: ProtectedTable, oid: int) -> bool:
+    """Whether ``oid`` is the oid protect recorded for ``pt`` (fencekit.protected.table_oid)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM fencekit.protected p WHERE p.tag = %s "
+        "AND p.table_oid = %s::pg_catalog.oid)",
+        (pt.tag, oid),
+    ).fetchone()
+    return bool(row and row[0])
+
+
 def _has_trigger(conn: Conn, oid: int, tag: str) -> bool:
     """Whether the relation ``oid`` carries the TRUNCATE trigger of the registry row ``tag``
     (every scope has one): it is the protected table, not a relation that took its name."""
@@ -197,19 +235,38 @@ def _has_trigger(conn: Conn, oid: int, tag: str) -> bool:
     return bool(row and row[0])
 
 
-def renamed_to(conn: Conn, pt: ProtectedTable) -> TableName | None:
-    """The table now carrying the TRUNCATE trigger of ``pt`` (every scope has one; registered
-    under a name that no longer exists): ``pt``'s table, renamed. The trigger's name comes
-    from the registry's tag, so a table protected by any template is found."""
+def renamed_to(
+    conn: Conn, pt: ProtectedTable, named: int | None = None
+) -> tuple[int, TableName] | None:
+    """``pt``'s table under another name than its registered one (which resolves to the
+    relation ``named``, or to nothing): its oid and name. Found by the oid protect recorded
+    (``fencekit.protected.table_oid``; trusted while that table carries a fencekit trigger of
+    ``pt``'s tag: a restore gives the table another oid), else as the root table carrying
+    ``pt``'s TRUNCATE trigger (every scope has one; its name comes from the registry's tag, so
+    a table protected by any template is found)."""
     row = conn.execute(
-        "SELECT n.nspname, c.relname FROM pg_catalog.pg_trigger g "
+        "SELECT c.oid, n.nspname, c.relname FROM fencekit.protected p "
+        "JOIN pg_catalog.pg_class c ON c.oid = p.table_oid "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE p.tag = %(tag)s AND c.relkind IN ('r', 'p') "
+        "AND c.oid IS DISTINCT FROM %(named)s::pg_catalog.oid "
+        "AND EXISTS (SELECT FROM pg_catalog.pg_trigger g WHERE g.tgrelid = c.oid "
+        "AND pg_catalog.starts_with(g.tgname::pg_catalog.text, %(prefix)s)) "
+        "UNION ALL (SELECT c.oid, n.nspname, c.relname FROM pg_catalog.pg_trigger g "
         "JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid "
         "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE g.tgname = %s AND NOT c.relispartition AND NOT EXISTS "
-        "(SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid) LIMIT 1",
-        (f"fencekit_{pt.tag}_trunc",),
+        "WHERE g.tgname = %(trunc)s AND c.oid IS DISTINCT FROM %(named)s::pg_catalog.oid "
+        "AND NOT c.relispartition AND NOT EXISTS "
+        "(SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid) ORDER BY c.oid LIMIT 1) "
+        "LIMIT 1",
+        {
+            "tag": pt.tag,
+            "named": named,
+            "prefix": f"fencekit_{pt.tag}_",
+            "trunc": f"fencekit_{pt.tag}_trunc",
+        },
     ).fetchone()
-    return TableName(row[0], row[1]) if row is not None else None
+    return (int(row[0]), TableName(row[1], row[2])) if row is not None else None
 
 
 def orphaned_fences(conn: Conn) -> list[Drift]:
@@ -551,6 +608,8 @@ def _column_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:
         (oid, spec.column),
     ).fetchone()
     obj = f"{spec.table.dotted}.{spec.column}"
+    if row is None and fence_column_renamed(conn, oid, spec):
+        return []  # renamed away, not dropped: bound_column_drift reports it
     if row is None:
         return [
             Drift(
@@ -682,34 +741,59 @@ def _other_parent_drift(conn: Conn, oid: int, descendants: list[_Descendant]) ->
     ]
 
 
-def _ancestor_drift(conn: Conn, oid: int, label: str) -> list[Drift]:
-    """Tables this protected table inherits from (INHERIT, ATTACH PARTITION) that are not
-    protected themselves: a statement that names the ancestor reaches this table's rows but
-    fires only the ancestor's statement triggers, so this table's statement checks (and a key
-    or table fence's checks, which are all statement-level) do not run."""
+def _ancestor_drift(conn: Conn, oid: int, label: str, scope: Scope) -> list[Drift]:
+    """Tables this protected table inherits from (INHERIT, ATTACH PARTITION): a statement that
+    names the ancestor reaches this table's rows but fires only the ancestor's statement
+    triggers. A key or table fence's checks are all statement-level, so for one every ancestor
+    is a path they do not see, protected or not: a protected ancestor judges the statement by
+    its own fence and policy, not this table's (protect refuses such a table; its owner can
+    still drop the root guard and INHERIT). A row fence's row checks fire on its rows whatever
+    the statement names: only an unprotected ancestor skips its statement checks."""
     rows = conn.execute(
         """WITH RECURSIVE a(relid, depth) AS (
              SELECT inhparent, 1 FROM pg_catalog.pg_inherits WHERE inhrelid = %s
              UNION
              SELECT i.inhparent, a.depth + 1 FROM pg_catalog.pg_inherits i
                JOIN a ON i.inhrelid = a.relid WHERE a.depth < 100)
-           SELECT DISTINCT c.oid::pg_catalog.regclass::pg_catalog.text, i.inhrelid IS NOT NULL
+           SELECT DISTINCT c.oid::pg_catalog.regclass::pg_catalog.text, i.inhrelid IS NOT NULL,
+                  EXISTS (SELECT FROM fencekit.protected p
+                           WHERE p.schema_name = n.nspname AND p.table_name = c.relname)
              FROM a JOIN pg_catalog.pg_class c ON c.oid = a.relid
              JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
              LEFT JOIN pg_catalog.pg_class me ON me.oid = %s AND me.relispartition
              LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = me.oid AND i.inhparent = c.oid
-            WHERE NOT EXISTS (SELECT FROM fencekit.protected p
-                               WHERE p.schema_name = n.nspname AND p.table_name = c.relname)
             ORDER BY 1""",
         (oid, oid),
     ).fetchall()
     out: list[Drift] = []
-    for sql, partition in rows:
+    for sql, partition, protected in rows:
+        if protected and scope is Scope.ROW:
+            continue
         how = "a partition" if partition else "an inheritance child"
         undo = (
             f"ALTER TABLE {sql} DETACH PARTITION {label}"
             if partition
             else f"ALTER TABLE {label} NO INHERIT {sql}"
+        )
+        if protected:
+            out.append(
+                Drift(
+                    DriftKind.PROTECTED_ANCESTOR,
+                    f"{label}: ancestor {sql}",
+                    f"{label} is {how} of {sql}, which is protected with its own fence: "
+                    f"statements that name {sql} (UPDATE {sql} ..., DELETE FROM {sql} ...) "
+                    f"write {label}'s rows judged by {sql}'s fence and policy, not by "
+                    f"{label}'s {scope.value} fence, whose checks are all statement-level",
+                    f"detach it ({undo}), or unprotect {label} and protect {sql} again, whose "
+                    "fence then covers it",
+                )
+            )
+            continue
+        # A key or table fence under a protected ancestor is the drift above: not a fix.
+        also = (
+            f"protect {sql} too"
+            if scope is Scope.ROW
+            else f"unprotect {label} and protect {sql}, whose fence then covers it"
         )
         out.append(
             Drift(
@@ -718,7 +802,7 @@ def _ancestor_drift(conn: Conn, oid: int, label: str) -> list[Drift]:
                 f"{label} is {how} of {sql}, which is not protected: statements that name "
                 f"{sql} (UPDATE {sql} ..., DELETE FROM {sql} ...) write {label}'s rows without "
                 "its statement checks",
-                f"detach it ({undo}), or protect {sql} too",
+                f"detach it ({undo}), or {also}",
             )
         )
     return out

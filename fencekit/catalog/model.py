@@ -74,6 +74,7 @@ class DriftKind(str, Enum):
     PARTITION_TRIGGERS_MISSING = "partition_triggers_missing"
     CHILD_TRIGGERS_MISSING = "child_triggers_missing"
     UNPROTECTED_ANCESTOR = "unprotected_ancestor"
+    PROTECTED_ANCESTOR = "protected_ancestor"
     CHILD_OTHER_PARENT = "child_other_parent"
     # code fencekit did not generate
     FOREIGN_TRIGGER_FIRST = "foreign_trigger_first"

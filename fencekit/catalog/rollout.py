@@ -510,7 +510,8 @@ def _totals_refusal(conn: Conn, table: TableName, window: timedelta) -> str | No
 
 #: What status reports that lets writes reach a protected table's rows unseen by its checks:
 #: no statement check runs (missing, disabled, replica-only, or not fencekit's under its
-#: name), or the statement names a table outside the tree. ENABLE ALWAYS is not among them:
+#: name), or the statement names a table outside the tree (an ancestor: any, for a key or
+#: table fence, whose checks are all statement-level). ENABLE ALWAYS is not among them:
 #: such a trigger still fires.
 _UNSEEN = frozenset(
     {
@@ -522,6 +523,7 @@ _UNSEEN = frozenset(
         DriftKind.CHILD_TRIGGERS_MISSING,
         DriftKind.CHILD_OTHER_PARENT,
         DriftKind.UNPROTECTED_ANCESTOR,
+        DriftKind.PROTECTED_ANCESTOR,
     }
 )
 
@@ -530,9 +532,10 @@ def unseen_paths(conn: Conn, spec: FenceSpec) -> list[Drift]:
     """Where writes reach ``spec``'s rows that its checks do not see, judged by status's own
     code (:mod:`fencekit.catalog.drift`): the table or a partition or inheritance child of it
     lacking one of fencekit's triggers, or carrying one disabled, replica-only, or that is
-    not fencekit's under its name (another function, events or timing); an unprotected table
-    it inherits from; and (key and table fences, whose checks are all statement-level) a
-    child that also inherits from a table outside the tree. A tokenless write through one is
+    not fencekit's under its name (another function, events or timing); a table it inherits
+    from (key and table fences, whose checks are all statement-level: any, protected or not;
+    row fences: one not protected); and (key and table fences) a child that also inherits
+    from a table outside the tree. A tokenless write through one is
     neither counted nor attributed, so the report cannot tell who sends it, and after
     enforce it is not refused either. The triggers of rows crossing partitions are left out:
     they judge tokens, and the statement checks count their statements. Catalog reads
@@ -556,7 +559,7 @@ def unseen_paths(conn: Conn, spec: FenceSpec) -> list[Drift]:
     # Every protected table has these; the root guard only where PostgreSQL allows it.
     own = tuple(tr for tr in objs.triggers if not tr.root_only and not tr.partitioned_only)
     out = _trigger_drift(conn, oid, t.sql, t.dotted, own, protect)
-    out += _ancestor_drift(conn, oid, t.dotted)
+    out += _ancestor_drift(conn, oid, t.dotted, spec.scope)
     descendants = _descendants(conn, oid)
     if spec.scope is not Scope.ROW:
         out += _other_parent_drift(conn, oid, descendants)

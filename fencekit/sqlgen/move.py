@@ -135,9 +135,13 @@ def _column_types(old: FenceSpec, new: FenceSpec) -> str:
 
 def _columns_bound(old: FenceSpec, new: FenceSpec) -> str:
     """A carry that reads the old fence or key column from the rows must read the column
-    protect bound, not another the owner added under its name (fencekit.check_bound_columns)."""
-    if old.scope is Scope.TABLE or not (is_move(old, new) and _reads_rows(old, new)):
+    protect bound, not another the owner added under its name (fencekit.check_bound_columns);
+    nor may a move that keeps the key columns (fences copied by key) bind the new protection to
+    such a column: it deletes the registry row that records the bound one first."""
+    if old.scope is Scope.TABLE or not is_move(old, new):
         return ""
+    if not _reads_rows(old, new) and new.scope is Scope.TABLE:
+        return ""  # a table fence binds no column
     return "  PERFORM fencekit.check_bound_columns(tbl::pg_catalog.regclass);\n"
 
 

@@ -348,7 +348,9 @@ def test_only_fencekit_admin_may_allow_and_only_reported_hashes(
 
 
 @pytest.mark.parametrize("how", ["inherit", "attach_partition"])
-@pytest.mark.parametrize("scope", ["row", "table"])  # key fences cannot be children
+# A key-fenced table cannot become a child (PostgreSQL refuses INHERIT to a table with
+# transition-table triggers), and protect refuses a key fence on a child.
+@pytest.mark.parametrize("scope", ["row", "table"])
 def test_a_protected_table_under_an_unprotected_ancestor_is_reported(
     cli: Cli, dsn: str, how: str, scope: str
 ) -> None:
@@ -383,7 +385,23 @@ def test_a_protected_table_under_an_unprotected_ancestor_is_reported(
     assert cli("unprotect", "te", "--dsn", dsn).code == 0
     _sql(dsn, "ALTER TABLE te INHERIT shadow")
     undo = "ALTER TABLE public.te NO INHERIT public.shadow"
-    assert cli("protect", "te", *extra, "--dsn", dsn).code == 0
+    r = cli("protect", "te", *extra, "--dsn", dsn)
+    if scope == "table":
+        # A table fence's checks are all statement-level: protect refuses a child. Its owner
+        # can still make it one, dropping the root guard.
+        assert r.code == 1
+        assert "NO INHERIT" in r.err
+        _sql(dsn, "ALTER TABLE te NO INHERIT shadow")
+        assert cli("protect", "te", *extra, "--dsn", dsn).code == 0
+        _sql(
+            dsn,
+            "DO $$DECLARE g text; BEGIN SELECT tgname INTO g FROM pg_trigger "
+            "WHERE tgrelid = 'te'::regclass AND right(tgname, 5) = '_root'; "
+            "EXECUTE format('DROP TRIGGER %I ON te', g); END$$",
+            "ALTER TABLE te INHERIT shadow",
+        )
+    else:
+        assert r.code == 0
     code, doc = _status(cli, dsn)
     assert code == 1
     (d,) = _drift(doc)

@@ -73,7 +73,8 @@ BEGIN
       FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) g.tgrelid
       JOIN ns ON c.relnamespace OPERATOR(pg_catalog.=) ns.oid WHERE NOT g.tgisinternal
        -- but fencekit's own: the attribution tables' commit-time triggers (22_attribution.sql),
-       -- each calling fencekit's function of its name, owned by a trusted role
+       -- each calling fencekit's function of its name, owned by a trusted role (reading: by
+       -- anyone, as for fencekit's other functions, whose owner status reports)
        AND NOT (pg_catalog.concat(c.relname, ' ', g.tgname) OPERATOR(pg_catalog.=) ANY (ARRAY[
                   'unfenced_writers unfenced_writer_at_commit',
                   'unfenced_overflow unfenced_overflow_at_commit',
@@ -82,7 +83,7 @@ BEGIN
                              WHERE p.oid OPERATOR(pg_catalog.=) g.tgfoid
                                AND p.pronamespace OPERATOR(pg_catalog.=) ns.oid
                                AND p.proname OPERATOR(pg_catalog.=) g.tgname
-                               AND p.proowner IN (SELECT oid FROM trusted)))
+                               AND (reading OR p.proowner IN (SELECT oid FROM trusted))))
     UNION ALL
     SELECT pg_catalog.format('rule %I on %s', w.rulename, c.oid::pg_catalog.regclass)
       FROM pg_catalog.pg_rewrite w JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) w.ev_class

@@ -355,13 +355,20 @@ BEGIN
       END IF;
       CONTINUE;
     END IF;
-    CONTINUE WHEN other_rel IS NULL;
-    theirs := fencekit.key_families(
-      other_rel, ARRAY(SELECT pg_catalog.jsonb_array_elements_text(other.spec -> 'key')));
+    IF other_rel IS NULL THEN
+      -- Renamed away (or dropped) under its registered name: its fences are still the
+      -- resource's, named by the families it was protected with.
+      theirs := other.key_families;
+    ELSE
+      theirs := fencekit.key_families(
+        other_rel, ARRAY(SELECT pg_catalog.jsonb_array_elements_text(other.spec -> 'key')));
+    END IF;
     IF theirs IS DISTINCT FROM mine THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
         MESSAGE = pg_catalog.format('fencekit: %s shares resource %L with %s, but its key columns '
-                                    'are %s and theirs %s', relid, resource, other_rel,
+                                    'are %s and theirs %s', relid, resource,
+                                    COALESCE(other_rel::text, pg_catalog.format(
+                                      '%I.%I', other.schema_name, other.table_name)),
                                     mine, theirs),
         HINT = 'Tables sharing a key fence must name their keys alike: use key columns of the '
                'same types (integer types match each other, as do text and unbounded varchar; a '

@@ -12,6 +12,11 @@
 -- temporary table, an unrelated table, a protected table's new column) covers nothing, so it
 -- never fails for a role that may not run a cover function. It runs as the role that ran the command (no SECURITY
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
+-- A protected table is found by its oid (fencekit.protected.table_oid, recorded at protect;
+-- trusted while the relation of that oid carries a fencekit trigger of its tag, as a restore
+-- gives the table another oid), else by its registered name: renamed, it is still the
+-- protected table. Its cover function names it by the registered name, so a renamed table's
+-- new descendant is refused until `fencekit rename` moves the protection (fail closed).
 CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -31,12 +36,22 @@ BEGIN
            UNION
            SELECT i.inhparent, up.top FROM pg_catalog.pg_inherits i JOIN up ON i.inhrelid = up.relid),
          mine AS (
-           SELECT DISTINCT pr.tag, pr.schema_name, pr.table_name, rel
+           SELECT DISTINCT pr.tag, pr.schema_name, pr.table_name, r.rel,
+                  r.rel IS DISTINCT FROM named AS renamed
              FROM fencekit.protected pr
             CROSS JOIN LATERAL pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name,
-                                                                        pr.table_name)) AS rel
-            WHERE rel IN (SELECT up.relid FROM up))
-    SELECT m.tag, m.schema_name, m.table_name, m.rel, EXISTS (
+                                                                        pr.table_name)) AS named
+            CROSS JOIN LATERAL (
+              SELECT COALESCE((SELECT c.oid::pg_catalog.regclass FROM pg_catalog.pg_class c
+                                WHERE c.oid = pr.table_oid AND c.relkind IN ('r', 'p')
+                                  AND EXISTS (SELECT FROM pg_catalog.pg_trigger g
+                                               WHERE g.tgrelid = c.oid
+                                                 AND pg_catalog.starts_with(
+                                                       g.tgname::pg_catalog.text,
+                                                       'fencekit_' || pr.tag || '_'))),
+                              named) AS rel) AS r
+            WHERE r.rel IN (SELECT up.relid FROM up))
+    SELECT m.tag, m.schema_name, m.table_name, m.rel, m.renamed, EXISTS (
        WITH RECURSIVE down(relid) AS (
               SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = m.rel
               UNION
@@ -55,6 +70,17 @@ BEGIN
     -- without a trigger: refused here, in its own transaction (status reports it otherwise).
     PERFORM fencekit.check_key_expressions(p.rel);
     CONTINUE WHEN NOT p.uncovered;
+    IF p.renamed THEN
+      -- Fail closed: the cover function names the table by its registered name.
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: protected table %I.%I was renamed to %s: its '
+                                    'triggers cannot be put on its new partition or child until '
+                                    'the protection moves to the new name', p.schema_name,
+                                    p.table_name, p.rel),
+        HINT = pg_catalog.format('Run fencekit rename %I.%I %s (or rename the table back) '
+                                 'first, then create or attach the partition or child.',
+                                 p.schema_name, p.table_name, p.rel);
+    END IF;
     cover := pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_cover'));
     CONTINUE WHEN cover IS NULL;
     BEGIN

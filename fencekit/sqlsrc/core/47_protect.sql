@@ -123,12 +123,18 @@ $fn$;
 -- the auto-cover event trigger when a child is created or attached later): drop from every
 -- descendant of `root` the triggers named `prefix`* that are not in `keep`, the names its
 -- template makes (another release made them). Clones PostgreSQL made go with their parent's.
+-- A registered row fence first refuses a descendant whose fence column is not the one fencekit
+-- bound there (fencekit.check_descendant_columns): covering it would bind the new column.
 CREATE OR REPLACE FUNCTION fencekit.cover_descendants(root regclass, prefix text, keep text[])
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   d record;
 BEGIN
+  FOR d IN SELECT p.spec ->> 'column' AS col FROM fencekit.protected p
+            WHERE p.scope = 'row' AND 'fencekit_' || p.tag || '_' = prefix LOOP
+    PERFORM fencekit.check_descendant_columns(root, d.col, prefix || 'ins');
+  END LOOP;
   FOR d IN SELECT * FROM fencekit.descendants(root) LOOP
     PERFORM fencekit.drop_other_triggers(d.child, prefix, keep);
   END LOOP;
@@ -256,15 +262,82 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
             ORDER BY u.o) END
 $fn$;
 
--- Refuses (YF000) a protected table whose fence or key column was swapped since protect
--- recorded it (fencekit.protected.attnums): renamed away (or dropped) and another added under
--- its name. Protect would bind fencekit's objects to the new column, and a move would carry
--- its fences from there, while the fences stay with the old column (a row fence's in it; a
--- key fence's are named by its values). Reads the catalogs and fencekit.protected only.
+-- The columns of `rel`'s partitions and inheritance children, at any depth, that fencekit bound
+-- as the row fence column `col` and that are no longer named `col` there (`was`: their name
+-- now). An inheritance child can be taken out of the tree, its fence column renamed away and
+-- another added under the name; back in the tree, fencekit's row triggers read the new one by
+-- name. Two things bind the old column by attnum, so either witnesses it: the INSERT trigger
+-- `ins`'s WHEN clause (its pg_depend entry), and the fence DEFAULT, which the owner's RENAME
+-- leaves on the old column: a column other than `col` whose default is the one on `col` of
+-- `rel` (protect sets it there and on every descendant; register_table checks again after it
+-- did, should the owner have dropped it everywhere). Defaults are compared as pg_node_tree text
+-- without parse locations (they vary with the text of the statement that set them): never
+-- deparsed, never evaluated. Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.swapped_descendant_columns(rel regclass, col text, ins text)
+RETURNS TABLE (child regclass, was name)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH tree AS (SELECT d.child::oid AS relid FROM fencekit.descendants(rel) d),
+  fence AS (
+    SELECT pg_catalog.regexp_replace(f.adbin::text, ' :location -?[0-9]+', '', 'g') AS e
+      FROM pg_catalog.pg_attribute a
+      JOIN pg_catalog.pg_attrdef f ON f.adrelid = a.attrelid AND f.adnum = a.attnum
+     WHERE a.attrelid = rel AND a.attname = col AND NOT a.attisdropped)
+  SELECT t.relid::regclass, a.attname
+    FROM tree t
+    JOIN pg_catalog.pg_attribute a
+      ON a.attrelid = t.relid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> col
+   WHERE EXISTS (SELECT FROM pg_catalog.pg_attrdef f
+                  WHERE f.adrelid = t.relid AND f.adnum = a.attnum
+                    AND pg_catalog.regexp_replace(f.adbin::text, ' :location -?[0-9]+', '', 'g')
+                        IN (SELECT e FROM fence))
+      OR EXISTS (SELECT FROM pg_catalog.pg_trigger g
+                   JOIN pg_catalog.pg_depend d
+                     ON d.classid = 'pg_catalog.pg_trigger'::regclass AND d.objid = g.oid
+                    AND d.refclassid = 'pg_catalog.pg_class'::regclass
+                    AND d.refobjid = t.relid AND d.refobjsubid = a.attnum
+                  WHERE g.tgrelid = t.relid AND g.tgname = ins)
+   ORDER BY t.relid, a.attnum
+$fn$;
+
+-- Refuse (YF000) to bind a row fence's objects on `rel`'s descendants to the column named `col`
+-- where fencekit bound another (fencekit.swapped_descendant_columns).
+CREATE OR REPLACE FUNCTION fencekit.check_descendant_columns(rel regclass, col text, ins text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  swapped record;
+BEGIN
+  SELECT * INTO swapped FROM fencekit.swapped_descendant_columns(rel, col, ins) LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: column %I of %s (under %s) is not the column '
+                                  'fencekit protected there: that one is now named %I',
+                                  col, swapped.child, rel, swapped.was),
+      DETAIL = 'Protecting or covering it again would take the new column for the protected '
+               'one: the fences kept with the old one would be lost.',
+      HINT = pg_catalog.format('Put the protected column back under its name (an inheritance '
+                               'child: NO INHERIT, rename both columns, INHERIT again; fencekit '
+                               'status prints the statements), or unprotect %s and protect it '
+                               'again (the fences restart).', rel),
+      COLUMN = col;
+  END IF;
+END
+$fn$;
+
+-- Refuses (YF000) a protected table whose fence or key column is not the one protect recorded
+-- (fencekit.protected.attnums, found by the table's oid whatever its name now): renamed away,
+-- with or without another added under its name; and a row fence's partition or child whose
+-- fence column is (fencekit.check_descendant_columns). Protect would bind fencekit's objects to
+-- a new column (adding an empty one when none has the name), a rename re-protects, and a move
+-- would carry its fences from there, while the fences stay with the old column (a row fence's
+-- in it; a key fence's are named by its values). A column dropped for good is not refused: its
+-- fences went with it (status: fence_column_missing). Reads the catalogs and
+-- fencekit.protected only.
 CREATE OR REPLACE FUNCTION fencekit.check_bound_columns(rel regclass) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   swapped record;
+  reg record;
 BEGIN
   SELECT u.col, u.was, u.now, a.attname INTO swapped
     FROM fencekit.protected p,
@@ -278,9 +351,19 @@ BEGIN
            ON a.attrelid = rel AND a.attnum = u.was AND NOT a.attisdropped
    WHERE p.table_oid = rel::oid
      AND p.attnums IS NOT NULL
-     AND u.now IS DISTINCT FROM u.was AND u.now IS NOT NULL
+     AND u.now IS DISTINCT FROM u.was AND (u.now IS NOT NULL OR a.attname IS NOT NULL)
    LIMIT 1;
-  IF FOUND THEN
+  IF FOUND AND swapped.now IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: column %I of %s was renamed to %I, the column it '
+                                  'was protected with', swapped.col, rel, swapped.attname),
+      DETAIL = 'Protecting it again would add a new, empty column under the old name and take '
+               'it for the protected one: the fences kept in the renamed one would be lost.',
+      HINT = pg_catalog.format('Rename it back: ALTER TABLE %s RENAME COLUMN %I TO %I; or '
+                               'unprotect and protect again (the fences restart).', rel,
+                               swapped.attname, swapped.col),
+      COLUMN = swapped.col;
+  ELSIF FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = pg_catalog.format('fencekit: column %I of %s is not the column it was protected '
                                   'with: that one %s', swapped.col, rel,
@@ -292,6 +375,10 @@ BEGIN
       HINT = 'Rename the columns back, or unprotect and protect again (the fences restart).',
       COLUMN = swapped.col;
   END IF;
+  FOR reg IN SELECT p.spec ->> 'column' AS col, p.tag FROM fencekit.protected p
+              WHERE p.table_oid = rel::oid AND p.scope = 'row' LOOP
+    PERFORM fencekit.check_descendant_columns(rel, reg.col, 'fencekit_' || reg.tag || '_ins');
+  END LOOP;
 END
 $fn$;
 
@@ -370,7 +457,11 @@ $fn$;
 -- (check_ddl_runs_no_owner_code), a tree holding a foreign table, a table already protected
 -- with another scope, key, resource or fence column (`structure`: those four of the spec; that
 -- is a move, which carries the fences; policies alone change by re-running protect), or one
--- whose fence or key column was swapped since protect recorded it (check_bound_columns).
+-- whose fence or key column was swapped since protect recorded it (check_bound_columns), and a
+-- table or key fence on a table that inherits from another: such a fence's checks are all
+-- statement-level, and PostgreSQL fires a table's statement triggers only for statements that
+-- name it, so `UPDATE parent ...` would write the child's rows judged by nothing of its own
+-- (by the parent's fence at most, when the parent is protected).
 CREATE OR REPLACE FUNCTION fencekit.protect_guard(rel regclass, structure jsonb)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -378,6 +469,7 @@ DECLARE
   sch name;
   tbl name;
   have jsonb;
+  parent regclass;
 BEGIN
   SELECT n.nspname, c.relname INTO sch, tbl
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -386,6 +478,22 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
       MESSAGE = 'fencekit: fencekit''s own tables cannot be protected',
       HINT = 'Only the DBA and fencekit_admin write them; protect your own tables.';
+  END IF;
+  SELECT i.inhparent::regclass INTO parent FROM pg_catalog.pg_inherits i
+   WHERE i.inhrelid = rel ORDER BY i.inhseqno LIMIT 1;
+  IF parent IS NOT NULL AND structure ->> 'scope' IN ('table', 'key') THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s cannot have a %s fence: it inherits from %s, '
+                                  'and statements that name %s write its rows without its '
+                                  'checks; nothing was changed', rel, structure ->> 'scope',
+                                  parent, parent),
+      DETAIL = 'A table or key fence''s checks are statement triggers, which PostgreSQL fires '
+               'only for statements naming the table; a protected parent judges such a '
+               'statement by its own fence.',
+      HINT = pg_catalog.format('Protect the parent (its children are covered by its fence), '
+                               'detach this table (ALTER TABLE %s NO INHERIT %s), or give it a '
+                               'row fence, whose checks fire on its rows whatever the statement '
+                               'names.', rel, parent);
   END IF;
   PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   PERFORM fencekit.refuse_foreign_descendant(rel);
@@ -480,6 +588,13 @@ BEGIN
       HINT = 'Give one of them another resource name.';
   END IF;
   rel := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
+  -- Last in protect, after the cover: a child whose swapped fence column no witness named
+  -- before (its INSERT trigger and every fence DEFAULT dropped) is named now that the protect
+  -- set the DEFAULT again, and refused before it is recorded as bound.
+  IF spec ->> 'scope' = 'row' THEN
+    PERFORM fencekit.check_descendant_columns(rel, spec ->> 'column',
+                                              'fencekit_' || tag || '_ins');
+  END IF;
   INSERT INTO fencekit.protected AS p
          (schema_name, table_name, tag, scope, resource, spec, template_version, key_families,
           table_oid, attnums, key_expressions)

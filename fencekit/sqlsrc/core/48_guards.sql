@@ -82,6 +82,10 @@ END
 $fn$;
 
 -- The rename script's guard, for the spec under the old name (tbl); new_tbl is the new name.
+-- Before anything changes, the renamed table's fence or key columns are checked against what
+-- protect recorded for it (fencekit.check_bound_columns, by its oid): the script then deletes
+-- that registry row and protects the table again under the new name, which would bind the
+-- protection to a column the owner swapped in, with nothing left to compare it to.
 CREATE OR REPLACE FUNCTION fencekit.rename_guard(tbl text, spec jsonb, new_tbl text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -97,6 +101,9 @@ BEGIN
                        'holds %s; nothing was changed', tbl, spec, have),
       HINT = format('Generate the script for what is there: fencekit sql rename %s %s (or run '
                     'fencekit rename OLD NEW --dsn DSN)', fencekit.spec_args(tbl, have), new_tbl);
+  END IF;
+  IF to_regclass(new_tbl) IS NOT NULL THEN
+    PERFORM fencekit.check_bound_columns(to_regclass(new_tbl));
   END IF;
 END
 $fn$;

@@ -10,12 +10,14 @@
 -- owner) may not write fencekit.protected nor drop the counters. It touches only
 -- pg_event_trigger_dropped_objects(), the catalogs pg_trigger and pg_proc, one row of
 -- fencekit.protected and the table's counter sequences (fencekit."<tag>:<counter>"). It acts
--- only for a registered table that was dropped by this command and whose generated trigger
--- functions no remaining table's trigger calls (nobody but their owner and fencekit_admin may
--- attach them): dropping another table that took a protected table's old name (after a
--- rename) forgets nothing. It never runs caller code: no user table, type, cast or operator;
--- names are compared as text with pg_catalog's operators. It cannot be called: it returns
--- event_trigger.
+-- only for a registered table that this command dropped, matched by oid (the dropped object's
+-- objid is the registry's table_oid, recorded at protect), never by name: a protected table's
+-- owner may rename it and create and drop another table under its old name, which forgets
+-- nothing. It also keeps a row whose generated trigger functions a remaining table's trigger
+-- still calls (nobody but their owner and fencekit_admin may attach them): a restore gives a
+-- table another oid, which may be the stale table_oid of another row. It never runs caller
+-- code: no user table, type, cast or operator; oids and names are compared with pg_catalog's
+-- operators. It cannot be called: it returns event_trigger.
 CREATE OR REPLACE FUNCTION fencekit.forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -24,10 +26,10 @@ BEGIN
   FOR p IN
     SELECT pr.tag
       FROM pg_catalog.pg_event_trigger_dropped_objects() o
-      JOIN fencekit.protected pr
-        ON pr.schema_name OPERATOR(pg_catalog.=) o.schema_name
-       AND pr.table_name OPERATOR(pg_catalog.=) o.object_name
-     WHERE o.object_type OPERATOR(pg_catalog.=) 'table'
+      JOIN fencekit.protected pr ON pr.table_oid OPERATOR(pg_catalog.=) o.objid
+     WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+       AND o.objsubid OPERATOR(pg_catalog.=) 0
+       AND o.object_type OPERATOR(pg_catalog.=) 'table'
        AND NOT EXISTS (
          SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
           WHERE f.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace
