@@ -193,7 +193,10 @@ CREATE TABLE IF NOT EXISTS fencekit.fences (
 -- columns, in order; NULL for a table fence), recorded by protect on the table whose oid is
 -- table_oid: a column renamed away and another added under its name has another attnum (status
 -- reports it, protect refuses it). A restore gives the table another oid and may renumber its
--- columns: the attnums are compared only while table_oid is the table's oid.
+-- columns: the attnums are compared only while table_oid is the table's oid. key_expressions: a
+-- key fence's generated key columns' generation expressions on the table and each partition
+-- and child when protect ran, as fingerprints (fencekit.key_expressions), compared on the same
+-- terms: changing one (SET EXPRESSION) rewrites the rows' keys without any trigger.
 CREATE TABLE IF NOT EXISTS fencekit.protected (
   schema_name      text NOT NULL,
   table_name       text NOT NULL,
@@ -206,6 +209,7 @@ CREATE TABLE IF NOT EXISTS fencekit.protected (
   key_families     text[],
   table_oid        oid,
   attnums          int2[],
+  key_expressions  jsonb,
   PRIMARY KEY (schema_name, table_name)
 );
 
@@ -1993,9 +1997,10 @@ GRANT ALL ON fencekit.floors TO fencekit_admin;
 -- It acts only on what the command touched (pg_event_trigger_ddl_commands): a protected table
 -- that is, or is an ancestor of, a table the command created or altered, and that has a
 -- descendant without the table's fencekit triggers; it refuses a foreign table made a
--- descendant of one (fencekit.refuse_foreign_descendant). Any other DDL (a temporary table, an
--- unrelated table, a protected table's new column) calls nothing, so it never fails for a role
--- that may not run a cover function. It runs as the role that ran the command (no SECURITY
+-- descendant of one (fencekit.refuse_foreign_descendant), and a generated key column whose
+-- expression changed since protect (fencekit.check_key_expressions). Any other DDL (a
+-- temporary table, an unrelated table, a protected table's new column) covers nothing, so it
+-- never fails for a role that may not run a cover function. It runs as the role that ran the command (no SECURITY
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
 -- A protected table is found by its oid (fencekit.protected.table_oid, recorded at protect;
 -- trusted while the relation of that oid carries a fencekit trigger of its tag, as a restore
@@ -2051,6 +2056,9 @@ BEGIN
   LOOP
     -- Fail closed: a foreign table in a protected tree is written unfenced.
     PERFORM fencekit.refuse_foreign_descendant(p.rel);
+    -- And a generated key column's new expression (SET EXPRESSION, 17+) rewrote the rows' keys
+    -- without a trigger: refused here, in its own transaction (status reports it otherwise).
+    PERFORM fencekit.check_key_expressions(p.rel);
     CONTINUE WHEN NOT p.uncovered;
     IF p.renamed THEN
       -- Fail closed: the cover function names the table by its registered name.
@@ -2769,6 +2777,77 @@ BEGIN
 END
 $fn$;
 
+-- The generation expressions of a key fence's generated key columns on `rel` and on each of
+-- its partitions and inheritance children (PostgreSQL 17+ changes one with ALTER COLUMN ... SET
+-- EXPRESSION, on any of them alone, and rewrites its rows' keys without any trigger), as
+-- {relation oid: fingerprint}: the md5 of each relation's stored trees (pg_attrdef.adbin read
+-- as text, without the parse locations, which only say where the text stood), after the
+-- server's major version (another major writes trees otherwise: pg_upgrade). Never
+-- pg_get_expr: printing a tree runs the output functions of its constants' types, which may be
+-- the owner's. NULL for other scopes and for a tree with no generated key column.
+CREATE OR REPLACE FUNCTION fencekit.key_expressions(rel regclass, spec jsonb) RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.jsonb_object_agg(t.relid::text, t.print)
+    FROM (SELECT r.relid,
+                 (pg_catalog.current_setting('server_version_num')::int / 10000)::text || ':'
+                 || pg_catalog.md5(pg_catalog.string_agg(
+                      u.col || '=' || pg_catalog.regexp_replace(d.adbin::text,
+                                                                ' :location -?[0-9]+', '', 'g'),
+                      ';' ORDER BY u.o)) AS print
+            FROM (SELECT rel::oid UNION ALL SELECT s.child::oid
+                    FROM fencekit.descendants(rel) s) AS r(relid)
+           CROSS JOIN pg_catalog.jsonb_array_elements_text(
+                        CASE WHEN spec ->> 'scope' = 'key' THEN spec -> 'key' END)
+                        WITH ORDINALITY AS u(col, o)
+           JOIN pg_catalog.pg_attribute a
+             ON a.attrelid = r.relid AND a.attname = u.col AND a.attnum > 0
+                AND NOT a.attisdropped AND a.attgenerated <> ''
+           JOIN pg_catalog.pg_attrdef d ON d.adrelid = r.relid AND d.adnum = a.attnum
+           GROUP BY r.relid) AS t
+$fn$;
+
+-- The relations of `rel`'s tree whose generated key columns' expressions changed since protect
+-- recorded them (fencekit.protected.key_expressions), in oid order: compared while the table
+-- has the oid protect recorded, under the major version that recorded them, on the relations
+-- still in the tree and still generating their key. (A column whose expression was dropped
+-- keeps its values and is then written through the key triggers.) Reads the catalogs and
+-- fencekit.protected only.
+CREATE OR REPLACE FUNCTION fencekit.key_expressions_changed(rel regclass) RETURNS regclass[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH p AS (SELECT p.key_expressions AS was, fencekit.key_expressions(rel, p.spec) AS now
+               FROM fencekit.protected p
+              WHERE p.table_oid = rel::oid AND p.key_expressions IS NOT NULL)
+  SELECT ARRAY(
+    SELECT w.key::oid::regclass
+      FROM p CROSS JOIN pg_catalog.jsonb_each_text(p.was) AS w(key, value)
+     WHERE p.now ? w.key
+       AND p.now ->> w.key IS DISTINCT FROM w.value
+       AND pg_catalog.split_part(w.value, ':', 1)
+           = (pg_catalog.current_setting('server_version_num')::int / 10000)::text
+     ORDER BY w.key::oid)
+$fn$;
+
+-- Refuses (YF000) a key-fenced table whose generated key column's expression changed since
+-- protect recorded it (fencekit.key_expressions_changed): the rows moved onto other keys, whose
+-- fences do not hold what the old keys' did; protecting it again would take that for current.
+CREATE OR REPLACE FUNCTION fencekit.check_key_expressions(rel regclass) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  changed regclass[] := fencekit.key_expressions_changed(rel);
+BEGIN
+  IF pg_catalog.cardinality(changed) > 0 THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: the generation expression of a key column of %s '
+                                  'changed since it was protected (on %s)', rel,
+                                  pg_catalog.array_to_string(changed, ', ')),
+      DETAIL = 'Changing it rewrote the rows'' keys without any trigger: the fences of the old '
+               'keys no longer guard the rows.',
+      HINT = 'Set the expression back as it was, or unprotect and protect again (the fences '
+             'restart).';
+  END IF;
+END
+$fn$;
+
 -- Refuse to protect fencekit's own tables, DDL that would run the owner's code in this session
 -- (check_ddl_runs_no_owner_code), a tree holding a foreign table, a table already protected
 -- with another scope, key, resource or fence column (`structure`: those four of the spec; that
@@ -2839,6 +2918,7 @@ BEGIN
              're-running protect.';
   END IF;
   PERFORM fencekit.check_bound_columns(rel);
+  PERFORM fencekit.check_key_expressions(rel);
 END
 $fn$;
 
@@ -2912,17 +2992,26 @@ BEGIN
   END IF;
   INSERT INTO fencekit.protected AS p
          (schema_name, table_name, tag, scope, resource, spec, template_version, key_families,
-          table_oid, attnums)
+          table_oid, attnums, key_expressions)
   VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
-          key_families, rel, fencekit.bound_attnums(rel, spec))
+          key_families, rel, fencekit.bound_attnums(rel, spec),
+          fencekit.key_expressions(rel, spec))
   ON CONFLICT ON CONSTRAINT protected_pkey DO UPDATE
     SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
         spec = excluded.spec, template_version = excluded.template_version,
         key_families = excluded.key_families, table_oid = excluded.table_oid,
-        attnums = excluded.attnums, protected_at = pg_catalog.now()
+        attnums = excluded.attnums, key_expressions = excluded.key_expressions,
+        -- A partition added since (its expressions recorded now) is no new protection.
+        protected_at = CASE WHEN (p.spec, p.template_version, p.key_families, p.table_oid,
+                                  p.attnums)
+                                 IS DISTINCT FROM (excluded.spec, excluded.template_version,
+                                                   excluded.key_families, excluded.table_oid,
+                                                   excluded.attnums)
+                            THEN pg_catalog.now() ELSE p.protected_at END
     WHERE (p.spec, p.template_version, p.key_families, p.table_oid, p.attnums)
           IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families,
-                            excluded.table_oid, excluded.attnums);
+                            excluded.table_oid, excluded.attnums)
+       OR p.key_expressions IS DISTINCT FROM excluded.key_expressions;
 END
 $fn$;
 

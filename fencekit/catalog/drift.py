@@ -186,6 +186,7 @@ def _checks(
         out += _column_drift(conn, oid, pt.spec)
     if pt.spec.scope is Scope.KEY:
         out += _key_type_drift(conn, oid, pt.spec)
+        out += _key_expression_drift(conn, oid, pt.spec)
     out += _ancestor_drift(conn, oid, t.dotted, pt.spec.scope)
     insp.start_table()
     out += foreign_trigger_drift(conn, insp, oid, t.sql, pt.spec, objs, allowed)
@@ -201,6 +202,15 @@ def _checks(
         )
         out += foreign_code_drift(conn, insp, desc.oid, desc.sql, pt.spec, allowed)
     out += unknown_code_drift(conn, insp, oid, t.sql, allowed)
+    if any(d.kind is DriftKind.KEY_COLUMN_SWAPPED for d in out):
+        # The _keys trigger's UPDATE OF list follows the protected column (by attnum), so it
+        # names the column swapped away: that is the swap, reported once, whose fix mends it.
+        named = tuple(f"trigger {tr.name} is not" for tr in objs.triggers if tr.columns)
+        out = [
+            d
+            for d in out
+            if not (d.kind is DriftKind.TRIGGER_CHANGED and any(n in d.message for n in named))
+        ]
     return out
 
 
@@ -322,16 +332,53 @@ def _key_type_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:
     ]
 
 
+def _key_expression_drift(conn: Conn, oid: int, spec: FenceSpec) -> list[Drift]:
+    """A generated key column whose expression changed since protect (``SET EXPRESSION``,
+    PostgreSQL 17+, on the table or on one partition or child): the rows were rewritten onto
+    other keys without any trigger, and the fences of their old keys no longer guard them.
+    Compared by fingerprint (``fencekit.key_expressions_changed``, 47_protect.sql): the
+    expressions are never printed, which would run the output functions of their constants'
+    types."""
+    rows = conn.execute(
+        "SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || "
+        "pg_catalog.quote_ident(c.relname) FROM pg_catalog.unnest("
+        "fencekit.key_expressions_changed(%s::pg_catalog.oid::pg_catalog.regclass)) "
+        "WITH ORDINALITY AS r(rel, o) JOIN pg_catalog.pg_class c ON c.oid = r.rel "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace ORDER BY r.o",
+        (oid,),
+    ).fetchall()
+    # Changed on the table: its partitions and children changed with it (SET EXPRESSION
+    # recurses), and so does the fix: one drift, on the table.
+    changed = [str(name) for rel, name in rows if int(rel) == oid] or [str(n) for _, n in rows]
+    keys = ", ".join(quote_ident(k) for k in spec.key)
+    return [
+        Drift(
+            DriftKind.KEY_EXPRESSION_CHANGED,
+            f"{rel} key ({keys})",
+            f"the generation expression of a key column of {rel} changed since protect: "
+            "PostgreSQL rewrote the rows' keys without any trigger, so each row now sits under "
+            "a key whose fence does not hold what its old key's did, and stale writes pass",
+            f"as the table's owner, set the expression back as it was (ALTER TABLE {rel} ALTER "
+            "COLUMN ... SET EXPRESSION AS (...)); or, to keep the new keys, "
+            f"{COMMAND}, then protect again (the fences restart); re-protect alone refuses",
+            command=Command(Action.UNPROTECT, spec),
+        )
+        for rel in changed
+    ]
+
+
 def _triggers_of(
     conn: Conn, oid: int
-) -> dict[str, tuple[str, str, tuple[int, bool, str | None, str | None]]]:
+) -> dict[str, tuple[str, str, tuple[int, bool, str | None, str | None, tuple[str, ...]]]]:
     """name -> (tgenabled, function as schema.name, shape as Trigger.shape) of a relation's
     user triggers."""
     return {
-        name: (enabled, func, (int(tgtype), bool(when), old, new))
-        for name, enabled, func, tgtype, when, old, new in conn.execute(
+        name: (enabled, func, (int(tgtype), bool(when), old, new, tuple(sorted(cols))))
+        for name, enabled, func, tgtype, when, old, new, cols in conn.execute(
             "SELECT t.tgname, t.tgenabled::text, n.nspname || '.' || p.proname, t.tgtype,"
-            " t.tgqual IS NOT NULL, t.tgoldtable::text, t.tgnewtable::text "
+            " t.tgqual IS NOT NULL, t.tgoldtable::text, t.tgnewtable::text,"
+            " ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a"
+            " WHERE a.attrelid = t.tgrelid AND a.attnum = ANY (t.tgattr)) "
             "FROM pg_catalog.pg_trigger t "
             "JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid "
             "JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
@@ -375,7 +422,7 @@ def _trigger_drift(
                     DriftKind.TRIGGER_CHANGED,
                     obj,
                     f"trigger {tr.name} is not the trigger fencekit makes under that name (its "
-                    "events, timing, level, WHEN clause or transition tables differ)",
+                    "events, timing, level, WHEN clause, transition tables or columns differ)",
                     f"DROP TRIGGER {quote_ident(tr.name)} ON {table_sql}; then {REPROTECT}",
                     command=protect,
                 )

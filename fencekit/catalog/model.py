@@ -69,6 +69,7 @@ class DriftKind(str, Enum):
     FENCE_DEFAULT_MISSING = "fence_default_missing"
     KEY_TYPE_CHANGED = "key_type_changed"
     KEY_COLUMN_SWAPPED = "key_column_swapped"
+    KEY_EXPRESSION_CHANGED = "key_expression_changed"
     # descendants and ancestors
     PARTITION_TRIGGERS_MISSING = "partition_triggers_missing"
     CHILD_TRIGGERS_MISSING = "child_triggers_missing"

@@ -488,5 +488,22 @@ def key_objects(n: Names, never: Function) -> tuple[list[Function], list[Trigger
             dele,
             referencing="OLD TABLE AS fencekit_old",
         ),
+        keys_guard(n, never),
         *crossing_triggers(n, cross_out, cross_in, never),
     ]
+
+
+def keys_guard(n: Names, never: Function) -> Trigger:
+    """A trigger that keeps the key columns' values from changing under DDL.
+
+    ``ALTER COLUMN ... TYPE`` rewrites the table, each value through its ``USING`` expression,
+    without any DML trigger: to the column's own type, it moves rows onto other keys, whose
+    fences do not hold the token, and no type check notices. PostgreSQL refuses to retype a
+    column that a trigger's ``UPDATE OF`` list names (it records the dependency), and
+    ``DROP COLUMN`` then needs CASCADE. The trigger never runs ``never``: its WHEN is constant
+    false, and PostgreSQL evaluates it only for an UPDATE that sets a key column, once per
+    statement. (A generated key column's ``SET EXPRESSION``, PostgreSQL 17+, is not refused by
+    it: status compares the expressions with those protect recorded.)"""
+    return Trigger(
+        n.trigger("keys"), "AFTER UPDATE", "STATEMENT", never, when="false", columns=n.spec.key
+    )

@@ -67,13 +67,17 @@ class Trigger:
     #: Only in a partitioned tree: on the protected table when it is partitioned, and from
     #: there on every descendant like any other (rows cross partitions nowhere else).
     partitioned_only: bool = False
+    #: ``UPDATE OF`` these columns (unquoted names): PostgreSQL records the trigger's
+    #: dependency on each, and refuses ``ALTER COLUMN ... TYPE`` of any of them.
+    columns: tuple[str, ...] = ()
 
     @property
-    def shape(self) -> tuple[int, bool, str | None, str | None]:
+    def shape(self) -> tuple[int, bool, str | None, str | None, tuple[str, ...]]:
         """What the trigger is, as pg_trigger stores it: ``tgtype`` (its level, timing and
-        events), whether it has a WHEN clause, and its OLD and NEW transition tables' names.
-        Status compares it, so that one of fencekit's triggers renamed onto another's name is
-        no longer taken for it."""
+        events), whether it has a WHEN clause, its OLD and NEW transition tables' names, and
+        the names of its ``UPDATE OF`` columns, sorted. Status compares it, so that one of
+        fencekit's triggers renamed onto another's name, or replaced under its own with other
+        columns, is no longer taken for it."""
         words = self.timing.split(" ", 1)
         bits = (1 if self.level == "ROW" else 0) | (2 if words[0] == "BEFORE" else 0)
         for event in words[1].split(" OR "):
@@ -86,7 +90,7 @@ class Trigger:
                     old = parts[i + 1]
                 elif word == "AS" and parts[i - 2] == "NEW":
                     new = parts[i + 1]
-        return bits, self.when is not None, old, new
+        return bits, self.when is not None, old, new, tuple(sorted(self.columns))
 
     @property
     def on_partitions(self) -> bool:

@@ -74,8 +74,11 @@ def create_trigger_sql(trigger: Trigger, on: str) -> str:
         middle = f"REFERENCING {trigger.referencing} {middle}"
     if trigger.when:
         middle += f" WHEN ({trigger.when})"
+    timing = trigger.timing
+    if trigger.columns:
+        timing += "\n  OF " + ", ".join(quote_ident(c) for c in trigger.columns)
     return (
-        f"CREATE TRIGGER {quote_ident(trigger.name)} {trigger.timing} ON {on}\n"
+        f"CREATE TRIGGER {quote_ident(trigger.name)} {timing} ON {on}\n"
         f"  {middle}\n  EXECUTE FUNCTION {trigger.function.sql_name}()"
     )
 

@@ -175,6 +175,16 @@ def protect(conn: Conn, spec: FenceSpec) -> None:
         conn.execute(stmt.encode())
 
 
+def without_keys_guard(table: str) -> str:
+    """SQL: drop the key fence's trigger whose ``UPDATE OF`` list makes PostgreSQL refuse to
+    retype a key column of ``table`` (its owner may): what the checks behind it hold against."""
+    return (
+        "DO $$DECLARE g name; BEGIN SELECT tgname INTO STRICT g FROM pg_catalog.pg_trigger"
+        f" WHERE tgrelid = '{table}'::regclass AND tgname LIKE 'fencekit\\_%\\_keys';"
+        f" EXECUTE format('DROP TRIGGER %I ON {table}', g); END$$"
+    )
+
+
 def counts(conn: Conn, table: str, schema: str = "public") -> dict[str, int]:
     """``fencekit.rejections`` for one table: reason -> count (sequences: survive rollbacks)."""
     rows = conn.execute(

@@ -35,7 +35,17 @@ from psycopg.conninfo import make_conninfo
 
 from fencekit.spec import FenceSpec, Scope, TableName
 from fencekit.sqlgen import protect_statements
-from tests.security.conftest import APP, DML, FENCE, FRESH, Conn, Findings, copy_text, protect
+from tests.security.conftest import (
+    APP,
+    DML,
+    FENCE,
+    FRESH,
+    Conn,
+    Findings,
+    copy_text,
+    protect,
+    without_keys_guard,
+)
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -559,7 +569,9 @@ def test_a_retype_that_changes_how_keys_print_is_refused(
     db: Conn, before: str, after: str, value: str
 ) -> None:
     """A retype within what looks like one type (a precision, char(n) for varchar) changes the
-    text of existing keys: a stale token would meet a new, empty fence. Refused."""
+    text of existing keys: a stale token would meet a new, empty fence. PostgreSQL refuses the
+    retype (the key fence's trigger names the column); with that trigger dropped by the owner,
+    every write naming a key is refused."""
     db.execute(f"CREATE TABLE kp (id int PRIMARY KEY, k {before} NOT NULL, v int)")
     spec = FenceSpec(TableName("public", "kp"), scope=Scope.KEY, key=("k",))
     for stmt in protect_statements(spec):
@@ -567,6 +579,12 @@ def test_a_retype_that_changes_how_keys_print_is_refused(
     db.execute("SELECT set_config('fencekit.token', '100', true)")
     db.execute(f"INSERT INTO kp VALUES (1, {value}, 0)")
     db.commit()
+    with pytest.raises(psycopg.Error) as refused:
+        db.execute(f"ALTER TABLE kp ALTER COLUMN k TYPE {after}")
+    assert refused.value.sqlstate == "0A000", refused.value
+    assert "used in a trigger definition" in str(refused.value)
+    db.rollback()
+    db.execute(without_keys_guard("kp"))
     db.execute(f"ALTER TABLE kp ALTER COLUMN k TYPE {after}")
     db.commit()
     db.execute("SELECT set_config('fencekit.token', '50', true)")
@@ -597,6 +615,7 @@ def test_a_collation_someone_created_cannot_key_a_fence(db: Conn) -> None:
     db.execute("SELECT set_config('fencekit.token', '10', true)")
     db.execute("INSERT INTO kc2 VALUES (1, 'a', 0)")
     db.commit()
+    db.execute(without_keys_guard("kc2"))
     db.execute("ALTER TABLE kc2 ALTER COLUMN k TYPE text COLLATE public.mine")
     db.commit()
     db.execute("SELECT set_config('fencekit.token', '11', true)")
@@ -707,6 +726,7 @@ def test_key_type_changed_after_protect_is_caught(db: Conn) -> None:
     db.commit()
     (pt,) = catalog.protected_tables(db)
     assert not [d for d in catalog.table_drift(db, pt) if d.kind == "key_type_changed"]
+    db.execute(without_keys_guard("kt"))
     db.execute("ALTER TABLE kt ALTER COLUMN k TYPE numeric(10,2)")
     db.commit()
     drift = [d for d in catalog.table_drift(db, pt) if d.kind == "key_type_changed"]

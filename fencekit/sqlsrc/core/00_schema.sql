@@ -47,7 +47,10 @@ CREATE TABLE IF NOT EXISTS fencekit.fences (
 -- columns, in order; NULL for a table fence), recorded by protect on the table whose oid is
 -- table_oid: a column renamed away and another added under its name has another attnum (status
 -- reports it, protect refuses it). A restore gives the table another oid and may renumber its
--- columns: the attnums are compared only while table_oid is the table's oid.
+-- columns: the attnums are compared only while table_oid is the table's oid. key_expressions: a
+-- key fence's generated key columns' generation expressions on the table and each partition
+-- and child when protect ran, as fingerprints (fencekit.key_expressions), compared on the same
+-- terms: changing one (SET EXPRESSION) rewrites the rows' keys without any trigger.
 CREATE TABLE IF NOT EXISTS fencekit.protected (
   schema_name      text NOT NULL,
   table_name       text NOT NULL,
@@ -60,6 +63,7 @@ CREATE TABLE IF NOT EXISTS fencekit.protected (
   key_families     text[],
   table_oid        oid,
   attnums          int2[],
+  key_expressions  jsonb,
   PRIMARY KEY (schema_name, table_name)
 );
 

@@ -7,9 +7,10 @@
 -- It acts only on what the command touched (pg_event_trigger_ddl_commands): a protected table
 -- that is, or is an ancestor of, a table the command created or altered, and that has a
 -- descendant without the table's fencekit triggers; it refuses a foreign table made a
--- descendant of one (fencekit.refuse_foreign_descendant). Any other DDL (a temporary table, an
--- unrelated table, a protected table's new column) calls nothing, so it never fails for a role
--- that may not run a cover function. It runs as the role that ran the command (no SECURITY
+-- descendant of one (fencekit.refuse_foreign_descendant), and a generated key column whose
+-- expression changed since protect (fencekit.check_key_expressions). Any other DDL (a
+-- temporary table, an unrelated table, a protected table's new column) covers nothing, so it
+-- never fails for a role that may not run a cover function. It runs as the role that ran the command (no SECURITY
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
 -- A protected table is found by its oid (fencekit.protected.table_oid, recorded at protect;
 -- trusted while the relation of that oid carries a fencekit trigger of its tag, as a restore
@@ -65,6 +66,9 @@ BEGIN
   LOOP
     -- Fail closed: a foreign table in a protected tree is written unfenced.
     PERFORM fencekit.refuse_foreign_descendant(p.rel);
+    -- And a generated key column's new expression (SET EXPRESSION, 17+) rewrote the rows' keys
+    -- without a trigger: refused here, in its own transaction (status reports it otherwise).
+    PERFORM fencekit.check_key_expressions(p.rel);
     CONTINUE WHEN NOT p.uncovered;
     IF p.renamed THEN
       -- Fail closed: the cover function names the table by its registered name.

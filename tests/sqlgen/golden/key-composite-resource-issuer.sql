@@ -667,6 +667,7 @@ BEGIN
           'fencekit_invoices_883e1d3584_ins',
           'fencekit_invoices_883e1d3584_upd',
           'fencekit_invoices_883e1d3584_del',
+          'fencekit_invoices_883e1d3584_keys',
           'fencekit_invoices_883e1d3584_cross_out',
           'fencekit_invoices_883e1d3584_cross_in',
           'fencekit_invoices_883e1d3584_updating',
@@ -699,6 +700,14 @@ BEGIN
     'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_keys',
+    'fencekit trigger template=1 sha256=eaf149b1e9cab06096103b27edf94eb8fa54d63608bec50708d68aa3343ed0fe; '
+    'generated, do not edit',
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_keys AFTER UPDATE
+  OF tenant_id, account_id ON %s
+  FOR EACH STATEMENT WHEN (false)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
   IF EXISTS (SELECT FROM pg_catalog.pg_class c
               WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p') THEN
     PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
@@ -715,7 +724,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
   'fencekit function template=1 '
-  'sha256=ca6c5021c9cb539af18026ca8fb3ef1dcdeae4d32dfdc3bf26b9e3977662b916; generated, do not edit';
+  'sha256=1cd420d6f82e817194c4228014a5cf8910827300232f0b8afa9f7b5ae2fee7d4; generated, do not edit';
 
 REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_stmt(),
@@ -1181,6 +1190,15 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
   'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; '
   'generated, do not edit';
 
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_keys AFTER UPDATE
+  OF tenant_id, account_id ON app.invoices
+  FOR EACH STATEMENT WHEN (false)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_keys ON app.invoices IS
+  'fencekit trigger template=1 sha256=eaf149b1e9cab06096103b27edf94eb8fa54d63608bec50708d68aa3343ed0fe; '
+  'generated, do not edit';
+
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_cross_out',
       'fencekit trigger template=1 sha256=3558407ee87c7713ef51a5c9fdbdea20248acd2f36e0f19e6a93c18ceb8410ac; '
       'generated, do not edit',
@@ -1225,6 +1243,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          'fencekit_invoices_883e1d3584_cross_out',
          'fencekit_invoices_883e1d3584_del',
          'fencekit_invoices_883e1d3584_ins',
+         'fencekit_invoices_883e1d3584_keys',
          'fencekit_invoices_883e1d3584_root',
          'fencekit_invoices_883e1d3584_trunc',
          'fencekit_invoices_883e1d3584_upd',

@@ -591,6 +591,7 @@ BEGIN
           'fencekit_invoices_883e1d3584_ins',
           'fencekit_invoices_883e1d3584_upd',
           'fencekit_invoices_883e1d3584_del',
+          'fencekit_invoices_883e1d3584_keys',
           'fencekit_invoices_883e1d3584_cross_out',
           'fencekit_invoices_883e1d3584_cross_in',
           'fencekit_invoices_883e1d3584_updating',
@@ -623,6 +624,14 @@ BEGIN
     'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_del AFTER DELETE ON %s
   REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT
   EXECUTE FUNCTION fencekit.invoices_883e1d3584_del()', false);
+  PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
+    'fencekit_invoices_883e1d3584_keys',
+    'fencekit trigger template=1 sha256=b77052936f775ee8fa4e824438efb1fefd7d49e3121cd3a7f3b4ff1dd9e0ec24; '
+    'generated, do not edit',
+    'CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_keys AFTER UPDATE
+  OF account_id ON %s
+  FOR EACH STATEMENT WHEN (false)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt()', false);
   IF EXISTS (SELECT FROM pg_catalog.pg_class c
               WHERE c.oid = 'app.invoices'::pg_catalog.regclass AND c.relkind = 'p') THEN
     PERFORM fencekit.cover_trigger('app.invoices'::pg_catalog.regclass,
@@ -639,7 +648,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cover() IS
   'fencekit function template=1 '
-  'sha256=ca6c5021c9cb539af18026ca8fb3ef1dcdeae4d32dfdc3bf26b9e3977662b916; generated, do not edit';
+  'sha256=a8b22212e0e11098ac9ab8d8e110e9c8699f5773f44379591a9a7b69e4ef6020; generated, do not edit';
 
 REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_stmt(),
@@ -1035,6 +1044,15 @@ COMMENT ON TRIGGER fencekit_invoices_883e1d3584_del ON app.invoices IS
   'fencekit trigger template=1 sha256=f632bbc57051701f6a44a87a3d7687ac506c52ce2f101924e780bc4573532dd9; '
   'generated, do not edit';
 
+CREATE OR REPLACE TRIGGER fencekit_invoices_883e1d3584_keys AFTER UPDATE
+  OF account_id ON app.invoices
+  FOR EACH STATEMENT WHEN (false)
+  EXECUTE FUNCTION fencekit.invoices_883e1d3584_stmt();
+
+COMMENT ON TRIGGER fencekit_invoices_883e1d3584_keys ON app.invoices IS
+  'fencekit trigger template=1 sha256=b77052936f775ee8fa4e824438efb1fefd7d49e3121cd3a7f3b4ff1dd9e0ec24; '
+  'generated, do not edit';
+
 SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_invoices_883e1d3584_cross_out',
       'fencekit trigger template=1 sha256=3558407ee87c7713ef51a5c9fdbdea20248acd2f36e0f19e6a93c18ceb8410ac; '
       'generated, do not edit',
@@ -1079,6 +1097,7 @@ SELECT fencekit.drop_other_triggers('app.invoices'::pg_catalog.regclass, 'fencek
          'fencekit_invoices_883e1d3584_cross_out',
          'fencekit_invoices_883e1d3584_del',
          'fencekit_invoices_883e1d3584_ins',
+         'fencekit_invoices_883e1d3584_keys',
          'fencekit_invoices_883e1d3584_root',
          'fencekit_invoices_883e1d3584_trunc',
          'fencekit_invoices_883e1d3584_upd',

@@ -1058,6 +1058,7 @@ class Migration(migrations.Migration):
                     "          'fencekit_shop_billingsummary_79929d6903_ins',\n"
                     "          'fencekit_shop_billingsummary_79929d6903_upd',\n"
                     "          'fencekit_shop_billingsummary_79929d6903_del',\n"
+                    "          'fencekit_shop_billingsummary_79929d6903_keys',\n"
                     "          'fencekit_shop_billingsummary_79929d6903_cross_out',\n"
                     "          'fencekit_shop_billingsummary_79929d6903_cross_in',\n"
                     "          'fencekit_shop_billingsummary_79929d6903_updating',\n"
@@ -1090,6 +1091,14 @@ class Migration(migrations.Migration):
                     "    'CREATE OR REPLACE TRIGGER fencekit_shop_billingsummary_79929d6903_del AFTER DELETE ON %s\n"
                     '  REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT\n'
                     "  EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_del()', false);\n"
+                    "  PERFORM fencekit.cover_trigger('public.shop_billingsummary'::pg_catalog.regclass,\n"
+                    "    'fencekit_shop_billingsummary_79929d6903_keys',\n"
+                    "    'fencekit trigger template=1 sha256=25ce3ac264d7f5688340ab1d8fe5d30c76f3eea95f8dc3a71a21e31c57f35869; '\n"
+                    "    'generated, do not edit',\n"
+                    "    'CREATE OR REPLACE TRIGGER fencekit_shop_billingsummary_79929d6903_keys AFTER UPDATE\n"
+                    '  OF account_id ON %s\n'
+                    '  FOR EACH STATEMENT WHEN (false)\n'
+                    "  EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_stmt()', false);\n"
                     '  IF EXISTS (SELECT FROM pg_catalog.pg_class c\n'
                     "              WHERE c.oid = 'public.shop_billingsummary'::pg_catalog.regclass AND c.relkind = 'p') THEN\n"
                     "    PERFORM fencekit.cover_trigger('public.shop_billingsummary'::pg_catalog.regclass,\n"
@@ -1107,7 +1116,7 @@ class Migration(migrations.Migration):
                 (
                     'COMMENT ON FUNCTION fencekit.shop_billingsummary_79929d6903_cover() IS\n'
                     "  'fencekit function template=1 '\n"
-                    "  'sha256=954644e1c01c4a51367fa039d00d5e430fc86f73c8fdb1a8a11c4471e4f5c5f2; generated, do not edit'"
+                    "  'sha256=07fb203e326fb94ba2fddf17c053680d3f02ed7c7d63f0000eff88db8e535b84; generated, do not edit'"
                 ),
                 (
                     'REVOKE ALL ON FUNCTION\n'
@@ -1515,6 +1524,17 @@ class Migration(migrations.Migration):
                     "  'generated, do not edit'"
                 ),
                 (
+                    'CREATE OR REPLACE TRIGGER fencekit_shop_billingsummary_79929d6903_keys AFTER UPDATE\n'
+                    '  OF account_id ON public.shop_billingsummary\n'
+                    '  FOR EACH STATEMENT WHEN (false)\n'
+                    '  EXECUTE FUNCTION fencekit.shop_billingsummary_79929d6903_stmt()'
+                ),
+                (
+                    'COMMENT ON TRIGGER fencekit_shop_billingsummary_79929d6903_keys ON public.shop_billingsummary IS\n'
+                    "  'fencekit trigger template=1 sha256=25ce3ac264d7f5688340ab1d8fe5d30c76f3eea95f8dc3a71a21e31c57f35869; '\n"
+                    "  'generated, do not edit'"
+                ),
+                (
                     "SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_shop_billingsummary_79929d6903_cross_out',\n"
                     "      'fencekit trigger template=1 sha256=7a5db37dde83461ba133004a1676cb6edf45e68bc55fac55375b5b9b2e23f3a6; '\n"
                     "      'generated, do not edit',\n"
@@ -1562,6 +1582,7 @@ class Migration(migrations.Migration):
                     "         'fencekit_shop_billingsummary_79929d6903_cross_out',\n"
                     "         'fencekit_shop_billingsummary_79929d6903_del',\n"
                     "         'fencekit_shop_billingsummary_79929d6903_ins',\n"
+                    "         'fencekit_shop_billingsummary_79929d6903_keys',\n"
                     "         'fencekit_shop_billingsummary_79929d6903_root',\n"
                     "         'fencekit_shop_billingsummary_79929d6903_trunc',\n"
                     "         'fencekit_shop_billingsummary_79929d6903_upd',\n"

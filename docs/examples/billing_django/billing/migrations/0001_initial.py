@@ -592,6 +592,7 @@ class Migration(migrations.Migration):
                     "          'fencekit_billing_billingsummary_0010f62d80_ins',\n"
                     "          'fencekit_billing_billingsummary_0010f62d80_upd',\n"
                     "          'fencekit_billing_billingsummary_0010f62d80_del',\n"
+                    "          'fencekit_billing_billingsummary_0010f62d80_keys',\n"
                     "          'fencekit_billing_billingsummary_0010f62d80_cross_out',\n"
                     "          'fencekit_billing_billingsummary_0010f62d80_cross_in',\n"
                     "          'fencekit_billing_billingsummary_0010f62d80_updating',\n"
@@ -624,6 +625,14 @@ class Migration(migrations.Migration):
                     "    'CREATE OR REPLACE TRIGGER fencekit_billing_billingsummary_0010f62d80_del AFTER DELETE ON %s\n"
                     '  REFERENCING OLD TABLE AS fencekit_old FOR EACH STATEMENT\n'
                     "  EXECUTE FUNCTION fencekit.billing_billingsummary_0010f62d80_del()', false);\n"
+                    "  PERFORM fencekit.cover_trigger('public.billing_billingsummary'::pg_catalog.regclass,\n"
+                    "    'fencekit_billing_billingsummary_0010f62d80_keys',\n"
+                    "    'fencekit trigger template=1 sha256=02b8b516f3e9578bac0bee6f891f7cfded09759602e62af26c19617a9da59edd; '\n"
+                    "    'generated, do not edit',\n"
+                    "    'CREATE OR REPLACE TRIGGER fencekit_billing_billingsummary_0010f62d80_keys AFTER UPDATE\n"
+                    '  OF account_id ON %s\n'
+                    '  FOR EACH STATEMENT WHEN (false)\n'
+                    "  EXECUTE FUNCTION fencekit.billing_billingsummary_0010f62d80_stmt()', false);\n"
                     '  IF EXISTS (SELECT FROM pg_catalog.pg_class c\n'
                     "              WHERE c.oid = 'public.billing_billingsummary'::pg_catalog.regclass AND c.relkind = 'p') THEN\n"
                     "    PERFORM fencekit.cover_trigger('public.billing_billingsummary'::pg_catalog.regclass,\n"
@@ -641,7 +650,7 @@ class Migration(migrations.Migration):
                 (
                     'COMMENT ON FUNCTION fencekit.billing_billingsummary_0010f62d80_cover() IS\n'
                     "  'fencekit function template=1 '\n"
-                    "  'sha256=ffa57f69b420d2cbb9f8890b09e39d49b9d5b6d13b5863da1971c2f2e4f45c10; generated, do not edit'"
+                    "  'sha256=cbb86029111db26399b6970e7cf06489d4331bc5fc6f14187a44d683014169e9; generated, do not edit'"
                 ),
                 (
                     'REVOKE ALL ON FUNCTION\n'
@@ -1049,6 +1058,17 @@ class Migration(migrations.Migration):
                     "  'generated, do not edit'"
                 ),
                 (
+                    'CREATE OR REPLACE TRIGGER fencekit_billing_billingsummary_0010f62d80_keys AFTER UPDATE\n'
+                    '  OF account_id ON public.billing_billingsummary\n'
+                    '  FOR EACH STATEMENT WHEN (false)\n'
+                    '  EXECUTE FUNCTION fencekit.billing_billingsummary_0010f62d80_stmt()'
+                ),
+                (
+                    'COMMENT ON TRIGGER fencekit_billing_billingsummary_0010f62d80_keys ON public.billing_billingsummary IS\n'
+                    "  'fencekit trigger template=1 sha256=02b8b516f3e9578bac0bee6f891f7cfded09759602e62af26c19617a9da59edd; '\n"
+                    "  'generated, do not edit'"
+                ),
+                (
                     "SELECT fencekit.ensure_trigger(c.oid::pg_catalog.regclass, 'fencekit_billing_billingsummary_0010f62d80_cross_out',\n"
                     "      'fencekit trigger template=1 sha256=52fb9eb176be8408393220f573c64a6b6b2c20c5181e859308d79a81ad37dd1f; '\n"
                     "      'generated, do not edit',\n"
@@ -1096,6 +1116,7 @@ class Migration(migrations.Migration):
                     "         'fencekit_billing_billingsummary_0010f62d80_cross_out',\n"
                     "         'fencekit_billing_billingsummary_0010f62d80_del',\n"
                     "         'fencekit_billing_billingsummary_0010f62d80_ins',\n"
+                    "         'fencekit_billing_billingsummary_0010f62d80_keys',\n"
                     "         'fencekit_billing_billingsummary_0010f62d80_root',\n"
                     "         'fencekit_billing_billingsummary_0010f62d80_trunc',\n"
                     "         'fencekit_billing_billingsummary_0010f62d80_upd',\n"
