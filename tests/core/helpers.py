@@ -139,3 +139,20 @@ def make_app_role(make_role: Any, name: str, *, dml: bool = True, admin: bool = 
         grants.append("fencekit_admin")
     dsn: str = make_role(name, *grants)
     return dsn
+
+
+def rollout_tables(conn: Conn, prefix: str, rows: int = 2) -> dict[str, dict[str, Any]]:
+    """``<prefix>_row``, ``_key`` (on ``k``) and ``_table``: ``(id, k, v)`` tables protected in
+    rollout mode (on_missing = allow), each with ``rows`` rows written under token 10. Returns
+    each table's protect options."""
+    scopes: dict[str, dict[str, Any]] = {
+        f"{prefix}_row": {"scope": "row"},
+        f"{prefix}_key": {"scope": "key", "key": ("k",)},
+        f"{prefix}_table": {"scope": "table"},
+    }
+    for name, kw in scopes.items():
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, k int NOT NULL, v text)")
+        conn.commit()
+        protect(conn, name, on_missing="allow", **kw)
+        write(conn, 10, f"INSERT INTO {name} SELECT g, g, 'a' FROM generate_series(1, {rows}) g")
+    return scopes

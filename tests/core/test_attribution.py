@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests.core.helpers import protect, write
+from tests.core.helpers import protect, rollout_tables, write
 
 Conn = psycopg.Connection[Any]
 
@@ -29,11 +29,7 @@ SCOPES = {
 
 @pytest.fixture
 def tables(db: Conn) -> None:
-    for name, kw in SCOPES.items():
-        db.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, k int NOT NULL, v text)")
-        db.commit()
-        protect(db, name, on_missing="allow", **kw)  # type: ignore[arg-type]
-        write(db, 10, f"INSERT INTO {name} VALUES (1, 1, 'a'), (2, 2, 'b')")
+    rollout_tables(db, "a", rows=2)
 
 
 def writers(db: Conn, table: str) -> list[dict[str, Any]]:

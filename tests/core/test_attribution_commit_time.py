@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 
 from fencekit.catalog.rollout import TableRollout, rollout_report
 from fencekit.spec import TableName
-from tests.core.helpers import protect, write
+from tests.core.helpers import rollout_tables
 
 Conn = psycopg.Connection[Any]
 
@@ -44,11 +44,7 @@ HOLD = 11.5
 
 @pytest.fixture
 def tables(db: Conn) -> None:
-    for name, kw in SCOPES.items():
-        db.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, k int NOT NULL, v text)")
-        db.commit()
-        protect(db, name, on_missing="allow", **kw)  # type: ignore[arg-type]
-        write(db, 10, f"INSERT INTO {name} SELECT g, g, 'a' FROM generate_series(1, 20) g")
+    rollout_tables(db, "c", rows=20)
 
 
 def _connect(dsn: str, level: str, app: str = "longtx") -> Conn:

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests.core.helpers import protect, write
+from tests.core.helpers import rollout_tables
 
 Conn = psycopg.Connection[Any]
 
@@ -30,11 +30,7 @@ LEVELS = ["repeatable read", "serializable"]
 
 @pytest.fixture
 def tables(db: Conn) -> None:
-    for name, kw in SCOPES.items():
-        db.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, k int NOT NULL, v text)")
-        db.commit()
-        protect(db, name, on_missing="allow", **kw)  # type: ignore[arg-type]
-        write(db, 10, f"INSERT INTO {name} SELECT g, g, 'a' FROM generate_series(1, 20) g")
+    rollout_tables(db, "i", rows=20)
 
 
 def _connect(dsn: str, level: str, app: str = "iso-app") -> Conn:
