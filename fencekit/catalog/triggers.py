@@ -4,7 +4,7 @@ fire after it, each with the hash of its code."""
 
 from __future__ import annotations
 
-import re
+import json
 from dataclasses import dataclass
 
 from fencekit import sqlgen
@@ -95,32 +95,18 @@ def _system(insp: Inspector, t: _Trig, spec: FenceSpec) -> bool:
     return spec.scope is not Scope.ROW or spec.column.encode() not in args
 
 
-# The rest of a generated name after a table's prefix never holds another tag's ten hex digits
-# (fencekit.named_by, 47_protect.sql: one rule for what protect drops and what status trusts).
-_OTHER_TAG = re.compile(r"(^|_)[0-9a-f]{10}_")
-
-
-def named_by(name: str, prefix: str) -> bool:
-    """Whether ``name`` is one of the names of the table whose objects' names start
-    ``prefix`` (``fencekit.named_by``)."""
-    return name.startswith(prefix) and not _OTHER_TAG.search(name[len(prefix) :])
-
-
-def registered_tags(conn: Conn) -> list[str]:
-    """The tags of the protected tables."""
-    return [str(r[0]) for r in conn.execute("SELECT tag FROM fencekit.protected").fetchall()]
-
-
-def generated_trigger(name: str, function: str, tags: list[str]) -> bool:
-    """Whether a trigger is one a protected table's template makes: named with that table's
-    prefix and calling one of that table's functions. A trigger under fencekit's prefix that
-    calls another function, or calls a table's function under a name its template does not
-    make (the owner may attach a row fence's TRUNCATE check, which it owns, anywhere), is not
-    fencekit's: status reports it like any other trigger."""
-    return any(
-        named_by(name, f"fencekit_{tag}_") and named_by(function, f"fencekit.{tag}_")
-        for tag in tags
-    )
+def generated_triggers(conn: Conn) -> frozenset[tuple[str, str]]:
+    """(name, function) of every trigger the protected tables' templates make: a trigger is
+    fencekit's only when it is one of these. A trigger under fencekit's prefix that calls
+    another function, or one of a table's functions under a name its template does not make
+    (the owner may attach a row fence's TRUNCATE check, which it owns, anywhere, even as a
+    BEFORE ROW trigger that drops every write), is not fencekit's: status reports it like any
+    other trigger, and re-protect drops it (fencekit.drop_other_triggers)."""
+    out: set[tuple[str, str]] = set()
+    for (spec,) in conn.execute("SELECT spec::pg_catalog.text FROM fencekit.protected"):
+        objs = sqlgen.table_objects(FenceSpec.from_dict(json.loads(spec)))
+        out.update((t.name, f"fencekit.{t.function.name}") for t in objs.triggers)
+    return frozenset(out)
 
 
 def foreign_trigger_drift(
@@ -156,10 +142,12 @@ def foreign_trigger_drift(
     never_queued = {tr.name for tr in objs.triggers if tr.when == "false"}
     trigs = relation_triggers(conn, oid)
 
-    tags = registered_tags(conn)
+    generated = generated_triggers(conn)
 
     def is_fencekit(t: _Trig) -> bool:
-        return t.name in ours or generated_trigger(t.name, t.function, tags)
+        return (t.name, t.function) in generated or (
+            t.name in ours and t.function.startswith("fencekit.")
+        )
 
     def is_check(t: _Trig) -> bool:
         return (
@@ -268,11 +256,11 @@ def other_triggers(
     """The firing triggers (not fencekit's) of a relation a write reaches through another:
     a table a foreign key cascades into, a view written through."""
     out: list[Drift] = []
-    tags = registered_tags(conn)
+    generated = generated_triggers(conn)
     for t in relation_triggers(conn, oid):
         if (
             t.enabled in ("D", "R")
-            or generated_trigger(t.name, t.function, tags)
+            or (t.name, t.function) in generated
             or insp.system_function(t.function_oid)
         ):
             continue

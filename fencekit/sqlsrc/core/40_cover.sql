@@ -58,9 +58,14 @@ BEGIN
               SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN down ON i.inhparent = down.relid)
        SELECT FROM down JOIN pg_catalog.pg_class c ON c.oid = down.relid
         WHERE c.relkind IN ('r', 'p')  -- what the cover function covers
+          -- covered: a trigger the cover put there (not a partition's clone of a row trigger)
+          -- calling one of the table's functions that only an admin can attach (not judged
+          -- by a trigger's name, nor by the TRUNCATE check its owner owns)
           AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger g
-                           WHERE g.tgrelid = down.relid
-                             AND g.tgname = 'fencekit_' || m.tag || '_trunc')) AS uncovered
+                            JOIN pg_catalog.pg_proc f ON f.oid = g.tgfoid
+                           WHERE g.tgrelid = down.relid AND g.tgparentid = 0
+                             AND f.pronamespace = 'fencekit'::pg_catalog.regnamespace
+                             AND f.proname IN (m.tag || '_ins', m.tag || '_stmt'))) AS uncovered
       FROM mine m
      ORDER BY m.schema_name, m.table_name
   LOOP
