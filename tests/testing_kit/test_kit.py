@@ -152,7 +152,9 @@ def test_run_many_keeps_its_files_in_a_given_workdir(
         write_job, jobs_db.app_dsn, 12, copies=2, seconds=3, ttl=1.0, kills=False, workdir=tmp_path
     )
     assert result.workdir == tmp_path
-    assert (tmp_path / "nemesis.jsonl").read_text()
+    # The run's files stay where it was told to put them (the history, the workers' output).
+    assert (tmp_path / "nemesis.jsonl").exists()
+    assert {"w1.log", "w2.log"} <= {p.name for p in tmp_path.glob("*.log")}
 
 
 def test_run_many_says_when_no_worker_reached_the_checkpoint(jobs_db: FencedDatabase) -> None:
