@@ -17,6 +17,8 @@ reaches the owner's code is refused outside a session logged in as the owner, an
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -293,10 +295,68 @@ def test_protect_of_a_partitioned_table_whose_key_runs_owner_code_is_refused(
     db: Conn, lab: dict[str, str], runner: str
 ) -> None:
     """CREATE TRIGGER on a partitioned table folds its partition key expression: in any
-    session but the owner's, protect refuses before any DDL, naming the code and the owner."""
-    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=r"public\.ps_imm") as info:
+    session but the owner's, protect refuses before any DDL, naming the code and the owner
+    (an admin, who may not create in schema fencekit, is refused for that first)."""
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as info:
         _run(lab[runner], protect_statements(PART))
-    assert "ps_owner" in (info.value.diag.message_hint or "")
+    if runner == "dba":
+        assert "public.ps_imm" in str(info.value), info.value
+        assert "ps_owner" in (info.value.diag.message_hint or "")
+    else:
+        assert "schema fencekit" in str(info.value), info.value
+    _assert_owner_only(db)
+
+
+def test_protect_waits_for_a_partition_being_attached_and_judges_it(
+    db: Conn, lab: dict[str, str]
+) -> None:
+    """The owner holds, uncommitted, the attachment of a partitioned partition whose key runs
+    its code, under a table the DBA then protects. Protect waits for it before its guard reads
+    the tree, so the guard sees that partition's key and refuses: CREATE TRIGGER would have
+    folded it as the DBA."""
+    with psycopg.connect(lab["owner"], autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE public.ps_tree (id int, k int NOT NULL, v int NOT NULL)"
+            " PARTITION BY RANGE (k);"
+            " CREATE TABLE public.ps_tree_1 PARTITION OF public.ps_tree"
+            " FOR VALUES FROM (0) TO (1000)"
+        )
+    result: list[BaseException | None] = []
+    with psycopg.connect(lab["owner"]) as attach:
+        attach.execute(
+            "CREATE TABLE public.ps_sub (id int, k int NOT NULL, v int NOT NULL)"
+            " PARTITION BY LIST ((k + public.ps_imm(3)));"
+            " CREATE TABLE public.ps_sub_a PARTITION OF public.ps_sub DEFAULT;"
+            " ALTER TABLE public.ps_tree ATTACH PARTITION public.ps_sub"
+            " FOR VALUES FROM (1000) TO (2000)"
+        )
+
+        def dba() -> None:
+            try:
+                _run(lab["dba"], protect_statements(FenceSpec(TableName("public", "ps_tree"))))
+                result.append(None)
+            except BaseException as exc:  # reported below, in the test's thread
+                result.append(exc)
+
+        thread = threading.Thread(target=dba)
+        thread.start()
+        # The DBA's protect waits on the table; then the owner commits the attachment.
+        for _ in range(300):
+            row = db.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                " AND relation = 'public.ps_tree'::regclass"
+            ).fetchone()
+            db.rollback()
+            if row is not None and row[0] > 0:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("protect never waited for the attachment")
+        attach.commit()
+    thread.join(timeout=60)
+    assert result, "protect did not finish"
+    assert isinstance(result[0], psycopg.errors.InsufficientPrivilege), result[0]
+    assert "ps_imm" in str(result[0]), result[0]
     _assert_owner_only(db)
 
 

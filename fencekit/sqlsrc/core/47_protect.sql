@@ -495,8 +495,6 @@ BEGIN
                                'row fence, whose checks fire on its rows whatever the statement '
                                'names.', rel, parent);
   END IF;
-  PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
-  PERFORM fencekit.refuse_foreign_descendant(rel);
   -- Protect creates the table's functions and counters in schema fencekit, where only the
   -- installer and superusers create (00_schema.sql): say so before anything is changed.
   IF NOT pg_catalog.has_schema_privilege('fencekit', 'CREATE') THEN
@@ -509,6 +507,21 @@ BEGIN
              'fencekit_admin is not enough, by design: anyone who can create in schema fencekit '
              'could put code where fencekit''s own functions would run it.';
   END IF;
+  -- The tree is locked before it is judged: a partition being attached, created or detached
+  -- holds a lock this waits for, so the checks below read the tree CREATE TRIGGER will load
+  -- (a partition key's code among it). At READ COMMITTED each of them reads the catalogs
+  -- anew, after the lock; a REPEATABLE READ snapshot could predate what the lock waited for.
+  IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: protect of %s runs at READ COMMITTED, not %s: '
+                                  'its checks must read the table as it is once locked; '
+                                  'nothing was changed', rel,
+                                  pg_catalog.current_setting('transaction_isolation')),
+      HINT = 'Run it in a transaction started with BEGIN ISOLATION LEVEL READ COMMITTED.';
+  END IF;
+  EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', rel);
+  PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
+  PERFORM fencekit.refuse_foreign_descendant(rel);
   SELECT pg_catalog.jsonb_build_object('scope', p.spec -> 'scope', 'key', p.spec -> 'key',
                                        'resource', p.spec -> 'resource',
                                        'column', p.spec -> 'column')
