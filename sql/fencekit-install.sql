@@ -2757,8 +2757,8 @@ $fn$;
 -- on `col` of a relation of the tree (protect sets it on each; register_table checks again
 -- after it did, should the owner have dropped it everywhere); and the child's attnum protect
 -- recorded (fencekit.protected.child_attnums, while the recorded oids hold), which the owner
--- cannot strip. (The protected table's own recorded attnum is compared by
--- fencekit.check_bound_columns, which says more.) Defaults are compared as pg_node_tree text
+-- cannot strip. (While they hold, the protected table's own recorded attnum is compared by
+-- fencekit.check_bound_columns instead, which says more.) Defaults are compared as pg_node_tree text
 -- without parse locations (they vary with the text of the statement that set them): never
 -- deparsed, never evaluated. Reads the catalogs and fencekit.protected only.
 CREATE OR REPLACE FUNCTION fencekit.swapped_descendant_columns(rel regclass, col text, ins text)
@@ -2777,9 +2777,18 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
       FROM fencekit.protected p
      CROSS JOIN pg_catalog.jsonb_each_text(p.child_attnums) AS r(key, value)
      WHERE 'fencekit_' || p.tag || '_ins' = ins AND p.table_oid = rel::oid
-       AND fencekit.recorded_oids_hold(p.tag))
+       AND fencekit.recorded_oids_hold(p.tag)),
+  -- `rel` itself only while its recorded attnum cannot be compared (after a restore): else
+  -- that says it, and a column an earlier protection bound (unprotected, then protected
+  -- afresh) keeps a fence DEFAULT that binds nothing.
+  checked AS (
+    SELECT t.relid FROM tree t
+     WHERE t.relid <> rel::oid
+        OR EXISTS (SELECT FROM fencekit.protected p
+                    WHERE 'fencekit_' || p.tag || '_ins' = ins
+                      AND NOT fencekit.recorded_oids_hold(p.tag)))
   SELECT t.relid::regclass, a.attname
-    FROM tree t
+    FROM checked t
     JOIN pg_catalog.pg_attribute a
       ON a.attrelid = t.relid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> col
    WHERE EXISTS (SELECT FROM pg_catalog.pg_attrdef f
@@ -3114,8 +3123,13 @@ BEGIN
   rel := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
   -- Last in protect, after the cover: a child whose swapped fence column no witness named
   -- before (its INSERT trigger and every fence DEFAULT dropped) is named now that the protect
-  -- set the DEFAULT again, and refused before it is recorded as bound.
-  IF spec ->> 'scope' = 'row' THEN
+  -- set the DEFAULT again, and refused before it is recorded as bound. Only on a table already
+  -- protected: protected afresh (after unprotect), a column the last protection bound keeps no
+  -- fence anything still reads, and the fences restart.
+  IF spec ->> 'scope' = 'row'
+     AND EXISTS (SELECT FROM fencekit.protected p
+                  WHERE (p.schema_name, p.table_name)
+                        = (register_table.schema_name, register_table.table_name)) THEN
     PERFORM fencekit.check_descendant_columns(rel, spec ->> 'column',
                                               'fencekit_' || tag || '_ins');
   END IF;
@@ -3801,8 +3815,9 @@ BEGIN
            WHEN kind = 'v' THEN 'a view' WHEN kind = 'm' THEN 'a materialized view'
            WHEN kind = 'f' THEN 'a foreign table' ELSE 'relkind ' || kind END),
     HINT = CASE WHEN protected IS NOT NULL
-             THEN pg_catalog.format('The protected table is now %s; fencekit status '
-                                    'reports it and prints the fencekit rename to run.', protected)
+             THEN pg_catalog.format('The protected table was renamed to %s; fencekit '
+                                    'status reports it and prints the fencekit rename to run.',
+                                    protected)
              ELSE 'fencekit status reports what happened to the protected table.' END;
 END
 $fn$;

@@ -36,8 +36,9 @@ BEGIN
            WHEN kind = 'v' THEN 'a view' WHEN kind = 'm' THEN 'a materialized view'
            WHEN kind = 'f' THEN 'a foreign table' ELSE 'relkind ' || kind END),
     HINT = CASE WHEN protected IS NOT NULL
-             THEN pg_catalog.format('The protected table is now %s; fencekit status '
-                                    'reports it and prints the fencekit rename to run.', protected)
+             THEN pg_catalog.format('The protected table was renamed to %s; fencekit '
+                                    'status reports it and prints the fencekit rename to run.',
+                                    protected)
              ELSE 'fencekit status reports what happened to the protected table.' END;
 END
 $fn$;
