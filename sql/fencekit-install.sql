@@ -2013,8 +2013,9 @@ GRANT ALL ON fencekit.floors TO fencekit_admin;
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
 -- A protected table is found as fencekit.protected_table finds it (the oid protect recorded;
 -- after a restore, a trigger of the table's that only an admin can attach), else by its
--- registered name: renamed, it is still the protected table. Its cover function names it by the registered name, so a renamed table's
--- new descendant is refused until `fencekit rename` moves the protection (fail closed).
+-- registered name: renamed, it is still the protected table. Its cover function names it by
+-- the registered name, so a renamed table's new descendant is refused until `fencekit rename`
+-- moves the protection (fail closed).
 CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -2837,12 +2838,12 @@ $fn$;
 -- recorded oids hold: fencekit.recorded_oids_hold): renamed away, with or without another
 -- added under its name; and a row fence's table, partition or child whose fence column is
 -- (fencekit.check_descendant_columns: by what binds the old column by attnum, which a restore
--- keeps; the registry row is the one whose protected table `rel` is, or whose name it has). Protect would bind fencekit's objects to
--- a new column (adding an empty one when none has the name), a rename re-protects, and a move
--- would carry its fences from there, while the fences stay with the old column (a row fence's
--- in it; a key fence's are named by its values). A column dropped for good is not refused: its
--- fences went with it (status: fence_column_missing). Reads the catalogs and
--- fencekit.protected only.
+-- keeps; the registry row is the one whose protected table `rel` is, or whose name it has).
+-- Protect would bind fencekit's objects to a new column (adding an empty one when none has the
+-- name), a rename re-protects, and a move would carry its fences from there, while the fences
+-- stay with the old column (a row fence's in it; a key fence's are named by its values). A
+-- column dropped for good is not refused: its fences went with it (status:
+-- fence_column_missing). Reads the catalogs and fencekit.protected only.
 CREATE OR REPLACE FUNCTION fencekit.check_bound_columns(rel regclass) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE

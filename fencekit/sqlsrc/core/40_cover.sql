@@ -14,8 +14,9 @@
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
 -- A protected table is found as fencekit.protected_table finds it (the oid protect recorded;
 -- after a restore, a trigger of the table's that only an admin can attach), else by its
--- registered name: renamed, it is still the protected table. Its cover function names it by the registered name, so a renamed table's
--- new descendant is refused until `fencekit rename` moves the protection (fail closed).
+-- registered name: renamed, it is still the protected table. Its cover function names it by
+-- the registered name, so a renamed table's new descendant is refused until `fencekit rename`
+-- moves the protection (fail closed).
 CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
