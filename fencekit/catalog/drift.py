@@ -227,14 +227,16 @@ def identify(conn: Conn, pt: ProtectedTable) -> tuple[tuple[int, TableName] | No
     """The table ``pt`` protects (its oid and its name now), or None when the catalogs do not
     say (``fencekit.protected_table``: the oid protect recorded while the recorded oids hold,
     after a restore a trigger of the table's that only an admin can attach; never a trigger's
-    name alone), and whether the recorded oids hold (``fencekit.recorded_oids_hold``)."""
+    name alone), and whether the recorded oids hold (``fencekit.recorded_oids_hold``) or the
+    function that vouches for them is gone (``function_missing`` says that, not a restore)."""
     row = conn.execute(
-        "SELECT c.oid, n.nspname, c.relname, h.holds "
+        "SELECT c.oid, n.nspname, c.relname, h.holds OR pg_catalog.to_regprocedure("
+        "pg_catalog.format('fencekit.%%I()', %(stmt)s::pg_catalog.text)) IS NULL "
         "FROM (SELECT fencekit.recorded_oids_hold(%(tag)s) AS holds) h "
         "LEFT JOIN pg_catalog.pg_class c "
         "ON c.oid OPERATOR(pg_catalog.=) fencekit.protected_table(%(tag)s)::pg_catalog.oid "
         "LEFT JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace",
-        {"tag": pt.tag},
+        {"tag": pt.tag, "stmt": f"{pt.tag}_stmt"},
     ).fetchone()
     assert row is not None
     found = (int(row[0]), TableName(row[1], row[2])) if row[0] is not None else None
