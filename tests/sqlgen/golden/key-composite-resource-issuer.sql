@@ -55,6 +55,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -62,47 +63,39 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
                   OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+           THEN raw::pg_catalog.int8 END;
+  IF tok IS NOT NULL THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
                AND f.fence OPERATOR(pg_catalog.=) tok
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_new AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM fencekit_new AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -153,13 +146,8 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
-      INTO typed, printed, types
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
+      INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -168,8 +156,6 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -244,7 +230,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=a6c9e2fbfd88aa7bd936f60a342e1f95e1917bef353bc86a36456e53f2548344; generated, do not edit';
+  'sha256=ea333fd22ef6b49cd554c6c65b93155ab52d5a2ca82678127fa4bd988f91c2df; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -255,6 +241,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -262,52 +249,48 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
                   OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+           THEN raw::pg_catalog.int8 END;
+  IF tok IS NOT NULL THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
                AND f.fence OPERATOR(pg_catalog.=) tok
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_new AS y
-              UNION ALL SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_old AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM fencekit_new AS fencekit_y
+              UNION ALL SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -358,13 +341,8 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
-      INTO typed, printed, types
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
+      INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -373,8 +351,6 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -454,7 +430,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=8eb5d9f123f9d1f534840a5ecb44355889afe957ae227841d4cd997a68774c25; generated, do not edit';
+  'sha256=cf75dd269ef6ed1b0f2e6dbeedaa5a87b07ea3cfd2159d401d83e810aaadd122; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -465,6 +441,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -472,47 +449,39 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
                   OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+           THEN raw::pg_catalog.int8 END;
+  IF tok IS NOT NULL THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
                AND f.fence OPERATOR(pg_catalog.=) tok
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_old AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -563,13 +532,8 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
-      INTO typed, printed, types
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
+      INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -578,8 +542,6 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -654,7 +616,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=97f64627d3be10c71edb6a319d142b29008021dc0de5587d9e2814ed67121ba6; generated, do not edit';
+  'sha256=86b3f1af15f01ac32c9749a30e919e068090573928ca669208deeccb9e968e90; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -756,6 +718,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -763,47 +726,39 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
                   OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+           THEN raw::pg_catalog.int8 END;
+  IF tok IS NOT NULL THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
                AND f.fence OPERATOR(pg_catalog.=) tok
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -855,13 +810,8 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
-      INTO typed, printed, types
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
+      INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -870,8 +820,6 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -945,7 +893,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=2110257c0a4ef10153fe1f19323ac217cfeaacf450f2a08b7e5e7faf684f2297; generated, do not edit'$sql$;
+  'sha256=7976f461bc9d981c12cd8128836d4376ba199a379484a652818014cfcf569a57; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -956,6 +904,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -963,47 +912,39 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
                   OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+           THEN raw::pg_catalog.int8 END;
+  IF tok IS NOT NULL THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
                AND f.fence OPERATOR(pg_catalog.=) tok
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -1055,13 +996,8 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
-      INTO typed, printed, types
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
+      INTO typed, printed
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -1070,8 +1006,6 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -1145,7 +1079,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=d1075de6a4ba0f30bc8b70a24d3a207c696100dbf0e44984934b8407df1a6a32; generated, do not edit'$sql$;
+  'sha256=05c40cb305bb3e2e5b5bb340ef7cd7dba74b15f73670676b3256661754d17fb0; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()
