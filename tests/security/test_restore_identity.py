@@ -188,6 +188,21 @@ def test_a_decoy_under_the_registered_name_is_not_protected_in_its_place(
     attempt(db, "YF001", "UPDATE w SET v = 'stale' WHERE id = 1", token=STALE)
 
 
+def test_a_claim_on_a_decoy_under_the_registered_name_is_refused(db: Conn, owner: Conn) -> None:
+    """Its writers would raise the protected table's fences (a claim needs only a write right
+    on the table it names)."""
+    _owned_table(db, owner, "CREATE TABLE tc (id int PRIMARY KEY, v text)", "tc")
+    protect(db, FenceSpec(_t("tc"), scope=Scope.TABLE))
+    db.commit()
+    write_as(db, FENCE, "UPDATE tc SET v = 'tok100' WHERE id = 1")
+    _drop_triggers(owner, "tc")
+    owner.execute("ALTER TABLE tc RENAME TO tc_real; CREATE TABLE tc (id int, v text)")
+    attempt(db, "YF000", "SELECT fencekit.claim('tc', NULL::text[], 500)")
+    row = db.execute("SELECT fencekit.current_fence('public.tc', '')").fetchone()
+    db.rollback()
+    assert row == (FENCE,)
+
+
 # ------------------------------------------------------------------ after a restore
 
 
