@@ -2833,12 +2833,48 @@ BEGIN
 END
 $fn$;
 
+-- The key columns of the key fence `tag` on `rel` that are not the columns fencekit bound
+-- (`was`: the bound one's name now, NULL when none is left; `added`: whether a column has the
+-- key column's name now): its trigger `_keys` names them in
+-- its UPDATE OF list by attnum (pg_trigger.tgattr), and a rename leaves it on the old column,
+-- so it witnesses a key column swapped after a restore too, when the attnums protect recorded
+-- are another database's (callers consult it only then: while they hold, the recorded
+-- attnums say more, and the trigger may merely have been replaced, which re-protect mends).
+-- Only the trigger protect made (its name and the table's fencekit.<tag>_stmt, which only an
+-- admin can attach) counts. Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.swapped_key_columns(rel regclass, spec jsonb, for_tag text)
+RETURNS TABLE (col text, was name, added boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH bound AS (
+    SELECT g.tgattr::int2[] AS nums
+      FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_proc f ON f.oid = g.tgfoid
+     WHERE g.tgrelid = rel AND g.tgname = 'fencekit_' || for_tag || '_keys'
+       AND f.pronamespace = 'fencekit'::regnamespace AND f.proname = for_tag || '_stmt'
+       AND spec ->> 'scope' = 'key'
+     LIMIT 1),
+  named AS (
+    SELECT u.col, u.o, a.attnum
+      FROM pg_catalog.jsonb_array_elements_text(spec -> 'key') WITH ORDINALITY AS u(col, o)
+      LEFT JOIN pg_catalog.pg_attribute a
+        ON a.attrelid = rel AND a.attname = u.col AND a.attnum > 0 AND NOT a.attisdropped)
+  SELECT n.col,
+         (SELECT a.attname FROM pg_catalog.unnest(b.nums) AS x(num)
+            JOIN pg_catalog.pg_attribute a ON a.attrelid = rel AND a.attnum = x.num
+           WHERE x.num <> ALL (SELECT m.attnum FROM named m WHERE m.attnum IS NOT NULL)
+           ORDER BY x.num LIMIT 1),
+         n.attnum IS NOT NULL
+    FROM bound b, named n
+   WHERE n.attnum IS NULL OR n.attnum <> ALL (b.nums)
+   ORDER BY n.o
+$fn$;
+
 -- Refuses (YF000) a protected table whose fence or key column is not the one protect recorded
 -- (fencekit.protected.attnums, found by the table's oid whatever its name now, while the
 -- recorded oids hold: fencekit.recorded_oids_hold): renamed away, with or without another
 -- added under its name; and a row fence's table, partition or child whose fence column is
--- (fencekit.check_descendant_columns: by what binds the old column by attnum, which a restore
--- keeps; the registry row is the one whose protected table `rel` is, or whose name it has).
+-- (fencekit.check_descendant_columns), or a key fence's (fencekit.swapped_key_columns): by
+-- what binds the old column by attnum, which a restore keeps; the registry row is the one
+-- whose protected table `rel` is, or whose name it has).
 -- Protect would bind fencekit's objects to a new column (adding an empty one when none has the
 -- name), a rename re-protects, and a move would carry its fences from there, while the fences
 -- stay with the old column (a row fence's in it; a key fence's are named by its values). A
@@ -2886,12 +2922,28 @@ BEGIN
       HINT = 'Rename the columns back, or unprotect and protect again (the fences restart).',
       COLUMN = swapped.col;
   END IF;
-  FOR reg IN SELECT p.spec ->> 'column' AS col, p.tag FROM fencekit.protected p
-              WHERE p.scope = 'row'
-                AND rel IN (fencekit.protected_table(p.tag),
+  FOR reg IN SELECT p.spec, p.spec ->> 'column' AS col, p.tag FROM fencekit.protected p
+              WHERE rel IN (fencekit.protected_table(p.tag),
                             pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name,
                                                                      p.table_name))) LOOP
-    PERFORM fencekit.check_descendant_columns(rel, reg.col, 'fencekit_' || reg.tag || '_ins');
+    IF reg.spec ->> 'scope' = 'row' THEN
+      PERFORM fencekit.check_descendant_columns(rel, reg.col, 'fencekit_' || reg.tag || '_ins');
+    END IF;
+    -- While the recorded oids hold, the attnums above say it (the _keys trigger may merely
+    -- have been replaced, which status reports and protect mends).
+    SELECT * INTO swapped FROM fencekit.swapped_key_columns(rel, reg.spec, reg.tag)
+     WHERE NOT fencekit.recorded_oids_hold(reg.tag) LIMIT 1;
+    IF FOUND THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: key column %I of %s is not the column it was '
+                                    'protected with: that one %s', swapped.col, rel,
+                                    COALESCE('is now named ' || pg_catalog.quote_ident(
+                                               swapped.was), 'was dropped')),
+        DETAIL = 'Protecting it again, or moving it, would take the new column for the '
+                 'protected one: the fences stay named by the old one''s values.',
+        HINT = 'Rename the columns back, or unprotect and protect again (the fences restart).',
+        COLUMN = swapped.col;
+    END IF;
   END LOOP;
 END
 $fn$;

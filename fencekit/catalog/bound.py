@@ -44,6 +44,17 @@ def bound_column_drift(
     out: list[Drift] = []
     for col, old, added in _swapped_at_root(conn, oid, spec, cols):
         out.append(_swapped(spec, here, here, col, old, added=added))
+    if not out and spec.scope is Scope.KEY:
+        # After a restore the recorded attnums are not compared: the _keys trigger's UPDATE OF
+        # list, which binds the key columns by attnum, still tells (47_protect.sql).
+        for col, old, added in conn.execute(
+            "SELECT s.col, s.was::pg_catalog.text, s.added FROM fencekit.protected p, "
+            "fencekit.swapped_key_columns(%s::pg_catalog.oid::pg_catalog.regclass, p.spec, "
+            "p.tag) s WHERE p.schema_name = %s AND p.table_name = %s "
+            "AND NOT fencekit.recorded_oids_hold(p.tag)",
+            (oid, spec.table.schema, spec.table.name),
+        ).fetchall():
+            out.append(_swapped(spec, here, here, str(col), old, added=bool(added)))
     if spec.scope is not Scope.ROW or out:
         # A swap on the protected table reaches its descendants (RENAME COLUMN and ADD COLUMN
         # recurse), and so does the fix: one drift, on the table.

@@ -323,6 +323,38 @@ def test_a_fence_column_swapped_after_a_restore_is_seen_and_protect_refuses(
     attempt(restored, "YF001", "UPDATE rs SET v = 'stale' WHERE id = 1", token=STALE)
 
 
+@pytest.mark.parametrize("added", [True, False])
+def test_a_key_column_swapped_after_a_restore_is_seen_and_protect_refuses(
+    db: Conn, owner: Conn, restore: Callable[[], Conn], added: bool
+) -> None:
+    """A key fence's ``_keys`` trigger names its key columns by number, which a restore keeps."""
+    _owned_table(db, owner, "CREATE TABLE kr (id int PRIMARY KEY, v text)", "kr")
+    spec = FenceSpec(_t("kr"), scope=Scope.KEY, key=("id",))
+    protect(db, spec)
+    db.commit()
+    write_as(db, FENCE, "UPDATE kr SET v = 'tok100' WHERE id = 1")
+    restored = restore()
+    swap = ["ALTER TABLE kr RENAME id TO id_old"]
+    if added:
+        swap.append("ALTER TABLE kr ADD COLUMN id int NOT NULL DEFAULT 1001")
+    _as_owner(restored, *swap)
+    drift = _drift(restored, "kr")
+    swapped = [d for d in drift if d.kind is DriftKind.KEY_COLUMN_SWAPPED]
+    assert len(swapped) == 1, [d.kind for d in drift]
+    assert "id_old" in swapped[0].message
+    with pytest.raises(psycopg.Error) as e:
+        protect(restored, spec)
+    restored.rollback()
+    assert e.value.sqlstate == "YF000"
+    assert "id_old" in str(e.value)
+    if added:
+        _as_owner(restored, "ALTER TABLE kr RENAME id TO spare")
+    _as_owner(restored, "ALTER TABLE kr RENAME id_old TO id")
+    protect(restored, spec)
+    restored.commit()
+    attempt(restored, "YF001", "UPDATE kr SET v = 'stale' WHERE id = 1", token=STALE)
+
+
 def test_the_drop_of_a_table_that_gets_a_stale_oid_forgets_nothing(
     db: Conn, owner: Conn, restore: Callable[[], Conn]
 ) -> None:
