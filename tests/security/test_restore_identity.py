@@ -29,6 +29,8 @@ from fencekit.sqlgen import rename_statements
 from tests import pg_binaries
 from tests.security.conftest import Conn, attempt, protect, write_as
 
+pytestmark = pytest.mark.all_servers
+
 FENCE = 100
 STALE = 5
 OWNER = "r14_owner"
