@@ -123,8 +123,9 @@ def table_drift(
     if row is not None and row[1] in ("r", "p"):
         # Nothing tells the protected table but its name: a table dropped and created again
         # (the event trigger that forgets dropped tables is not installed), or one restored
-        # whose triggers were dropped. Reported as it is; protect binds it.
-        return _checks(conn, pt, int(row[0]), t, objs, allowed, insp, holds)
+        # whose triggers were dropped. Reported as it is; protect binds it, but not after a
+        # restore (``unproven``): then it may be another table its owner put under the name.
+        return _checks(conn, pt, int(row[0]), t, objs, allowed, insp, holds, unproven=True)
     kinds = {"v": "a view", "m": "a materialized view", "f": "a foreign table"}
     where = " (dropped or renamed)" + (
         f"; {t} is now {kinds.get(row[1], 'another relation')}" if row is not None else ""
@@ -151,13 +152,32 @@ def _checks(
     allowed: frozenset[str],
     insp: Inspector,
     holds: bool = True,
+    *,
+    unproven: bool = False,
 ) -> list[Drift]:
     """Every check of the protected table ``pt``, which is the relation ``oid`` named ``t``
     (its registered name, or the one it was renamed to); ``holds``: whether the oids the
-    registry recorded for it are this database's (``fencekit.recorded_oids_hold``)."""
+    registry recorded for it are this database's (``fencekit.recorded_oids_hold``);
+    ``unproven``: nothing but its name says it is the protected table."""
     protect = Command(Action.PROTECT, pt.spec)
     out: list[Drift] = []
-    if not holds:
+    if not holds and unproven:
+        out.append(
+            Drift(
+                DriftKind.TABLE_OID_STALE,
+                t.dotted,
+                f"the registry's record of {t} is from before a restore (its oid, the numbers "
+                f"of its fence or key columns are another database's), and {t} carries none of "
+                "the triggers only an admin can attach: nothing tells that it is the protected "
+                "table (its owner may have dropped their triggers, renamed it away and put "
+                "another table under its name), so protect refuses it",
+                f"find the protected table; if it is {t} (its triggers were dropped, or it was "
+                f"dropped and created again), {COMMAND}, then protect it again (the fences "
+                "restart)",
+                command=Command(Action.UNPROTECT, pt.spec),
+            )
+        )
+    elif not holds:
         out.append(
             Drift(
                 DriftKind.TABLE_OID_STALE,

@@ -357,6 +357,34 @@ def test_a_key_column_swapped_after_a_restore_is_seen_and_protect_refuses(
     attempt(restored, "YF001", "UPDATE kr SET v = 'stale' WHERE id = 1", token=STALE)
 
 
+def test_after_a_restore_a_table_without_the_triggers_is_not_protected_in_its_place(
+    db: Conn, owner: Conn, restore: Callable[[], Conn]
+) -> None:
+    """Restored, the registry's oid no longer names the table; the owner strips the restored
+    table, hides it and puts another under its name: nothing proves which is the protected one,
+    so protect refuses rather than move the protection onto the other."""
+    _owned_table(db, owner, "CREATE TABLE rd (id int PRIMARY KEY, v text)", "rd")
+    spec = FenceSpec(_t("rd"), scope=Scope.KEY, key=("id",))
+    protect(db, spec)
+    db.commit()
+    write_as(db, FENCE, "UPDATE rd SET v = 'tok100' WHERE id = 1")
+    restored = restore()
+    _as_owner(
+        restored,
+        *_trigger_drops(restored, "rd"),
+        "ALTER TABLE rd RENAME TO rd_hidden",
+        "CREATE TABLE rd (id int PRIMARY KEY, v text)",
+    )
+    with pytest.raises(psycopg.Error) as e:
+        protect(restored, spec)
+    restored.rollback()
+    assert e.value.sqlstate == "YF000"
+    assert "carries none of the triggers" in str(e.value)
+    stale = [d for d in _drift(restored, "rd") if d.kind is DriftKind.TABLE_OID_STALE]
+    assert len(stale) == 1
+    assert "nothing tells that it is the protected table" in stale[0].message
+
+
 def test_the_drop_of_a_table_that_gets_a_stale_oid_forgets_nothing(
     db: Conn, owner: Conn, restore: Callable[[], Conn]
 ) -> None:

@@ -637,6 +637,7 @@ DECLARE
   parent regclass;
   protected regclass;
   holds boolean;
+  restored boolean;
 BEGIN
   SELECT n.nspname, c.relname INTO sch, tbl
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -691,9 +692,15 @@ BEGIN
   END IF;
   -- The table under the registered name must be the protected table (fencekit.protected_table):
   -- its owner may rename the protected one away, drop its triggers and put another table under
-  -- the name; protecting that one would move the registry row onto it.
-  SELECT fencekit.protected_table(p.tag), fencekit.recorded_oids_hold(p.tag)
-    INTO protected, holds
+  -- the name; protecting that one would move the registry row onto it. After a restore
+  -- (the table's fencekit.<tag>_stmt exists under another oid than the one recorded) only a
+  -- trigger only an admin can attach says which table it is: a table under the name without
+  -- one may be such another table, and is refused as well.
+  SELECT fencekit.protected_table(p.tag), fencekit.recorded_oids_hold(p.tag),
+         NOT fencekit.recorded_oids_hold(p.tag)
+         AND pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_stmt'))
+             IS NOT NULL
+    INTO protected, holds, restored
     FROM fencekit.protected p WHERE p.schema_name = sch AND p.table_name = tbl;
   IF protected IS DISTINCT FROM rel AND protected IS NOT NULL THEN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -705,6 +712,19 @@ BEGIN
       HINT = pg_catalog.format('Rename the tables back, or move the protection to the new '
                                'name: fencekit rename %s %s; fencekit status reports both.',
                                rel, protected);
+  ELSIF protected IS NULL AND restored THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s carries none of the triggers of the table '
+                                  'protected under that name, whose record is from before a '
+                                  'restore: nothing tells that it is that table; nothing was '
+                                  'changed', rel),
+      DETAIL = 'Its owner may have dropped the protected table''s triggers, renamed it away and '
+               'put another table under its name: protecting this one would move the '
+               'protection onto it.',
+      HINT = pg_catalog.format('If %s is the protected table (its triggers were dropped, or it '
+                               'was dropped and created again), unprotect it and protect it '
+                               'again (the fences restart); fencekit status reports what it '
+                               'sees.', rel);
   END IF;
   PERFORM fencekit.check_bound_columns(rel);
   PERFORM fencekit.check_key_expressions(rel);
