@@ -289,13 +289,16 @@ def _fast_lookup(n: Names, sources: list[str]) -> str:
         f"             WHERE f.resource {eq} {n.resource}\n"
         f'               AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
         f'               AND f.key {eq} ALL (k.ks COLLATE pg_catalog."default")\n'
-        f"               AND f.fence {eq} tok{mine}\n"
+        f"               AND f.fence {eq} raw::pg_catalog.int8{mine}\n"
         "               FOR SHARE)\n"
         "      INTO ks, ok, held\n"
         "      FROM (SELECT\n"
         f"        ARRAY({rows}) AS ks\n"
         f"              FROM {_markers(n)}\n"
         "            OFFSET 0) AS k;\n"
+        "    IF held THEN\n"
+        "      RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
+        "    END IF;\n"
     )
 
 
@@ -457,10 +460,12 @@ def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
         "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n  ok pg_catalog.bool;\n"
         "  typed pg_catalog.bool;\n  printed pg_catalog.bool;\n"
-        "  pins pg_catalog.text[];\n" + held + "BEGIN\n" + f"  tok := CASE WHEN {_token_fast(n)}\n"
-        "           THEN raw::pg_catalog.int8 END;\n"
-        "  IF tok IS NOT NULL THEN\n"
+        "  pins pg_catalog.text[];\n"
+        + held
+        + "BEGIN\n"
+        + f"  IF {_token_fast(n)} THEN\n"
         + fast
+        + "    tok := raw::pg_catalog.int8;\n"
         + "  END IF;\n"
         + "  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full\n"
         + _slow_token(n, counted=not row)

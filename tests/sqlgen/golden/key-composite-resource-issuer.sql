@@ -66,19 +66,17 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -94,6 +92,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -230,7 +232,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=ea333fd22ef6b49cd554c6c65b93155ab52d5a2ca82678127fa4bd988f91c2df; generated, do not edit';
+  'sha256=12bcd90115174db60a0ac5e01a79ef1c27737d65f077db00a11444a2145c7e5f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -252,19 +254,17 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -289,6 +289,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -430,7 +434,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=cf75dd269ef6ed1b0f2e6dbeedaa5a87b07ea3cfd2159d401d83e810aaadd122; generated, do not edit';
+  'sha256=d0e0ee2ec9db58602ed81800c3f656ad36b3e6d480bc2c9876c916b6e4d35807; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -452,19 +456,17 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -480,6 +482,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -616,7 +622,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=86b3f1af15f01ac32c9749a30e919e068090573928ca669208deeccb9e968e90; generated, do not edit';
+  'sha256=46bea09c4eeb30cd4b858eb49a0d17ac1942c27c33ea57f8751784a2022356a0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -729,19 +735,17 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -757,6 +761,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -893,7 +901,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=7976f461bc9d981c12cd8128836d4376ba199a379484a652818014cfcf569a57; generated, do not edit'$sql$;
+  'sha256=5a9e62083c45c8bd38159dbef0003b77b4cd65a4d365b781ea9e633f4c8bb1fa; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -915,19 +923,17 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -943,6 +949,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -1079,7 +1089,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=05c40cb305bb3e2e5b5bb340ef7cd7dba74b15f73670676b3256661754d17fb0; generated, do not edit'$sql$;
+  'sha256=85fccc0c0598bbdeaf37ed93df54e1ae712f96cfc0eb0b537422b351d8e9a767; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

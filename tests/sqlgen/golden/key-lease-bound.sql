@@ -63,11 +63,9 @@ DECLARE
   printed pg_catalog.bool;
   pins pg_catalog.text[];
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
       INTO ks, ok
       FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
@@ -80,6 +78,7 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -151,7 +150,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=cfab2f09f7cc676483275f804f273c024f1a4c398adbcdae66683f4e9a5cf6c7; generated, do not edit';
+  'sha256=2166a12328499859c25cc25284fd5e8058f44a013f3018948dc74d8b3f7d1efa; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -172,11 +171,9 @@ DECLARE
   printed pg_catalog.bool;
   pins pg_catalog.text[];
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
       INTO ks, ok
       FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
@@ -191,6 +188,7 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -263,7 +261,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=d1fedbb63d9b5b24cdec392abb8cff21c39f526006d304c5a4a26948f3f8ef13; generated, do not edit';
+  'sha256=4dd18bcbe9701586a9dfae88d93d95c770eaea4e0aa326b04a4c1144c7347268; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -284,11 +282,9 @@ DECLARE
   printed pg_catalog.bool;
   pins pg_catalog.text[];
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
       INTO ks, ok
       FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
@@ -301,6 +297,7 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -372,7 +369,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=bf3b5d22e61fc2205c26e4e1048034f402a7e93ae03cf21f4e14426fd0939c92; generated, do not edit';
+  'sha256=950473da4d08e5ed1ea8b2177df04939e402a7b9255aa133bf70270f51830ec4; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -484,11 +481,9 @@ DECLARE
   printed pg_catalog.bool;
   pins pg_catalog.text[];
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
       INTO ks, ok
       FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
@@ -501,6 +496,7 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -572,7 +568,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=ddbea5fc9fae7f10d8f29c60aa36f6f7cb134473824c49a0258a9606f700687a; generated, do not edit'$sql$;
+  'sha256=b8a8165e382d14168dfb09b72e3a9f8dfaea7158115245c71d7ca346b3db914b; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -593,11 +589,9 @@ DECLARE
   printed pg_catalog.bool;
   pins pg_catalog.text[];
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
       INTO ks, ok
       FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
@@ -610,6 +604,7 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -681,7 +676,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=ca5c02fbfaa1240281d34f722bf22d019e7e6ce8fd81c127f86b6c23681054d8; generated, do not edit'$sql$;
+  'sha256=e4ba4e92d9d78165372f860569fde5750b9d8e8f6fdec6e7a6ea3e92013ed20a; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

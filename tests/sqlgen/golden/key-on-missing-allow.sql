@@ -74,17 +74,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -96,6 +94,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -218,7 +220,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=04850bff53b0c43856658c5b566547cffe04ab0011631b1785b51fab19ff641a; generated, do not edit';
+  'sha256=c1bc57ad15b88549e43d66c4d13f74de56646a09f4439ac80d083a577bcb3b00; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -240,17 +242,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -267,6 +267,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -391,7 +395,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=8a637604236d808b8a045dc6458e21e95c8905ac65685c159005716738815c50; generated, do not edit';
+  'sha256=c988573311911a6d6839f9d9b0cf56975729ecab1a129882ac603059b7c52676; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -413,17 +417,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -435,6 +437,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -557,7 +563,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=7397121a131b2afc1319fef9d309c6e0eedaca373e0337c17cdfcf43c59a9a9b; generated, do not edit';
+  'sha256=322850cd8c74fecec86c3a3a51a28ef468eff606428f1a60a54703e561544bb0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -670,17 +676,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -692,6 +696,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -805,7 +813,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=dbedf80e93f84a470afa6e3aa7d62013489ada1651f75e6646a05796d698322d; generated, do not edit'$sql$;
+  'sha256=a829e08c18b0f174f434101eb1ecf07630dbbaac7b8076bd543f7c72ccb8f047; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -827,17 +835,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -849,6 +855,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -962,7 +972,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=fa0ea862e7c73453fd93b9739da652a440935d3dc7bfb4fc501f2dedcf4dc029; generated, do not edit'$sql$;
+  'sha256=2716c012cce7a7a5bcf7f1d2b65a917d00ae75739ed791851ec69f87a2a53d64; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

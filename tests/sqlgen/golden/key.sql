@@ -64,17 +64,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -86,6 +84,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -199,7 +201,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=6f4a5fdbef8e0cd26a9ee536df999efb4ce219f5b3ef77f8323322c93136fad6; generated, do not edit';
+  'sha256=5d7899b5efde5b4df189acc8324646e31cd69902c0303ae262987ce908d1e3df; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -221,17 +223,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -248,6 +248,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -363,7 +367,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=734a37796fa46f9205b1fb8c504c584d10ad10714c535b9bd5a519e0176b40bc; generated, do not edit';
+  'sha256=7bd908a6f5126b13981dc3f587447b821ff1ba4b8d232b54a4fa8b2479e50125; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -385,17 +389,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -407,6 +409,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -520,7 +526,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=133cb871102e71a13f5ddc3219a2d33ee3c038d1c64c42d9e8c3fad86593617d; generated, do not edit';
+  'sha256=b149ba8299aaff271f5aadd583d8e66f5f99825b7d11e0c8ea5948f4b4dd9983; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -633,17 +639,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -655,6 +659,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -768,7 +776,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=b37157d79bf4f7d1e49ce6fd915a007144c71edaca04844700ad68375464c248; generated, do not edit'$sql$;
+  'sha256=711be7e116e2448e85d55fef63238c8e3ad9f75b2abff75f59075b057b712181; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -790,17 +798,15 @@ DECLARE
   pins pg_catalog.text[];
   held pg_catalog.bool;
 BEGIN
-  tok := CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END;
-  IF tok IS NOT NULL THEN
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
     SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
       INTO ks, ok, held
       FROM (SELECT
@@ -812,6 +818,10 @@ BEGIN
               FROM (VALUES (NULL::pg_catalog.bool))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
   END IF;
   IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
@@ -925,7 +935,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=5276d7ca46e72e8ded39172ddc7ccdcba140a690cd41ad811d6211395b471f0c; generated, do not edit'$sql$;
+  'sha256=9054d2c96b12cd3c2967e264ed84f7da2db2847bcc24d4b0074ecf8230a9ea7d; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()
