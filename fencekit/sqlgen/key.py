@@ -194,13 +194,19 @@ def _family(a: str) -> str:
     )
 
 
-def _check_types(n: Names) -> str:
+def _check_types(n: Names, sources: list[str]) -> str:
     """PL/pgSQL: refuse unless the key columns' types still name keys as they did at protect.
     The common case, every key column of a built-in type of the family protect recorded, is
     one catalog read here (index lookups, no call, no settings saved); anything else (a domain,
     a change, a column gone) goes to fencekit.check_key_types (32_key_types.sql), which says
     what is wrong or finds nothing is. ``printed``: whether the keys print by KEY_SETTINGS
-    (from the families protect recorded; NULL, and so pinned, when the read found no row)."""
+    (from the families protect recorded; NULL, and so pinned, when the read found no row).
+
+    That read sees the catalogs as of the statement's snapshot, which in a REPEATABLE READ or
+    SERIALIZABLE transaction may predate the owner's last change to the table, while PostgreSQL
+    plans the statement that casts the keys against the catalogs as they are now. So the types
+    the read approved (``types``) must be the ones a statement planned now finds (_planned):
+    else the write is refused before that statement is planned."""
     eq = "OPERATOR(pg_catalog.=)"
     cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
     families = ",\n          ".join(_family(a) for a, _ in cols)
@@ -218,12 +224,39 @@ def _check_types(n: Names) -> str:
         "             OR EXISTS (SELECT FROM pg_catalog.unnest(pr.key_families) AS u(f)\n"
         "                         WHERE NOT (u.f OPERATOR(pg_catalog.=)\n"
         f"                                      ANY (ARRAY[{unprinted}])"
-        f"{prefixes}))\n"
-        "      INTO typed, printed\n"
+        f"{prefixes})),\n"
+        f"           ARRAY[{', '.join(f'{a}.atttypid' for a, _ in cols)}]\n"
+        "      INTO typed, printed, types\n"
         f"      FROM fencekit.protected pr{attrs}\n"
         f"     WHERE pr.tag {eq} {n.lit_tag}{where};\n"
         "    IF NOT COALESCE(typed, false) THEN\n"
         f"      PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID::pg_catalog.regclass);\n"
+        "    END IF;\n" + _planned(n, sources)
+    )
+
+
+def _planned(n: Names, sources: list[str]) -> str:
+    """PL/pgSQL: refuse unless the key columns' types as a statement planned now finds them are
+    ``types``, those the catalog check approved. The statement names each key column
+    unqualified (a name that is no column reads the marker, a boolean) and only inside
+    ``pg_typeof``, which evaluates nothing of the column's type: a scalar subquery's type is
+    the column's, rows or none."""
+    typed = ",\n             ".join(
+        f"pg_catalog.pg_typeof((SELECT {quote_ident(c)}\n"
+        f"          FROM {sources[0]} AS fencekit_y\n"
+        "         LIMIT 1))::pg_catalog.oid"
+        for c in n.spec.key
+    )
+    return (
+        f"    SELECT ARRAY[{typed}]\n"
+        "      INTO planned\n"
+        f"      FROM {_markers(n)};\n"
+        "    IF planned IS DISTINCT FROM types THEN\n"
+        "      RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
+        "        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '\n"
+        "          'this transaction''s snapshot was taken: its writes cannot name their keys',\n"
+        "          TG_RELID::pg_catalog.regclass),\n"
+        "        HINT = 'Retry the transaction.';\n"
         "    END IF;\n"
     )
 
@@ -461,6 +494,7 @@ def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
         "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n  ok pg_catalog.bool;\n"
         "  typed pg_catalog.bool;\n  printed pg_catalog.bool;\n"
         "  pins pg_catalog.text[];\n"
+        "  types pg_catalog.oid[];\n  planned pg_catalog.oid[];\n"
         + held
         + "BEGIN\n"
         + f"  IF {_token_fast(n)} THEN\n"
@@ -470,7 +504,7 @@ def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
         + "  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full\n"
         + _slow_token(n, counted=not row)
         # Not indented further: a quoted key column name may hold a line break.
-        + _check_types(n)
+        + _check_types(n, sources)
         + full
         + "  END IF;\n"
         + tail

@@ -342,3 +342,28 @@ def test_dba_move_from_a_retyped_row_fence_column_is_refused(
     # Moving out of a row fence reads the rows: never in a DBA's session, whatever the type.
     assert "refusing to move public.kr_r in a session of postgres" in out, out
     _clean(db, "move from a retyped row fence column")
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_snapshot_older_than_the_key_column_runs_no_cast(
+    db: Conn, owner: str, isolation: str
+) -> None:
+    """A writer's transaction takes its snapshot; then the owner renames the key column away
+    and adds one of its own composite type under the key's name. The writer's catalog check
+    reads pg_attribute through that snapshot (an integer k, as protect recorded it), while
+    PostgreSQL plans the statement that casts the keys against the catalogs as they are now.
+    The write is refused before any such statement is planned, and the cast never runs."""
+    with psycopg.connect(owner) as writer, psycopg.connect(owner, autocommit=True) as ddl:
+        writer.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+        writer.execute("SELECT 1 FROM kr.ran")  # the snapshot, before the change
+        ddl.execute("ALTER TABLE kr_t RENAME COLUMN k TO k_old")
+        ddl.execute("ALTER TABLE kr_t ADD COLUMN k kr.kt NOT NULL DEFAULT ROW(1)::kr.kt")
+        writer.execute("SET LOCAL fencekit.token = '20'")
+        with pytest.raises(psycopg.Error) as caught:
+            writer.execute("UPDATE kr_t SET v = v + 1 WHERE id = 1")
+        writer.rollback()
+    assert caught.value.sqlstate == "YF000", caught.value
+    assert "changed after this transaction's snapshot" in str(caught.value), caught.value
+    _clean(db, f"a {isolation} write after the key column was replaced")
+    assert fences(db, "public.kr_t") == {"1": 10, "2": 10}
+    db.rollback()

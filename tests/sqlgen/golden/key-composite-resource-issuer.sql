@@ -64,6 +64,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -148,8 +150,9 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid, a2.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -158,6 +161,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -232,7 +251,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=12bcd90115174db60a0ac5e01a79ef1c27737d65f077db00a11444a2145c7e5f; generated, do not edit';
+  'sha256=9c7a9838f002b71702e78e71036c9d99b599a84368d6dcdce98259688b412be0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -252,6 +271,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -345,8 +366,9 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid, a2.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -355,6 +377,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -434,7 +472,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=d0e0ee2ec9db58602ed81800c3f656ad36b3e6d480bc2c9876c916b6e4d35807; generated, do not edit';
+  'sha256=d0e34f60952014a0891f9c4c5152edb5acf3329fba776df1af7432ea8129df1a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -454,6 +492,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -538,8 +578,9 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid, a2.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -548,6 +589,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM fencekit_old AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_old AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -622,7 +679,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=46bea09c4eeb30cd4b858eb49a0d17ac1942c27c33ea57f8751784a2022356a0; generated, do not edit';
+  'sha256=3389b353481d1d4e29f3e705bbad9ee7fd95a0f0c1f6fcb6b991069f2b228aff; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -733,6 +790,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -818,8 +877,9 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid, a2.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -828,6 +888,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -901,7 +977,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=5a9e62083c45c8bd38159dbef0003b77b4cd65a4d365b781ea9e633f4c8bb1fa; generated, do not edit'$sql$;
+  'sha256=4e2dd3b785f9177d572d3de3f6010bd371df7bf704a7cbe96bc6e09d6c82f839; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -921,6 +997,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -1006,8 +1084,9 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid, a2.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
@@ -1016,6 +1095,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -1089,7 +1184,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=85fccc0c0598bbdeaf37ed93df54e1ae712f96cfc0eb0b537422b351d8e9a767; generated, do not edit'$sql$;
+  'sha256=0bc1d061bae28625d45db9d411fa8507ce8eb9d9c19df6a2a326fa25fbabf9c0; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

@@ -72,6 +72,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -141,14 +143,28 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -220,7 +236,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=c1bc57ad15b88549e43d66c4d13f74de56646a09f4439ac80d083a577bcb3b00; generated, do not edit';
+  'sha256=1752e8af2bda7e7f51850b2b6f508b49b87b9aa01829949aabe66b27cb6377d0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -240,6 +256,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -314,14 +332,28 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -395,7 +427,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=c988573311911a6d6839f9d9b0cf56975729ecab1a129882ac603059b7c52676; generated, do not edit';
+  'sha256=effb1ebb7d17e8681a23377f7bb7ea3599bd343c6db0c6e46794902f25ddde78; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -415,6 +447,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -484,14 +518,28 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_old AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -563,7 +611,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=322850cd8c74fecec86c3a3a51a28ef468eff606428f1a60a54703e561544bb0; generated, do not edit';
+  'sha256=2e9b4f808361d21926820410d54ef9136d6ab899ced2f1dfeec85ed4e2dbea59; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -674,6 +722,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -735,14 +785,28 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT OLD.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -813,7 +877,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=a829e08c18b0f174f434101eb1ecf07630dbbaac7b8076bd543f7c72ccb8f047; generated, do not edit'$sql$;
+  'sha256=25268f06f00acccf3ce7ed4eec73151ae98d4705bc62ee1a7ceec95cbed796f3; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -833,6 +897,8 @@ DECLARE
   typed pg_catalog.bool;
   printed pg_catalog.bool;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
   IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
@@ -894,14 +960,28 @@ BEGIN
                          WHERE NOT (u.f OPERATOR(pg_catalog.=)
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
-                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %'))
-      INTO typed, printed
+                                   OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
+           ARRAY[a1.atttypid]
+      INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
        AND a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT NEW.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -972,7 +1052,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=2716c012cce7a7a5bcf7f1d2b65a917d00ae75739ed791851ec69f87a2a53d64; generated, do not edit'$sql$;
+  'sha256=2d080e91056712d6debfd7d256c4bdfec0c0609dacf5bc193da5a5ea81fe3c0f; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()
