@@ -6,10 +6,13 @@ triggers and the key fence's triggers read columns by name, so they then judge w
 new column (or, none added, fail); what PostgreSQL binds by attnum stays on the old one: the
 row fence's INSERT trigger's WHEN clause (a dependency in pg_depend) and the fence column's
 DEFAULT. Protect records the attnums it bound on the protected table
-(``fencekit.protected.attnums``), compared by its ``table_oid`` whatever the table is named
-now; on a row fence's partitions and inheritance children the INSERT trigger's WHEN clause or
-the fence DEFAULT left on another column tells which column fencekit protected there
-(``fencekit.swapped_descendant_columns``, which protect, cover and rename refuse by). Reads
+(``fencekit.protected.attnums``) and a row fence's on each partition and child
+(``child_attnums``), compared by the table's ``table_oid`` whatever it is named now, while the
+recorded oids are this database's (not after a restore: ``fencekit.recorded_oids_hold``); on
+the table and on a row fence's partitions and inheritance children the INSERT trigger's WHEN
+clause or the fence DEFAULT left on another column also tells which column fencekit protected
+there, after a restore too (``fencekit.swapped_descendant_columns``, which protect, cover and
+rename refuse by). Reads
 only the catalogs and fencekit.protected: nothing of the table's is evaluated, and default
 expressions are compared as node-tree text, never deparsed.
 """
@@ -41,6 +44,17 @@ def bound_column_drift(
     out: list[Drift] = []
     for col, old, added in _swapped_at_root(conn, oid, spec, cols):
         out.append(_swapped(spec, here, here, col, old, added=added))
+    if not out and spec.scope is Scope.KEY:
+        # After a restore the recorded attnums are not compared: the _keys trigger's UPDATE OF
+        # list, which binds the key columns by attnum, still tells (47_protect.sql).
+        for col, old, added in conn.execute(
+            "SELECT s.col, s.was::pg_catalog.text, s.added FROM fencekit.protected p, "
+            "fencekit.swapped_key_columns(%s::pg_catalog.oid::pg_catalog.regclass, p.spec, "
+            "p.tag) s WHERE p.schema_name = %s AND p.table_name = %s "
+            "AND NOT fencekit.recorded_oids_hold(p.tag)",
+            (oid, spec.table.schema, spec.table.name),
+        ).fetchall():
+            out.append(_swapped(spec, here, here, str(col), old, added=bool(added)))
     if spec.scope is not Scope.ROW or out:
         # A swap on the protected table reaches its descendants (RENAME COLUMN and ADD COLUMN
         # recurse), and so does the fix: one drift, on the table.
@@ -48,8 +62,9 @@ def bound_column_drift(
     ins = _insert_trigger(spec)
     relations = [(oid, here, here), *list(descendants)]
     labels = {o: (sql, label) for o, sql, label in relations}
-    # Witnesses by attnum on partitions and children: the INSERT trigger's WHEN clause, and
-    # fencekit's fence DEFAULT left on the column renamed away
+    # Witnesses by attnum on the table (after a restore its recorded attnum is not compared),
+    # its partitions and children: the INSERT trigger's WHEN clause, fencekit's fence DEFAULT
+    # left on the column renamed away, a child's recorded attnum
     # (fencekit.swapped_descendant_columns, 47_protect.sql).
     swapped = {
         int(rel): str(was)
@@ -74,7 +89,13 @@ def bound_column_drift(
             old = swapped[int(rel)]
             out.append(
                 _swapped(
-                    spec, sql, label, spec.column, old, _parents(conn, int(rel)), now is not None
+                    spec,
+                    sql,
+                    label,
+                    spec.column,
+                    old,
+                    _parents(conn, int(rel)) if int(rel) != oid else [],
+                    now is not None,
                 )
             )
         elif now is not None and not has_default:
@@ -121,7 +142,8 @@ def _swapped_at_root(
     has the name now) for each column that is not the one protect recorded: renamed away (with
     or without another added under its name), or dropped and added again. The registry row is
     ``spec``'s, found with the table's oid (``oid`` may be the table renamed). Not compared
-    after a restore (the table has another oid, and its columns may be renumbered)."""
+    after a restore (the table has another oid, and its columns may be renumbered:
+    ``fencekit.recorded_oids_hold``); the witnesses by attnum that a restore keeps are."""
     rows = conn.execute(
         "SELECT u.col, a.attname::pg_catalog.text, b.attnum IS NOT NULL "
         "FROM fencekit.protected p, "
@@ -132,6 +154,7 @@ def _swapped_at_root(
         "LEFT JOIN pg_catalog.pg_attribute b ON b.attrelid = %s AND b.attname = u.col "
         "AND b.attnum > 0 AND NOT b.attisdropped "
         "WHERE p.schema_name = %s AND p.table_name = %s AND p.table_oid = %s "
+        "AND fencekit.recorded_oids_hold(p.tag) "
         "AND p.attnums IS NOT NULL AND b.attnum IS DISTINCT FROM u.was "
         "AND (b.attnum IS NOT NULL OR a.attname IS NOT NULL) ORDER BY u.o",
         (cols, oid, oid, spec.table.schema, spec.table.name, oid),

@@ -93,49 +93,22 @@ def table_drift(
         "WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s)",
         (t.sql,),
     ).fetchone()
-    # The name may resolve to something else than the protected table: its owner renamed it
-    # and put a view or another table under the old name (fencekit's commands refuse it:
-    # fencekit.registered_table).
-    impostor = ""
-    if row is not None and (
-        row[1] not in ("r", "p")
-        or not (_has_trigger(conn, row[0], pt.tag) or _is_registered_oid(conn, pt, row[0]))
-    ):
+    found, holds = identify(conn, pt)
+    named = int(row[0]) if row is not None else None
+    if found is not None and found[0] == named:
+        return _checks(conn, pt, found[0], t, objs, allowed, insp, holds)
+    if found is not None:
+        # Renamed: every check below runs on the table itself, so a rename hides none of its
+        # other drift; their fixes come after the rename's. The relation under the old name,
+        # if any, is another one (its owner may put a table there, with triggers named like
+        # fencekit's: a name proves nothing).
+        new_oid, new_name = found
         kinds = {"v": "a view", "m": "a materialized view", "f": "a foreign table"}
-        impostor = f"; {t} is now {kinds.get(row[1], 'another relation')}"
-    renamed = (
-        renamed_to(conn, pt, row[0] if row is not None else None)
-        if row is None or impostor
-        else None
-    )
-    if renamed is None and row is not None and row[1] in ("r", "p"):
-        impostor = ""  # the table itself, without its TRUNCATE trigger: reported below
-    elif row is None or impostor:
-        if renamed is None:
-            moved = conn.execute(
-                "SELECT tgrelid::pg_catalog.regclass::text FROM pg_catalog.pg_trigger "
-                "WHERE tgname = %s LIMIT 1",
-                (objs.triggers[0].name,),
-            ).fetchone()
-            where = (
-                f"; its triggers are now on {moved[0]} (renamed?)"
-                if moved
-                else " (dropped or renamed)"
-            ) + impostor
-            return [
-                Drift(
-                    DriftKind.TABLE_MISSING,
-                    t.dotted,
-                    f"table {t} no longer exists{where}",
-                    "rename it back, or unprotect it under its new name after updating the "
-                    "registry; a dropped table: DELETE FROM fencekit.protected WHERE "
-                    f"schema_name = {quote_literal(t.schema)} AND table_name = "
-                    f"{quote_literal(t.name)} (as a member of fencekit_admin)",
-                )
-            ]
-        # Renamed: every check below runs on the table itself (found by oid), so a rename
-        # hides none of its other drift; their fixes come after the rename's.
-        new_oid, new_name = renamed
+        impostor = (
+            f"; {t} is now {kinds.get(row[1], 'another table')}, not the protected one"
+            if row is not None
+            else ""
+        )
         rename = Drift(
             DriftKind.TABLE_RENAMED,
             t.dotted,
@@ -145,10 +118,29 @@ def table_drift(
             f"{COMMAND} (moves the protection to the new name in one transaction)",
             command=Command(Action.RENAME, pt.spec, new_name=new_name),
         )
-        rest = _checks(conn, pt, new_oid, new_name, objs, allowed, insp)
+        rest = _checks(conn, pt, new_oid, new_name, objs, allowed, insp, holds)
         return [rename] + [replace(d, fix=f"after the rename: {d.fix}") for d in rest]
-    assert row is not None
-    return _checks(conn, pt, int(row[0]), t, objs, allowed, insp)
+    if row is not None and row[1] in ("r", "p"):
+        # Nothing tells the protected table but its name: a table dropped and created again
+        # (the event trigger that forgets dropped tables is not installed), or one restored
+        # whose triggers were dropped. Reported as it is; protect binds it, but not after a
+        # restore (``unproven``): then it may be another table its owner put under the name.
+        return _checks(conn, pt, int(row[0]), t, objs, allowed, insp, holds, unproven=True)
+    kinds = {"v": "a view", "m": "a materialized view", "f": "a foreign table"}
+    where = " (dropped or renamed)" + (
+        f"; {t} is now {kinds.get(row[1], 'another relation')}" if row is not None else ""
+    )
+    return [
+        Drift(
+            DriftKind.TABLE_MISSING,
+            t.dotted,
+            f"table {t} no longer exists{where}",
+            "rename it back, or unprotect it under its new name after updating the "
+            "registry; a dropped table: DELETE FROM fencekit.protected WHERE "
+            f"schema_name = {quote_literal(t.schema)} AND table_name = "
+            f"{quote_literal(t.name)} (as a member of fencekit_admin)",
+        )
+    ]
 
 
 def _checks(
@@ -159,11 +151,48 @@ def _checks(
     objs: sqlgen.TableObjects,
     allowed: frozenset[str],
     insp: Inspector,
+    holds: bool = True,
+    *,
+    unproven: bool = False,
 ) -> list[Drift]:
     """Every check of the protected table ``pt``, which is the relation ``oid`` named ``t``
-    (its registered name, or the one it was renamed to)."""
+    (its registered name, or the one it was renamed to); ``holds``: whether the oids the
+    registry recorded for it are this database's (``fencekit.recorded_oids_hold``);
+    ``unproven``: nothing but its name says it is the protected table."""
     protect = Command(Action.PROTECT, pt.spec)
     out: list[Drift] = []
+    if not holds and unproven:
+        out.append(
+            Drift(
+                DriftKind.TABLE_OID_STALE,
+                t.dotted,
+                f"the registry's record of {t} is from before a restore (its oid, the numbers "
+                f"of its fence or key columns are another database's), and {t} carries none of "
+                "the triggers only an admin can attach: nothing tells that it is the protected "
+                "table (its owner may have dropped their triggers, renamed it away and put "
+                "another table under its name), so protect refuses it",
+                f"find the protected table; if it is {t} (its triggers were dropped, or it was "
+                f"dropped and created again), {COMMAND}, then protect it again (the fences "
+                "restart)",
+                command=Command(Action.UNPROTECT, pt.spec),
+            )
+        )
+    elif not holds:
+        out.append(
+            Drift(
+                DriftKind.TABLE_OID_STALE,
+                t.dotted,
+                f"the registry's record of {t} (its oid, the numbers of its fence or key "
+                "columns) is not this database's: it was restored from a dump (or upgraded "
+                "with pg_upgrade) since protect recorded it. Until protect records them again, "
+                "the table is known only by the triggers only an admin can attach, the drop of "
+                "another table that gets the old oid forgets nothing, and a key column swapped "
+                "in is not seen",
+                f"{COMMAND} (records them again; it first checks the fence column by what "
+                "still binds it by number: the INSERT trigger's WHEN clause, the fence DEFAULT)",
+                command=protect,
+            )
+        )
     # The root guard exists only where PostgreSQL allows it (sqlgen.protect.root_guard); the
     # triggers of rows crossing partitions only in a partitioned tree (sqlgen.crossing).
     kind = conn.execute(
@@ -214,59 +243,24 @@ def _checks(
     return out
 
 
-def _is_registered_oid(conn: Conn, pt: ProtectedTable, oid: int) -> bool:
-    """Whether ``oid`` is the oid protect recorded for ``pt`` (fencekit.protected.table_oid)."""
+def identify(conn: Conn, pt: ProtectedTable) -> tuple[tuple[int, TableName] | None, bool]:
+    """The table ``pt`` protects (its oid and its name now), or None when the catalogs do not
+    say (``fencekit.protected_table``: the oid protect recorded while the recorded oids hold,
+    after a restore a trigger of the table's that only an admin can attach; never a trigger's
+    name alone), and whether the recorded oids hold (``fencekit.recorded_oids_hold``) or the
+    function that vouches for them is gone (``function_missing`` says that, not a restore)."""
     row = conn.execute(
-        "SELECT EXISTS (SELECT FROM fencekit.protected p WHERE p.tag = %s "
-        "AND p.table_oid = %s::pg_catalog.oid)",
-        (pt.tag, oid),
+        "SELECT c.oid, n.nspname, c.relname, h.holds OR pg_catalog.to_regprocedure("
+        "pg_catalog.format('fencekit.%%I()', %(stmt)s::pg_catalog.text)) IS NULL "
+        "FROM (SELECT fencekit.recorded_oids_hold(%(tag)s) AS holds) h "
+        "LEFT JOIN pg_catalog.pg_class c "
+        "ON c.oid OPERATOR(pg_catalog.=) fencekit.protected_table(%(tag)s)::pg_catalog.oid "
+        "LEFT JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace",
+        {"tag": pt.tag, "stmt": f"{pt.tag}_stmt"},
     ).fetchone()
-    return bool(row and row[0])
-
-
-def _has_trigger(conn: Conn, oid: int, tag: str) -> bool:
-    """Whether the relation ``oid`` carries the TRUNCATE trigger of the registry row ``tag``
-    (every scope has one): it is the protected table, not a relation that took its name."""
-    row = conn.execute(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_trigger g WHERE g.tgrelid = %s "
-        "AND g.tgname = %s)",
-        (oid, f"fencekit_{tag}_trunc"),
-    ).fetchone()
-    return bool(row and row[0])
-
-
-def renamed_to(
-    conn: Conn, pt: ProtectedTable, named: int | None = None
-) -> tuple[int, TableName] | None:
-    """``pt``'s table under another name than its registered one (which resolves to the
-    relation ``named``, or to nothing): its oid and name. Found by the oid protect recorded
-    (``fencekit.protected.table_oid``; trusted while that table carries a fencekit trigger of
-    ``pt``'s tag: a restore gives the table another oid), else as the root table carrying
-    ``pt``'s TRUNCATE trigger (every scope has one; its name comes from the registry's tag, so
-    a table protected by any template is found)."""
-    row = conn.execute(
-        "SELECT c.oid, n.nspname, c.relname FROM fencekit.protected p "
-        "JOIN pg_catalog.pg_class c ON c.oid = p.table_oid "
-        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE p.tag = %(tag)s AND c.relkind IN ('r', 'p') "
-        "AND c.oid IS DISTINCT FROM %(named)s::pg_catalog.oid "
-        "AND EXISTS (SELECT FROM pg_catalog.pg_trigger g WHERE g.tgrelid = c.oid "
-        "AND pg_catalog.starts_with(g.tgname::pg_catalog.text, %(prefix)s)) "
-        "UNION ALL (SELECT c.oid, n.nspname, c.relname FROM pg_catalog.pg_trigger g "
-        "JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid "
-        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE g.tgname = %(trunc)s AND c.oid IS DISTINCT FROM %(named)s::pg_catalog.oid "
-        "AND NOT c.relispartition AND NOT EXISTS "
-        "(SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid) ORDER BY c.oid LIMIT 1) "
-        "LIMIT 1",
-        {
-            "tag": pt.tag,
-            "named": named,
-            "prefix": f"fencekit_{pt.tag}_",
-            "trunc": f"fencekit_{pt.tag}_trunc",
-        },
-    ).fetchone()
-    return (int(row[0]), TableName(row[1], row[2])) if row is not None else None
+    assert row is not None
+    found = (int(row[0]), TableName(row[1], row[2])) if row[0] is not None else None
+    return found, bool(row[3])
 
 
 def orphaned_fences(conn: Conn) -> list[Drift]:

@@ -55,6 +55,7 @@ class DriftKind(str, Enum):
     TEMPLATE_UNKNOWN = "template_unknown"
     TABLE_RENAMED = "table_renamed"
     TABLE_MISSING = "table_missing"
+    TABLE_OID_STALE = "table_oid_stale"
     TRIGGER_MISSING = "trigger_missing"
     TRIGGER_DISABLED = "trigger_disabled"
     TRIGGER_REPLICA_ONLY = "trigger_replica_only"

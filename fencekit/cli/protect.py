@@ -145,10 +145,11 @@ def _earlier_table_notes(conn: Any, spec: Any) -> list[str]:
             return []
         return [
             f"{t} is in fencekit's registry but carries none of its triggers: it was dropped and "
-            "created again (the event trigger that forgets dropped tables needs a superuser and "
-            "is not installed here) or its triggers were dropped. This protect keeps the "
-            "registry entry and its counters; to start afresh, unprotect it first (fencekit "
-            "unprotect TABLE), then protect it"
+            "created again without fencekit forgetting it (the event trigger that forgets "
+            "dropped tables needs a superuser and may not be installed, and it forgets nothing "
+            "while another table has the registered name) or its triggers were dropped. This "
+            "protect keeps the registry entry and its counters; to start afresh, unprotect it "
+            "first (fencekit unprotect TABLE), then protect it"
         ]
     if spec.resource is not None:
         return []

@@ -21,12 +21,10 @@ __all__ = ["rename_statements"]
 
 
 def _guard(old: FenceSpec, new: FenceSpec) -> str:
-    """Refuse (YF000) unless the registry holds ``old`` exactly, the renamed table exists under
-    the new name and carries the old tag's triggers, and nothing is registered under it."""
+    """Refuse (YF000) unless the registry holds ``old`` exactly, the table under the new name
+    exists and is the protected table (``fencekit.rename_guard``), and nothing is registered
+    under it."""
     o, t = old.table, new.table
-    on = names_for(old)
-    # Every scope has a TRUNCATE trigger (key fences have no other statement trigger).
-    stmt_trigger = lit(on.trigger("trunc"))
     return do(
         "\nBEGIN\n"
         f"  PERFORM fencekit.rename_guard({lit(o.sql)},\n    {spec_jsonb(old, '    ')},\n"
@@ -35,14 +33,6 @@ def _guard(old: FenceSpec, new: FenceSpec) -> str:
         "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
         f"      MESSAGE = {lit(f'fencekit: table {t.sql} does not exist; nothing was changed')},\n"
         f"      HINT = {lit(f'Rename the table first: ALTER TABLE {o.sql} RENAME TO ...')};\n"
-        "  END IF;\n"
-        "  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger g\n"
-        f"                 WHERE g.tgrelid = {lit(t.sql)}::pg_catalog.regclass\n"
-        f"                   AND g.tgname OPERATOR(pg_catalog.=) {stmt_trigger}) THEN\n"
-        "    RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
-        f"      MESSAGE = {lit(f'fencekit: {t.sql} does not carry the triggers of {o.sql}')}\n"
-        "        OPERATOR(pg_catalog.||) ' (it is not that table renamed); nothing was changed',\n"
-        "      HINT = 'fencekit status shows where a renamed table''s triggers are.';\n"
         "  END IF;\n"
         "  IF EXISTS (SELECT FROM fencekit.protected p\n"
         f"             WHERE p.schema_name OPERATOR(pg_catalog.=) {lit(t.schema)}\n"

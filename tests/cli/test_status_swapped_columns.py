@@ -342,9 +342,10 @@ def test_unprotect_and_protect_again_after_a_swap_restarts_the_fences(
 def test_after_a_restore_the_recorded_columns_are_not_compared_until_protect_runs(
     cli: Cli, dsn: str
 ) -> None:
-    """A restore gives the table another oid and renumbers its columns past a dropped one: the
-    attnums recorded for the old oid are not compared (no false drift), and re-protect
-    records them again. fencekit.protected is written here as a restore leaves it."""
+    """A restore gives the table (and its functions) another oid and renumbers its columns past
+    a dropped one: the attnums recorded for the old oid are not compared (no false swap),
+    status asks for protect, and protect records them again. fencekit.protected is written here
+    as a restore leaves it (tests/security/test_restore_identity.py restores for real)."""
     _sql(
         dsn,
         "CREATE TABLE kr (gone int, tenant bigint NOT NULL, v text)",
@@ -353,9 +354,12 @@ def test_after_a_restore_the_recorded_columns_are_not_compared_until_protect_run
     assert cli("protect", "kr", "--key", "tenant", "--dsn", dsn).code == 0
     _sql(
         dsn,
-        "UPDATE fencekit.protected SET table_oid = 1, attnums = '{1}' WHERE table_name = 'kr'",
+        "UPDATE fencekit.protected SET table_oid = 1, attnums = '{1}', function_oid = 1 "
+        "WHERE table_name = 'kr'",
     )
-    assert _drift(cli, dsn, "public.kr") == (0, [])
+    code, drift = _drift(cli, dsn, "public.kr")
+    assert code == 1
+    assert [d["kind"] for d in drift] == ["table_oid_stale"]
     assert cli("protect", "kr", "--key", "tenant", "--dsn", dsn).code == 0
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
@@ -363,6 +367,7 @@ def test_after_a_restore_the_recorded_columns_are_not_compared_until_protect_run
             "WHERE table_name = 'kr'"
         ).fetchone()
     assert row == (True, [2])
+    assert _drift(cli, dsn, "public.kr") == (0, [])
     _sql(
         dsn,
         "ALTER TABLE kr RENAME COLUMN tenant TO tenant_old",

@@ -46,11 +46,18 @@ CREATE TABLE IF NOT EXISTS fencekit.fences (
 -- each column fencekit's objects read by name (a row fence's fence column; a key fence's key
 -- columns, in order; NULL for a table fence), recorded by protect on the table whose oid is
 -- table_oid: a column renamed away and another added under its name has another attnum (status
--- reports it, protect refuses it). A restore gives the table another oid and may renumber its
--- columns: the attnums are compared only while table_oid is the table's oid. key_expressions: a
--- key fence's generated key columns' generation expressions on the table and each partition
--- and child when protect ran, as fingerprints (fencekit.key_expressions), compared on the same
--- terms: changing one (SET EXPRESSION) rewrites the rows' keys without any trigger.
+-- reports it, protect refuses it). child_attnums: a row fence's fence column attnum on each
+-- partition and inheritance child, by the child's oid, compared on the same terms: a child can
+-- be taken out of the tree, its column swapped and every other witness of it stripped.
+-- function_oid: the oid fencekit.<tag>_stmt had when protect recorded these; they are this
+-- database's oids while that function still has it (fencekit.recorded_oids_hold). A restore
+-- creates every table and function anew under other oids and copies this table as it was:
+-- table_oid may then name no relation or another one, and the attnums count columns the
+-- restore may have left out, so none of them is compared until protect records them again.
+-- key_expressions: a key fence's generated key columns' generation expressions on the table
+-- and each partition and child when protect ran, as fingerprints (fencekit.key_expressions),
+-- compared on the same terms: changing one (SET EXPRESSION) rewrites the rows' keys without
+-- any trigger.
 CREATE TABLE IF NOT EXISTS fencekit.protected (
   schema_name      text NOT NULL,
   table_name       text NOT NULL,
@@ -63,6 +70,8 @@ CREATE TABLE IF NOT EXISTS fencekit.protected (
   key_families     text[],
   table_oid        oid,
   attnums          int2[],
+  child_attnums    jsonb,
+  function_oid     oid,
   key_expressions  jsonb,
   PRIMARY KEY (schema_name, table_name)
 );

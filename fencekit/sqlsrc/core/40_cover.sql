@@ -12,11 +12,11 @@
 -- temporary table, an unrelated table, a protected table's new column) covers nothing, so it
 -- never fails for a role that may not run a cover function. It runs as the role that ran the command (no SECURITY
 -- DEFINER): the cover function creates triggers with that role's rights, and runs no user code.
--- A protected table is found by its oid (fencekit.protected.table_oid, recorded at protect;
--- trusted while the relation of that oid carries a fencekit trigger of its tag, as a restore
--- gives the table another oid), else by its registered name: renamed, it is still the
--- protected table. Its cover function names it by the registered name, so a renamed table's
--- new descendant is refused until `fencekit rename` moves the protection (fail closed).
+-- A protected table is found as fencekit.protected_table finds it (the oid protect recorded;
+-- after a restore, a trigger of the table's that only an admin can attach), else by its
+-- registered name: renamed, it is still the protected table. Its cover function names it by
+-- the registered name, so a renamed table's new descendant is refused until `fencekit rename`
+-- moves the protection (fail closed).
 CREATE OR REPLACE FUNCTION fencekit.cover_new_children() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -42,14 +42,7 @@ BEGIN
             CROSS JOIN LATERAL pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name,
                                                                         pr.table_name)) AS named
             CROSS JOIN LATERAL (
-              SELECT COALESCE((SELECT c.oid::pg_catalog.regclass FROM pg_catalog.pg_class c
-                                WHERE c.oid = pr.table_oid AND c.relkind IN ('r', 'p')
-                                  AND EXISTS (SELECT FROM pg_catalog.pg_trigger g
-                                               WHERE g.tgrelid = c.oid
-                                                 AND pg_catalog.starts_with(
-                                                       g.tgname::pg_catalog.text,
-                                                       'fencekit_' || pr.tag || '_'))),
-                              named) AS rel) AS r
+              SELECT COALESCE(fencekit.protected_table(pr.tag), named) AS rel) AS r
             WHERE r.rel IN (SELECT up.relid FROM up))
     SELECT m.tag, m.schema_name, m.table_name, m.rel, m.renamed, EXISTS (
        WITH RECURSIVE down(relid) AS (

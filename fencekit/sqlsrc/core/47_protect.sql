@@ -30,6 +30,77 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
      AND pg_catalog.substr(name, pg_catalog.length(prefix) + 1) !~ '(^|_)[0-9a-f]{10}_'
 $fn$;
 
+-- ------------------------------------------------------------------ which table is protected
+-- A protected table is known by two things, neither enough alone: the oid protect recorded
+-- (fencekit.protected.table_oid), which a rename keeps and a restore does not, and the triggers
+-- protect put on it, which its owner may drop, and whose names any table owner may give to a
+-- trigger of its own.
+
+-- Whether the relation `rel` carries a trigger of the protected table `tag` that only an admin
+-- can put there: named fencekit_<tag>_* and calling one of the table's generated functions
+-- that the role which ran protect owns and that only it and fencekit_admin may execute (every
+-- one but a row fence's TRUNCATE check, <tag>_trunc, which the table's owner owns and may
+-- attach to any table of its own). Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.carries_tag(rel oid, for_tag text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT EXISTS (
+    SELECT FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_proc f ON f.oid = g.tgfoid
+     WHERE g.tgrelid = rel AND NOT g.tgisinternal
+       AND fencekit.named_by(g.tgname::text, 'fencekit_' || for_tag || '_')
+       AND f.pronamespace = 'fencekit'::regnamespace
+       AND fencekit.named_by(f.proname::text, for_tag || '_')
+       AND f.proname::text <> for_tag || '_trunc')
+$fn$;
+
+-- Whether the oids fencekit.protected recorded for `tag` (table_oid, attnums, child_attnums)
+-- are this database's: protect recorded them with function_oid, the oid of the table's
+-- fencekit.<tag>_stmt, and that function still has it. A restore (pg_dump, pg_restore) creates
+-- every table and function anew under other oids and copies the registry as it was: its
+-- table_oid may then be no relation or any relation (oids are handed out in order: a table
+-- owner can create tables until one of its own gets it), and its attnums count columns the
+-- restore may have left out. Only the installer and superusers create functions in schema
+-- fencekit, so nobody can give a function of that name the recorded oid. (pg_upgrade keeps the
+-- relations' oids, not the functions': after it the oids count as stale, too, until protect
+-- runs.) Reads the catalogs and fencekit.protected only.
+CREATE OR REPLACE FUNCTION fencekit.recorded_oids_hold(for_tag text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT EXISTS (
+    SELECT FROM fencekit.protected p JOIN pg_catalog.pg_proc f ON f.oid = p.function_oid
+     WHERE p.tag = for_tag AND f.pronamespace = 'fencekit'::regnamespace
+       AND f.proname::text = p.tag || '_stmt')
+$fn$;
+
+-- The protected table `tag` is, or NULL when the catalogs do not say. While the recorded oids
+-- hold (fencekit.recorded_oids_hold): the table whose oid is table_oid, whatever it is named
+-- now and whatever triggers it still carries (its owner may drop them, rename it away and put
+-- another table under its name, with triggers of the same names); NULL once no table has that
+-- oid (it was dropped). After a restore: the table that carries one of its triggers only an
+-- admin can attach (fencekit.carries_tag), the one under its registered name first, then one
+-- no ancestor of which carries it (a renamed table, not its partitions). Callers may take the
+-- registered name when this is NULL: a table dropped and created again, or restored without
+-- its triggers, which status reports. Reads the catalogs and fencekit.protected only.
+CREATE OR REPLACE FUNCTION fencekit.protected_table(for_tag text) RETURNS regclass
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT CASE WHEN fencekit.recorded_oids_hold(p.tag) THEN
+           (SELECT c.oid::regclass FROM pg_catalog.pg_class c
+             WHERE c.oid = p.table_oid AND c.relkind IN ('r', 'p'))
+         ELSE
+           (SELECT c.oid::regclass FROM pg_catalog.pg_class c
+             WHERE c.relkind IN ('r', 'p')
+               AND c.oid IN (SELECT g.tgrelid FROM pg_catalog.pg_trigger g
+                              WHERE fencekit.named_by(g.tgname::text,
+                                                      'fencekit_' || p.tag || '_'))
+               AND fencekit.carries_tag(c.oid, p.tag)
+               AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i
+                                WHERE i.inhrelid = c.oid
+                                  AND fencekit.carries_tag(i.inhparent, p.tag))
+             ORDER BY c.oid IS DISTINCT FROM pg_catalog.to_regclass(
+                        pg_catalog.format('%I.%I', p.schema_name, p.table_name)), c.oid
+             LIMIT 1)
+         END
+    FROM fencekit.protected p WHERE p.tag = for_tag
+$fn$;
+
 -- Drop the triggers on `rel` named `prefix`* ('fencekit_<tag>_') that are not in `keep` (made
 -- by another release of the template: re-protect must not leave an old one firing), and those
 -- calling one of the table's functions ('<tag>_'*) under a name not in `keep` (an owner may
@@ -262,28 +333,61 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
             ORDER BY u.o) END
 $fn$;
 
--- The columns of `rel`'s partitions and inheritance children, at any depth, that fencekit bound
--- as the row fence column `col` and that are no longer named `col` there (`was`: their name
--- now). An inheritance child can be taken out of the tree, its fence column renamed away and
--- another added under the name; back in the tree, fencekit's row triggers read the new one by
--- name. Two things bind the old column by attnum, so either witnesses it: the INSERT trigger
--- `ins`'s WHEN clause (its pg_depend entry), and the fence DEFAULT, which the owner's RENAME
--- leaves on the old column: a column other than `col` whose default is the one on `col` of
--- `rel` (protect sets it there and on every descendant; register_table checks again after it
--- did, should the owner have dropped it everywhere). Defaults are compared as pg_node_tree text
+-- A row fence's fence column attnum on each partition and inheritance child of `rel` that has
+-- it, as {child oid: attnum}; NULL for other scopes and for a table without descendants. Reads
+-- the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.child_attnums(rel regclass, spec jsonb) RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT pg_catalog.jsonb_object_agg(d.child::oid::text, a.attnum)
+    FROM fencekit.descendants(rel) d
+    JOIN pg_catalog.pg_attribute a
+      ON a.attrelid = d.child AND a.attname = spec ->> 'column' AND a.attnum > 0
+         AND NOT a.attisdropped
+   WHERE spec ->> 'scope' = 'row'
+$fn$;
+
+-- The columns of `rel` and of its partitions and inheritance children, at any depth, that
+-- fencekit bound as the row fence column `col` and that are no longer named `col` there
+-- (`was`: their name now). An owner can rename the fence column away and add another under the
+-- name (an inheritance child: out of the tree, then back); fencekit's row triggers read the
+-- new one by name. Three things bind the old column by attnum, so any one witnesses it: the
+-- INSERT trigger `ins`'s WHEN clause (its pg_depend entry); the fence DEFAULT, which the
+-- owner's RENAME leaves on the old column: a column other than `col` whose default is the one
+-- on `col` of a relation of the tree (protect sets it on each; register_table checks again
+-- after it did, should the owner have dropped it everywhere); and the child's attnum protect
+-- recorded (fencekit.protected.child_attnums, while the recorded oids hold), which the owner
+-- cannot strip. (While they hold, the protected table's own recorded attnum is compared by
+-- fencekit.check_bound_columns instead, which says more.) Defaults are compared as pg_node_tree text
 -- without parse locations (they vary with the text of the statement that set them): never
--- deparsed, never evaluated. Reads the catalogs only.
+-- deparsed, never evaluated. Reads the catalogs and fencekit.protected only.
 CREATE OR REPLACE FUNCTION fencekit.swapped_descendant_columns(rel regclass, col text, ins text)
 RETURNS TABLE (child regclass, was name)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
-  WITH tree AS (SELECT d.child::oid AS relid FROM fencekit.descendants(rel) d),
+  WITH tree AS (SELECT rel::oid AS relid
+                UNION ALL SELECT d.child::oid FROM fencekit.descendants(rel) d),
   fence AS (
-    SELECT pg_catalog.regexp_replace(f.adbin::text, ' :location -?[0-9]+', '', 'g') AS e
-      FROM pg_catalog.pg_attribute a
-      JOIN pg_catalog.pg_attrdef f ON f.adrelid = a.attrelid AND f.adnum = a.attnum
-     WHERE a.attrelid = rel AND a.attname = col AND NOT a.attisdropped)
+    SELECT DISTINCT pg_catalog.regexp_replace(f.adbin::text, ' :location -?[0-9]+', '', 'g') AS e
+      FROM tree t
+      JOIN pg_catalog.pg_attribute a
+        ON a.attrelid = t.relid AND a.attname = col AND NOT a.attisdropped
+      JOIN pg_catalog.pg_attrdef f ON f.adrelid = a.attrelid AND f.adnum = a.attnum),
+  recorded AS (
+    SELECT r.key::oid AS relid, r.value::int2 AS attnum
+      FROM fencekit.protected p
+     CROSS JOIN pg_catalog.jsonb_each_text(p.child_attnums) AS r(key, value)
+     WHERE 'fencekit_' || p.tag || '_ins' = ins AND p.table_oid = rel::oid
+       AND fencekit.recorded_oids_hold(p.tag)),
+  -- `rel` itself only while its recorded attnum cannot be compared (after a restore): else
+  -- that says it, and a column an earlier protection bound (unprotected, then protected
+  -- afresh) keeps a fence DEFAULT that binds nothing.
+  checked AS (
+    SELECT t.relid FROM tree t
+     WHERE t.relid <> rel::oid
+        OR EXISTS (SELECT FROM fencekit.protected p
+                    WHERE 'fencekit_' || p.tag || '_ins' = ins
+                      AND NOT fencekit.recorded_oids_hold(p.tag)))
   SELECT t.relid::regclass, a.attname
-    FROM tree t
+    FROM checked t
     JOIN pg_catalog.pg_attribute a
       ON a.attrelid = t.relid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> col
    WHERE EXISTS (SELECT FROM pg_catalog.pg_attrdef f
@@ -296,11 +400,12 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
                     AND d.refclassid = 'pg_catalog.pg_class'::regclass
                     AND d.refobjid = t.relid AND d.refobjsubid = a.attnum
                   WHERE g.tgrelid = t.relid AND g.tgname = ins)
+      OR EXISTS (SELECT FROM recorded r WHERE r.relid = t.relid AND r.attnum = a.attnum)
    ORDER BY t.relid, a.attnum
 $fn$;
 
--- Refuse (YF000) to bind a row fence's objects on `rel`'s descendants to the column named `col`
--- where fencekit bound another (fencekit.swapped_descendant_columns).
+-- Refuse (YF000) to bind a row fence's objects on `rel` or its descendants to the column named
+-- `col` where fencekit bound another (fencekit.swapped_descendant_columns).
 CREATE OR REPLACE FUNCTION fencekit.check_descendant_columns(rel regclass, col text, ins text)
 RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
@@ -310,9 +415,11 @@ BEGIN
   SELECT * INTO swapped FROM fencekit.swapped_descendant_columns(rel, col, ins) LIMIT 1;
   IF FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
-      MESSAGE = pg_catalog.format('fencekit: column %I of %s (under %s) is not the column '
-                                  'fencekit protected there: that one is now named %I',
-                                  col, swapped.child, rel, swapped.was),
+      MESSAGE = pg_catalog.format('fencekit: column %I of %s%s is not the column fencekit '
+                                  'protected there: that one is now named %I', col,
+                                  swapped.child, CASE WHEN swapped.child <> rel
+                                                      THEN pg_catalog.format(' (under %s)', rel)
+                                                      ELSE '' END, swapped.was),
       DETAIL = 'Protecting or covering it again would take the new column for the protected '
                'one: the fences kept with the old one would be lost.',
       HINT = pg_catalog.format('Put the protected column back under its name (an inheritance '
@@ -324,15 +431,53 @@ BEGIN
 END
 $fn$;
 
+-- The key columns of the key fence `tag` on `rel` that are not the columns fencekit bound
+-- (`was`: the bound one's name now, NULL when none is left; `added`: whether a column has the
+-- key column's name now): its trigger `_keys` names them in
+-- its UPDATE OF list by attnum (pg_trigger.tgattr), and a rename leaves it on the old column,
+-- so it witnesses a key column swapped after a restore too, when the attnums protect recorded
+-- are another database's (callers consult it only then: while they hold, the recorded
+-- attnums say more, and the trigger may merely have been replaced, which re-protect mends).
+-- Only the trigger protect made (its name and the table's fencekit.<tag>_stmt, which only an
+-- admin can attach) counts. Reads the catalogs only.
+CREATE OR REPLACE FUNCTION fencekit.swapped_key_columns(rel regclass, spec jsonb, for_tag text)
+RETURNS TABLE (col text, was name, added boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH bound AS (
+    SELECT g.tgattr::int2[] AS nums
+      FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_proc f ON f.oid = g.tgfoid
+     WHERE g.tgrelid = rel AND g.tgname = 'fencekit_' || for_tag || '_keys'
+       AND f.pronamespace = 'fencekit'::regnamespace AND f.proname = for_tag || '_stmt'
+       AND spec ->> 'scope' = 'key'
+     LIMIT 1),
+  named AS (
+    SELECT u.col, u.o, a.attnum
+      FROM pg_catalog.jsonb_array_elements_text(spec -> 'key') WITH ORDINALITY AS u(col, o)
+      LEFT JOIN pg_catalog.pg_attribute a
+        ON a.attrelid = rel AND a.attname = u.col AND a.attnum > 0 AND NOT a.attisdropped)
+  SELECT n.col,
+         (SELECT a.attname FROM pg_catalog.unnest(b.nums) AS x(num)
+            JOIN pg_catalog.pg_attribute a ON a.attrelid = rel AND a.attnum = x.num
+           WHERE x.num <> ALL (SELECT m.attnum FROM named m WHERE m.attnum IS NOT NULL)
+           ORDER BY x.num LIMIT 1),
+         n.attnum IS NOT NULL
+    FROM bound b, named n
+   WHERE n.attnum IS NULL OR n.attnum <> ALL (b.nums)
+   ORDER BY n.o
+$fn$;
+
 -- Refuses (YF000) a protected table whose fence or key column is not the one protect recorded
--- (fencekit.protected.attnums, found by the table's oid whatever its name now): renamed away,
--- with or without another added under its name; and a row fence's partition or child whose
--- fence column is (fencekit.check_descendant_columns). Protect would bind fencekit's objects to
--- a new column (adding an empty one when none has the name), a rename re-protects, and a move
--- would carry its fences from there, while the fences stay with the old column (a row fence's
--- in it; a key fence's are named by its values). A column dropped for good is not refused: its
--- fences went with it (status: fence_column_missing). Reads the catalogs and
--- fencekit.protected only.
+-- (fencekit.protected.attnums, found by the table's oid whatever its name now, while the
+-- recorded oids hold: fencekit.recorded_oids_hold): renamed away, with or without another
+-- added under its name; and a row fence's table, partition or child whose fence column is
+-- (fencekit.check_descendant_columns), or a key fence's (fencekit.swapped_key_columns): by
+-- what binds the old column by attnum, which a restore keeps; the registry row is the one
+-- whose protected table `rel` is, or whose name it has).
+-- Protect would bind fencekit's objects to a new column (adding an empty one when none has the
+-- name), a rename re-protects, and a move would carry its fences from there, while the fences
+-- stay with the old column (a row fence's in it; a key fence's are named by its values). A
+-- column dropped for good is not refused: its fences went with it (status:
+-- fence_column_missing). Reads the catalogs and fencekit.protected only.
 CREATE OR REPLACE FUNCTION fencekit.check_bound_columns(rel regclass) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -349,7 +494,7 @@ BEGIN
                         ELSE p.spec -> 'key' END)) AS u(now, was, col)
          LEFT JOIN pg_catalog.pg_attribute a
            ON a.attrelid = rel AND a.attnum = u.was AND NOT a.attisdropped
-   WHERE p.table_oid = rel::oid
+   WHERE p.table_oid = rel::oid AND fencekit.recorded_oids_hold(p.tag)
      AND p.attnums IS NOT NULL
      AND u.now IS DISTINCT FROM u.was AND (u.now IS NOT NULL OR a.attname IS NOT NULL)
    LIMIT 1;
@@ -375,9 +520,28 @@ BEGIN
       HINT = 'Rename the columns back, or unprotect and protect again (the fences restart).',
       COLUMN = swapped.col;
   END IF;
-  FOR reg IN SELECT p.spec ->> 'column' AS col, p.tag FROM fencekit.protected p
-              WHERE p.table_oid = rel::oid AND p.scope = 'row' LOOP
-    PERFORM fencekit.check_descendant_columns(rel, reg.col, 'fencekit_' || reg.tag || '_ins');
+  FOR reg IN SELECT p.spec, p.spec ->> 'column' AS col, p.tag FROM fencekit.protected p
+              WHERE rel IN (fencekit.protected_table(p.tag),
+                            pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name,
+                                                                     p.table_name))) LOOP
+    IF reg.spec ->> 'scope' = 'row' THEN
+      PERFORM fencekit.check_descendant_columns(rel, reg.col, 'fencekit_' || reg.tag || '_ins');
+    END IF;
+    -- While the recorded oids hold, the attnums above say it (the _keys trigger may merely
+    -- have been replaced, which status reports and protect mends).
+    SELECT * INTO swapped FROM fencekit.swapped_key_columns(rel, reg.spec, reg.tag)
+     WHERE NOT fencekit.recorded_oids_hold(reg.tag) LIMIT 1;
+    IF FOUND THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: key column %I of %s is not the column it was '
+                                    'protected with: that one %s', swapped.col, rel,
+                                    COALESCE('is now named ' || pg_catalog.quote_ident(
+                                               swapped.was), 'was dropped')),
+        DETAIL = 'Protecting it again, or moving it, would take the new column for the '
+                 'protected one: the fences stay named by the old one''s values.',
+        HINT = 'Rename the columns back, or unprotect and protect again (the fences restart).',
+        COLUMN = swapped.col;
+    END IF;
   END LOOP;
 END
 $fn$;
@@ -421,7 +585,8 @@ CREATE OR REPLACE FUNCTION fencekit.key_expressions_changed(rel regclass) RETURN
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
   WITH p AS (SELECT p.key_expressions AS was, fencekit.key_expressions(rel, p.spec) AS now
                FROM fencekit.protected p
-              WHERE p.table_oid = rel::oid AND p.key_expressions IS NOT NULL)
+              WHERE p.table_oid = rel::oid AND p.key_expressions IS NOT NULL
+                AND fencekit.recorded_oids_hold(p.tag))
   SELECT ARRAY(
     SELECT w.key::oid::regclass
       FROM p CROSS JOIN pg_catalog.jsonb_each_text(p.was) AS w(key, value)
@@ -470,6 +635,9 @@ DECLARE
   tbl name;
   have jsonb;
   parent regclass;
+  protected regclass;
+  holds boolean;
+  restored boolean;
 BEGIN
   SELECT n.nspname, c.relname INTO sch, tbl
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -534,6 +702,42 @@ BEGIN
       HINT = 'Move it in one transaction, fences carried: fencekit move TABLE <new options> '
              '--dsn DSN, fencekit sql move, or alembic op.move_fence; policies alone change by '
              're-running protect.';
+  END IF;
+  -- The table under the registered name must be the protected table (fencekit.protected_table):
+  -- its owner may rename the protected one away, drop its triggers and put another table under
+  -- the name; protecting that one would move the registry row onto it. After a restore
+  -- (the table's fencekit.<tag>_stmt exists under another oid than the one recorded) only a
+  -- trigger only an admin can attach says which table it is: a table under the name without
+  -- one may be such another table, and is refused as well.
+  SELECT fencekit.protected_table(p.tag), fencekit.recorded_oids_hold(p.tag),
+         NOT fencekit.recorded_oids_hold(p.tag)
+         AND pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', p.tag || '_stmt'))
+             IS NOT NULL
+    INTO protected, holds, restored
+    FROM fencekit.protected p WHERE p.schema_name = sch AND p.table_name = tbl;
+  IF protected IS DISTINCT FROM rel AND protected IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s is not the table protected under that name: '
+                                  'that one is now %s (%s); nothing was changed', rel,
+                                  protected,
+                                  CASE WHEN holds THEN 'the oid protect recorded'
+                                       ELSE 'it carries the protected table''s triggers' END),
+      HINT = pg_catalog.format('Rename the tables back, or move the protection to the new '
+                               'name: fencekit rename %s %s; fencekit status reports both.',
+                               rel, protected);
+  ELSIF protected IS NULL AND restored THEN
+    RAISE EXCEPTION USING ERRCODE = 'YF000',
+      MESSAGE = pg_catalog.format('fencekit: %s carries none of the triggers of the table '
+                                  'protected under that name, whose record is from before a '
+                                  'restore: nothing tells that it is that table; nothing was '
+                                  'changed', rel),
+      DETAIL = 'Its owner may have dropped the protected table''s triggers, renamed it away and '
+               'put another table under its name: protecting this one would move the '
+               'protection onto it.',
+      HINT = pg_catalog.format('If %s is the protected table (its triggers were dropped, or it '
+                               'was dropped and created again), unprotect it and protect it '
+                               'again (the fences restart); fencekit status reports what it '
+                               'sees.', rel);
   END IF;
   PERFORM fencekit.check_bound_columns(rel);
   PERFORM fencekit.check_key_expressions(rel);
@@ -603,22 +807,30 @@ BEGIN
   rel := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
   -- Last in protect, after the cover: a child whose swapped fence column no witness named
   -- before (its INSERT trigger and every fence DEFAULT dropped) is named now that the protect
-  -- set the DEFAULT again, and refused before it is recorded as bound.
-  IF spec ->> 'scope' = 'row' THEN
+  -- set the DEFAULT again, and refused before it is recorded as bound. Only on a table already
+  -- protected: protected afresh (after unprotect), a column the last protection bound keeps no
+  -- fence anything still reads, and the fences restart.
+  IF spec ->> 'scope' = 'row'
+     AND EXISTS (SELECT FROM fencekit.protected p
+                  WHERE (p.schema_name, p.table_name)
+                        = (register_table.schema_name, register_table.table_name)) THEN
     PERFORM fencekit.check_descendant_columns(rel, spec ->> 'column',
                                               'fencekit_' || tag || '_ins');
   END IF;
   INSERT INTO fencekit.protected AS p
          (schema_name, table_name, tag, scope, resource, spec, template_version, key_families,
-          table_oid, attnums, key_expressions)
+          table_oid, attnums, child_attnums, function_oid, key_expressions)
   VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
           key_families, rel, fencekit.bound_attnums(rel, spec),
+          fencekit.child_attnums(rel, spec),
+          pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', tag || '_stmt')),
           fencekit.key_expressions(rel, spec))
   ON CONFLICT ON CONSTRAINT protected_pkey DO UPDATE
     SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
         spec = excluded.spec, template_version = excluded.template_version,
         key_families = excluded.key_families, table_oid = excluded.table_oid,
-        attnums = excluded.attnums, key_expressions = excluded.key_expressions,
+        attnums = excluded.attnums, child_attnums = excluded.child_attnums,
+        function_oid = excluded.function_oid, key_expressions = excluded.key_expressions,
         -- A partition added since (its expressions recorded now) is no new protection.
         protected_at = CASE WHEN (p.spec, p.template_version, p.key_families, p.table_oid,
                                   p.attnums)
@@ -629,6 +841,8 @@ BEGIN
     WHERE (p.spec, p.template_version, p.key_families, p.table_oid, p.attnums)
           IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families,
                             excluded.table_oid, excluded.attnums)
-       OR p.key_expressions IS DISTINCT FROM excluded.key_expressions;
+       OR (p.key_expressions, p.child_attnums, p.function_oid)
+          IS DISTINCT FROM (excluded.key_expressions, excluded.child_attnums,
+                            excluded.function_oid);
 END
 $fn$;

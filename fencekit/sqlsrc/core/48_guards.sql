@@ -82,14 +82,20 @@ END
 $fn$;
 
 -- The rename script's guard, for the spec under the old name (tbl); new_tbl is the new name.
--- Before anything changes, the renamed table's fence or key columns are checked against what
--- protect recorded for it (fencekit.check_bound_columns, by its oid): the script then deletes
--- that registry row and protects the table again under the new name, which would bind the
--- protection to a column the owner swapped in, with nothing left to compare it to.
+-- The table under the new name must be the protected table (fencekit.protected_table: the oid
+-- protect recorded, or after a restore the triggers only an admin can attach), never a table
+-- that merely carries a trigger named like fencekit's: its owner may drop the protected
+-- table's triggers and give their names to another table's. Before anything changes, the
+-- renamed table's fence or key columns are checked against what protect recorded for it
+-- (fencekit.check_bound_columns): the script then deletes that registry row and protects the
+-- table again under the new name, which would bind the protection to a column the owner
+-- swapped in, with nothing left to compare it to.
 CREATE OR REPLACE FUNCTION fencekit.rename_guard(tbl text, spec jsonb, new_tbl text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   have jsonb := fencekit.registered_spec(spec);
+  protected regclass;
+  holds boolean;
 BEGIN
   IF have IS NULL THEN
     RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -103,6 +109,25 @@ BEGIN
                     'fencekit rename OLD NEW --dsn DSN)', fencekit.spec_args(tbl, have), new_tbl);
   END IF;
   IF to_regclass(new_tbl) IS NOT NULL THEN
+    SELECT fencekit.protected_table(p.tag), fencekit.recorded_oids_hold(p.tag)
+      INTO protected, holds
+      FROM fencekit.protected p
+     WHERE p.schema_name = rename_guard.spec -> 'table' ->> 'schema'
+       AND p.table_name = rename_guard.spec -> 'table' ->> 'name';
+    IF protected IS DISTINCT FROM to_regclass(new_tbl) THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = format('fencekit: %s is not %s renamed (%s); nothing was changed', new_tbl,
+                         tbl, CASE WHEN protected IS NULL
+                                 THEN 'no table has the oid protect recorded, nor carries its '
+                                      'triggers'
+                               WHEN holds
+                                 THEN format('that one is %s, the oid protect recorded',
+                                             protected)
+                               ELSE format('that one is %s, which carries its triggers',
+                                           protected) END),
+        HINT = 'fencekit status shows where the protected table is; a trigger''s name alone '
+               'does not make a table the protected one.';
+    END IF;
     PERFORM fencekit.check_bound_columns(to_regclass(new_tbl));
   END IF;
 END

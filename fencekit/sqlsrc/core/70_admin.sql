@@ -7,42 +7,38 @@
 -- a view (whose functions run as whoever reads it), a function-backed relation or another table
 -- under the old name. Everything an admin or a DBA reads or writes of a protected table goes
 -- through this first (fencekit fences, fencekit.set_fence, fencekit.key_text, move): tbl must
--- be a table (relkind r or p) carrying fencekit's TRUNCATE trigger of that registry row (every
--- scope has one). Reads the catalogs only.
+-- be the protected table (fencekit.protected_table: the oid protect recorded, or after a
+-- restore a trigger of the table's that only an admin can attach), never a table that merely
+-- carries a trigger named like fencekit's. Reads the catalogs only.
 CREATE OR REPLACE FUNCTION fencekit.registered_table(tbl regclass) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   p record;
   kind text;
-  moved text;
+  protected regclass;
 BEGIN
   SELECT pr.* INTO p FROM fencekit.protected pr
    WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name)) = tbl;
   IF NOT FOUND THEN
     RETURN NULL;
   END IF;
-  SELECT c.relkind::text INTO kind FROM pg_catalog.pg_class c WHERE c.oid = tbl;
-  IF kind IN ('r', 'p') AND EXISTS (SELECT FROM pg_catalog.pg_trigger g
-                                      WHERE g.tgrelid = tbl
-                                        AND g.tgname = 'fencekit_' || p.tag || '_trunc') THEN
+  protected := fencekit.protected_table(p.tag);
+  IF protected = tbl THEN
     RETURN p.tag;
   END IF;
-  SELECT g.tgrelid::regclass::text INTO moved FROM pg_catalog.pg_trigger g
-    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
-   WHERE g.tgname = 'fencekit_' || p.tag || '_trunc' AND g.tgrelid <> tbl
-     AND NOT c.relispartition
-     AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid)
-   LIMIT 1;
+  SELECT c.relkind::text INTO kind FROM pg_catalog.pg_class c WHERE c.oid = tbl;
   RAISE EXCEPTION USING ERRCODE = 'YF000',
     MESSAGE = pg_catalog.format(
       'fencekit: %s is not the table protected under that name (%s); fencekit reads and writes '
       'only the protected table itself, never a relation that took its name', tbl,
-      CASE WHEN kind IN ('r', 'p') THEN 'a table without its fencekit triggers'
+      CASE WHEN kind IN ('r', 'p') THEN 'another table, or the table without its fencekit '
+                                        'triggers after a restore'
            WHEN kind = 'v' THEN 'a view' WHEN kind = 'm' THEN 'a materialized view'
            WHEN kind = 'f' THEN 'a foreign table' ELSE 'relkind ' || kind END),
-    HINT = CASE WHEN moved IS NOT NULL
-             THEN pg_catalog.format('The protected table was renamed to %s; fencekit status '
-                                    'reports it and prints the fencekit rename to run.', moved)
+    HINT = CASE WHEN protected IS NOT NULL
+             THEN pg_catalog.format('The protected table was renamed to %s; fencekit '
+                                    'status reports it and prints the fencekit rename to run.',
+                                    protected)
              ELSE 'fencekit status reports what happened to the protected table.' END;
 END
 $fn$;

@@ -32,8 +32,9 @@
 -- SECURITY DEFINER part and works on text and bigint and fencekit's own tables alone.
 
 -- The definer part. Why definer: it writes fencekit.fences and reads fencekit.leases, which
--- writers may not. Touches: fencekit.protected (a FOR SHARE lock on the table's row, which
--- move, rename and unprotect wait for: they delete or update that row), fencekit.resources,
+-- writers may not. Touches: the catalogs (fencekit.protected_table: is tbl the protected
+-- table), fencekit.protected (a FOR SHARE lock on the table's row, which move, rename and
+-- unprotect wait for: they delete or update that row), fencekit.resources,
 -- fencekit.fences (through advance_fences), fencekit.leases (through lease_mismatch). Never
 -- runs: any cast, operator, function or trigger of the caller or of the table's owner: its
 -- inputs are regclass, text and bigint, it compares them with pg_catalog's operators, and it
@@ -72,7 +73,7 @@ BEGIN
     -- (each deletes or updates it) waits for this claim, and this claim for them. The second
     -- try sees the row such an operation wrote when it committed while we waited.
     FOR i IN 1 .. 2 LOOP
-        SELECT pr.scope, pr.resource, pr.spec INTO p FROM fencekit.protected pr
+        SELECT pr.scope, pr.resource, pr.spec, pr.tag INTO p FROM fencekit.protected pr
          WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name))
                OPERATOR(pg_catalog.=) claim_fence.tbl
            FOR SHARE;
@@ -82,6 +83,15 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'YF000',
             MESSAGE = pg_catalog.format('fencekit.claim: %s is not protected', claim_fence.tbl),
             HINT = 'fencekit status lists the protected tables.';
+    END IF;
+    -- Only the protected table itself, never another that took its name (its writers would
+    -- raise the protected table's fences): fencekit.protected_table reads the catalogs only.
+    IF fencekit.protected_table(p.tag) IS DISTINCT FROM claim_fence.tbl
+       AND fencekit.protected_table(p.tag) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'YF000',
+            MESSAGE = pg_catalog.format('fencekit.claim: %s is not the table protected under '
+                                        'that name', claim_fence.tbl),
+            HINT = 'fencekit status reports where the protected table is.';
     END IF;
     IF p.scope OPERATOR(pg_catalog.=) 'row' THEN
         RAISE EXCEPTION USING ERRCODE = 'YF000',

@@ -8,14 +8,17 @@
 --
 -- Trusted surface (docs/security.md): SECURITY DEFINER because the role that drops a table (its
 -- owner) may not write fencekit.protected nor drop the counters. It touches only
--- pg_event_trigger_dropped_objects(), the catalogs pg_trigger and pg_proc, one row of
+-- pg_event_trigger_dropped_objects(), the catalogs pg_class, pg_trigger and pg_proc, one row of
 -- fencekit.protected and the table's counter sequences (fencekit."<tag>:<counter>"). It acts
 -- only for a registered table that this command dropped, matched by oid (the dropped object's
 -- objid is the registry's table_oid, recorded at protect), never by name: a protected table's
 -- owner may rename it and create and drop another table under its old name, which forgets
--- nothing. It also keeps a row whose generated trigger functions a remaining table's trigger
--- still calls (nobody but their owner and fencekit_admin may attach them): a restore gives a
--- table another oid, which may be the stale table_oid of another row. It never runs caller
+-- nothing. The oid counts only while the recorded oids hold (fencekit.recorded_oids_hold): a
+-- restore gives every table another oid and copies the registry's, and a table owner can
+-- create tables until one of its own gets a stale one. It also keeps a row whose registered
+-- name a live relation has (that table may be the protected one, its recorded oid stale), and
+-- a row whose generated trigger functions a remaining table's trigger still calls (nobody but
+-- their owner and fencekit_admin may attach them). It never runs caller
 -- code: no user table, type, cast or operator; oids and names are compared with pg_catalog's
 -- operators. It cannot be called: it returns event_trigger.
 CREATE OR REPLACE FUNCTION fencekit.forget_dropped_tables() RETURNS event_trigger
@@ -30,6 +33,9 @@ BEGIN
      WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
        AND o.objsubid OPERATOR(pg_catalog.=) 0
        AND o.object_type OPERATOR(pg_catalog.=) 'table'
+       AND fencekit.recorded_oids_hold(pr.tag)
+       AND pg_catalog.to_regclass(pg_catalog.format('%I.%I', pr.schema_name, pr.table_name))
+           IS NULL
        AND NOT EXISTS (
          SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
           WHERE f.pronamespace OPERATOR(pg_catalog.=) 'fencekit'::pg_catalog.regnamespace
