@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
         "with the sha256 of the code it runs (a trigger: its function's language, body, "
         "arguments and security mode, the trigger's arguments and WHEN clause; never a name). "
         "Once you have read that code and know it never sets a fencekit.* setting "
-        "(fencekit.token, fencekit.key_types_<tag> ...) nor a row fence's column, allow its "
+        "(fencekit.token, fencekit.issuer ...) nor a row fence's column, allow its "
         "hash: status stops reporting it on every table and under every "
         "name, until the code changes. Only hashes status reports now are accepted. Writes "
         "fencekit.allowed_code, which only members of fencekit_admin may change.",

@@ -16,13 +16,17 @@ not) with pinned settings: a key's identity is its text under TimeZone=UTC, ISO 
 bytea, so two sessions with other settings always name the same key the same way. Protect
 refuses key types whose equal values can print differently (``fencekit.check_key_columns``).
 
-Before any statement names a key column, the trigger proves from the catalogs that each key
-name is still a live column of a type whose text is built-in code (PL/pgSQL plans a statement
-only when it first reaches it: a key column retyped to a type of the owner's would run its cast
-as the definer, and a name that is no column any more would be read as a function of the whole
-row). The fast path (_fast_check) reads pg_attribute only, for keys of a few built-in types
-(_FAST_TYPES) the session's last full check found as protect recorded them; anything else takes
-the full check (_check_types), which also compares the types with the families protect recorded.
+The common case reads the keys in one statement that names nothing of the owner's whatever
+the key columns' types are now (_fast_lookup): each key is printed by ``pg_catalog.concat``,
+which runs only the type's output function (built-in code for every type a role that is not
+a superuser can create: no cast is looked up), and its columns are named unqualified, so a
+name that is no column any more is a marker of the statement's own (never a function of the
+row, as ``x.to_json`` is ``to_json(x)``). The same statement tests the key columns' types,
+as the plan has them (PostgreSQL plans it again after any change to the table): keys of a
+few built-in types (_FAST_TYPES) print alike under any settings and are judged at once;
+anything else takes the slow path, whose full check (_check_types) proves from the catalogs
+that each key column is live, of a type whose text is built-in code and of the family protect
+recorded, before the keys are cast to text under pinned settings.
 """
 
 from __future__ import annotations
@@ -80,9 +84,8 @@ _PLAIN_COLLATIONS = (0, 100, 950, 951)
 
 #: The key column types of the fast path: built in, printed by output functions of their own
 #: that read no setting, and of a family named by the type alone: bigint, smallint, integer,
-#: text (in the default collation), uuid.
+#: text, uuid. (Their text is the same through concat as through a cast to text.)
 _FAST_TYPES = (20, 21, 23, 25, 2950)
-_FAST_COLLATIONS = (0, 100)
 
 
 def _live(a: str, column: str) -> str:
@@ -91,15 +94,6 @@ def _live(a: str, column: str) -> str:
     return (
         f"{a}.attrelid {eq} TG_RELID AND {a}.attname {eq} {lit(column)}\n"
         f"       AND {a}.attnum OPERATOR(pg_catalog.>) 0 AND NOT {a}.attisdropped"
-    )
-
-
-def _fast_type(a: str, pad: str) -> str:
-    """SQL: the column ``a`` (a pg_attribute row) is of a fast path type and collation."""
-    eq = "OPERATOR(pg_catalog.=)"
-    return (
-        f"{a}.atttypid {eq} ANY ({_oids(_FAST_TYPES)})\n"
-        f"{pad}AND {a}.attcollation {eq} ANY ({_oids(_FAST_COLLATIONS)})"
     )
 
 
@@ -117,43 +111,6 @@ def key_expression(columns: tuple[str, ...], alias: str) -> str:
     known = f"\n{i}  AND ".join(f"{r} IS NOT NULL" for r in refs)
     texts = f",\n{i}       ".join(f"{r}::pg_catalog.text" for r in refs)
     return f"CASE WHEN {known}\n{i}THEN ROW({texts})::pg_catalog.text END"
-
-
-def _types_name(n: Names) -> str:
-    """SQL literal: the session setting where a key fence keeps the type OIDs of its key
-    columns that its catalog check last approved, for the fast path to compare with."""
-    return lit(f"fencekit.key_types_{n.tag}")
-
-
-def _fast_check(n: Names) -> str:
-    """PL/pgSQL: one statement for the common case. ``tok``: the statement's token when it is
-    canonical and below 10^18, no bypass is asked for and the issuer is right (_token_fast);
-    NULL otherwise, or when a key name is no live column. ``ok``: every key name is still a
-    live column of one of _FAST_TYPES, in a fast collation, not generated virtually, and of the
-    very types the session's last full check found as protect recorded them (the session
-    setting _types_name; anyone may set it, and a wrong value only costs the full check). One
-    read of pg_attribute by its index: no call, no registry row, no family computed. Anything
-    else takes the slow path (_slow_path), which judges the token and the types in full."""
-    eq = "OPERATOR(pg_catalog.=)"
-    cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
-    pad = " " * 11
-    fast = f"\n{pad}AND ".join(
-        f"{_fast_type(a, pad)}\n{pad}AND {a}.attgenerated OPERATOR(pg_catalog.<>) 'v'"
-        for a, _ in cols
-    )
-    attrs = ", ".join(f"pg_catalog.pg_attribute {a}" for a, _ in cols)
-    where = "\n       AND ".join(_live(a, c) for a, c in cols)
-    types = ", ".join(f"{a}.atttypid" for a, _ in cols)
-    return (
-        f"  SELECT CASE WHEN {_token_fast(n)}\n"
-        "           THEN raw::pg_catalog.int8 END,\n"
-        f"         pg_catalog.concat_ws(',', {types})\n"
-        f"           {eq} pg_catalog.current_setting({_types_name(n)}, true)\n"
-        f"           AND {fast}\n"
-        "    INTO tok, ok\n"
-        f"    FROM {attrs}\n"
-        f"   WHERE {where};\n"
-    )
 
 
 def _keys(n: Names, sources: list[str]) -> str:
@@ -237,22 +194,22 @@ def _family(a: str) -> str:
     )
 
 
-def _check_types(n: Names) -> str:
+def _check_types(n: Names, sources: list[str]) -> str:
     """PL/pgSQL: refuse unless the key columns' types still name keys as they did at protect.
     The common case, every key column of a built-in type of the family protect recorded, is
     one catalog read here (index lookups, no call, no settings saved); anything else (a domain,
     a change, a column gone) goes to fencekit.check_key_types (32_key_types.sql), which says
     what is wrong or finds nothing is. ``printed``: whether the keys print by KEY_SETTINGS
     (from the families protect recorded; NULL, and so pinned, when the read found no row).
-    ``types``: the key columns' type OIDs when every one is a fast path type in a fast path
-    collation; the session keeps them (_types_name) once the types are found as protect
-    recorded them, and its next statements take the fast path."""
+
+    That read sees the catalogs as of the statement's snapshot, which in a REPEATABLE READ or
+    SERIALIZABLE transaction may predate the owner's last change to the table, while PostgreSQL
+    plans the statement that casts the keys against the catalogs as they are now. So the types
+    the read approved (``types``) must be the ones a statement planned now finds (_planned):
+    else the write is refused before that statement is planned."""
     eq = "OPERATOR(pg_catalog.=)"
     cols = [(f"a{i}", c) for i, c in enumerate(n.spec.key, 1)]
     families = ",\n          ".join(_family(a) for a, _ in cols)
-    pad = " " * 13
-    fast = f"\n{pad}AND ".join(_fast_type(a, pad) for a, _ in cols)
-    types = ", ".join(f"{a}.atttypid" for a, _ in cols)
     attrs = "".join(f", pg_catalog.pg_attribute {a}" for a, _ in cols)
     where = "".join(f"\n       AND {_live(a, c)}" for a, c in cols)
     unprinted = ", ".join(lit(f) for f in _UNPRINTED)
@@ -268,16 +225,131 @@ def _check_types(n: Names) -> str:
         "                         WHERE NOT (u.f OPERATOR(pg_catalog.=)\n"
         f"                                      ANY (ARRAY[{unprinted}])"
         f"{prefixes})),\n"
-        f"           CASE WHEN {fast}\n"
-        f"             THEN pg_catalog.concat_ws(',', {types}) END\n"
+        f"           ARRAY[{', '.join(f'{a}.atttypid' for a, _ in cols)}]\n"
         "      INTO typed, printed, types\n"
         f"      FROM fencekit.protected pr{attrs}\n"
         f"     WHERE pr.tag {eq} {n.lit_tag}{where};\n"
         "    IF NOT COALESCE(typed, false) THEN\n"
         f"      PERFORM fencekit.check_key_types({n.lit_tag}, TG_RELID::pg_catalog.regclass);\n"
-        "    ELSIF types IS NOT NULL THEN\n"
-        f"      PERFORM pg_catalog.set_config({_types_name(n)}, types, false);  -- session-wide\n"
+        "    END IF;\n" + _planned(n, sources)
+    )
+
+
+def _planned(n: Names, sources: list[str]) -> str:
+    """PL/pgSQL: refuse unless the key columns' types as a statement planned now finds them are
+    ``types``, those the catalog check approved. The statement names each key column
+    unqualified (a name that is no column reads the marker, a boolean) and only inside
+    ``pg_typeof``, which evaluates nothing of the column's type: a scalar subquery's type is
+    the column's, rows or none."""
+    typed = ",\n             ".join(
+        f"pg_catalog.pg_typeof((SELECT {quote_ident(c)}\n"
+        f"          FROM {sources[0]} AS fencekit_y\n"
+        "         LIMIT 1))::pg_catalog.oid"
+        for c in n.spec.key
+    )
+    return (
+        f"    SELECT ARRAY[{typed}]\n"
+        "      INTO planned\n"
+        f"      FROM {_markers(n)};\n"
+        "    IF planned IS DISTINCT FROM types THEN\n"
+        "      RAISE EXCEPTION USING ERRCODE = 'YF000',\n"
+        "        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '\n"
+        "          'this transaction''s snapshot was taken: its writes cannot name their keys',\n"
+        "          TG_RELID::pg_catalog.regclass),\n"
+        "        HINT = 'Retry the transaction.';\n"
         "    END IF;\n"
+    )
+
+
+def _fast_text(columns: tuple[str, ...]) -> str:
+    """SQL: a key's identity as text, as key_expression names it, for a row whose key columns
+    are all of _FAST_TYPES (their output function prints what their cast to text does); NULL
+    for any other row (a NULL part, a column of another type: the slow path's to judge). Nothing
+    of the owner's is looked up whatever the columns' types are: each column is named
+    unqualified (a name that is no column of the row is the statement's marker, _markers),
+    tested by ``pg_typeof`` (the type the plan has, planned again after the table changes) and
+    printed by ``concat`` (its type's output function, no cast), in the default collation (none
+    of the column's is used)."""
+    eq = "OPERATOR(pg_catalog.=)"
+    cols = [quote_ident(c) for c in columns]
+    i = " " * 28
+    # NOT NULL first: concat prints a NULL as nothing.
+    known = f"\n{i}  AND ".join(
+        [f"{c} IS NOT NULL" for c in cols]
+        + [
+            f"pg_catalog.pg_typeof({c})::pg_catalog.oid\n{i}      {eq} ANY ({_oids(_FAST_TYPES)})"
+            for c in cols
+        ]
+    )
+    texts = [f'pg_catalog.concat({c}) COLLATE pg_catalog."default"' for c in cols]
+    if len(cols) == 1:
+        return f"CASE WHEN {known}\n{i}THEN {texts[0]} END"
+    row = f",\n{i}       ".join(texts)
+    return f"CASE WHEN {known}\n{i}THEN ROW({row})::pg_catalog.text END"
+
+
+def _markers(n: Names) -> str:
+    """SQL: a FROM item with one NULL boolean per key column, named like it: a key name that is
+    no column of the statement's rows any more reads this (SQL looks in the outer query for a
+    name the inner one lacks, before PL/pgSQL's variables), a boolean, which is no fast type."""
+    nulls = ", ".join("NULL::pg_catalog.bool" for _ in n.spec.key)
+    names = ", ".join(quote_ident(c) for c in n.spec.key)
+    return f"(VALUES ({nulls}))\n                AS fencekit_m({names})"
+
+
+#: SQL: ``ok`` from the keys the fast path printed: every row's, none NULL (a NULL part, a key
+#: column of another type).
+_ALL_PRINTED = "pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL"
+
+
+def _fast_lookup(n: Names, sources: list[str]) -> str:
+    """PL/pgSQL: the fast path in one statement: ``ks``, the key of every row written, each
+    printed by _fast_text; ``ok``, whether every row's was (_ALL_PRINTED); and ``held``: true
+    when the keys are all one key (none NULL) whose fence holds the token, share-locked
+    (writers under one token never wait for each other)."""
+    eq = "OPERATOR(pg_catalog.=)"
+    mine = ""
+    if n.spec.on_equal == "reject":
+        mine = f"\n               AND f.writer_xact {eq} pg_catalog.pg_current_xact_id()"
+    rows = "\n              UNION ALL ".join(
+        f"SELECT {_fast_text(n.spec.key)}\n                FROM {s} AS fencekit_y" for s in sources
+    )
+    # Variables (tok) are named only where no key column is in scope. OFFSET 0, COLLATE and the
+    # scalar subquery: as in _lookup.
+    return (
+        f"    SELECT k.ks, {_ALL_PRINTED},\n"
+        "           (SELECT true FROM fencekit.fences f\n"
+        f"             WHERE f.resource {eq} {n.resource}\n"
+        f'               AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
+        f'               AND f.key {eq} ALL (k.ks COLLATE pg_catalog."default")\n'
+        f"               AND f.fence {eq} raw::pg_catalog.int8{mine}\n"
+        "               FOR SHARE)\n"
+        "      INTO ks, ok, held\n"
+        "      FROM (SELECT\n"
+        f"        ARRAY({rows}) AS ks\n"
+        f"              FROM {_markers(n)}\n"
+        "            OFFSET 0) AS k;\n"
+        "    IF held THEN\n"
+        "      RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
+        "    END IF;\n"
+    )
+
+
+def _fast_keys(n: Names, sources: list[str]) -> str:
+    """PL/pgSQL: a lease-bound fence's fast path: ``ks``, the statement's distinct keys printed
+    by _fast_text, sorted; ``ok`` as in _fast_lookup."""
+    cols = ", ".join(quote_ident(c) for c in n.spec.key)
+    union = "\n                         UNION ALL ".join(
+        f"SELECT {cols}\n                           FROM {s} AS fencekit_y" for s in sources
+    )
+    return (
+        f"    SELECT k.ks, {_ALL_PRINTED}\n"
+        "      INTO ks, ok\n"
+        f"      FROM (SELECT ARRAY(SELECT DISTINCT {_fast_text(n.spec.key)}\n"
+        f"                   FROM ({union}) AS fencekit_x\n"
+        "                  ORDER BY 1) AS ks\n"
+        f"              FROM {_markers(n)}\n"
+        "            OFFSET 0) AS k;\n"
     )
 
 
@@ -394,11 +466,13 @@ def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
     neither counts nor attributes a write without a token, which the statement's own key
     trigger does.
 
-    The common case is two statements: the token and the key columns' fast check in one
-    (_fast_check), the keys and their fence's share lock in the other (_lookup); keys of the
-    fast types print alike under any settings, so nothing is pinned. Anything else takes the
-    slow path: the token judged by fencekit.statement_token, the full check of the key
-    columns, and the keys printed under KEY_SETTINGS where their families print by them.
+    The common case is one expression, the token's (_token_fast), and one statement, the keys
+    printed by their output functions with their types tested and their fence share-locked
+    (_fast_lookup); keys of the fast types print alike under any settings, so nothing is
+    pinned. Anything else takes the slow path: the token judged by fencekit.statement_token,
+    the full check of the key columns, and the keys cast to text under KEY_SETTINGS where
+    their families print by them. ``#variable_conflict use_column``: the fast path names key
+    columns unqualified, and a key column may be named like a variable.
     Lease-bound fences judge every statement in fencekit.judge_fences (no ``held``)."""
     spec = n.spec
     key_cols = ", ".join(quote_ident(c) for c in spec.key)
@@ -407,28 +481,30 @@ def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
     what = "-- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).\n"
     if spec.lease_bound:
         keys = f"    ks := {_keys(n, sources)};\n"
-        fast, full = keys, _printing(keys)
+        fast, full = _fast_keys(n, sources), _printing(keys)
         tail = ""
     else:
-        fast, full = _lookup(n, sources), _printing(_lookup(n, sources))
+        fast, full = _fast_lookup(n, sources), _printing(_lookup(n, sources))
         tail = _one_key(n)
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")
         + (what if row else "")
+        + "#variable_conflict use_column\n"
         + f"DECLARE\n  raw pg_catalog.text := {TOKEN};  -- read once\n"
         "  tok pg_catalog.int8;\n  ks pg_catalog.text[];\n  ok pg_catalog.bool;\n"
         "  typed pg_catalog.bool;\n  printed pg_catalog.bool;\n"
-        "  types pg_catalog.text;\n"
         "  pins pg_catalog.text[];\n"
+        "  types pg_catalog.oid[];\n  planned pg_catalog.oid[];\n"
         + held
         + "BEGIN\n"
-        + _fast_check(n)
-        + "  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere\n"
+        + f"  IF {_token_fast(n)} THEN\n"
         + fast
-        + "  ELSE\n"
+        + "    tok := raw::pg_catalog.int8;\n"
+        + "  END IF;\n"
+        + "  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full\n"
         + _slow_token(n, counted=not row)
         # Not indented further: a quoted key column name may hold a line break.
-        + _check_types(n)
+        + _check_types(n, sources)
         + full
         + "  END IF;\n"
         + tail

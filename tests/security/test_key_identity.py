@@ -595,9 +595,13 @@ def test_a_retype_that_changes_how_keys_print_is_refused(
 
 
 def test_a_collation_someone_created_cannot_key_a_fence(db: Conn) -> None:
-    """The key triggers sort a statement's keys under the key column's collation, as the role
-    that ran protect: a collation the table's owner (or anyone) created is refused at protect,
-    and a retype to one after protect refuses every write that names a key."""
+    """The key triggers would sort a statement's keys under the key column's collation, as the
+    role that ran protect: a collation the table's owner (or anyone) created is refused at
+    protect. After a retype to one (past the ``_keys`` trigger), the fast path prints the keys
+    in the default collation and compares nothing under the column's: the keys are judged by
+    their text, and status reports the key column."""
+    from fencekit import catalog
+
     db.execute('CREATE COLLATION public.mine FROM "C"')
     db.execute("CREATE TABLE kc1 (id int PRIMARY KEY, k text COLLATE public.mine NOT NULL)")
     db.commit()
@@ -613,16 +617,27 @@ def test_a_collation_someone_created_cannot_key_a_fence(db: Conn) -> None:
     ):
         db.execute(stmt.encode())
     db.execute("SELECT set_config('fencekit.token', '10', true)")
-    db.execute("INSERT INTO kc2 VALUES (1, 'a', 0)")
+    db.execute("INSERT INTO kc2 VALUES (1, 'a', 0), (2, 'b', 0)")
     db.commit()
     db.execute(without_keys_guard("kc2"))
     db.execute("ALTER TABLE kc2 ALTER COLUMN k TYPE text COLLATE public.mine")
     db.commit()
-    db.execute("SELECT set_config('fencekit.token', '11', true)")
+    db.execute("SELECT set_config('fencekit.token', '5', true)")
     with pytest.raises(psycopg.Error) as info:
-        db.execute("UPDATE kc2 SET v = 1 WHERE id = 1")
-    assert info.value.sqlstate == "YF000", info.value
+        db.execute("UPDATE kc2 SET v = 1")
+    assert info.value.sqlstate == "YF001", info.value
     db.rollback()
+    db.execute("SELECT set_config('fencekit.token', '11', true)")
+    db.execute("UPDATE kc2 SET v = 2 WHERE id = 1")
+    db.commit()
+    got = db.execute("SELECT key, fence FROM fencekit.fences WHERE resource = 'public.kc2'")
+    assert sorted(got.fetchall()) == [("a", 11), ("b", 10)]
+    db.rollback()
+    (pt,) = [p for p in catalog.protected_tables(db) if p.spec.table.name == "kc2"]
+    drift = [d for d in catalog.table_drift(db, pt) if d.kind == "key_type_changed"]
+    db.rollback()
+    assert drift, "status does not report the key column"
+    assert "not one of pg_catalog's" in drift[0].message, drift
 
 
 def _ord(db: Conn) -> None:

@@ -5,10 +5,10 @@
 -- key_families). The key fence's SECURITY DEFINER trigger functions (fencekit/sqlgen/key.py)
 -- make the same check before they compute a key's text with a cast (k::text): for key columns
 -- of built-in types, one catalog read of their own, with no call; they call this function when
--- that read does not settle it (a domain, a change, a column gone). Their fast path reads
--- pg_attribute only, for key columns of a few built-in types the session's last full check
--- found as protect recorded them. `fencekit move` calls it
--- before it computes an old key's text. The table's owner may retype a key column after
+-- that read does not settle it (a domain, a change, a column gone). Their fast path casts
+-- nothing (it prints keys of a few built-in types with their output functions) and takes
+-- that check for any other type. `fencekit move` calls it before it computes an old key's
+-- text. The table's owner may retype a key column after
 -- protect (ALTER COLUMN ... TYPE, or DROP COLUMN and ADD COLUMN again) to a type of its own
 -- whose cast to text is its own code, which must never run with the rights of the role that
 -- ran protect. PL/pgSQL plans a

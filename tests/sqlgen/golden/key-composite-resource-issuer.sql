@@ -55,6 +55,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -62,47 +63,43 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_new AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM fencekit_new AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -154,11 +151,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+           ARRAY[a1.atttypid, a2.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -168,8 +161,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -244,7 +251,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=a6c9e2fbfd88aa7bd936f60a342e1f95e1917bef353bc86a36456e53f2548344; generated, do not edit';
+  'sha256=9c7a9838f002b71702e78e71036c9d99b599a84368d6dcdce98259688b412be0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -255,6 +262,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -262,52 +270,52 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_new AS y
-              UNION ALL SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_old AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM fencekit_new AS fencekit_y
+              UNION ALL SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -359,11 +367,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+           ARRAY[a1.atttypid, a2.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -373,8 +377,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -454,7 +472,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=8eb5d9f123f9d1f534840a5ecb44355889afe957ae227841d4cd997a68774c25; generated, do not edit';
+  'sha256=d0e34f60952014a0891f9c4c5152edb5acf3329fba776df1af7432ea8129df1a; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -465,6 +483,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -472,47 +491,43 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_old AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -564,11 +579,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+           ARRAY[a1.atttypid, a2.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -578,8 +589,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM fencekit_old AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_old AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -654,7 +679,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=97f64627d3be10c71edb6a319d142b29008021dc0de5587d9e2814ed67121ba6; generated, do not edit';
+  'sha256=3389b353481d1d4e29f3e705bbad9ee7fd95a0f0c1f6fcb6b991069f2b228aff; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -756,6 +781,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -763,47 +789,43 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -856,11 +878,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+           ARRAY[a1.atttypid, a2.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -870,8 +888,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -945,7 +977,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=2110257c0a4ef10153fe1f19323ac217cfeaacf450f2a08b7e5e7faf684f2297; generated, do not edit'$sql$;
+  'sha256=4e2dd3b785f9177d572d3de3f6010bd371df7bf704a7cbe96bc6e09d6c82f839; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -956,6 +988,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (tenant_id, account_id), resource 'billing' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -963,47 +996,43 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
              AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
              AND (COALESCE(pg_catalog.current_setting('fencekit.issuer', true), '') OPERATOR(pg_catalog.=) ''
-                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd')
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-           AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a2.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'tenant_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped
-       AND a2.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a2.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+                  OR pg_catalog.current_setting('fencekit.issuer', true) OPERATOR(pg_catalog.=) 'etcd') THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'billing'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(tenant_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
+                                   pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
+                FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -1056,11 +1085,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             AND a2.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a2.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid, a2.atttypid) END
+           ARRAY[a1.atttypid, a2.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1, pg_catalog.pg_attribute a2
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -1070,8 +1095,22 @@ BEGIN
        AND a2.attnum OPERATOR(pg_catalog.>) 0 AND NOT a2.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT tenant_id
+          FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid,
+             pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+                AS fencekit_m(tenant_id, account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -1145,7 +1184,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=d1075de6a4ba0f30bc8b70a24d3a207c696100dbf0e44984934b8407df1a6a32; generated, do not edit'$sql$;
+  'sha256=0bc1d061bae28625d45db9d411fa8507ce8eb9d9c19df6a2a326fa25fbabf9c0; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

@@ -53,6 +53,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -60,26 +61,28 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1);
-  ELSE
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
+      INTO ks, ok
+      FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                   FROM (SELECT account_id
+                           FROM fencekit_new AS fencekit_y) AS fencekit_x
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -113,9 +116,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -123,8 +124,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -154,7 +166,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=9b4b15b29897a762ac1f914b3d919a52c89c2640cdd40d40b2187b74876c2f6d; generated, do not edit';
+  'sha256=4a6dc4b052935c907b1ee12f8a15d7333d09e41f56efc8de7c9b9f64322619f5; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -165,6 +177,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -172,27 +185,30 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1);
-  ELSE
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
+      INTO ks, ok
+      FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                   FROM (SELECT account_id
+                           FROM fencekit_new AS fencekit_y
+                         UNION ALL SELECT account_id
+                           FROM fencekit_old AS fencekit_y) AS fencekit_x
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -226,9 +242,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -236,8 +250,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -268,7 +293,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=26662e4f4e93b650058b1c046c13bcc4d76e1ea286127bd926cb04acc8153ca5; generated, do not edit';
+  'sha256=9f0d4f414600683c112fa86daf75b2c8f7d0989ada917a1e71d16f839de91663; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -279,6 +304,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -286,26 +312,28 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1);
-  ELSE
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
+      INTO ks, ok
+      FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                   FROM (SELECT account_id
+                           FROM fencekit_old AS fencekit_y) AS fencekit_x
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -339,9 +367,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -349,8 +375,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_old AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -380,7 +417,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=320595d3c4796c97e42d0855878d875f9e3fadf82a57cf942de7b8390de9a193; generated, do not edit';
+  'sha256=1066daf0d8479b3c040b146471e95df92bfa49a5bb88158defd4b124dd8ed529; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -482,6 +519,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -489,26 +527,28 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT OLD.account_id AS account_id) AS x ORDER BY 1);
-  ELSE
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
+      INTO ks, ok
+      FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                   FROM (SELECT account_id
+                           FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS fencekit_x
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -543,9 +583,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -553,8 +591,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT OLD.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -583,7 +632,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=11d411baadebbc42e4932afbfd15d34409faf86cb454a2930f3bd80c3ce1df34; generated, do not edit'$sql$;
+  'sha256=135cc4a40f55db15bde453edc782b98239c30ada5039ed6300aa5d622bf02f8b; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -594,6 +643,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -601,26 +651,28 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT NEW.account_id AS account_id) AS x ORDER BY 1);
-  ELSE
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL
+      INTO ks, ok
+      FROM (SELECT ARRAY(SELECT DISTINCT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                   FROM (SELECT account_id
+                           FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS fencekit_x
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -655,9 +707,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -665,8 +715,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT NEW.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -695,7 +756,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=7cb78daaa2f5bfd733a53f890f657b81dcaceced0ed6821bc61c983042c5d0d7; generated, do not edit'$sql$;
+  'sha256=2894e3080e3f9f86a4936be582c7af959319ba05875da3a62a271a6640b7506f; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

@@ -63,6 +63,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -70,37 +71,37 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_new AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM fencekit_new AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
@@ -143,9 +144,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -153,8 +152,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -226,7 +236,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=ee4ec4b4ee7583af518f5e32a64dd9126ff56c513ebd29b143d37a712a4dab95; generated, do not edit';
+  'sha256=1752e8af2bda7e7f51850b2b6f508b49b87b9aa01829949aabe66b27cb6377d0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -237,6 +247,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -244,39 +255,42 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_new AS y
-              UNION ALL SELECT y.account_id::pg_catalog.text
-                FROM fencekit_old AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM fencekit_new AS fencekit_y
+              UNION ALL SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
@@ -319,9 +333,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -329,8 +341,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -404,7 +427,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=715f6b93c57880c5a9a41ed0125ae72a0d7515697f3c10171f6d0fe45b69a951; generated, do not edit';
+  'sha256=effb1ebb7d17e8681a23377f7bb7ea3599bd343c6db0c6e46794902f25ddde78; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -415,6 +438,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -422,37 +446,37 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_old AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
@@ -495,9 +519,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -505,8 +527,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_old AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -578,7 +611,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=d5fe0b1d96c1d460ff4c53d400e5502578608386b3cfc81597672f6b70c1bb03; generated, do not edit';
+  'sha256=2e9b4f808361d21926820410d54ef9136d6ab899ced2f1dfeec85ed4e2dbea59; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -680,6 +713,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -687,37 +721,37 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM (SELECT OLD.account_id AS account_id) AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
@@ -752,9 +786,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -762,8 +794,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT OLD.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -834,7 +877,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=51e0fb8cb761b81e840f85d70f84dda0986feeb09378c26eb0993fcc7b3b19d0; generated, do not edit'$sql$;
+  'sha256=25268f06f00acccf3ce7ed4eec73151ae98d4705bc62ee1a7ceec95cbed796f3; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -845,6 +888,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -852,37 +896,37 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM (SELECT NEW.account_id AS account_id) AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => true,
@@ -917,9 +961,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -927,8 +969,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT NEW.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -999,7 +1052,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=69679d1bbbde998220fbd0001c748500b5b11a6306ae1d76510d6ece4d1caae9; generated, do not edit'$sql$;
+  'sha256=2d080e91056712d6debfd7d256c4bdfec0c0609dacf5bc193da5a5ea81fe3c0f; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

@@ -53,6 +53,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -60,37 +61,37 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_new AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM fencekit_new AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -124,9 +125,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -134,8 +133,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -207,7 +217,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=abeb73ccb5e1b38349a08a1ac4f683a98315ed235c888f7aa36925f3a4e4b2ff; generated, do not edit';
+  'sha256=9167f3307e444a2c3957f22c05f657414d420c6026292f82789b1f45b84ac484; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -218,6 +228,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -225,39 +236,42 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_new AS y
-              UNION ALL SELECT y.account_id::pg_catalog.text
-                FROM fencekit_old AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM fencekit_new AS fencekit_y
+              UNION ALL SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -291,9 +305,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -301,8 +313,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_new AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -376,7 +399,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=6e56e21fadaf1e9f82630da81311ab79ae93ba788f0a0de867c9c184a8a76346; generated, do not edit';
+  'sha256=2ae6ff400f9d54eb8a467f216cf995c97b1015c4e316d888f66f22a2923b0a92; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -387,6 +410,7 @@ AS $fn$
 --   search_path=pg_catalog, pg_temp
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -394,37 +418,37 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_old AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -458,9 +482,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -468,8 +490,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM fencekit_old AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -541,7 +574,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=7a49246e822beb2c8049d77a54d4e5d58dee74b38fb267d1215efbe7869063a2; generated, do not edit';
+  'sha256=fd4657c3cf5704a380459de6e33c401d97fd5afeaa1858e6bae111f80a8c6120; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -643,6 +676,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -650,37 +684,37 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM (SELECT OLD.account_id AS account_id) AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -715,9 +749,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -725,8 +757,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT OLD.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -797,7 +840,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=2734196c1dc64ade77449ef72da8d843b48d97a64e154088da2e5f7bc96a3817; generated, do not edit'$sql$;
+  'sha256=333d65521ab86497d162bee10cc316cb3d6493bd0b184c8218fcaf7d3c658002; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -808,6 +851,7 @@ AS $fn$
 --   enable_seqscan=off
 -- fencekit: key fence (account_id), resource 'app.invoices' on app.invoices. Generated; do not edit.
 -- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).
+#variable_conflict use_column
 DECLARE
   raw pg_catalog.text := pg_catalog.current_setting('fencekit.token', true);  -- read once
   tok pg_catalog.int8;
@@ -815,37 +859,37 @@ DECLARE
   ok pg_catalog.bool;
   typed pg_catalog.bool;
   printed pg_catalog.bool;
-  types pg_catalog.text;
   pins pg_catalog.text[];
+  types pg_catalog.oid[];
+  planned pg_catalog.oid[];
   held pg_catalog.bool;
 BEGIN
-  SELECT CASE WHEN raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
+  IF raw OPERATOR(pg_catalog.~) '^[1-9][0-9]*$'
              AND pg_catalog.octet_length(raw) OPERATOR(pg_catalog.<) 19
-             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) ''
-           THEN raw::pg_catalog.int8 END,
-         pg_catalog.concat_ws(',', a1.atttypid)
-           OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencekit.key_types_invoices_883e1d3584', true)
-           AND a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-           AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-           AND a1.attgenerated OPERATOR(pg_catalog.<>) 'v'
-    INTO tok, ok
-    FROM pg_catalog.pg_attribute a1
-   WHERE a1.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a1.attname OPERATOR(pg_catalog.=) 'account_id'
-       AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
-  IF ok AND tok IS NOT NULL THEN  -- keys of fast types: they print alike anywhere
-    SELECT k.ks,
+             AND COALESCE(pg_catalog.current_setting('fencekit.bypass', true), '') OPERATOR(pg_catalog.=) '' THEN
+    SELECT k.ks, pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL,
            (SELECT true FROM fencekit.fences f
              WHERE f.resource OPERATOR(pg_catalog.=) 'app.invoices'
                AND f.key OPERATOR(pg_catalog.=) (k.ks[1] COLLATE pg_catalog."default")
                AND f.key OPERATOR(pg_catalog.=) ALL (k.ks COLLATE pg_catalog."default")
-               AND f.fence OPERATOR(pg_catalog.=) tok
+               AND f.fence OPERATOR(pg_catalog.=) raw::pg_catalog.int8
                FOR SHARE)
-      INTO ks, held
+      INTO ks, ok, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM (SELECT NEW.account_id AS account_id) AS y) AS ks
-              OFFSET 0) AS k;
-  ELSE
+        ARRAY(SELECT CASE WHEN account_id IS NOT NULL
+                              AND pg_catalog.pg_typeof(account_id)::pg_catalog.oid
+                                  OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
+                            THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
+                FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
+    IF held THEN
+      RETURN NULL;  -- the key's fence holds the token, and is share-locked
+    END IF;
+    tok := raw::pg_catalog.int8;
+  END IF;
+  IF ok IS NOT TRUE THEN  -- keys of other types, or a token judged in full
     IF tok IS NULL THEN
       tok := fencekit.statement_token(tag => 'invoices_883e1d3584'::pg_catalog.text, relid => TG_RELID,
       trigger_name => TG_NAME::pg_catalog.text, allow => false,
@@ -880,9 +924,7 @@ BEGIN
                                       ANY (ARRAY['integer', 'text', 'character', 'uuid', 'boolean'])
                                    OR u.f OPERATOR(pg_catalog.~~) 'character varying(%'
                                    OR u.f OPERATOR(pg_catalog.~~) 'numeric scale %')),
-           CASE WHEN a1.atttypid OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
-             AND a1.attcollation OPERATOR(pg_catalog.=) ANY ('{0,100}'::pg_catalog.oid[])
-             THEN pg_catalog.concat_ws(',', a1.atttypid) END
+           ARRAY[a1.atttypid]
       INTO typed, printed, types
       FROM fencekit.protected pr, pg_catalog.pg_attribute a1
      WHERE pr.tag OPERATOR(pg_catalog.=) 'invoices_883e1d3584'::pg_catalog.text
@@ -890,8 +932,19 @@ BEGIN
        AND a1.attnum OPERATOR(pg_catalog.>) 0 AND NOT a1.attisdropped;
     IF NOT COALESCE(typed, false) THEN
       PERFORM fencekit.check_key_types('invoices_883e1d3584'::pg_catalog.text, TG_RELID::pg_catalog.regclass);
-    ELSIF types IS NOT NULL THEN
-      PERFORM pg_catalog.set_config('fencekit.key_types_invoices_883e1d3584', types, false);  -- session-wide
+    END IF;
+    SELECT ARRAY[pg_catalog.pg_typeof((SELECT account_id
+          FROM (SELECT NEW.account_id AS account_id) AS fencekit_y
+         LIMIT 1))::pg_catalog.oid]
+      INTO planned
+      FROM (VALUES (NULL::pg_catalog.bool))
+                AS fencekit_m(account_id);
+    IF planned IS DISTINCT FROM types THEN
+      RAISE EXCEPTION USING ERRCODE = 'YF000',
+        MESSAGE = pg_catalog.format('fencekit: the key columns of %s changed after '
+          'this transaction''s snapshot was taken: its writes cannot name their keys',
+          TG_RELID::pg_catalog.regclass),
+        HINT = 'Retry the transaction.';
     END IF;
     IF printed IS NOT FALSE THEN
       pins := ARRAY[pg_catalog.current_setting('timezone'),
@@ -962,7 +1015,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=f4613c8f581fe1899f0c6d947ab9d2ddd63789c82bb3f3fdd54e850972116bbd; generated, do not edit'$sql$;
+  'sha256=e5539fcc00f992a6c8a8f81654bf96a7385c12c9eb237b826e85cdc43096fceb; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()
