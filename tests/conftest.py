@@ -36,6 +36,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,7 @@ from tests.lab.pgbouncer import PgBouncer, start_pgbouncer
 from tests.lab.postgres import (
     ServerUnavailable,
     make_fast,
+    scratch_dir,
     start_debian_postgres,
     start_release,
 )
@@ -311,12 +314,17 @@ def pg_server() -> Iterator[EmbeddedServer]:
     if dsn:
         yield _external_server(dsn)
         return
-    server = start_embedded()
+    # Its data directory in scratch_dir() (tests/lab/postgres.py): one of ours, removed here.
+    tmp = Path(tempfile.mkdtemp(prefix="fencekit-pg-", dir=scratch_dir()))
     try:
-        make_fast(server)
-        yield server
+        server = start_embedded(tmp / "data")
+        try:
+            make_fast(server)
+            yield server
+        finally:
+            server.stop()
     finally:
-        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

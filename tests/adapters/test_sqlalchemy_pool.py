@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy.exc
+from pytest_postgresql.janitor import DatabaseJanitor
 from sqlalchemy import Engine, create_engine, delete, event, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -26,6 +27,7 @@ from sqlalchemy.pool import NullPool
 
 import fencekit.sqlalchemy
 from fencekit.context import fencing
+from fencekit.embedded import EmbeddedServer
 from fencekit.errors import StaleTokenError, translate
 from fencekit.spec import FenceSpec, TableName
 from fencekit.sqlgen import protect_statements
@@ -51,6 +53,44 @@ class T(Base):
 @pytest.fixture
 def allow_dsn(dsn: str) -> str:
     """``public.t``: row fence, on_missing = 'allow'; row 1 written by the holder of token 34."""
+    return make_table(dsn)
+
+
+@pytest.fixture(scope="module")
+def _pooled_db(request: pytest.FixtureRequest, pg_server: EmbeddedServer) -> Iterator[str]:
+    """One database, cloned from the core template like ``dsn``'s, for every pool event x
+    execution style case: a case whose stale write is rejected leaves the table as it found
+    it, so the cases need not clone and drop a database each."""
+    template = request.getfixturevalue("_noproc_core_embedded")
+    janitor = DatabaseJanitor(
+        user=template.user,
+        host=template.host,
+        port=template.port,
+        dbname=f"{template.dbname}_pool",
+        template_dbname=template.template_dbname,
+        password=template.password,
+    )
+    janitor.drop()
+    with janitor:
+        dsn = pg_server.dsn_for(janitor.dbname)
+        make_table(dsn)
+        yield dsn
+
+
+@pytest.fixture
+def pooled_dsn(_pooled_db: str) -> str:
+    """``allow_dsn``'s table in the module's shared database, as ``make_table`` left it: a case
+    that let a stale write through (and failed) does not leave it to the next one."""
+    with psycopg.connect(_pooled_db) as conn:
+        rows = conn.execute("SELECT id, v, fencekit_fence FROM t ORDER BY id").fetchall()
+        if rows != [(1, "B", FENCE)]:
+            conn.execute("DROP TABLE t")
+            conn.commit()
+            make_table(_pooled_db)
+    return _pooled_db
+
+
+def make_table(dsn: str) -> str:
     spec = FenceSpec(TableName("public", "t"), on_missing="allow")
     with psycopg.connect(dsn) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL)")
@@ -265,8 +305,9 @@ POOL_EVENTS: dict[str, tuple[dict[str, Any], Callable[[Engine, str], Any]]] = {
 @pytest.mark.parametrize("style", STYLES)
 @pytest.mark.parametrize("pool_event", POOL_EVENTS)
 def test_fresh_pooled_connection_carries_the_token(
-    allow_dsn: str, pool_event: str, style: str
+    pooled_dsn: str, pool_event: str, style: str
 ) -> None:
+    allow_dsn = pooled_dsn
     options, arrange = POOL_EVENTS[pool_event]
     engine = create_engine(sa_url(allow_dsn), **options)
     fencekit.sqlalchemy.install(engine)
@@ -471,8 +512,9 @@ ASYNC_POOL_EVENTS: dict[str, tuple[dict[str, Any], Callable[[Any, str], Any]]] =
 @pytest.mark.parametrize("style", ASYNC_STYLES)
 @pytest.mark.parametrize("pool_event", ASYNC_POOL_EVENTS)
 async def test_async_fresh_pooled_connection_carries_the_token(
-    allow_dsn: str, pool_event: str, style: str, greenlet: None
+    pooled_dsn: str, pool_event: str, style: str, greenlet: None
 ) -> None:
+    allow_dsn = pooled_dsn
     from sqlalchemy.ext.asyncio import create_async_engine
 
     options, arrange = ASYNC_POOL_EVENTS[pool_event]

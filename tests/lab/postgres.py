@@ -84,7 +84,39 @@ FAST_SETTINGS = {
     "fsync": "off",
     "synchronous_commit": "off",
     "full_page_writes": "off",
+    # Every test database is a copy of a template, written to the WAL (8 MB each): a checkpoint
+    # every 256 MB, not 1 GB, bounds what a cluster keeps of it in memory (scratch_dir()).
+    "max_wal_size": "256MB",
 }
+
+#: How much room a memory file system needs to hold the suite's clusters (scratch_dir()).
+_SCRATCH_ROOM = 4 << 30
+
+
+def scratch_dir() -> str | None:
+    """Where a throwaway cluster keeps its data directory: ``/dev/shm`` when it is a memory
+    file system (tmpfs) with room, else the temp directory (None). Creating and dropping a
+    test database makes and unlinks about a thousand files; on the CI machine's ext4 that cost
+    the server about 110 ms of CPU per test database, on tmpfs about 35 ms. The data is
+    thrown away on stop either way. ``FENCEKIT_TEST_SCRATCH`` names another directory (empty:
+    the temp directory)."""
+    chosen = os.environ.get("FENCEKIT_TEST_SCRATCH")
+    if chosen is not None:
+        return chosen or None
+    shm = "/dev/shm"
+    try:
+        with open("/proc/mounts") as mounts:
+            tmpfs = any(
+                fields[1] == shm and fields[2] == "tmpfs"
+                for fields in (line.split() for line in mounts)
+                if len(fields) > 2
+            )
+        room = os.statvfs(shm)
+    except OSError:
+        return None
+    if not tmpfs or not os.access(shm, os.W_OK | os.X_OK):
+        return None
+    return shm if room.f_bavail * room.f_frsize >= _SCRATCH_ROOM else None
 
 
 def debian_bindir(version: int) -> Path:
@@ -219,7 +251,8 @@ def _initdb(bindir: Path, datadir: Path, os_user: str) -> None:
             _chown_tree(made, os_user)
             _run_initdb(bindir, made, os_user)
             shutil.rmtree(cached, ignore_errors=True)
-            made.rename(cached)  # both in the temp directory: one file system
+            # a copy when the cluster is on another file system than the cache (scratch_dir())
+            shutil.move(made, cached)
     datadir.rmdir()
     subprocess.run(["cp", "-a", str(cached), str(datadir)], check=True, capture_output=True)
 
@@ -236,7 +269,10 @@ def start_cluster(
     ``postgres`` system user through ``runuser``.
     """
     os_user = _server_os_user()
-    tmp = Path(tempfile.mkdtemp(prefix="fencekit-pg-cluster-"))
+    # A durable cluster (the chaos run's) stays on disk, where a crash test means what it says.
+    tmp = Path(
+        tempfile.mkdtemp(prefix="fencekit-pg-cluster-", dir=None if durable else scratch_dir())
+    )
     datadir = tmp / "data"
     log = tmp / "server.log"
     datadir.mkdir()
