@@ -3089,6 +3089,7 @@ BEGIN
                                   pg_catalog.current_setting('transaction_isolation')),
       HINT = 'Run it in a transaction started with BEGIN ISOLATION LEVEL READ COMMITTED.';
   END IF;
+  -- dynamic SQL: LOCK TABLE takes no parameter; the table is a regclass known at run time
   EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', rel);
   PERFORM fencekit.check_ddl_runs_no_owner_code(rel);
   PERFORM fencekit.refuse_foreign_descendant(rel);
