@@ -195,8 +195,9 @@ CREATE TABLE IF NOT EXISTS fencekit.fences (
 -- reports it, protect refuses it). child_attnums: a row fence's fence column attnum on each
 -- partition and inheritance child, by the child's oid, compared on the same terms: a child can
 -- be taken out of the tree, its column swapped and every other witness of it stripped.
--- function_oid: the oid fencekit.<tag>_stmt had when protect recorded these; they are this
--- database's oids while that function still has it (fencekit.recorded_oids_hold). A restore
+-- function_oid: the oid fencekit.<tag>_stmt had when protect recorded these, and cluster_id
+-- the cluster's system identifier (fencekit.cluster_id); they are this database's oids while
+-- that function still has that oid in that cluster (fencekit.recorded_oids_hold). A restore
 -- creates every table and function anew under other oids and copies this table as it was:
 -- table_oid may then name no relation or another one, and the attnums count columns the
 -- restore may have left out, so none of them is compared until protect records them again.
@@ -218,6 +219,7 @@ CREATE TABLE IF NOT EXISTS fencekit.protected (
   attnums          int2[],
   child_attnums    jsonb,
   function_oid     oid,
+  cluster_id       bigint,
   key_expressions  jsonb,
   PRIMARY KEY (schema_name, table_name)
 );
@@ -2454,6 +2456,17 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
        AND f.proname::text <> for_tag || '_trunc')
 $fn$;
 
+-- The cluster's system identifier, which initdb makes anew and a dump does not carry; NULL
+-- where pg_control_system is not granted (the oids are then judged by function_oid alone).
+CREATE OR REPLACE FUNCTION fencekit.cluster_id() RETURNS bigint
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  RETURN (SELECT c.system_identifier FROM pg_catalog.pg_control_system() c);
+EXCEPTION WHEN insufficient_privilege THEN
+  RETURN NULL;
+END
+$fn$;
+
 -- Whether the oids fencekit.protected recorded for `tag` (table_oid, attnums, child_attnums)
 -- are this database's: protect recorded them with function_oid, the oid of the table's
 -- fencekit.<tag>_stmt, and that function still has it. A restore (pg_dump, pg_restore) creates
@@ -2463,13 +2476,18 @@ $fn$;
 -- restore may have left out. Only the installer and superusers create functions in schema
 -- fencekit, so nobody can give a function of that name the recorded oid. (pg_upgrade keeps the
 -- relations' oids, not the functions': after it the oids count as stale, too, until protect
--- runs.) Reads the catalogs and fencekit.protected only.
+-- runs.) A restore into a fresh cluster hands out oids in the dump's order, which a table
+-- owner can steer (functions and tables of its own, restored before fencekit's) until the
+-- restored function and a table of its own get the recorded oids: so the oids count only in
+-- the cluster that recorded them (cluster_id, fencekit.cluster_id), which initdb makes anew.
+-- Reads the catalogs and fencekit.protected only.
 CREATE OR REPLACE FUNCTION fencekit.recorded_oids_hold(for_tag text) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
   SELECT EXISTS (
     SELECT FROM fencekit.protected p JOIN pg_catalog.pg_proc f ON f.oid = p.function_oid
      WHERE p.tag = for_tag AND f.pronamespace = 'fencekit'::regnamespace
-       AND f.proname::text = p.tag || '_stmt')
+       AND f.proname::text = p.tag || '_stmt'
+       AND p.cluster_id IS NOT DISTINCT FROM fencekit.cluster_id())
 $fn$;
 
 -- The protected table `tag` is, or NULL when the catalogs do not say. While the recorded oids
@@ -3222,18 +3240,19 @@ BEGIN
   END IF;
   INSERT INTO fencekit.protected AS p
          (schema_name, table_name, tag, scope, resource, spec, template_version, key_families,
-          table_oid, attnums, child_attnums, function_oid, key_expressions)
+          table_oid, attnums, child_attnums, function_oid, cluster_id, key_expressions)
   VALUES (schema_name, table_name, tag, spec ->> 'scope', resource, spec, template_version,
           key_families, rel, fencekit.bound_attnums(rel, spec),
           fencekit.child_attnums(rel, spec),
           pg_catalog.to_regprocedure(pg_catalog.format('fencekit.%I()', tag || '_stmt')),
-          fencekit.key_expressions(rel, spec))
+          fencekit.cluster_id(), fencekit.key_expressions(rel, spec))
   ON CONFLICT ON CONSTRAINT protected_pkey DO UPDATE
     SET tag = excluded.tag, scope = excluded.scope, resource = excluded.resource,
         spec = excluded.spec, template_version = excluded.template_version,
         key_families = excluded.key_families, table_oid = excluded.table_oid,
         attnums = excluded.attnums, child_attnums = excluded.child_attnums,
-        function_oid = excluded.function_oid, key_expressions = excluded.key_expressions,
+        function_oid = excluded.function_oid, cluster_id = excluded.cluster_id,
+        key_expressions = excluded.key_expressions,
         -- A partition added since (its expressions recorded now) is no new protection.
         protected_at = CASE WHEN (p.spec, p.template_version, p.key_families, p.table_oid,
                                   p.attnums)
@@ -3244,9 +3263,9 @@ BEGIN
     WHERE (p.spec, p.template_version, p.key_families, p.table_oid, p.attnums)
           IS DISTINCT FROM (excluded.spec, excluded.template_version, excluded.key_families,
                             excluded.table_oid, excluded.attnums)
-       OR (p.key_expressions, p.child_attnums, p.function_oid)
+       OR (p.key_expressions, p.child_attnums, p.function_oid, p.cluster_id)
           IS DISTINCT FROM (excluded.key_expressions, excluded.child_attnums,
-                            excluded.function_oid);
+                            excluded.function_oid, excluded.cluster_id);
 END
 $fn$;
 

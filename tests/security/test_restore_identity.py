@@ -410,6 +410,33 @@ def test_the_drop_of_a_table_that_gets_a_stale_oid_forgets_nothing(
     assert DriftKind.TRIGGER_MISSING.value in kinds
 
 
+def test_oids_steered_into_place_in_another_cluster_do_not_hold(
+    db: Conn, owner: Conn, restore: Callable[[], Conn]
+) -> None:
+    """Restored into a fresh cluster, the oids are handed out in the dump's order: the owner
+    can pad the dump with functions and tables of its own until the restored <tag>_stmt gets
+    the recorded function_oid and a decoy of its own the recorded table_oid. The oids count
+    only in the cluster that recorded them. Simulated here (the restore is into the same
+    cluster): the registry is given the oids the owner would have steered, and the cluster
+    identifier of the cluster it came from, which a fresh initdb never repeats."""
+    _owned_table(db, owner, "CREATE TABLE so (id int PRIMARY KEY, v text)", "so")
+    protect(db, FenceSpec(_t("so"), scope=Scope.KEY, key=("id",)))
+    db.commit()
+    write_as(db, FENCE, "UPDATE so SET v = 'tok100' WHERE id = 1")
+    restored = restore()
+    _as_owner(restored, "CREATE TABLE decoy (id int PRIMARY KEY, v text)")
+    restored.execute(
+        "UPDATE fencekit.protected p SET table_oid = 'decoy'::regclass,"
+        " function_oid = pg_catalog.to_regprocedure(format('fencekit.%I()', p.tag || '_stmt')),"
+        " cluster_id = p.cluster_id # 1 WHERE table_name = 'so'"
+    )
+    restored.commit()
+    assert not _oids_hold(restored, "so")
+    assert DriftKind.TABLE_OID_STALE.value in _kinds(restored, "so")
+    _as_owner(restored, "DROP TABLE decoy")
+    assert _registered(restored) == ["so"]
+
+
 def _trigger_drops(conn: Conn, table: str) -> list[str]:
     rows = conn.execute(
         "SELECT format('DROP TRIGGER %%I ON %%s', tgname, tgrelid::regclass) FROM pg_trigger "

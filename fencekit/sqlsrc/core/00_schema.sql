@@ -49,8 +49,9 @@ CREATE TABLE IF NOT EXISTS fencekit.fences (
 -- reports it, protect refuses it). child_attnums: a row fence's fence column attnum on each
 -- partition and inheritance child, by the child's oid, compared on the same terms: a child can
 -- be taken out of the tree, its column swapped and every other witness of it stripped.
--- function_oid: the oid fencekit.<tag>_stmt had when protect recorded these; they are this
--- database's oids while that function still has it (fencekit.recorded_oids_hold). A restore
+-- function_oid: the oid fencekit.<tag>_stmt had when protect recorded these, and cluster_id
+-- the cluster's system identifier (fencekit.cluster_id); they are this database's oids while
+-- that function still has that oid in that cluster (fencekit.recorded_oids_hold). A restore
 -- creates every table and function anew under other oids and copies this table as it was:
 -- table_oid may then name no relation or another one, and the attnums count columns the
 -- restore may have left out, so none of them is compared until protect records them again.
@@ -72,6 +73,7 @@ CREATE TABLE IF NOT EXISTS fencekit.protected (
   attnums          int2[],
   child_attnums    jsonb,
   function_oid     oid,
+  cluster_id       bigint,
   key_expressions  jsonb,
   PRIMARY KEY (schema_name, table_name)
 );
