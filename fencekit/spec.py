@@ -174,6 +174,14 @@ class FenceSpec:
             )
         if self.lease_bound and scope is Scope.ROW:
             raise SpecError("lease-bound fences need scope 'key' or 'table'")
+        if self.lease_bound and ":" in self.resource_name:
+            # A key's lease is named resource:key: with a ':' in the resource, two resources'
+            # keys could name one lease (billing:eu key 42, billing key eu:42).
+            raise SpecError(
+                f"a lease-bound fence's resource names its leases as resource:key, so it may "
+                f"not hold ':' ({self.resource_name!r}): two keys could name one lease; "
+                "pick a resource name without ':' (--resource)"
+            )
         if scope is Scope.KEY and self.column != DEFAULT_COLUMN:
             raise SpecError("the fence column only applies to row fences")
 

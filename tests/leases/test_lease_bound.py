@@ -15,7 +15,7 @@ import pytest
 from fencekit.errors import LeaseMismatchError
 from fencekit.leases import PostgresIssuer
 from fencekit.psycopg import transaction
-from fencekit.spec import FenceSpec, Scope, TableName
+from fencekit.spec import FenceSpec, Scope, SpecError, TableName
 from fencekit.sqlgen import protect_statements
 
 
@@ -100,3 +100,20 @@ def test_acquire_waits_for_a_lease_bound_write_in_flight(dsn: str) -> None:
         grant = got[0]
         assert grant is not None
         assert grant.token > g.token  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("scope", [Scope.KEY, Scope.TABLE])
+@pytest.mark.parametrize("resource", ["billing:eu", None])
+def test_a_lease_bound_resource_may_not_hold_a_colon(scope: Scope, resource: str | None) -> None:
+    """A key's lease is named resource:key: a resource holding ':' (named, or the default,
+    the table's name) could share a lease with another resource's key (billing:eu key 42,
+    billing key eu:42), so such a fence is refused before any SQL is generated."""
+    with pytest.raises(SpecError, match="may not hold ':'"):
+        FenceSpec(
+            table=TableName("public", "a:b"),
+            scope=scope,
+            key=("k",) if scope is Scope.KEY else (),
+            resource=resource,
+            lease_bound=True,
+        )
+    FenceSpec(TableName("public", "a:b"), scope=scope, key=("k",) if scope is Scope.KEY else ())
