@@ -97,14 +97,16 @@ def _live(a: str, column: str) -> str:
     )
 
 
-def key_expression(columns: tuple[str, ...], alias: str) -> str:
+def key_expression(columns: tuple[str, ...], alias: str | None) -> str:
     """A key's identity as text: one column's text, or a record of the columns' texts (so
     integer and text columns of different widths name a shared resource's keys alike). NULL
     when a key column is (key columns must be NOT NULL; fencekit.judge_fences refuses a NULL
     key): a record would print a NULL part as nothing, a key of its own. A stored generated
     column reads NULL in the transition table of an INSERT that a partitioned table routed to a
-    partition whose columns lie otherwise (PostgreSQL fills it in only later)."""
-    refs = [f"{alias}.{quote_ident(c)}" for c in columns]
+    partition whose columns lie otherwise (PostgreSQL fills it in only later). ``alias``
+    None: the columns named unqualified (the key triggers, beside _markers: a name that is no
+    column is then never read as a function of the row)."""
+    refs = [quote_ident(c) if alias is None else f"{alias}.{quote_ident(c)}" for c in columns]
     if len(refs) == 1:
         return f"{refs[0]}::pg_catalog.text"
     i = " " * 28
@@ -114,20 +116,19 @@ def key_expression(columns: tuple[str, ...], alias: str) -> str:
 
 
 def _keys(n: Names, sources: list[str]) -> str:
-    """SQL: the statement's distinct keys as text, sorted (every lock a key fence takes is
-    taken in key order, so two writers never deadlock on fences)."""
-    # Qualified: a key column may be named like a variable of the function (raw, tok).
-    cols = ", ".join(f"y.{quote_ident(c)}" for c in n.spec.key)
-    if len(sources) == 1:
-        rows = f"{sources[0]} AS x"
-    else:
-        union = "\n                            UNION ALL ".join(
-            f"SELECT {cols} FROM {s} AS y" for s in sources
-        )
-        rows = f"({union}) AS x"
+    """PL/pgSQL: ``ks``, the statement's distinct keys as text, sorted (every lock a key fence
+    takes is taken in key order, so two writers never deadlock on fences); key columns named
+    unqualified beside _markers."""
+    cols = ", ".join(quote_ident(c) for c in n.spec.key)
+    union = "\n                         UNION ALL ".join(
+        f"SELECT {cols}\n                           FROM {s} AS fencekit_y" for s in sources
+    )
     return (
-        f"ARRAY(SELECT DISTINCT {key_expression(n.spec.key, 'x')}\n"
-        f"                      FROM {rows} ORDER BY 1)"
+        f"    SELECT ARRAY(SELECT DISTINCT {key_expression(n.spec.key, None)}\n"
+        f"                   FROM ({union}) AS fencekit_x\n"
+        "                  ORDER BY 1)\n"
+        "      INTO ks\n"
+        f"      FROM {_markers(n)};\n"
     )
 
 
@@ -289,10 +290,12 @@ def _fast_text(columns: tuple[str, ...]) -> str:
 
 
 def _markers(n: Names) -> str:
-    """SQL: a FROM item with one NULL boolean per key column, named like it: a key name that is
-    no column of the statement's rows any more reads this (SQL looks in the outer query for a
-    name the inner one lacks, before PL/pgSQL's variables), a boolean, which is no fast type."""
-    nulls = ", ".join("NULL::pg_catalog.bool" for _ in n.spec.key)
+    """SQL: a FROM item with one NULL per key column, named like it: a key name that is no
+    column of the statement's rows any more reads this (SQL looks in the outer query for a
+    name the inner one lacks, before PL/pgSQL's variables). Of type pg_lsn, which no key column
+    can have (fencekit.key_family refuses it): no fast type, and never a type the full check
+    approved (_planned)."""
+    nulls = ", ".join("NULL::pg_catalog.pg_lsn" for _ in n.spec.key)
     names = ", ".join(quote_ident(c) for c in n.spec.key)
     return f"(VALUES ({nulls}))\n                AS fencekit_m({names})"
 
@@ -382,9 +385,9 @@ def _all_keys(n: Names, sources: list[str]) -> str:
     """SQL: the key of every row the statement wrote, as text, in no order and with repeats:
     no sort for the common case (a one-row write has one key, or an UPDATE's old and new the
     same one); _spread_keys sorts them when there are several."""
-    expr = key_expression(n.spec.key, "y")
+    expr = key_expression(n.spec.key, None)
     union = "\n              UNION ALL ".join(
-        f"SELECT {expr}\n                FROM {s} AS y" for s in sources
+        f"SELECT {expr}\n                FROM {s} AS fencekit_y" for s in sources
     )
     return f"ARRAY({union})"
 
@@ -413,6 +416,7 @@ def _lookup(n: Names, sources: list[str]) -> str:
         "      INTO ks, held\n"
         "      FROM (SELECT\n"
         f"        {_all_keys(n, sources)} AS ks\n"
+        f"              FROM {_markers(n)}\n"
         "              OFFSET 0) AS k;\n"
     )
 
@@ -480,7 +484,7 @@ def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
     held = "" if spec.lease_bound else "  held pg_catalog.bool;\n"
     what = "-- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).\n"
     if spec.lease_bound:
-        keys = f"    ks := {_keys(n, sources)};\n"
+        keys = _keys(n, sources)
         fast, full = _fast_keys(n, sources), _printing(keys)
         tail = ""
     else:

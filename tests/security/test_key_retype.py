@@ -367,3 +367,38 @@ def test_a_snapshot_older_than_the_key_column_runs_no_cast(
     _clean(db, f"a {isolation} write after the key column was replaced")
     assert fences(db, "public.kr_t") == {"1": 10, "2": 10}
     db.rollback()
+
+
+@pytest.mark.parametrize("name", ["to_json", "row_to_json"])
+def test_a_renamed_boolean_key_in_an_old_snapshot_runs_no_function_of_the_row(
+    db: Conn, owner: str, name: str
+) -> None:
+    """A boolean key column named like a catalog function of a whole row: a writer's
+    REPEATABLE READ snapshot predates the owner renaming it away and adding a column of an enum
+    with its own cast to json. The catalog check still sees the boolean through the snapshot;
+    the name the statements plan now is no column: it reads the statement's marker, whose type
+    no key has, so the write is refused, and no statement reads the name as to_json(row)."""
+    db.execute(f'CREATE TABLE public.kr_b ("{name}" boolean NOT NULL, v int NOT NULL)')
+    protect(db, FenceSpec(TableName("public", "kr_b"), scope=Scope.KEY, key=(name,)))
+    db.execute("ALTER TABLE kr_b OWNER TO " + OWNER)
+    db.commit()
+    with psycopg.connect(owner, autocommit=True) as ddl:
+        ddl.execute(
+            "CREATE TYPE kr.e AS ENUM ('a');"
+            " CREATE FUNCTION kr.e_json(kr.e) RETURNS json LANGUAGE plpgsql AS $$"
+            " BEGIN PERFORM nextval('kr.ran');"
+            f" BEGIN EXECUTE 'ALTER ROLE {OWNER} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;"
+            " RETURN '1'::json; END $$;"
+            " CREATE CAST (kr.e AS json) WITH FUNCTION kr.e_json(kr.e)"
+        )
+        with psycopg.connect(owner) as writer:
+            writer.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            writer.execute("SELECT 1 FROM kr.ran")  # the snapshot, before the change
+            ddl.execute(f'ALTER TABLE kr_b RENAME COLUMN "{name}" TO old_key')
+            ddl.execute("ALTER TABLE kr_b ADD COLUMN e kr.e NOT NULL DEFAULT 'a'")
+            writer.execute("SET LOCAL fencekit.token = '20'")
+            with pytest.raises(psycopg.Error) as caught:
+                writer.execute("INSERT INTO kr_b (old_key, v) VALUES (true, 1)")
+            writer.rollback()
+    assert caught.value.sqlstate == "YF000", caught.value
+    _clean(db, f"a write after the boolean key {name} was renamed away")

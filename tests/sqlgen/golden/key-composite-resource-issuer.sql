@@ -91,7 +91,7 @@ BEGIN
                             THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
                                    pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
                 FROM fencekit_new AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -169,7 +169,7 @@ BEGIN
           FROM fencekit_new AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -195,11 +195,13 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_new AS y) AS ks
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                            THEN ROW(tenant_id::pg_catalog.text,
+                                   account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_new AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(tenant_id, account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -251,7 +253,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=9c7a9838f002b71702e78e71036c9d99b599a84368d6dcdce98259688b412be0; generated, do not edit';
+  'sha256=754be403e2f9c3ee1ea078a4343f909f8a94901b84ba519d777b05db08ddbd33; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -307,7 +309,7 @@ BEGIN
                             THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
                                    pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
                 FROM fencekit_old AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -385,7 +387,7 @@ BEGIN
           FROM fencekit_new AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -411,16 +413,18 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_new AS y
-              UNION ALL SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_old AS y) AS ks
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                            THEN ROW(tenant_id::pg_catalog.text,
+                                   account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_new AS fencekit_y
+              UNION ALL SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                            THEN ROW(tenant_id::pg_catalog.text,
+                                   account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(tenant_id, account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -472,7 +476,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=d0e34f60952014a0891f9c4c5152edb5acf3329fba776df1af7432ea8129df1a; generated, do not edit';
+  'sha256=fff88ef4b6949b9934f0578053679f5599ce18fbeff60da1c191303868f95f19; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -519,7 +523,7 @@ BEGIN
                             THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
                                    pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
                 FROM fencekit_old AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -597,7 +601,7 @@ BEGIN
           FROM fencekit_old AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -623,11 +627,13 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM fencekit_old AS y) AS ks
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                            THEN ROW(tenant_id::pg_catalog.text,
+                                   account_id::pg_catalog.text)::pg_catalog.text END
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(tenant_id, account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -679,7 +685,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=3389b353481d1d4e29f3e705bbad9ee7fd95a0f0c1f6fcb6b991069f2b228aff; generated, do not edit';
+  'sha256=c131dc98f1816b9d86aac45d1b452a9abae590ee6a2b9b3b045b67db9389ce8f; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -817,7 +823,7 @@ BEGIN
                             THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
                                    pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
                 FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -896,7 +902,7 @@ BEGIN
           FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -922,11 +928,13 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS y) AS ks
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                            THEN ROW(tenant_id::pg_catalog.text,
+                                   account_id::pg_catalog.text)::pg_catalog.text END
+                FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(tenant_id, account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -977,7 +985,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=4e2dd3b785f9177d572d3de3f6010bd371df7bf704a7cbe96bc6e09d6c82f839; generated, do not edit'$sql$;
+  'sha256=8a8c4a19f057277572df274ef6a175adc99b5e9d1e5862471e909ca78f3db8ee; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -1024,7 +1032,7 @@ BEGIN
                             THEN ROW(pg_catalog.concat(tenant_id) COLLATE pg_catalog."default",
                                    pg_catalog.concat(account_id) COLLATE pg_catalog."default")::pg_catalog.text END
                 FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -1103,7 +1111,7 @@ BEGIN
           FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool, NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -1129,11 +1137,13 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT CASE WHEN y.tenant_id IS NOT NULL
-                              AND y.account_id IS NOT NULL
-                            THEN ROW(y.tenant_id::pg_catalog.text,
-                                   y.account_id::pg_catalog.text)::pg_catalog.text END
-                FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS y) AS ks
+        ARRAY(SELECT CASE WHEN tenant_id IS NOT NULL
+                              AND account_id IS NOT NULL
+                            THEN ROW(tenant_id::pg_catalog.text,
+                                   account_id::pg_catalog.text)::pg_catalog.text END
+                FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(tenant_id, account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -1184,7 +1194,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=0bc1d061bae28625d45db9d411fa8507ce8eb9d9c19df6a2a326fa25fbabf9c0; generated, do not edit'$sql$;
+  'sha256=4f564998b7dd1f871262940120333b5676a174a724e9ee391be1301f3fc0dbb3; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

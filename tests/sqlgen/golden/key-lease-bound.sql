@@ -77,7 +77,7 @@ BEGIN
                    FROM (SELECT account_id
                            FROM fencekit_new AS fencekit_y) AS fencekit_x
                   ORDER BY 1) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     tok := raw::pg_catalog.int8;
@@ -129,7 +129,7 @@ BEGIN
           FROM fencekit_new AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -146,8 +146,13 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_new AS x ORDER BY 1);
+    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+                   FROM (SELECT account_id
+                           FROM fencekit_new AS fencekit_y) AS fencekit_x
+                  ORDER BY 1)
+      INTO ks
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id);
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -166,7 +171,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=4a6dc4b052935c907b1ee12f8a15d7333d09e41f56efc8de7c9b9f64322619f5; generated, do not edit';
+  'sha256=118c35ebb373493e8c24a308691456ef23ef95a7a22f5f7ba1795d3d3e94d3d6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -203,7 +208,7 @@ BEGIN
                          UNION ALL SELECT account_id
                            FROM fencekit_old AS fencekit_y) AS fencekit_x
                   ORDER BY 1) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     tok := raw::pg_catalog.int8;
@@ -255,7 +260,7 @@ BEGIN
           FROM fencekit_new AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -272,9 +277,15 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT y.account_id FROM fencekit_new AS y
-                            UNION ALL SELECT y.account_id FROM fencekit_old AS y) AS x ORDER BY 1);
+    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+                   FROM (SELECT account_id
+                           FROM fencekit_new AS fencekit_y
+                         UNION ALL SELECT account_id
+                           FROM fencekit_old AS fencekit_y) AS fencekit_x
+                  ORDER BY 1)
+      INTO ks
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id);
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -293,7 +304,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=9f0d4f414600683c112fa86daf75b2c8f7d0989ada917a1e71d16f839de91663; generated, do not edit';
+  'sha256=a329b45bbed6be1e695f39c663f4b22ccd7fd67ad71bd867e616f445349e5b80; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -328,7 +339,7 @@ BEGIN
                    FROM (SELECT account_id
                            FROM fencekit_old AS fencekit_y) AS fencekit_x
                   ORDER BY 1) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     tok := raw::pg_catalog.int8;
@@ -380,7 +391,7 @@ BEGIN
           FROM fencekit_old AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -397,8 +408,13 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM fencekit_old AS x ORDER BY 1);
+    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+                   FROM (SELECT account_id
+                           FROM fencekit_old AS fencekit_y) AS fencekit_x
+                  ORDER BY 1)
+      INTO ks
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id);
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -417,7 +433,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=1066daf0d8479b3c040b146471e95df92bfa49a5bb88158defd4b124dd8ed529; generated, do not edit';
+  'sha256=17e38c35fc97cf45a4961584bda3a20e77bfe7591ab94cd17026ec53d9f75521; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -543,7 +559,7 @@ BEGIN
                    FROM (SELECT account_id
                            FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS fencekit_x
                   ORDER BY 1) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     tok := raw::pg_catalog.int8;
@@ -596,7 +612,7 @@ BEGIN
           FROM (SELECT OLD.account_id AS account_id) AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -613,8 +629,13 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT OLD.account_id AS account_id) AS x ORDER BY 1);
+    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+                   FROM (SELECT account_id
+                           FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS fencekit_x
+                  ORDER BY 1)
+      INTO ks
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id);
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -632,7 +653,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=135cc4a40f55db15bde453edc782b98239c30ada5039ed6300aa5d622bf02f8b; generated, do not edit'$sql$;
+  'sha256=fa8851dccf051505586df95773b07966712706d4e9fc7773686abee2fd61bbed; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -667,7 +688,7 @@ BEGIN
                    FROM (SELECT account_id
                            FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS fencekit_x
                   ORDER BY 1) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     tok := raw::pg_catalog.int8;
@@ -720,7 +741,7 @@ BEGIN
           FROM (SELECT NEW.account_id AS account_id) AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -737,8 +758,13 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    ks := ARRAY(SELECT DISTINCT x.account_id::pg_catalog.text
-                      FROM (SELECT NEW.account_id AS account_id) AS x ORDER BY 1);
+    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+                   FROM (SELECT account_id
+                           FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS fencekit_x
+                  ORDER BY 1)
+      INTO ks
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id);
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -756,7 +782,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=2894e3080e3f9f86a4936be582c7af959319ba05875da3a62a271a6640b7506f; generated, do not edit'$sql$;
+  'sha256=a8fda0f1de2e99f9d04fff7e53f5ddfbbbab5f7ef991ca6586dcde165457bc39; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

@@ -93,7 +93,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM fencekit_new AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -157,7 +157,7 @@ BEGIN
           FROM fencekit_new AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -183,8 +183,10 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_new AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM fencekit_new AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -236,7 +238,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=1752e8af2bda7e7f51850b2b6f508b49b87b9aa01829949aabe66b27cb6377d0; generated, do not edit';
+  'sha256=2d451e9766cb0aed8e1b6924323ddba0bddf669662c1d586dc74b86aebde71db; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -282,7 +284,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM fencekit_old AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -346,7 +348,7 @@ BEGIN
           FROM fencekit_new AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -372,10 +374,12 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_new AS y
-              UNION ALL SELECT y.account_id::pg_catalog.text
-                FROM fencekit_old AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM fencekit_new AS fencekit_y
+              UNION ALL SELECT account_id::pg_catalog.text
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -427,7 +431,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=effb1ebb7d17e8681a23377f7bb7ea3599bd343c6db0c6e46794902f25ddde78; generated, do not edit';
+  'sha256=fc3e401034d926d2ee139e844d95bea024ffc81bc5ba30d8431e025b42e104c3; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -468,7 +472,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM fencekit_old AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -532,7 +536,7 @@ BEGIN
           FROM fencekit_old AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -558,8 +562,10 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_old AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -611,7 +617,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=2e9b4f808361d21926820410d54ef9136d6ab899ced2f1dfeec85ed4e2dbea59; generated, do not edit';
+  'sha256=03c84f4a9d7e16c0f202f7b667946bf67789e331dce8acad8a9a537fb36ad6b7; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -743,7 +749,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -799,7 +805,7 @@ BEGIN
           FROM (SELECT OLD.account_id AS account_id) AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -825,8 +831,10 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM (SELECT OLD.account_id AS account_id) AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -877,7 +885,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=25268f06f00acccf3ce7ed4eec73151ae98d4705bc62ee1a7ceec95cbed796f3; generated, do not edit'$sql$;
+  'sha256=d567954062d547ea6308e5aa7e19b2e2df07eba5ac5bd66b27de6bec55ebf112; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -918,7 +926,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -974,7 +982,7 @@ BEGIN
           FROM (SELECT NEW.account_id AS account_id) AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -1000,8 +1008,10 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM (SELECT NEW.account_id AS account_id) AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -1052,7 +1062,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=2d080e91056712d6debfd7d256c4bdfec0c0609dacf5bc193da5a5ea81fe3c0f; generated, do not edit'$sql$;
+  'sha256=f855dbd44c8fa9d82071cf23678f021bf58e4d6b0d940af4ad3c3f61d0392a4d; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

@@ -83,7 +83,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM fencekit_new AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -138,7 +138,7 @@ BEGIN
           FROM fencekit_new AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -164,8 +164,10 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_new AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM fencekit_new AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -217,7 +219,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=9167f3307e444a2c3957f22c05f657414d420c6026292f82789b1f45b84ac484; generated, do not edit';
+  'sha256=25b28a571ecc858fd9ddd6406ccab1a8abd44eb2345f52c08ef6eec2dab380d0; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -263,7 +265,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM fencekit_old AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -318,7 +320,7 @@ BEGIN
           FROM fencekit_new AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -344,10 +346,12 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_new AS y
-              UNION ALL SELECT y.account_id::pg_catalog.text
-                FROM fencekit_old AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM fencekit_new AS fencekit_y
+              UNION ALL SELECT account_id::pg_catalog.text
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -399,7 +403,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=2ae6ff400f9d54eb8a467f216cf995c97b1015c4e316d888f66f22a2923b0a92; generated, do not edit';
+  'sha256=92d248fe3384ad15e0d7966c0a3908be6b842b2240c4cbf67ddcb20a655fafe1; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -440,7 +444,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM fencekit_old AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -495,7 +499,7 @@ BEGIN
           FROM fencekit_old AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -521,8 +525,10 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM fencekit_old AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM fencekit_old AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -574,7 +580,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=fd4657c3cf5704a380459de6e33c401d97fd5afeaa1858e6bae111f80a8c6120; generated, do not edit';
+  'sha256=9653006d58fbd64c044c17ca9a744fa7280aab6a5481dd2d9d2e74c7103019de; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -706,7 +712,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -762,7 +768,7 @@ BEGIN
           FROM (SELECT OLD.account_id AS account_id) AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -788,8 +794,10 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM (SELECT OLD.account_id AS account_id) AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -840,7 +848,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=333d65521ab86497d162bee10cc316cb3d6493bd0b184c8218fcaf7d3c658002; generated, do not edit'$sql$;
+  'sha256=a50cff324ad363fdaf7ce6424277864dda4f917498201dc8b835cba42127fd74; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -881,7 +889,7 @@ BEGIN
                                   OPERATOR(pg_catalog.=) ANY ('{20,21,23,25,2950}'::pg_catalog.oid[])
                             THEN pg_catalog.concat(account_id) COLLATE pg_catalog."default" END
                 FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS ks
-              FROM (VALUES (NULL::pg_catalog.bool))
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
             OFFSET 0) AS k;
     IF held THEN
@@ -937,7 +945,7 @@ BEGIN
           FROM (SELECT NEW.account_id AS account_id) AS fencekit_y
          LIMIT 1))::pg_catalog.oid]
       INTO planned
-      FROM (VALUES (NULL::pg_catalog.bool))
+      FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id);
     IF planned IS DISTINCT FROM types THEN
       RAISE EXCEPTION USING ERRCODE = 'YF000',
@@ -963,8 +971,10 @@ BEGIN
                FOR SHARE)
       INTO ks, held
       FROM (SELECT
-        ARRAY(SELECT y.account_id::pg_catalog.text
-                FROM (SELECT NEW.account_id AS account_id) AS y) AS ks
+        ARRAY(SELECT account_id::pg_catalog.text
+                FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
               OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
@@ -1015,7 +1025,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=e5539fcc00f992a6c8a8f81654bf96a7385c12c9eb237b826e85cdc43096fceb; generated, do not edit'$sql$;
+  'sha256=45db0a3abc8c9ca088655cd865da091de7ce46088c675e5d9196f08b1ac98286; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()
