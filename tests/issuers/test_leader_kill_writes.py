@@ -82,7 +82,10 @@ def test_leader_kill_with_paused_writers(etcd: Any, etcd_issuer: Any, db: Any, d
         while len(exited) < WORKERS:
             now = time.monotonic()
             assert now < deadline, f"run did not finish; last events {events.seen[-10:]}"
-            if not chaos and now - t0 >= KILL_AT:
+            # The leader dies once the run is under way: after KILL_AT and three tenures (a
+            # loaded machine starts the workers late; the test asserts tenures on both sides).
+            held = sum(1 for e in events.seen if e["event"] == "holding")
+            if not chaos and now - t0 >= KILL_AT and held >= 3:
                 chaos["started"] = True
                 killer.start()
             if paused is not None and now >= paused["until"]:
