@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from fencekit.cli import main
 from fencekit.spec import FenceSpec, Scope, TableName
@@ -54,6 +55,19 @@ BEGIN
 END $$;
 CREATE CAST (kr.kt AS text) WITH FUNCTION kr.kt_text(kr.kt);
 RESET ROLE;
+"""
+
+# The owner's enum whose cast to json is its code: run by to_json(row), which a qualified name
+# that is no column (x.to_json) reads as.
+ENUM_WITH_JSON_CAST = f"""
+CREATE TYPE kr.e AS ENUM ('a');
+CREATE FUNCTION kr.e_json(kr.e) RETURNS json LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM nextval('kr.ran');
+  BEGIN EXECUTE 'ALTER ROLE {OWNER} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+  RETURN '1'::json;
+END $$;
+CREATE CAST (kr.e AS json) WITH FUNCTION kr.e_json(kr.e);
 """
 
 RETYPES = {
@@ -183,14 +197,7 @@ def test_a_key_name_that_is_no_column_any_more_runs_no_function_of_the_row(
         conn.execute("SET fencekit.token = '20'")
         conn.execute(f'INSERT INTO kr_j (id, "{name}", v) VALUES (1, 1, 0)')
         conn.commit()
-        conn.execute(
-            "CREATE TYPE kr.e AS ENUM ('a');"
-            " CREATE FUNCTION kr.e_json(kr.e) RETURNS json LANGUAGE plpgsql AS $$"
-            " BEGIN PERFORM nextval('kr.ran');"
-            f" BEGIN EXECUTE 'ALTER ROLE {OWNER} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;"
-            " RETURN '1'::json; END $$;"
-            " CREATE CAST (kr.e AS json) WITH FUNCTION kr.e_json(kr.e)"
-        )
+        conn.execute(ENUM_WITH_JSON_CAST)
         if how == "rename":
             conn.execute(f'ALTER TABLE kr_j RENAME COLUMN "{name}" TO n')
         else:
@@ -344,24 +351,33 @@ def test_dba_move_from_a_retyped_row_fence_column_is_refused(
     _clean(db, "move from a retyped row fence column")
 
 
+@pytest.mark.parametrize("writer", ["owner", "app"])
 @pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
 def test_a_snapshot_older_than_the_key_column_runs_no_cast(
-    db: Conn, owner: str, isolation: str
+    db: Conn, owner: str, make_role: Callable[..., str], isolation: str, writer: str
 ) -> None:
     """A writer's transaction takes its snapshot; then the owner renames the key column away
     and adds one of its own composite type under the key's name. The writer's catalog check
     reads pg_attribute through that snapshot (an integer k, as protect recorded it), while
     PostgreSQL plans the statement that casts the keys against the catalogs as they are now.
     The write is refused before any such statement is planned, and the cast never runs."""
-    with psycopg.connect(owner) as writer, psycopg.connect(owner, autocommit=True) as ddl:
-        writer.execute(f"BEGIN ISOLATION LEVEL {isolation}")
-        writer.execute("SELECT 1 FROM kr.ran")  # the snapshot, before the change
+    # "app": the application's role (table rights only) on a fresh connection with other
+    # TimeZone, DateStyle and search_path, as a pool opens them.
+    dsn = owner
+    if writer == "app":
+        dsn = make_conninfo(
+            make_role("kr_app", "SELECT, INSERT, UPDATE, DELETE ON public.kr_t"),
+            options="-c TimeZone=Pacific/Chatham -c DateStyle=German,DMY -c search_path=pg_temp",
+        )
+    with psycopg.connect(dsn) as w, psycopg.connect(owner, autocommit=True) as ddl:
+        w.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+        w.execute("SELECT 1")  # the snapshot, before the change
         ddl.execute("ALTER TABLE kr_t RENAME COLUMN k TO k_old")
         ddl.execute("ALTER TABLE kr_t ADD COLUMN k kr.kt NOT NULL DEFAULT ROW(1)::kr.kt")
-        writer.execute("SET LOCAL fencekit.token = '20'")
+        w.execute("SET LOCAL fencekit.token = '20'")
         with pytest.raises(psycopg.Error) as caught:
-            writer.execute("UPDATE kr_t SET v = v + 1 WHERE id = 1")
-        writer.rollback()
+            w.execute("UPDATE public.kr_t SET v = v + 1 WHERE id = 1")
+        w.rollback()
     assert caught.value.sqlstate == "YF000", caught.value
     assert "changed after this transaction's snapshot" in str(caught.value), caught.value
     _clean(db, f"a {isolation} write after the key column was replaced")
@@ -383,14 +399,7 @@ def test_a_renamed_boolean_key_in_an_old_snapshot_runs_no_function_of_the_row(
     db.execute("ALTER TABLE kr_b OWNER TO " + OWNER)
     db.commit()
     with psycopg.connect(owner, autocommit=True) as ddl:
-        ddl.execute(
-            "CREATE TYPE kr.e AS ENUM ('a');"
-            " CREATE FUNCTION kr.e_json(kr.e) RETURNS json LANGUAGE plpgsql AS $$"
-            " BEGIN PERFORM nextval('kr.ran');"
-            f" BEGIN EXECUTE 'ALTER ROLE {OWNER} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;"
-            " RETURN '1'::json; END $$;"
-            " CREATE CAST (kr.e AS json) WITH FUNCTION kr.e_json(kr.e)"
-        )
+        ddl.execute(ENUM_WITH_JSON_CAST)
         with psycopg.connect(owner) as writer:
             writer.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             writer.execute("SELECT 1 FROM kr.ran")  # the snapshot, before the change
