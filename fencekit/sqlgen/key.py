@@ -17,7 +17,7 @@ bytea, so two sessions with other settings always name the same key the same way
 refuses key types whose equal values can print differently (``fencekit.check_key_columns``).
 
 The common case reads the keys in one statement that names nothing of the owner's whatever
-the key columns' types are now (_fast_lookup): each key is printed by ``pg_catalog.concat``,
+the key columns' types are now (_lookup): each key is printed by ``pg_catalog.concat``,
 which runs only the type's output function (built-in code for every type a role that is not
 a superuser can create: no cast is looked up), and its columns are named unqualified, so a
 name that is no column any more is a marker of the statement's own (never a function of the
@@ -113,23 +113,6 @@ def key_expression(columns: tuple[str, ...], alias: str | None) -> str:
     known = f"\n{i}  AND ".join(f"{r} IS NOT NULL" for r in refs)
     texts = f",\n{i}       ".join(f"{r}::pg_catalog.text" for r in refs)
     return f"CASE WHEN {known}\n{i}THEN ROW({texts})::pg_catalog.text END"
-
-
-def _keys(n: Names, sources: list[str]) -> str:
-    """PL/pgSQL: ``ks``, the statement's distinct keys as text, sorted (every lock a key fence
-    takes is taken in key order, so two writers never deadlock on fences); key columns named
-    unqualified beside _markers."""
-    cols = ", ".join(quote_ident(c) for c in n.spec.key)
-    union = "\n                         UNION ALL ".join(
-        f"SELECT {cols}\n                           FROM {s} AS fencekit_y" for s in sources
-    )
-    return (
-        f"    SELECT ARRAY(SELECT DISTINCT {key_expression(n.spec.key, None)}\n"
-        f"                   FROM ({union}) AS fencekit_x\n"
-        "                  ORDER BY 1)\n"
-        "      INTO ks\n"
-        f"      FROM {_markers(n)};\n"
-    )
 
 
 def _token_fast(n: Names) -> str:
@@ -305,57 +288,6 @@ def _markers(n: Names) -> str:
 _ALL_PRINTED = "pg_catalog.array_position(k.ks, NULL::pg_catalog.text) IS NULL"
 
 
-def _fast_lookup(n: Names, sources: list[str]) -> str:
-    """PL/pgSQL: the fast path in one statement: ``ks``, the key of every row written, each
-    printed by _fast_text; ``ok``, whether every row's was (_ALL_PRINTED); and ``held``: true
-    when the keys are all one key (none NULL) whose fence holds the token, share-locked
-    (writers under one token never wait for each other)."""
-    eq = "OPERATOR(pg_catalog.=)"
-    mine = ""
-    if n.spec.on_equal == "reject":
-        mine = f"\n               AND f.writer_xact {eq} pg_catalog.pg_current_xact_id()"
-    rows = "\n              UNION ALL ".join(
-        f"SELECT {_fast_text(n.spec.key)}\n                FROM {s} AS fencekit_y" for s in sources
-    )
-    # Variables (tok) are named only where no key column is in scope. OFFSET 0, COLLATE and the
-    # scalar subquery: as in _lookup.
-    return (
-        f"    SELECT k.ks, {_ALL_PRINTED},\n"
-        "           (SELECT true FROM fencekit.fences f\n"
-        f"             WHERE f.resource {eq} {n.resource}\n"
-        f'               AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
-        f'               AND f.key {eq} ALL (k.ks COLLATE pg_catalog."default")\n'
-        f"               AND f.fence {eq} raw::pg_catalog.int8{mine}\n"
-        "               FOR SHARE)\n"
-        "      INTO ks, ok, held\n"
-        "      FROM (SELECT\n"
-        f"        ARRAY({rows}) AS ks\n"
-        f"              FROM {_markers(n)}\n"
-        "            OFFSET 0) AS k;\n"
-        "    IF held THEN\n"
-        "      RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
-        "    END IF;\n"
-    )
-
-
-def _fast_keys(n: Names, sources: list[str]) -> str:
-    """PL/pgSQL: a lease-bound fence's fast path: ``ks``, the statement's distinct keys printed
-    by _fast_text, sorted; ``ok`` as in _fast_lookup."""
-    cols = ", ".join(quote_ident(c) for c in n.spec.key)
-    union = "\n                         UNION ALL ".join(
-        f"SELECT {cols}\n                           FROM {s} AS fencekit_y" for s in sources
-    )
-    return (
-        f"    SELECT k.ks, {_ALL_PRINTED}\n"
-        "      INTO ks, ok\n"
-        f"      FROM (SELECT ARRAY(SELECT DISTINCT {_fast_text(n.spec.key)}\n"
-        f"                   FROM ({union}) AS fencekit_x\n"
-        "                  ORDER BY 1) AS ks\n"
-        f"              FROM {_markers(n)}\n"
-        "            OFFSET 0) AS k;\n"
-    )
-
-
 def _printing(body: str) -> str:
     """PL/pgSQL: ``body`` (which prints the keys) under KEY_SETTINGS when the keys print by them
     (``printed`` not false), each set for the transaction and set back to the caller's value
@@ -381,43 +313,82 @@ def _printing(body: str) -> str:
     )
 
 
-def _all_keys(n: Names, sources: list[str]) -> str:
-    """SQL: the key of every row the statement wrote, as text, in no order and with repeats:
-    no sort for the common case (a one-row write has one key, or an UPDATE's old and new the
-    same one); _spread_keys sorts them when there are several."""
-    expr = key_expression(n.spec.key, None)
+def _every_key(sources: list[str], expr: str) -> str:
+    """SQL: ``expr`` (a key's text) for every row the statement wrote, in no order and with
+    repeats: no sort for the common case (a one-row write has one key, or an UPDATE's old and
+    new the same one); _one_key sorts them when there are several."""
     union = "\n              UNION ALL ".join(
         f"SELECT {expr}\n                FROM {s} AS fencekit_y" for s in sources
     )
     return f"ARRAY({union})"
 
 
-def _lookup(n: Names, sources: list[str]) -> str:
-    """PL/pgSQL: ``ks``, the key of every row written; and ``held``: true when they are all one
-    key whose fence holds the token, share-locked (writers under one token never wait for each
-    other). One statement: each costs a snapshot and an executor."""
+def _distinct_keys(n: Names, sources: list[str], expr: str) -> str:
+    """SQL: the statement's distinct keys (``expr``), sorted: every lock a key fence takes is
+    taken in key order, so two writers never deadlock on fences."""
+    cols = ", ".join(quote_ident(c) for c in n.spec.key)
+    union = "\n                         UNION ALL ".join(
+        f"SELECT {cols}\n                           FROM {s} AS fencekit_y" for s in sources
+    )
+    return (
+        f"ARRAY(SELECT DISTINCT {expr}\n"
+        f"                   FROM ({union}) AS fencekit_x\n"
+        "                  ORDER BY 1)"
+    )
+
+
+def _keys(n: Names, sources: list[str], *, fast: bool) -> str:
+    """PL/pgSQL: a lease-bound fence's keys: ``ks``, the statement's distinct keys, sorted.
+    ``fast``: printed by _fast_text, with ``ok`` (_ALL_PRINTED); else by key_expression, under
+    the settings _printing pins. Key columns named unqualified beside _markers."""
+    expr = _fast_text(n.spec.key) if fast else key_expression(n.spec.key, None)
+    ok, into = (f", {_ALL_PRINTED}", "ks, ok") if fast else ("", "ks")
+    return (
+        f"    SELECT k.ks{ok}\n"
+        f"      INTO {into}\n"
+        f"      FROM (SELECT {_distinct_keys(n, sources, expr)} AS ks\n"
+        f"              FROM {_markers(n)}\n"
+        "            OFFSET 0) AS k;\n"
+    )
+
+
+def _lookup(n: Names, sources: list[str], *, fast: bool) -> str:
+    """PL/pgSQL: one statement: ``ks``, the key of every row written; and ``held``: true when
+    they are all one key (none NULL) whose fence holds the token, share-locked (writers under
+    one token never wait for each other). ``fast``: the keys printed by _fast_text, ``ok``
+    (_ALL_PRINTED) too, the fence compared with the token's common form (``raw``), and the
+    holder returns at once; else printed by key_expression and compared with ``tok``."""
     eq = "OPERATOR(pg_catalog.=)"
     mine = ""
     if n.spec.on_equal == "reject":
         mine = f"\n               AND f.writer_xact {eq} pg_catalog.pg_current_xact_id()"
-    # OFFSET 0: the keys are computed once, not once per reference. COLLATE: a key column's
-    # own collation ("C") would otherwise meet fencekit.fences' in the comparison. A scalar
-    # subquery, not EXISTS: the planner costs EXISTS for its first row and picks a scan of
-    # every fence of every resource over the primary key's index. No row (NULL) when the
-    # statement wrote no row, a NULL key or several keys.
+    expr = _fast_text(n.spec.key) if fast else key_expression(n.spec.key, None)
+    ok, into = (f", {_ALL_PRINTED}", "ks, ok, held") if fast else ("", "ks, held")
+    token = "raw::pg_catalog.int8" if fast else "tok"
+    held = (
+        "    IF held THEN\n"
+        "      RETURN NULL;  -- the key's fence holds the token, and is share-locked\n"
+        "    END IF;\n"
+    )
+    # No variable is named where a key column is in scope. OFFSET 0: the keys are computed
+    # once, not once per reference. COLLATE: a key column's own collation ("C") would otherwise
+    # meet fencekit.fences' in the comparison. A scalar subquery, not EXISTS: the planner costs
+    # EXISTS for its first row and picks a scan of every fence of every resource over the
+    # primary key's index. No row (NULL) when the statement wrote no row, a NULL key or
+    # several keys.
     return (
-        "    SELECT k.ks,\n"
+        f"    SELECT k.ks{ok},\n"
         "           (SELECT true FROM fencekit.fences f\n"
         f"             WHERE f.resource {eq} {n.resource}\n"
         f'               AND f.key {eq} (k.ks[1] COLLATE pg_catalog."default")\n'
         f'               AND f.key {eq} ALL (k.ks COLLATE pg_catalog."default")\n'
-        f"               AND f.fence {eq} tok{mine}\n"
+        f"               AND f.fence {eq} {token}{mine}\n"
         "               FOR SHARE)\n"
-        "      INTO ks, held\n"
+        f"      INTO {into}\n"
         "      FROM (SELECT\n"
-        f"        {_all_keys(n, sources)} AS ks\n"
+        f"        {_every_key(sources, expr)} AS ks\n"
         f"              FROM {_markers(n)}\n"
-        "              OFFSET 0) AS k;\n"
+        "            OFFSET 0) AS k;\n" + (held if fast else "")
     )
 
 
@@ -472,7 +443,7 @@ def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
 
     The common case is one expression, the token's (_token_fast), and one statement, the keys
     printed by their output functions with their types tested and their fence share-locked
-    (_fast_lookup); keys of the fast types print alike under any settings, so nothing is
+    (_lookup); keys of the fast types print alike under any settings, so nothing is
     pinned. Anything else takes the slow path: the token judged by fencekit.statement_token,
     the full check of the key columns, and the keys cast to text under KEY_SETTINGS where
     their families print by them. ``#variable_conflict use_column``: the fast path names key
@@ -484,11 +455,10 @@ def _body(n: Names, sources: list[str], *, row: bool = False) -> str:
     held = "" if spec.lease_bound else "  held pg_catalog.bool;\n"
     what = "-- The key of one row that crossed partitions (MERGE shows it to no UPDATE trigger).\n"
     if spec.lease_bound:
-        keys = _keys(n, sources)
-        fast, full = _fast_keys(n, sources), _printing(keys)
+        fast, full = _keys(n, sources, fast=True), _printing(_keys(n, sources, fast=False))
         tail = ""
     else:
-        fast, full = _fast_lookup(n, sources), _printing(_lookup(n, sources))
+        fast, full = _lookup(n, sources, fast=True), _printing(_lookup(n, sources, fast=False))
         tail = _one_key(n)
     return (
         n.title(f"key fence ({comment(key_cols)}), resource {comment(n.resource)}")

@@ -202,7 +202,7 @@ BEGIN
                 FROM fencekit_new AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -253,7 +253,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=754be403e2f9c3ee1ea078a4343f909f8a94901b84ba519d777b05db08ddbd33; generated, do not edit';
+  'sha256=4266f2deb5c9404894370a285f1a8fb93e513ae6fd5e4273d48c635bebb59bf7; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -425,7 +425,7 @@ BEGIN
                 FROM fencekit_old AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -476,7 +476,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=fff88ef4b6949b9934f0578053679f5599ce18fbeff60da1c191303868f95f19; generated, do not edit';
+  'sha256=4428000556549b0b95e23559b311b30f446f62e2a00769aecb1bf4bc68849ebc; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -634,7 +634,7 @@ BEGIN
                 FROM fencekit_old AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -685,7 +685,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=c131dc98f1816b9d86aac45d1b452a9abae590ee6a2b9b3b045b67db9389ce8f; generated, do not edit';
+  'sha256=5933a22f8fa4714b68d3b573a11207540334a2e0c86f937cc46f20d0284292e4; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -935,7 +935,7 @@ BEGIN
                 FROM (SELECT OLD.tenant_id AS tenant_id, OLD.account_id AS account_id) AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -985,7 +985,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=8a8c4a19f057277572df274ef6a175adc99b5e9d1e5862471e909ca78f3db8ee; generated, do not edit'$sql$;
+  'sha256=5a0bfba0d853e8e02c60161065ae04e16e49e5191453347258a293bea8d9dc46; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -1144,7 +1144,7 @@ BEGIN
                 FROM (SELECT NEW.tenant_id AS tenant_id, NEW.account_id AS account_id) AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn, NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(tenant_id, account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -1194,7 +1194,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=4f564998b7dd1f871262940120333b5676a174a724e9ee391be1301f3fc0dbb3; generated, do not edit'$sql$;
+  'sha256=74e175dc94efd5c2f015b20e34ddd2fe6c0e14ab24318fe211c236168ee15b10; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

@@ -146,13 +146,15 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+    SELECT k.ks
+      INTO ks
+      FROM (SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
                    FROM (SELECT account_id
                            FROM fencekit_new AS fencekit_y) AS fencekit_x
-                  ORDER BY 1)
-      INTO ks
-      FROM (VALUES (NULL::pg_catalog.pg_lsn))
-                AS fencekit_m(account_id);
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -171,7 +173,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=118c35ebb373493e8c24a308691456ef23ef95a7a22f5f7ba1795d3d3e94d3d6; generated, do not edit';
+  'sha256=a8b780b42c4c706eb7ae19c045a8f0e17fb26c2db054b83ced29e0a775065f9c; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -277,15 +279,17 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+    SELECT k.ks
+      INTO ks
+      FROM (SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
                    FROM (SELECT account_id
                            FROM fencekit_new AS fencekit_y
                          UNION ALL SELECT account_id
                            FROM fencekit_old AS fencekit_y) AS fencekit_x
-                  ORDER BY 1)
-      INTO ks
-      FROM (VALUES (NULL::pg_catalog.pg_lsn))
-                AS fencekit_m(account_id);
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -304,7 +308,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=a329b45bbed6be1e695f39c663f4b22ccd7fd67ad71bd867e616f445349e5b80; generated, do not edit';
+  'sha256=12dd1213abb929478c917bc0ccebf4afc885b2166ba105265eae57eb1b3d1b35; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -408,13 +412,15 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+    SELECT k.ks
+      INTO ks
+      FROM (SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
                    FROM (SELECT account_id
                            FROM fencekit_old AS fencekit_y) AS fencekit_x
-                  ORDER BY 1)
-      INTO ks
-      FROM (VALUES (NULL::pg_catalog.pg_lsn))
-                AS fencekit_m(account_id);
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -433,7 +439,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=17e38c35fc97cf45a4961584bda3a20e77bfe7591ab94cd17026ec53d9f75521; generated, do not edit';
+  'sha256=f32d8f5a80508c0607546af9ebdccc12ee6b7f0e9b4e246ea0864a1d6f9ccbc6; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -629,13 +635,15 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+    SELECT k.ks
+      INTO ks
+      FROM (SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
                    FROM (SELECT account_id
                            FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS fencekit_x
-                  ORDER BY 1)
-      INTO ks
-      FROM (VALUES (NULL::pg_catalog.pg_lsn))
-                AS fencekit_m(account_id);
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -653,7 +661,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=fa8851dccf051505586df95773b07966712706d4e9fc7773686abee2fd61bbed; generated, do not edit'$sql$;
+  'sha256=effca5553c03fb5b09fe0d860eb2fd9830f9e149b015ef78785dc9d68e86af80; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -758,13 +766,15 @@ BEGIN
               pg_catalog.set_config('datestyle', 'ISO, YMD', true),
               pg_catalog.set_config('bytea_output', 'hex', true);
     END IF;
-    SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
+    SELECT k.ks
+      INTO ks
+      FROM (SELECT ARRAY(SELECT DISTINCT account_id::pg_catalog.text
                    FROM (SELECT account_id
                            FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS fencekit_x
-                  ORDER BY 1)
-      INTO ks
-      FROM (VALUES (NULL::pg_catalog.pg_lsn))
-                AS fencekit_m(account_id);
+                  ORDER BY 1) AS ks
+              FROM (VALUES (NULL::pg_catalog.pg_lsn))
+                AS fencekit_m(account_id)
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -782,7 +792,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=a8fda0f1de2e99f9d04fff7e53f5ddfbbbab5f7ef991ca6586dcde165457bc39; generated, do not edit'$sql$;
+  'sha256=25d9228c41c1cf7f87d4d5933bc585d9386b39f8de795157d6550e16e0db295e; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

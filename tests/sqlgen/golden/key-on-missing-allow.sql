@@ -187,7 +187,7 @@ BEGIN
                 FROM fencekit_new AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -238,7 +238,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=2d451e9766cb0aed8e1b6924323ddba0bddf669662c1d586dc74b86aebde71db; generated, do not edit';
+  'sha256=a4a29ca97b584bae34b5778c2af20254cf178ef03f5efc53d7d45fd20a883ec1; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -380,7 +380,7 @@ BEGIN
                 FROM fencekit_old AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -431,7 +431,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=fc3e401034d926d2ee139e844d95bea024ffc81bc5ba30d8431e025b42e104c3; generated, do not edit';
+  'sha256=63aece87f4a9a2b51672c88c04d1055203858557baa8ed1ff6b1248a5e9cc8a7; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -566,7 +566,7 @@ BEGIN
                 FROM fencekit_old AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -617,7 +617,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=03c84f4a9d7e16c0f202f7b667946bf67789e331dce8acad8a9a537fb36ad6b7; generated, do not edit';
+  'sha256=4b213f993f6c397a8959c97ce6257d3af8919d15d764d56ff348eac8209b0304; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -835,7 +835,7 @@ BEGIN
                 FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -885,7 +885,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=d567954062d547ea6308e5aa7e19b2e2df07eba5ac5bd66b27de6bec55ebf112; generated, do not edit'$sql$;
+  'sha256=73659ec2dc60bf86ce134ae2b2278287162e9350bdab3899a73bddf105efde07; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -1012,7 +1012,7 @@ BEGIN
                 FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -1062,7 +1062,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=f855dbd44c8fa9d82071cf23678f021bf58e4d6b0d940af4ad3c3f61d0392a4d; generated, do not edit'$sql$;
+  'sha256=5557fb5b32c52dae5743d41c7b9f7ff66af7bf644013984354f65d7f985f4709; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()

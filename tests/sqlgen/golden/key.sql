@@ -168,7 +168,7 @@ BEGIN
                 FROM fencekit_new AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -219,7 +219,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_ins() IS
   'fencekit function template=1 '
-  'sha256=25b28a571ecc858fd9ddd6406ccab1a8abd44eb2345f52c08ef6eec2dab380d0; generated, do not edit';
+  'sha256=8ff43d0294eda86fd29673876dfa9722bb9da8bdb0617892bd3756d08fe0601b; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_upd() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -352,7 +352,7 @@ BEGIN
                 FROM fencekit_old AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -403,7 +403,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_upd() IS
   'fencekit function template=1 '
-  'sha256=92d248fe3384ad15e0d7966c0a3908be6b842b2240c4cbf67ddcb20a655fafe1; generated, do not edit';
+  'sha256=bfd0bb5eab05c6bbf003948efeea3777d9c03985bfcb777dafd781ac1ca0380c; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_del() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -529,7 +529,7 @@ BEGIN
                 FROM fencekit_old AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -580,7 +580,7 @@ $fn$;
 
 COMMENT ON FUNCTION fencekit.invoices_883e1d3584_del() IS
   'fencekit function template=1 '
-  'sha256=9653006d58fbd64c044c17ca9a744fa7280aab6a5481dd2d9d2e74c7103019de; generated, do not edit';
+  'sha256=6ad770360af8f05a01b5fbf1880a9f8484a18c95d617da00cd995bc659a0534e; generated, do not edit';
 
 CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cover() RETURNS void
 LANGUAGE plpgsql
@@ -798,7 +798,7 @@ BEGIN
                 FROM (SELECT OLD.account_id AS account_id) AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -848,7 +848,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_out() IS
   'fencekit function template=1 '
-  'sha256=a50cff324ad363fdaf7ce6424277864dda4f917498201dc8b835cba42127fd74; generated, do not edit'$sql$;
+  'sha256=e4ccef4f7bc90e225a469a2ec770a9670153c960febbf0fd8332772ef30b02f7; generated, do not edit'$sql$;
     EXECUTE $sql$CREATE OR REPLACE FUNCTION fencekit.invoices_883e1d3584_cross_in() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
@@ -975,7 +975,7 @@ BEGIN
                 FROM (SELECT NEW.account_id AS account_id) AS fencekit_y) AS ks
               FROM (VALUES (NULL::pg_catalog.pg_lsn))
                 AS fencekit_m(account_id)
-              OFFSET 0) AS k;
+            OFFSET 0) AS k;
     IF printed IS NOT FALSE THEN
       PERFORM pg_catalog.set_config('timezone', pins[1], true),
               pg_catalog.set_config('datestyle', pins[2], true),
@@ -1025,7 +1025,7 @@ END
 $fn$$sql$;
     EXECUTE $sql$COMMENT ON FUNCTION fencekit.invoices_883e1d3584_cross_in() IS
   'fencekit function template=1 '
-  'sha256=45db0a3abc8c9ca088655cd865da091de7ce46088c675e5d9196f08b1ac98286; generated, do not edit'$sql$;
+  'sha256=f01afb32f054d059d3271455ee1d44f8ae3496f45049d9cf25d96a2ebef652cb; generated, do not edit'$sql$;
     EXECUTE $sql$REVOKE ALL ON FUNCTION
   fencekit.invoices_883e1d3584_cross_out(),
   fencekit.invoices_883e1d3584_cross_in()
